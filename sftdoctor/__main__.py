@@ -1,0 +1,3 @@
+from sftdoctor.cli import main
+
+main()

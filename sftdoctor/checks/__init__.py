@@ -1,0 +1,155 @@
+"""The check registry: declaring, loading and running checks.
+
+A check is a plain function of facts, declared with `@check`, which only attaches metadata
+(importing a module changes no global state). Facts are injected by parameter name: a
+parameter with a default is optional; a required fact that is unavailable skips the check
+with the reason. A check that raises becomes an error finding naming it; the rest still run.
+Third-party checks register through the entry-point group "sftdoctor.checks" (an entry
+point names a module, or a single check function).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+import re
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from types import ModuleType
+from typing import Any
+
+from sftdoctor.findings import Finding, Severity
+
+ENTRY_POINT_GROUP = "sftdoctor.checks"
+PHASES = ("preflight", "runtime")
+BUILTIN_MODULES = (
+    "sftdoctor.checks.torch_cuda",
+    "sftdoctor.checks.precision",
+    "sftdoctor.checks.topology",
+    "sftdoctor.checks.deepspeed",
+    "sftdoctor.checks.flash_attn",
+    "sftdoctor.checks.nccl_env",
+)
+_ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    id: str
+    summary: str
+    explain: str
+    phase: str
+    func: Callable[..., Any]
+    origin: str = "sftdoctor"
+
+    @property
+    def facts(self) -> list[tuple[str, bool]]:
+        """(fact name, required) for each parameter."""
+        params = inspect.signature(self.func).parameters.values()
+        return [(p.name, p.default is inspect.Parameter.empty) for p in params]
+
+
+def check(id: str, summary: str, explain: str | None = None, phase: str = "preflight"):
+    """Declare a check. `explain` is its kb topic (default: the id)."""
+    if not _ID.fullmatch(id):
+        raise ValueError(f"check id {id!r} must be kebab-case")
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}")
+
+    def mark(func: Callable[..., Any]) -> Callable[..., Any]:
+        func.__sftdoctor_check__ = CheckSpec(id, summary, explain or id, phase, func)
+        return func
+
+    return mark
+
+
+@dataclass
+class Registry:
+    checks: dict[str, CheckSpec] = field(default_factory=dict)
+    problems: list[Finding] = field(default_factory=list)  # plugins that failed to load
+
+    def add(self, spec: CheckSpec) -> None:
+        if spec.id in self.checks:
+            first = self.checks[spec.id].origin
+            self.problems.append(Finding(
+                Severity.WARNING, f"check {spec.id!r} from {spec.origin} ignored: {first} already defines it",
+                fix=f"rename the check in {spec.origin}", id="plugin-load", explain="plugins"))
+            return
+        self.checks[spec.id] = spec
+
+    def scan(self, obj: ModuleType | Callable[..., Any], origin: str) -> None:
+        members = vars(obj).values() if isinstance(obj, ModuleType) else [obj]
+        for member in members:
+            spec = getattr(member, "__sftdoctor_check__", None)
+            if isinstance(spec, CheckSpec):
+                self.add(replace(spec, origin=origin))
+
+    def select(self, ids: Iterable[str]) -> list[CheckSpec]:
+        return [self.checks[i] for i in ids]
+
+    def phase(self, phase: str) -> list[CheckSpec]:
+        return [spec for spec in self.checks.values() if spec.phase == phase]
+
+
+def load_checks(plugins: bool = True) -> Registry:
+    registry = Registry()
+    for name in BUILTIN_MODULES:
+        registry.scan(importlib.import_module(name), "sftdoctor")
+    if plugins:
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            origin = f"plugin {ep.name} ({ep.value})"
+            try:
+                registry.scan(ep.load(), origin)
+            except Exception as exc:  # a broken plugin must not take the suite down
+                registry.problems.append(Finding(
+                    Severity.WARNING, f"{origin} failed to load: {type(exc).__name__}: {exc}",
+                    fix="fix or uninstall the plugin, or run with --no-plugins",
+                    id="plugin-load", explain="plugins"))
+    return registry
+
+
+class NotApplicable(Exception):
+    """Raised by a check whose facts are present but say it does not apply (one GPU, no GPU)."""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    id: str
+    reason: str
+
+
+def run_check(spec: CheckSpec, facts) -> list[Finding] | Skipped:
+    kwargs: dict[str, Any] = {}
+    for name, required in spec.facts:
+        value = facts.get(name) if facts.known(name) else None
+        if value is not None:
+            kwargs[name] = value
+        elif required:
+            return Skipped(spec.id, facts.why_missing(name) or f"needs the fact {name!r}")
+    try:
+        result = spec.func(**kwargs)
+    except NotApplicable as exc:
+        return Skipped(spec.id, str(exc))
+    except Exception as exc:
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        return [Finding(
+            Severity.ERROR, f"check {spec.id} crashed: {type(exc).__name__}: {exc}",
+            detail=f"at {where.filename}:{where.lineno} ({spec.origin})",
+            fix="report this with `sftdoctor facts` output attached; the other checks still ran",
+            id=spec.id, explain=spec.explain)]
+    findings = [result] if isinstance(result, Finding) else list(result or [])
+    return [replace(f, id=f.id or spec.id, explain=f.explain or spec.explain) for f in findings]
+
+
+def run_checks(specs: Iterable[CheckSpec], facts) -> tuple[list[Finding], list[Skipped]]:
+    findings: list[Finding] = []
+    skipped: list[Skipped] = []
+    for spec in specs:
+        outcome = run_check(spec, facts)
+        if isinstance(outcome, Skipped):
+            skipped.append(outcome)
+        else:
+            findings.extend(outcome)
+    return findings, skipped

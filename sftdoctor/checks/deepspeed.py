@@ -1,0 +1,134 @@
+"""deepspeed-precision: the DeepSpeed JSON's precision, offload and clipping against the run."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sftdoctor.checks import check
+from sftdoctor.checks.common import bf16_capable, ds_precision_flags, requested_precision
+from sftdoctor.findings import error, info, ok, warning
+
+BF16_FIX = '{"fp16": {"enabled": false}, "bf16": {"enabled": true}}  (or both "auto" with [model] precision = "bf16")'
+
+
+def _resolve(flag: Any, precision: str | None, name: str) -> Any:
+    """transformers fills "auto" from TrainingArguments (integrations/deepspeed.py, 4.x-5.x)."""
+    if flag == "auto" and precision is not None:
+        return precision == name
+    return flag
+
+
+def _offload_devices(zero: dict[str, Any]) -> dict[str, str]:
+    found = {}
+    for key in ("offload_optimizer", "offload_param"):
+        block = zero.get(key)
+        if isinstance(block, dict) and block.get("device") not in (None, "none"):
+            found[key] = str(block["device"])
+    if zero.get("cpu_offload") is True:  # DeepSpeed < 0.5 spelling of offload_optimizer
+        found.setdefault("offload_optimizer", "cpu")
+    if zero.get("cpu_offload_params") is True:
+        found.setdefault("offload_param", "cpu")
+    return found
+
+
+def _nodes(run_config: dict[str, Any] | None, env: dict[str, str] | None) -> int:
+    launch = (run_config or {}).get("launch") or {}
+    if "nnodes" in launch:
+        return int(launch["nnodes"])
+    env = env or {}
+    try:
+        if "SLURM_JOB_NUM_NODES" in env:
+            return int(env["SLURM_JOB_NUM_NODES"])
+        if "WORLD_SIZE" in env and "LOCAL_WORLD_SIZE" in env:
+            return max(1, int(env["WORLD_SIZE"]) // int(env["LOCAL_WORLD_SIZE"]))
+    except ValueError:
+        pass
+    return 1
+
+
+@check("deepspeed-precision", "DeepSpeed fp16/bf16 flags, offload and gradient clipping vs GPUs, model and run")
+def deepspeed_precision(deepspeed_config: dict[str, Any], run_config: dict[str, Any] | None = None,
+                        model_config: dict[str, Any] | None = None, gpus: dict[str, Any] | None = None,
+                        deepspeed_defaults: dict[str, Any] | None = None, env: dict[str, str] | None = None):
+    path, cfg = deepspeed_config["path"], deepspeed_config["config"]
+    flags = ds_precision_flags(cfg)
+    precision, _ = requested_precision(run_config, None, gpus)
+    fp16, bf16 = _resolve(flags["fp16"], precision, "fp16"), _resolve(flags["bf16"], precision, "bf16")
+    zero = cfg.get("zero_optimization") if isinstance(cfg.get("zero_optimization"), dict) else {}
+    stage = zero.get("stage", 0)
+    evidence = {"path": path, "fp16": flags["fp16"], "bf16": flags["bf16"], "bf16_key": flags["bf16_key"],
+                "resolved": {"fp16": fp16, "bf16": bf16}, "zero_stage": stage,
+                "gradient_clipping": cfg.get("gradient_clipping", "absent")}
+    findings = []
+
+    if fp16 is True and bf16 is True:
+        findings.append(error(
+            f"{path}: fp16 and bf16 are both enabled",
+            detail="DeepSpeed refuses the config at initialisation: 'bfloat16 and fp16 modes cannot be simultaneously enabled'.",
+            fix=BF16_FIX + " on Ampere or newer; else the reverse", evidence=evidence))
+    elif flags["fp16"] is True:  # hard-coded fp16 ("auto" follows the run's precision, judged by bf16-support)
+        reasons = []
+        if bf16_capable(gpus):
+            reasons.append("every GPU here supports bf16")
+        if (model_config or {}).get("dtype") == "bfloat16":
+            reasons.append(f"the model was saved in bfloat16 ({model_config.get('path')})")
+        if reasons:
+            findings.append(warning(
+                f"{path}: fp16 is hard-coded although {' and '.join(reasons)}",
+                detail="bf16-pretrained weights overflow fp16's range (max 65504): NaN losses and OVERFLOW-skipped "
+                       "steps are the usual result. bf16 needs no loss scaling.",
+                fix=BF16_FIX, evidence=evidence))
+        elif (cfg.get("fp16") or {}).get("loss_scale", 0) not in (0, "auto"):
+            findings.append(info(
+                f"{path}: fp16 with a static loss scale of {cfg['fp16']['loss_scale']}",
+                detail="A static scale never adapts: too high overflows every step, too low underflows small gradients.",
+                fix='"loss_scale": 0 selects dynamic loss scaling', evidence=evidence))
+    if flags["bf16_key"] == "bfloat16":
+        findings.append((warning if flags["bf16"] == "auto" else info)(
+            f"{path}: legacy key \"bfloat16\"",
+            detail="DeepSpeed still reads it, but transformers fills \"auto\" only under \"bf16\", so "
+                   "\"bfloat16\": {\"enabled\": \"auto\"} reaches DeepSpeed unresolved.",
+            fix='rename "bfloat16" to "bf16"', evidence=evidence))
+
+    offload = _offload_devices(zero)
+    nodes = _nodes(run_config, env)
+    if stage == 3 and offload and nodes == 1:
+        findings.append(warning(
+            f"{path}: ZeRO-3 with {', '.join(f'{k} to {v}' for k, v in offload.items())} on a single node",
+            detail="Every step moves parameters and optimizer states across PCIe and runs Adam on the CPU; "
+                   "throughput is typically several times lower than ZeRO-2 without offload. The usual order "
+                   "of speed is ZeRO-2 > ZeRO-2+offload > ZeRO-3 > ZeRO-3+offload (DeepSpeed #6695: offload is "
+                   "meant for models that do not fit otherwise).",
+            fix="use ZeRO-2 (or ZeRO-3 without offload) if the model fits; offload only the optimizer if it "
+                "almost does (`sftdoctor explain zero-stage`)", evidence=evidence))
+
+    findings += _gradient_clipping(path, cfg, deepspeed_defaults, evidence)
+    if not findings or all(f.severity.rank <= 1 for f in findings):
+        mode = "bf16" if bf16 is True else "fp16" if fp16 is True else (
+            f"fp16={json.dumps(flags['fp16'])}, bf16={json.dumps(flags['bf16'])}")
+        findings.insert(0, ok(f"{path}: ZeRO-{stage}, {mode}, gradient_clipping={evidence['gradient_clipping']}",
+                              evidence=evidence))
+    return findings
+
+
+def _gradient_clipping(path: str, cfg: dict[str, Any], defaults: dict[str, Any] | None, evidence):
+    value = cfg.get("gradient_clipping")
+    if value == 0:
+        return [warning(f"{path}: gradient_clipping is 0: gradients are never clipped",
+                        detail="A single bad batch can then blow the weights up; SFT recipes clip at 1.0.",
+                        fix='"gradient_clipping": "auto" (takes max_grad_norm, default 1.0)', evidence=evidence)]
+    if value is not None:
+        return []
+    # transformers fills the key only when it is present and "auto": an absent key keeps DeepSpeed's
+    # default, whatever max_grad_norm says. That default was 0 (off) until DeepSpeed PR #8068 (2026), 1.0 since.
+    default = (defaults or {}).get("gradient_clipping")
+    installed = (defaults or {}).get("version")
+    fix = '"gradient_clipping": "auto" (takes max_grad_norm from the run, default 1.0)'
+    if default is not None and float(default) > 0:
+        return [info(f"{path}: no gradient_clipping; DeepSpeed {installed} clips at {default} by default",
+                     detail="max_grad_norm of the run is ignored while the key is absent; DeepSpeed releases "
+                            "before PR #8068 (2026) do not clip at all.", fix=fix, evidence=evidence)]
+    said = f"DeepSpeed {installed} defaults to 0" if installed else "DeepSpeed releases before PR #8068 (2026) default to 0"
+    return [warning(f"{path}: no gradient_clipping: {said}, so gradients are never clipped",
+                    detail="transformers does not fill an absent key from max_grad_norm.", fix=fix, evidence=evidence)]

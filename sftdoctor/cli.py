@@ -1,0 +1,121 @@
+"""The `sftdoctor` command. Each command imports what it needs inside its callback, so
+`--help`, `check` and `explain` never pay for torch or the training stack."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from sftdoctor import __version__
+
+EXIT_BAD_INPUT = 2
+
+
+def _input_options(func):
+    options = [
+        click.option("--config", "config", type=click.Path(path_type=Path), help="The run config (TOML) of `sftdoctor train`."),
+        click.option("--model-config", type=click.Path(path_type=Path), help="A model's config.json, or its folder."),
+        click.option("--deepspeed", type=click.Path(path_type=Path), help="A DeepSpeed JSON config."),
+        click.option("--topology", type=click.Path(path_type=Path), help="A saved `nvidia-smi topo -m` output, read instead of the local one."),
+        click.option("--facts", "facts_file", type=click.Path(path_type=Path), help="Replay a saved facts snapshot (`sftdoctor facts`) instead of probing."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _inputs(config, model_config, deepspeed, topology, facts_file):
+    from sftdoctor.facts import Inputs
+
+    return Inputs(config=config, model_config=model_config, deepspeed=deepspeed, topology=topology, facts=facts_file)
+
+
+def _bad_input(exc: Exception) -> None:
+    """One line per problem, exit 2, no traceback."""
+    for line in str(exc).splitlines():
+        click.echo(f"sftdoctor: error: {line}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sftdoctor")
+def main():
+    """Find what will break an LLM fine-tuning run before it starts, and say how to fix it."""
+
+
+@main.command()
+@_input_options
+@click.option("--select", help="Run only these checks (comma-separated ids).")
+@click.option("--list", "list_checks", is_flag=True, help="List the checks and exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print facts and findings as one JSON document.")
+@click.option("--no-plugins", is_flag=True, help="Do not load third-party checks (entry points 'sftdoctor.checks').")
+@click.option("-v", "--verbose", is_flag=True, help="Show detail and fix for every finding, not only problems.")
+def check(config, model_config, deepspeed, topology, facts_file, select, list_checks, as_json, no_plugins, verbose):
+    """Run the preflight checks. Exit 0: no error; 1: an error finding; 2: bad input."""
+    from sftdoctor.checks import load_checks, run_checks
+    from sftdoctor.errors import InputError, InputErrors, did_you_mean
+    from sftdoctor.facts import Facts
+    from sftdoctor import report
+
+    registry = load_checks(plugins=not no_plugins)
+    specs = registry.phase("preflight")
+    if list_checks:
+        for spec in registry.checks.values():
+            origin = "" if spec.origin == "sftdoctor" else f"  [{spec.origin}]"
+            click.echo(f"{spec.id:<22} {spec.phase:<9} {spec.summary}{origin}")
+        return
+    if select:
+        wanted = [s.strip() for s in select.split(",") if s.strip()]
+        for name in wanted:
+            if name not in registry.checks:
+                _bad_input(InputError("--select", f"no check {name!r}{did_you_mean(name, registry.checks)}; "
+                                                  "see `sftdoctor check --list`"))
+        specs = registry.select(wanted)
+    try:
+        facts = Facts(_inputs(config, model_config, deepspeed, topology, facts_file))
+        findings, skipped = run_checks(specs, facts)
+    except (InputError, InputErrors) as exc:
+        _bad_input(exc)
+    findings = registry.problems + findings
+    if as_json:
+        report.render_json(findings, skipped, facts.collected())
+    else:
+        report.render_table(findings, skipped, verbose=verbose)
+    sys.exit(report.exit_code(findings))
+
+
+@main.command()
+@_input_options
+def facts(config, model_config, deepspeed, topology, facts_file):
+    """Probe this machine and print the facts snapshot as JSON (replay it with `check --facts`)."""
+    import json
+
+    from sftdoctor.errors import InputError, InputErrors
+    from sftdoctor.facts import Facts
+
+    try:
+        snapshot = Facts(_inputs(config, model_config, deepspeed, topology, facts_file)).snapshot()
+    except (InputError, InputErrors) as exc:
+        _bad_input(exc)
+    click.echo(json.dumps(snapshot, indent=2, default=str))
+
+
+@main.command()
+@click.argument("topic", required=False)
+@click.option("--list", "list_topics", is_flag=True, help="List the topics with one-line summaries.")
+def explain(topic, list_topics):
+    """Explain a finding's topic: symptoms, causes, how to tell them apart, the fix."""
+    from sftdoctor import kb
+    from sftdoctor.errors import InputError
+
+    if list_topics or not topic:
+        for t in kb.topics():
+            click.echo(f"{t.name:<22} {t.summary}")
+        return
+    try:
+        entry = kb.topic(topic)
+    except InputError as exc:
+        _bad_input(exc)
+    kb.render(entry)

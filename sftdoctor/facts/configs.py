@@ -1,0 +1,139 @@
+"""The run's config files: the trainer's TOML, the model's config.json, the DeepSpeed JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from sftdoctor.errors import InputError
+
+
+def read_json_object(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object from a file, strictly: duplicate keys and comments are errors, as for
+    transformers/accelerate, which read DeepSpeed and model configs with `json.load`."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(path, f"{what} not found") from None
+    except IsADirectoryError:
+        raise InputError(path, f"expected a {what} file, got a directory") from None
+    except OSError as exc:
+        raise InputError(path, f"cannot read {what}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise InputError(path, f"expected a UTF-8 JSON {what}, got binary data") from None
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in pairs]
+        for key in keys:
+            if keys.count(key) > 1:
+                raise InputError(path, f"duplicate key (DeepSpeed rejects duplicate keys)", key=key)
+        return dict(pairs)
+
+    try:
+        data = json.loads(text, object_pairs_hook=no_duplicates)
+    except json.JSONDecodeError as exc:
+        raise InputError(path, f"not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); expected a {what}") from None
+    except RecursionError:
+        raise InputError(path, f"JSON nested too deeply; expected a {what}") from None
+    if not isinstance(data, dict):
+        raise InputError(path, f"expected a JSON object ({what}), got {type(data).__name__}")
+    return data
+
+
+# ---------------------------------------------------------------- run config (TOML)
+
+def probe_run_config(facts) -> dict[str, Any] | None:
+    if facts.inputs.config is None:
+        return None
+    from sftdoctor.train.config import load_run_config
+
+    return load_run_config(facts.inputs.config)
+
+
+# ---------------------------------------------------------------- model config.json
+
+# transformers >= 4.56 (PR #39782) writes "dtype"; earlier versions wrote "torch_dtype", which
+# v5 still reads. Some configs carry "torch.bfloat16" (str of a torch.dtype).
+DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "half": "float16",
+          "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "auto": "auto"}
+_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size",
+               "num_attention_heads", "num_key_value_heads", "tie_word_embeddings", "max_position_embeddings")
+
+
+def normalize_dtype(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return None
+    return DTYPES.get(value.removeprefix("torch."), value.removeprefix("torch."))
+
+
+def model_dtype(config: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(dtype, the key it came from). The top-level key is the model's; sub-configs of a
+    multimodal model may carry their own (often null) and are consulted only as a fallback."""
+    for key in ("dtype", "torch_dtype"):
+        if config.get(key) is not None:
+            return normalize_dtype(config[key]), key
+    for sub in ("text_config", "llm_config", "language_config"):
+        nested = config.get(sub)
+        if isinstance(nested, dict):
+            for key in ("dtype", "torch_dtype"):
+                if nested.get(key) is not None:
+                    return normalize_dtype(nested[key]), f"{sub}.{key}"
+    return None, None
+
+
+def summarize_model_config(path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    dtype, key = model_dtype(config)
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    shape = {k: config.get(k, text.get(k)) for k in _SHAPE_KEYS if k in config or k in text}
+    return {
+        "path": str(path),
+        "model_type": config.get("model_type"),
+        "architectures": config.get("architectures"),
+        "transformers_version": config.get("transformers_version"),
+        "dtype": dtype,
+        "dtype_key": key,
+        **shape,
+    }
+
+
+def hub_cache_config(model_id: str) -> Path | None:
+    """config.json of a hub model already in the local Hugging Face cache, if any."""
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub"
+    )
+    snapshots = Path(hub, "models--" + model_id.replace("/", "--"), "snapshots")
+    if not snapshots.is_dir():
+        return None
+    found = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    return found[0] if found else None
+
+
+def resolve_model_config(path: Path) -> Path:
+    return path / "config.json" if path.is_dir() else path
+
+
+def probe_model_config(facts) -> dict[str, Any] | None:
+    path = facts.inputs.model_config
+    if path is None:
+        model = ((facts.get("run_config") or {}).get("model") or {}).get("path")
+        if not model:
+            return None
+        local = Path(model)
+        path = local if local.exists() else hub_cache_config(model)
+        if path is None:
+            return None  # a hub id not in the local cache: nothing to read offline
+    path = resolve_model_config(Path(path))
+    return summarize_model_config(path, read_json_object(path, "model config.json"))
+
+
+# ---------------------------------------------------------------- DeepSpeed JSON
+
+def probe_deepspeed_config(facts) -> dict[str, Any] | None:
+    path = facts.inputs.deepspeed
+    if path is None:
+        path = ((facts.get("run_config") or {}).get("deepspeed") or {}).get("config")
+        if not path:
+            return None
+    return {"path": str(path), "config": read_json_object(Path(path), "DeepSpeed config")}

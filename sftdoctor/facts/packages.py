@@ -1,0 +1,126 @@
+"""Installed package versions, read from metadata and source files without importing them."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+# Distribution names as published on PyPI.
+PACKAGES = (
+    "torch",
+    "transformers",
+    "trl",
+    "accelerate",
+    "datasets",
+    "deepspeed",
+    "flash-attn",
+    "liger-kernel",
+    "peft",
+    "triton",
+    "nvidia-ml-py",
+    "pynvml",
+)
+
+
+def probe_packages(facts) -> dict[str, str | None]:
+    return {name: _version(name) for name in PACKAGES}
+
+
+def module_file(module: str, *parts: str) -> Path | None:
+    """Path of a file inside an installed top-level package, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location, *parts)
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def constants_of(path: Path) -> dict[str, Any]:
+    """Module-level `NAME = <literal>` (and annotated) assignments of a Python file."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return {}
+    found: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name):
+            try:
+                found[target.id] = ast.literal_eval(value)
+            except ValueError:
+                pass
+    return found
+
+
+def probe_torch_build(facts) -> dict[str, Any] | None:
+    """torch's build flavour from torch/version.py (written at build time): CUDA, HIP or CPU."""
+    path = module_file("torch", "version.py")
+    if path is None:
+        return None
+    consts = constants_of(path)
+    return {
+        "version": consts.get("__version__"),
+        "cuda": consts.get("cuda"),
+        "hip": consts.get("hip"),
+        "git_version": consts.get("git_version"),
+    }
+
+
+def probe_deepspeed_defaults(facts) -> dict[str, Any] | None:
+    """Defaults of the installed DeepSpeed that change what an omitted config key means."""
+    path = module_file("deepspeed", "runtime", "constants.py")
+    if path is None:
+        return None
+    consts = constants_of(path)
+    return {
+        "version": _version("deepspeed"),
+        # 0. (no clipping) until DeepSpeed PR #8068 (2026), 1.0 since.
+        "gradient_clipping": consts.get("GRADIENT_CLIPPING_DEFAULT"),
+    }
+
+
+_FLASH_IMPORT = "import torch, flash_attn; from flash_attn import flash_attn_func; print(flash_attn.__version__)"
+
+
+def probe_flash_attn(facts) -> dict[str, Any]:
+    """Whether flash-attn imports against this torch. Runs in a child process: importing it
+    loads torch and CUDA, and an ABI mismatch only shows as an ImportError there."""
+    version = _version("flash-attn")
+    if version is None:
+        return {"installed": False}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _FLASH_IMPORT], capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired:
+        return {"installed": True, "version": version, "import_ok": False, "import_error": "import timed out after 120 s"}
+    error_lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    return {
+        "installed": True,
+        "version": version,
+        "import_ok": proc.returncode == 0,
+        "import_error": error_lines[-1] if proc.returncode and error_lines else None,
+    }
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None

@@ -1,0 +1,120 @@
+"""The GPU/NIC link matrix of `nvidia-smi topo -m`.
+
+Handles tab- and space-aligned output, with or without the legend, old drivers (SOC for
+SYS, NIC rows named mlx5_0) and new ones (NIC0.. with a "NIC Legend", NUMA columns), and
+the terminal underline escapes nvidia-smi prints around the header. The fact is:
+{"source": ..., "devices": ["GPU0", ..., "NIC0"], "nics": {"NIC0": "mlx5_0"},
+ "links": {"GPU0": {"GPU1": "NV12", "NIC0": "PXB", ...}, ...},
+ "affinity": {"GPU0": {"CPU Affinity": "0-47", "NUMA Affinity": "0"}}}
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from sftdoctor.errors import InputError
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|\[[0-9;]*m(?=\S)")
+_LINK = re.compile(r"X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC|PSB|NA|N/A")
+_NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+_AFFINITY_NAMES = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+_AFFINITY_START = {"CPU", "NUMA", "GPU"}  # a header word that is not a device name
+
+# Closeness of a path, best first (the order of nvidia-smi's legend).
+PATH_RANK = {"NV": 0, "PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
+
+
+def path_kind(code: str) -> str:
+    """NV12 -> "NV"; SOC (old name of SYS) -> "SYS"; PSB (old single-switch) -> "PIX"."""
+    if code.startswith("NV"):
+        return "NV"
+    return {"SOC": "SYS", "PSB": "PIX"}.get(code, code)
+
+
+def nvlink_count(code: str) -> int:
+    return int(code[2:]) if re.fullmatch(r"NV\d+", code) else 0
+
+
+def parse_topology(text: str, source: str = "<topology>") -> dict[str, Any]:
+    lines = [_ANSI.sub("", line).rstrip() for line in text.splitlines()]
+    header_at = next((i for i, line in enumerate(lines) if re.match(r"\s*GPU0(\s|$)", line)), None)
+    if header_at is None:
+        raise InputError(source, "no `nvidia-smi topo -m` matrix found: expected a header line starting with GPU0")
+    words = lines[header_at].split()
+    columns: list[str] = []
+    for word in words:
+        if word in _AFFINITY_START:
+            break
+        columns.append(word)
+    if len(set(columns)) != len(columns):
+        raise InputError(source, f"line {header_at + 1}: repeated device column in the header")
+    affinity_names = [name for name in _AFFINITY_NAMES if name in " ".join(words[len(columns):])]
+
+    links: dict[str, dict[str, str]] = {}
+    affinity: dict[str, dict[str, str]] = {}
+    nics: dict[str, str] = {}
+    for number, line in enumerate(lines[header_at + 1 :], start=header_at + 2):
+        legend = _NIC_LEGEND.match(line)
+        if legend:
+            nics[legend[1]] = legend[2]
+            continue
+        cells = line.split()
+        if not cells or cells[0] not in columns or cells[0] in links:
+            continue  # blank, legend or prose line
+        row, values = cells[0], cells[1:]
+        codes = values[: len(columns)]
+        if len(codes) < len(columns) or not all(_LINK.fullmatch(code) for code in codes):
+            raise InputError(source, f"line {number}: row {row} should have {len(columns)} link codes (X, NV#, PIX, PXB, PHB, NODE, SYS)")
+        if codes[columns.index(row)] != "X":
+            raise InputError(source, f"line {number}: row {row} should have X in its own column")
+        links[row] = dict(zip(columns, codes))
+        extra = values[len(columns) :]
+        if extra:
+            affinity[row] = dict(zip(affinity_names, extra))
+
+    missing = [c for c in columns if c not in links and c.startswith("GPU")]
+    if missing:
+        raise InputError(source, f"no matrix row for {', '.join(missing)}")
+    devices = [c for c in columns if c in links]
+    for name in devices:  # a NIC column without its row: keep what the GPU rows say
+        links.setdefault(name, {})
+    if not any(d.startswith("GPU") for d in devices):
+        raise InputError(source, "the matrix has no GPU rows")
+    return {"devices": devices, "nics": nics, "links": links, "affinity": affinity}
+
+
+def gpu_names(topology: dict[str, Any]) -> list[str]:
+    return [d for d in topology["devices"] if d.startswith("GPU")]
+
+
+def link(topology: dict[str, Any], a: str, b: str) -> str | None:
+    return topology["links"].get(a, {}).get(b) or topology["links"].get(b, {}).get(a)
+
+
+def read_topology_file(path: Path) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise InputError(path, f"cannot read topology file: {exc.strerror}") from None
+    return {"source": str(path), **parse_topology(text, str(path))}
+
+
+def probe_topology(facts) -> dict[str, Any] | None:
+    if facts.inputs.topology is not None:
+        return read_topology_file(facts.inputs.topology)
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        proc = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    try:
+        return {"source": "nvidia-smi topo -m", **parse_topology(proc.stdout, "nvidia-smi topo -m")}
+    except InputError:
+        return None  # a single-GPU or unusual box whose output has no matrix

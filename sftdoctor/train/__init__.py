@@ -1,0 +1,1 @@
+"""The bundled trainer. Submodules import the training stack lazily; this package imports nothing."""

@@ -1,0 +1,94 @@
+"""deepspeed-precision on real DeepSpeed configs from public repositories."""
+
+import json
+
+import pytest
+
+from conftest import FIXTURES, index, recorded_gpus, severities
+from sftdoctor.facts.configs import read_json_object
+
+A100 = "a100_80g_pcie_4x_driver525_princeton.txt"
+V100 = "v100_pcie_4x_driver470_cuda114_princeton.txt"
+DS_019 = {"version": "0.19.8", "gradient_clipping": 1.0}
+DS_OLD = {"version": "0.16.4", "gradient_clipping": 0.0}
+
+
+def ds(name):
+    return {"path": name, "config": read_json_object(FIXTURES / "deepspeed" / name, "DeepSpeed config")}
+
+
+def run_config(precision, nnodes=1):
+    return {"model": {"path": "m", "precision": precision}, "launch": {"nnodes": nnodes}}
+
+
+def titles(findings, severity):
+    return [f.title for f in findings if f.severity.value == severity]
+
+
+def test_auto_flags_follow_the_run_and_pass(run):
+    findings = run("deepspeed-precision", deepspeed_config=ds("LLaMA-Factory_ds_z2_config.json"),
+                   run_config=run_config("bf16"), gpus=recorded_gpus(A100), deepspeed_defaults=DS_019)
+    assert severities(findings) == ["ok"] and "ZeRO-2, bf16" in findings[0].title
+
+
+def test_fp16_and_bf16_both_enabled_is_the_deepspeed_refusal(run):
+    cfg = {"path": "both.json", "config": {"fp16": {"enabled": True}, "bf16": {"enabled": "auto"}, "gradient_clipping": 1.0}}
+    findings = run("deepspeed-precision", deepspeed_config=cfg, run_config=run_config("bf16"))
+    assert titles(findings, "error") == ["both.json: fp16 and bf16 are both enabled"]
+    assert "cannot be simultaneously enabled" in findings[0].detail
+
+
+def test_hard_coded_fp16_on_bf16_gpus_with_a_bf16_model_warns(run):
+    findings = run("deepspeed-precision", deepspeed_config=ds("DeepSpeedExamples_ds_config_fp16_z3.json"),
+                   gpus=recorded_gpus(A100), model_config={"path": "config.json", "dtype": "bfloat16"},
+                   deepspeed_defaults=DS_019)
+    warning = titles(findings, "warning")[0]
+    assert "fp16 is hard-coded" in warning and "bf16" in warning and "bfloat16" in warning
+    assert '"fp16": {"enabled": false}' in findings[0].fix
+
+
+def test_hard_coded_fp16_on_v100_is_the_right_choice(run):
+    findings = run("deepspeed-precision", deepspeed_config=ds("DeepSpeedExamples_ds_config_fp16_z3.json"),
+                   gpus=recorded_gpus(V100), deepspeed_defaults=DS_019)
+    assert "warning" not in severities(findings)
+
+
+def test_legacy_bfloat16_key_left_auto_is_not_filled_by_transformers(run):
+    findings = run("deepspeed-precision", deepspeed_config=ds("transformers_ds_config_zero3_bf16.json"),
+                   run_config=run_config("bf16", nnodes=2), deepspeed_defaults=DS_019)
+    assert any('legacy key "bfloat16"' in t for t in titles(findings, "warning"))
+
+
+def test_zero3_offload_on_one_node_is_slow(run):
+    findings = run("deepspeed-precision", deepspeed_config=ds("axolotl_zero3_bf16_cpuoffload_all.json"),
+                   run_config=run_config("bf16"), deepspeed_defaults=DS_019)
+    assert any("ZeRO-3 with offload_optimizer to cpu, offload_param to cpu on a single node" in t
+               for t in titles(findings, "warning"))
+    # Across several nodes offload may be the point: no warning.
+    findings = run("deepspeed-precision", deepspeed_config=ds("axolotl_zero3_bf16_cpuoffload_all.json"),
+                   run_config=run_config("bf16", nnodes=4), deepspeed_defaults=DS_019)
+    assert not any("single node" in t for t in titles(findings, "warning"))
+
+
+@pytest.mark.parametrize("name", ["FastChat_deepspeed_config_s2.json", "transformers_ds_config_zero3_61c7ec9.json"])
+def test_missing_gradient_clipping_depends_on_the_installed_deepspeed(run, name):
+    old = run("deepspeed-precision", deepspeed_config=ds(name), run_config=run_config("fp16", nnodes=2),
+              gpus=recorded_gpus(V100), deepspeed_defaults=DS_OLD)
+    assert any("no gradient_clipping: DeepSpeed 0.16.4 defaults to 0" in t for t in titles(old, "warning"))
+    new = run("deepspeed-precision", deepspeed_config=ds(name), run_config=run_config("fp16", nnodes=2),
+              gpus=recorded_gpus(V100), deepspeed_defaults=DS_019)
+    assert any("clips at 1.0 by default" in t for t in titles(new, "info"))
+    assert '"gradient_clipping": "auto"' in next(f for f in new if "clips" in f.title).fix
+
+
+def test_clipping_set_to_zero_warns(run):
+    findings = run("deepspeed-precision", deepspeed_config=ds("DeepSpeedExamples_ds_fp16_z1_config.json"),
+                   gpus=recorded_gpus(V100), deepspeed_defaults=DS_019)
+    assert any("gradient_clipping is 0" in t for t in titles(findings, "warning"))
+
+
+def test_every_real_config_gets_a_verdict(run):
+    for entry in index("deepspeed"):
+        findings = run("deepspeed-precision", deepspeed_config=ds(entry["file"]), deepspeed_defaults=DS_019)
+        assert findings and all(f.id == "deepspeed-precision" for f in findings), entry["file"]
+        json.dumps([f.to_json() for f in findings])

@@ -1,0 +1,60 @@
+"""gpu-topology on real `nvidia-smi topo -m` outputs."""
+
+from conftest import recorded_gpus, recorded_topology, severities
+from sftdoctor.checks import Skipped
+
+
+def test_nvswitch_boxes_are_all_nvlink(run):
+    for name, code in [("dgx_a100_8x_mlx5_gengwg.txt", "NV12"), ("h100_8x_nic_legend_princeton_pli.txt", "NV18")]:
+        findings = run("gpu-topology", topology=recorded_topology(name))
+        assert severities(findings) == ["ok"]
+        assert "all 28 pairs" in findings[0].title and code in findings[0].title
+
+
+def test_v100_hybrid_cube_mesh_lists_the_unlinked_pairs_but_is_not_a_problem(run):
+    findings = run("gpu-topology", topology=recorded_topology("dgx1_8xv100_sxm2_oneflow_dlperf.txt"))
+    assert severities(findings) == ["info"]
+    assert "12 of 28" in findings[0].title and "GPU0-GPU5 SYS" in findings[0].detail
+
+
+def test_bridged_consumer_pairs_form_islands_joined_by_pcie(run):
+    findings = run("gpu-topology", topology=recorded_topology("rtx3090_4x_nvlink_pairs_aikitoria_pr18.txt"))
+    assert severities(findings) == ["warning"]
+    assert "islands [0,2 | 1,3]" in findings[0].title
+
+
+def test_pcie_only_box_is_a_warning_with_the_bandwidth_cost(run):
+    findings = run("gpu-topology", topology=recorded_topology("rtx4090_8x_pcie_2nic_go_gpuallocator17.txt"))
+    assert severities(findings) == ["warning"]
+    assert "no NVLink between the 8 GPUs" in findings[0].title and "worst path SYS" in findings[0].title
+    assert "GB per GPU per optimizer step" in findings[0].detail and "host memory" in findings[0].detail
+
+
+def test_old_soc_output_reads_as_sys(run):
+    findings = run("gpu-topology", topology=recorded_topology("k40m_4x_soc_mlx4_tensorflow_gdr.txt"))
+    assert "worst path SYS" in findings[0].title
+
+
+def test_cuda_visible_devices_narrows_to_the_gpus_in_use(run):
+    topo = recorded_topology("rtx3090_4x_nvlink_pairs_aikitoria_pr18.txt")
+    findings = run("gpu-topology", topology=topo, env={"CUDA_VISIBLE_DEVICES": "0,2"})
+    assert severities(findings) == ["ok"] and "NV4" in findings[0].title
+    findings = run("gpu-topology", topology=topo, env={"CUDA_VISIBLE_DEVICES": "1"})
+    assert severities(findings) == ["ok"] and "one GPU" in findings[0].title
+
+
+def test_p2p_disabled_is_flagged_even_on_nvlink(run):
+    findings = run("gpu-topology", topology=recorded_topology("dgx_a100_8x_mlx5_gengwg.txt"),
+                   env={"NCCL_P2P_DISABLE": "1"})
+    assert severities(findings) == ["ok", "warning"]
+    assert "NCCL_P2P_DISABLE" in findings[1].title
+
+
+def test_without_a_matrix_nvml_link_counts_still_tell(run):
+    gpus = recorded_gpus("h100_sxm_8x_driver550_modal_glossary.txt")
+    for device in gpus["devices"]:
+        device["nvlink_links_up"] = 18
+    assert severities(run("gpu-topology", gpus=gpus)) == ["ok"]
+    for device in gpus["devices"]:
+        device["nvlink_links_up"] = None
+    assert isinstance(run("gpu-topology", gpus=gpus), Skipped)
