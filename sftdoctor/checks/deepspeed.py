@@ -19,6 +19,18 @@ def _resolve(flag: Any, precision: str | None, name: str) -> Any:
     return flag
 
 
+def _disagrees_with_run(flags: dict[str, Any], precision: str | None) -> list[str]:
+    """Hard-coded flags that transformers will find in conflict with the run's precision."""
+    if precision is None:
+        return []
+    out = []
+    for name, key in (("fp16", "fp16"), ("bf16", flags["bf16_key"] or "bf16")):
+        value = flags[name]
+        if isinstance(value, bool) and value != (precision == name) and not (key == "bfloat16"):
+            out.append(f"{key}.enabled={str(value).lower()}")
+    return out
+
+
 def _offload_devices(zero: dict[str, Any]) -> dict[str, str]:
     found = {}
     for key in ("offload_optimizer", "offload_param"):
@@ -62,11 +74,20 @@ def deepspeed_precision(deepspeed_config: dict[str, Any], run_config: dict[str, 
                 "gradient_clipping": cfg.get("gradient_clipping", "absent")}
     findings = []
 
+    mismatched = _disagrees_with_run(flags, precision)
     if fp16 is True and bf16 is True:
         findings.append(error(
             f"{path}: fp16 and bf16 are both enabled",
             detail="DeepSpeed refuses the config at initialisation: 'bfloat16 and fp16 modes cannot be simultaneously enabled'.",
             fix=BF16_FIX + " on Ampere or newer; else the reverse", evidence=evidence))
+    elif mismatched:
+        findings.append(error(
+            f"{path}: {', '.join(mismatched)} disagree(s) with [model].precision = \"{precision}\"",
+            detail="transformers compares every non-\"auto\" value with TrainingArguments and stops after the model "
+                   "has loaded: 'Please correct the following DeepSpeed config values that mismatch "
+                   "TrainingArguments values'.",
+            fix='set "enabled": "auto" under "fp16" and "bf16" and choose the precision in the run config',
+            evidence=evidence))
     elif flags["fp16"] is True:  # hard-coded fp16 ("auto" follows the run's precision, judged by bf16-support)
         reasons = []
         if bf16_capable(gpus):
@@ -87,8 +108,10 @@ def deepspeed_precision(deepspeed_config: dict[str, Any], run_config: dict[str, 
     if flags["bf16_key"] == "bfloat16":
         findings.append((warning if flags["bf16"] == "auto" else info)(
             f"{path}: legacy key \"bfloat16\"",
-            detail="DeepSpeed still reads it, but transformers fills \"auto\" only under \"bf16\", so "
-                   "\"bfloat16\": {\"enabled\": \"auto\"} reaches DeepSpeed unresolved.",
+            detail="DeepSpeed still reads it, but transformers fills \"auto\" only under \"bf16\": "
+                   "\"bfloat16\": {\"enabled\": \"auto\"} reaches DeepSpeed unresolved, which (0.19) drops the "
+                   "leftover \"auto\" and leaves bf16 off — the run silently trains in fp32."
+                   if flags["bf16"] == "auto" else "DeepSpeed still reads it; transformers fills \"auto\" only under \"bf16\".",
             fix='rename "bfloat16" to "bf16"', evidence=evidence))
 
     offload = _offload_devices(zero)
@@ -103,7 +126,7 @@ def deepspeed_precision(deepspeed_config: dict[str, Any], run_config: dict[str, 
             fix="use ZeRO-2 (or ZeRO-3 without offload) if the model fits; offload only the optimizer if it "
                 "almost does (`sftdoctor explain zero-stage`)", evidence=evidence))
 
-    findings += _gradient_clipping(path, cfg, deepspeed_defaults, evidence)
+    findings += _gradient_clipping(path, cfg, deepspeed_defaults, run_config is not None, evidence)
     if not findings or all(f.severity.rank <= 1 for f in findings):
         mode = "bf16" if bf16 is True else "fp16" if fp16 is True else (
             f"fp16={json.dumps(flags['fp16'])}, bf16={json.dumps(flags['bf16'])}")
@@ -112,12 +135,17 @@ def deepspeed_precision(deepspeed_config: dict[str, Any], run_config: dict[str, 
     return findings
 
 
-def _gradient_clipping(path: str, cfg: dict[str, Any], defaults: dict[str, Any] | None, evidence):
+def _gradient_clipping(path: str, cfg: dict[str, Any], defaults: dict[str, Any] | None, with_trainer: bool, evidence):
     value = cfg.get("gradient_clipping")
     if value == 0:
-        return [warning(f"{path}: gradient_clipping is 0: gradients are never clipped",
-                        detail="A single bad batch can then blow the weights up; SFT recipes clip at 1.0.",
-                        fix='"gradient_clipping": "auto" (takes max_grad_norm, default 1.0)', evidence=evidence)]
+        # transformers (4.x-5.x) compares a non-"auto" value with max_grad_norm (default 1.0) and refuses
+        # a mismatch at start; DeepSpeed on its own runs and never clips.
+        return [(error if with_trainer else warning)(
+            f"{path}: gradient_clipping is 0: gradients are never clipped",
+            detail="Under the transformers Trainer the run stops at start: 'Please correct the following DeepSpeed "
+                   "config values that mismatch TrainingArguments values: - ds gradient_clipping=0 vs hf "
+                   "max_grad_norm=1.0'. Run by DeepSpeed alone, one bad batch can blow the weights up.",
+            fix='"gradient_clipping": "auto" (takes max_grad_norm, default 1.0)', evidence=evidence)]
     if value is not None:
         return []
     # transformers fills the key only when it is present and "auto": an absent key keeps DeepSpeed's

@@ -25,8 +25,10 @@ def flash_attn_check(packages: dict[str, Any], flash_attn: dict[str, Any], gpus:
     if version is None:
         if asked:
             return error("attn_implementation = \"flash_attention_2\" but flash-attn is not installed",
-                         detail="transformers raises at load: 'FlashAttention2 has been toggled on, but it cannot be "
-                                "used due to the following error: the package flash_attn seems to be not installed'.",
+                         detail="transformers 5.x raises at load: 'FlashAttention2 has been toggled on, but it cannot be "
+                                "used due to the following error: the package for FlashAttention2 doesn't seem to be "
+                                "installed.' (with the `kernels` package installed it tries to download a hub kernel "
+                                "instead, which fails offline).",
                          fix="pip install flash-attn --no-build-isolation, or attn_implementation = \"auto\" (sdpa)",
                          evidence=evidence)
         if devices and not old:

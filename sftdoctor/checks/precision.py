@@ -27,9 +27,10 @@ def bf16_support(gpus: dict[str, Any], run_config: dict[str, Any] | None = None,
         if precision == "bf16":
             return error(
                 f"bf16 is requested ({source}) but {text} lack bf16",
-                detail="bf16 and tf32 tensor cores need compute capability 8.0 (Ampere). On older GPUs torch "
-                       "emulates bf16 slowly (torch.cuda.is_bf16_supported() still says True: it counts emulation), "
-                       "and flash-attn and fused kernels refuse it. " + FP16_RISK,
+                detail="bf16 and tf32 tensor cores need compute capability 8.0 (Ampere). On older GPUs "
+                       "torch.cuda.is_bf16_supported() still says True (it counts emulation), so transformers and "
+                       "DeepSpeed start the run, which then computes bf16 in slow emulation; flash-attn refuses it. "
+                       + FP16_RISK,
                 fix='use fp16 with dynamic loss scaling: [model] precision = "fp16", and in a DeepSpeed JSON '
                     '{"fp16": {"enabled": "auto", "loss_scale": 0}, "bf16": {"enabled": false}}',
                 evidence=evidence)
@@ -76,7 +77,9 @@ def model_dtype(model_config: dict[str, Any], run_config: dict[str, Any] | None 
         return info(
             f"{saved}: 4 bytes per parameter, twice bf16",
             detail="transformers >= 5 loads in the saved dtype by default (dtype=\"auto\"), so a 7B model takes "
-                   "28 GB per process to load instead of 14 GB; mixed precision keeps an fp32 master copy anyway.",
+                   "28 GB per process to load instead of 14 GB (TRL's SFTTrainer, given a model name, loads "
+                   "float32 whatever the config says unless model_init_kwargs sets dtype); mixed precision keeps "
+                   "an fp32 master copy anyway.",
             fix=f"load with dtype={'torch.bfloat16' if precision != 'fp16' else 'torch.float16'} "
                 "(sftdoctor train loads in the run's precision)", evidence=evidence)
     if dtype not in ("bfloat16", "float16", "auto"):

@@ -118,10 +118,12 @@ def _toolkit(toolkit, packages, version, cuda, evidence):
     if nvcc is None:
         if "deepspeed" in builds:
             return [warning(
-                "no nvcc found, but DeepSpeed compiles its ops (FusedAdam, CPUAdam for offload) on first use",
+                "no nvcc found, but DeepSpeed compiles its CUDA ops (FusedAdam, the default for an \"AdamW\" optimizer "
+                "block) on first use",
                 detail=f"CUDA_HOME={toolkit.get('cuda_home')}; a run that needs such an op fails "
                        "with 'MissingCUDAException: CUDA_HOME does not exist, unable to compile CUDA op(s)', "
-                       "unless the ops were prebuilt (DS_BUILD_OPS=1 at install).",
+                       "unless the ops were prebuilt (DS_BUILD_OPS=1 at install). CPUAdam (ZeRO-Offload) builds "
+                       "with g++ alone (DeepSpeed 0.19).",
                 fix=f"install the CUDA {cuda} toolkit and export CUDA_HOME=/usr/local/cuda-{cuda}", evidence=evidence)]
         return []
     if version_tuple(nvcc)[0] != version_tuple(cuda)[0]:

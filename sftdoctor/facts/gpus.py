@@ -9,13 +9,29 @@ With no GPU or no driver it is {"source": None, "devices": [], "error": "..."}.
 
 from __future__ import annotations
 
+import os
+import platform
 import re
 import shutil
+import sys
 import subprocess
 from typing import Any
 
 
+def _no_kernel_driver() -> str | None:
+    """On Linux (not WSL) a loaded NVIDIA driver exposes /proc/driver/nvidia; without it NVML and
+    nvidia-smi cannot work, so say so and skip loading NVML at all."""
+    if sys.platform != "linux" or "microsoft" in platform.release().lower():
+        return None
+    if os.path.exists("/proc/driver/nvidia/version"):
+        return None
+    return "no NVIDIA kernel driver loaded (/proc/driver/nvidia/version is absent)"
+
+
 def probe_gpus(facts) -> dict[str, Any]:
+    reason = _no_kernel_driver()
+    if reason:
+        return {"source": None, "driver_version": None, "cuda_version": None, "devices": [], "error": reason}
     try:
         return _from_nvml()
     except Exception as exc:  # NVMLError, missing libnvidia-ml, pynvml absent: all mean "ask nvidia-smi"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import ast
-import importlib.metadata
 import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from sftdoctor.facts.distributions import version as _version
 
 # Distribution names as published on PyPI.
 PACKAGES = (
@@ -119,8 +120,3 @@ def probe_flash_attn(facts) -> dict[str, Any]:
     }
 
 
-def _version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None

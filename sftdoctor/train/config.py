@@ -26,6 +26,7 @@ class Key:
     default: Any = None
     required: bool = False
     path: bool = False  # resolved relative to the config file's folder
+    local_or_hub: bool = False  # a folder next to the config file if one exists, else kept (hub id)
     doc: str = ""
 
 
@@ -52,7 +53,7 @@ def _bool(v: Any) -> bool:
 
 SCHEMA: dict[str, dict[str, Key]] = {
     "model": {
-        "path": Key("a local folder or a hub id", _str, required=True,
+        "path": Key("a local folder or a hub id", _str, required=True, local_or_hub=True,
                     doc="model to fine-tune: a local folder with config.json, or a hub id"),
         "precision": Key("one of auto, bf16, fp16, fp32", lambda v: v in ("auto", "bf16", "fp16", "fp32"),
                          default="auto", doc="auto = bf16 where every GPU has it (compute capability >= 8.0), else fp16"),
@@ -76,6 +77,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "max_restarts": Key("an integer >= 0", _int(0), default=0),
     },
 }
+
+
+def _resolve(spec: Key, value: Any, folder: Path) -> Any:
+    if spec.path or (spec.local_or_hub and (folder / value).exists()):
+        return str(folder / value)
+    return value
 
 
 def load_run_config(path: Path) -> dict[str, Any]:
@@ -115,7 +122,7 @@ def validate(raw: dict[str, Any], path: Path) -> dict[str, dict[str, Any]]:
             elif not spec.accepts(value):
                 errors.append(InputError(path, f"expected {spec.expected}, got {value!r}", key=where))
             else:
-                out[key] = str((path.parent / value)) if spec.path else value
+                out[key] = _resolve(spec, value, path.parent)
         for key, spec in keys.items():
             if key in out:
                 continue

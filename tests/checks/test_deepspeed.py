@@ -92,3 +92,18 @@ def test_every_real_config_gets_a_verdict(run):
         findings = run("deepspeed-precision", deepspeed_config=ds(entry["file"]), deepspeed_defaults=DS_019)
         assert findings and all(f.id == "deepspeed-precision" for f in findings), entry["file"]
         json.dumps([f.to_json() for f in findings])
+
+
+def test_hard_coded_flags_that_disagree_with_the_run_precision_are_the_transformers_mismatch(run):
+    findings = run("deepspeed-precision", deepspeed_config=ds("axolotl_zero3_bf16.json"),
+                   run_config=run_config("fp16", nnodes=2), deepspeed_defaults=DS_019)
+    assert titles(findings, "error") == ['axolotl_zero3_bf16.json: bf16.enabled=true disagree(s) with [model].precision = "fp16"']
+    findings = run("deepspeed-precision", deepspeed_config=ds("axolotl_zero3_bf16.json"),
+                   run_config=run_config("bf16", nnodes=2), deepspeed_defaults=DS_019)
+    assert "error" not in severities(findings)
+
+
+def test_clipping_zero_is_an_error_under_the_trainer(run):
+    findings = run("deepspeed-precision", deepspeed_config=ds("DeepSpeedExamples_ds_fp16_z1_config.json"),
+                   run_config=run_config("fp16"), gpus=recorded_gpus(V100), deepspeed_defaults=DS_019)
+    assert any("gradient_clipping is 0" in t for t in titles(findings, "error"))

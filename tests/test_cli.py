@@ -1,0 +1,141 @@
+"""The `sftdoctor` command as a user runs it: exit codes, output, bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import FIXTURES
+
+TOPO = FIXTURES / "topology"
+DS = FIXTURES / "deepspeed"
+MODELS = FIXTURES / "model_config"
+
+
+def sftdoctor(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "sftdoctor", *args], capture_output=True, text=True, input=stdin)
+
+
+@pytest.fixture(scope="module")
+def v100_snapshot(tmp_path_factory):
+    """A facts snapshot of a 4x V100 box as `sftdoctor facts` writes it, with GPU facts recorded from a
+    real `nvidia-smi` output and its topology from a real `nvidia-smi topo -m`."""
+    from conftest import recorded_gpus
+
+    proc = sftdoctor("facts", "--topology", str(TOPO / "titanx_4x_dual_root_horovod969.txt"))
+    doc = json.loads(proc.stdout)
+    doc["facts"]["gpus"] = recorded_gpus("v100_pcie_4x_driver470_cuda114_princeton.txt")
+    doc["facts"]["torch_build"] = {"version": "2.4.1+cu118", "cuda": "11.8", "hip": None}
+    path = tmp_path_factory.mktemp("snap") / "facts.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_this_machine_without_gpus_passes():
+    proc = sftdoctor("check")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "torch-cuda-match" in proc.stdout and "no NVIDIA GPU visible" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].startswith("7 checks:")
+
+
+def test_replayed_v100_with_bf16_deepspeed_fails_with_fixes_and_topics(tmp_path, v100_snapshot):
+    proc = sftdoctor("check", "--facts", str(v100_snapshot), "--deepspeed", str(DS / "axolotl_zero3_bf16.json"))
+    assert proc.returncode == 1
+    assert "✗" in proc.stdout and "bf16-support" in proc.stdout and "lack bf16" in proc.stdout
+    assert "fix:" in proc.stdout and "sftdoctor explain bf16-support" in proc.stdout
+    assert "errors" in proc.stdout.splitlines()[-1] or "1 error" in proc.stdout.splitlines()[-1]
+
+
+def test_json_document_has_findings_facts_and_summary(v100_snapshot):
+    proc = sftdoctor("check", "--json", "--facts", str(v100_snapshot), "--model-config", str(MODELS / "Qwen2-0.5B.json"))
+    doc = json.loads(proc.stdout)
+    assert set(doc) >= {"findings", "skipped", "summary", "facts", "exit_code"}
+    for finding in doc["findings"]:
+        assert {"id", "severity", "title", "detail", "fix", "explain"} <= set(finding)
+    assert doc["facts"]["facts"]["gpus"]["devices"][0]["name"] == "Tesla V100-PCIE..."
+    assert doc["exit_code"] == proc.returncode
+
+
+def test_a_replayed_snapshot_does_not_mix_in_this_machine(v100_snapshot):
+    doc = json.loads(sftdoctor("check", "--json", "--facts", str(v100_snapshot), "--select", "torch-cuda-match").stdout)
+    assert doc["findings"][0]["evidence"]["torch"]["version"] == "2.4.1+cu118"
+
+
+def test_facts_snapshot_round_trips_through_check(tmp_path):
+    snap = tmp_path / "facts.json"
+    snap.write_text(sftdoctor("facts").stdout)
+    direct = json.loads(sftdoctor("check", "--json").stdout)
+    replayed = json.loads(sftdoctor("check", "--json", "--facts", str(snap)).stdout)
+    assert [(f["id"], f["severity"], f["title"]) for f in direct["findings"]] == \
+           [(f["id"], f["severity"], f["title"]) for f in replayed["findings"]]
+
+
+def test_select_and_list():
+    proc = sftdoctor("check", "--select", "nccl-env")
+    assert "nccl-env" in proc.stdout and "torch-cuda-match" not in proc.stdout
+    listing = sftdoctor("check", "--list").stdout
+    assert all(i in listing for i in ("torch-cuda-match", "bf16-support", "gpu-topology", "model-dtype",
+                                      "deepspeed-precision", "flash-attn", "nccl-env"))
+
+
+@pytest.mark.parametrize("args, says", [
+    (["check", "--select", "gpu-topolgy"], "did you mean 'gpu-topology'"),
+    (["check", "--deepspeed", "/nonexistent/ds.json"], "/nonexistent/ds.json: DeepSpeed config not found"),
+    (["check", "--topology", str(MODELS / "gpt2.json")], "no `nvidia-smi topo -m` matrix found"),
+    (["check", "--facts", str(TOPO / "index.json")], "expected a JSON object with a 'facts' object"),
+    (["facts", "--model-config", str(TOPO / "k40m_4x_soc_mlx4_tensorflow_gdr.txt")], "not valid JSON"),
+    (["explain", "nan-los"], "no topic 'nan-los'"),
+    (["check", "--bogus"], "No such option"),
+])
+def test_bad_input_is_one_clear_line_and_exit_2(args, says):
+    proc = sftdoctor(*args)
+    assert proc.returncode == 2
+    assert says in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_broken_run_config_lists_every_problem(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('[model]\npath = "x"\nprecision = "bf61"\n[launch]\nmaster_port = 70000\n')
+    proc = sftdoctor("check", "--config", str(config))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 2 and all(l.startswith(f"sftdoctor: error: {config}") for l in lines)
+    assert "[model].precision: expected one of auto, bf16, fp16, fp32, got 'bf61'" in proc.stderr
+
+
+def test_run_config_pulls_in_its_model_and_deepspeed_configs(tmp_path, v100_snapshot):
+    config = tmp_path / "run.toml"
+    config.write_text(f'[model]\npath = "{MODELS / "Qwen2-0.5B.json"}"\nprecision = "fp16"\n'
+                      f'[deepspeed]\nconfig = "{DS / "FastChat_deepspeed_config_s2.json"}"\n')
+    doc = json.loads(sftdoctor("check", "--json", "--facts", str(v100_snapshot), "--config", str(config)).stdout)
+    ids = {f["id"] for f in doc["findings"]}
+    assert {"model-dtype", "deepspeed-precision", "bf16-support"} <= ids
+    model = next(f for f in doc["findings"] if f["id"] == "model-dtype")
+    assert model["severity"] == "warning" and "65504" in model["detail"]
+
+
+def test_explain_prints_a_topic_and_lists_them():
+    proc = sftdoctor("explain", "bf16-support")
+    assert proc.returncode == 0 and "compute capability" in proc.stdout.lower()
+    assert "bf16-support" in sftdoctor("explain", "--list").stdout
+
+
+def test_check_works_on_a_box_without_the_training_stack(tmp_path):
+    """Only sftdoctor and its own light dependencies on the path: no torch, transformers, deepspeed."""
+    import importlib.util
+    from pathlib import Path
+
+    for module in ("sftdoctor", "click", "pynvml"):
+        origin = Path(importlib.util.find_spec(module).origin)
+        source = origin.parent if origin.name == "__init__.py" else origin
+        (tmp_path / source.name).symlink_to(source)
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from sftdoctor.cli import main; main()"
+    proc = subprocess.run([sys.executable, "-S", "-c", code, "check", "--json"], capture_output=True, text=True,
+                          cwd=tmp_path)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 0, proc.stderr
+    torch = next(f for f in doc["findings"] if f["id"] == "torch-cuda-match")
+    assert torch["severity"] == "info" and "torch is not installed" in torch["title"]
+    assert doc["facts"]["facts"]["packages"]["transformers"] is None

@@ -1,0 +1,27 @@
+"""The knowledge base: every finding's topic exists and reads as a topic."""
+
+import pytest
+
+from sftdoctor import kb
+from sftdoctor.checks import load_checks
+from sftdoctor.errors import InputError
+
+
+def test_every_check_has_a_topic_of_its_own_name_and_plugin_problems_have_one_too():
+    names = {t.name for t in kb.topics()}
+    checks = load_checks(plugins=False).checks.values()
+    assert {spec.explain for spec in checks} <= names
+    assert {spec.id for spec in checks} <= names
+    assert "plugins" in names
+
+
+@pytest.mark.parametrize("topic", kb.topics(), ids=lambda t: t.name)
+def test_topics_have_a_summary_and_the_sections_a_reader_needs(topic):
+    assert 0 < len(topic.summary) <= 100
+    for section in ("## Symptoms", "## Causes", "## How to tell them apart", "## Fix", "## Caught in advance by"):
+        assert section in topic.body, (topic.name, section)
+
+
+def test_a_misspelt_topic_suggests_the_right_one():
+    with pytest.raises(InputError, match="did you mean 'gpu-topology'"):
+        kb.topic("gpu-topolgy")

@@ -1,0 +1,144 @@
+"""The check registry: injection by name, skips, crashes, and third-party plugins."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from sftdoctor.checks import BUILTIN_MODULES, NotApplicable, Registry, check, load_checks, run_check
+from sftdoctor.facts import Facts
+from sftdoctor.findings import ok
+
+DESIGN_CARD = {"torch-cuda-match", "bf16-support", "gpu-topology", "model-dtype", "deepspeed-precision"}
+
+
+def test_builtin_checks_include_the_design_card_ids():
+    ids = set(load_checks(plugins=False).checks)
+    assert DESIGN_CARD | {"flash-attn", "nccl-env"} <= ids
+
+
+def spec_of(func):
+    registry = Registry()
+    registry.scan(func, "test")
+    return next(iter(registry.checks.values()))
+
+
+def test_facts_are_injected_by_parameter_name_and_optional_ones_may_be_missing():
+    @check("demo", "demo")
+    def demo(env, gpus=None):
+        return ok(f"{len(env)} vars, gpus={gpus}")
+
+    findings = run_check(spec_of(demo), Facts.replay({"env": {"A": "1"}}))
+    assert findings[0].title == "1 vars, gpus=None" and findings[0].id == "demo" and findings[0].explain == "demo"
+
+
+def test_a_missing_required_fact_skips_with_the_reason():
+    @check("needs-topology", "x")
+    def needs(topology):
+        raise AssertionError("must not run")
+
+    skipped = run_check(spec_of(needs), Facts.replay({}))
+    assert skipped.id == "needs-topology" and "not recorded" in skipped.reason
+
+
+def test_not_applicable_is_a_skip():
+    @check("na", "x")
+    def na(env):
+        raise NotApplicable("one GPU")
+
+    assert run_check(spec_of(na), Facts.replay({"env": {}})).reason == "one GPU"
+
+
+def test_a_crashing_check_becomes_an_error_finding_naming_it():
+    @check("boom", "x")
+    def boom(env):
+        return 1 / 0
+
+    findings = run_check(spec_of(boom), Facts.replay({"env": {}}))
+    assert findings[0].severity.value == "error"
+    assert "boom crashed: ZeroDivisionError" in findings[0].title
+
+
+def test_duplicate_ids_keep_the_first_and_report_the_second():
+    @check("same", "x")
+    def first(env):
+        return ok("1")
+
+    @check("same", "x")
+    def second(env):
+        return ok("2")
+
+    registry = Registry()
+    registry.scan(first, "a")
+    registry.scan(second, "b")
+    assert registry.checks["same"].origin == "a"
+    assert "ignored" in registry.problems[0].title
+
+
+def test_declaring_a_check_has_no_side_effect():
+    before = set(load_checks(plugins=False).checks)
+
+    @check("not-registered", "x")
+    def lonely(env):
+        return ok("x")
+
+    assert set(load_checks(plugins=False).checks) == before
+    assert all(m.startswith("sftdoctor.checks.") for m in BUILTIN_MODULES)
+
+
+PLUGIN = '''
+from sftdoctor.checks import check
+from sftdoctor.findings import warning
+
+@check("site-quota", "the team's disk quota")
+def site_quota(env):
+    return warning("quota nearly full", fix="clean /scratch")
+
+@check("site-broken", "a plugin check that raises")
+def site_broken(env):
+    raise RuntimeError("plugin bug")
+'''
+
+
+def install_plugin(tmp_path, module_source, entry="mysite_checks"):
+    """A real installed distribution on sys.path: a module and a .dist-info with entry points."""
+    (tmp_path / f"{entry}.py").write_text(module_source)
+    info = tmp_path / f"{entry}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {entry}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[sftdoctor.checks]\nsite = {entry}\n")
+    return {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+
+def check_json(env, *args):
+    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--json", "--select", *args],
+                          capture_output=True, text=True, env=env)
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout else proc.stderr
+
+
+def test_an_installed_plugin_runs_and_a_raising_plugin_check_does_not_sink_the_suite(tmp_path):
+    env = install_plugin(tmp_path, PLUGIN)
+    code, doc = check_json(env, "site-quota,site-broken,nccl-env")
+    by_id = {f["id"]: f for f in doc["findings"]}
+    assert by_id["site-quota"]["severity"] == "warning" and by_id["site-quota"]["fix"] == "clean /scratch"
+    assert by_id["site-broken"]["severity"] == "error" and "RuntimeError: plugin bug" in by_id["site-broken"]["title"]
+    assert "nccl-env" in by_id
+    assert code == 1
+
+
+def test_no_plugins_turns_them_off(tmp_path):
+    env = install_plugin(tmp_path, PLUGIN)
+    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--list", "--no-plugins"],
+                          capture_output=True, text=True, env=env)
+    assert "site-quota" not in proc.stdout and "torch-cuda-match" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--list"], capture_output=True, text=True, env=env)
+    assert "site-quota" in proc.stdout and "[plugin site (mysite_checks)]" in proc.stdout
+
+
+def test_a_plugin_that_fails_to_import_is_a_warning(tmp_path):
+    env = install_plugin(tmp_path, "import not_a_module_anywhere\n")
+    code, doc = check_json(env, "nccl-env")
+    problem = next(f for f in doc["findings"] if f["id"] == "plugin-load")
+    assert problem["severity"] == "warning" and "ModuleNotFoundError" in problem["title"]
+    assert code == 0
