@@ -80,10 +80,6 @@ class Facts:
         facts._replayed = dict(values)
         return facts
 
-    @property
-    def names(self) -> list[str]:
-        return list(self._probes)
-
     def known(self, name: str) -> bool:
         return name in self._probes
 
@@ -95,11 +91,6 @@ class Facts:
     def why_missing(self, name: str) -> str:
         return self._missing.get(name, "")
 
-    def set(self, name: str, value: Any) -> None:
-        """Record a fact directly (tests, runtime watchers)."""
-        self._values[name] = value
-        self._missing.pop(name, None)
-
     def _collect(self, name: str) -> None:
         if name not in self._probes:
             self._missing[name] = f"no probe provides the fact {name!r}"
@@ -108,7 +99,7 @@ class Facts:
             if self._replayed.get(name) is not None:
                 self._values[name] = self._replayed[name]
             else:
-                self._missing[name] = f"not recorded in {self.inputs.facts}"
+                self._missing[name] = f"not recorded in {self.inputs.facts or 'the replayed facts'}"
             return
         try:
             value = self._probes[name](self)
