@@ -97,7 +97,8 @@ def test_bad_input_is_one_clear_line_and_exit_2(args, says):
 
 def test_a_broken_run_config_lists_every_problem(tmp_path):
     config = tmp_path / "run.toml"
-    config.write_text('[model]\npath = "x"\nprecision = "bf61"\n[launch]\nmaster_port = 70000\n')
+    (tmp_path / "d.jsonl").write_text('{"text": "a"}\n')
+    config.write_text('[model]\npath = "x"\nprecision = "bf61"\n[data]\ntrain = "d.jsonl"\n[launch]\nmaster_port = 70000\n')
     proc = sftdoctor("check", "--config", str(config))
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -108,7 +109,8 @@ def test_a_broken_run_config_lists_every_problem(tmp_path):
 def test_run_config_pulls_in_its_model_and_deepspeed_configs(tmp_path, v100_snapshot):
     config = tmp_path / "run.toml"
     config.write_text(f'[model]\npath = "{MODELS / "Qwen2-0.5B.json"}"\nprecision = "fp16"\n'
-                      f'[deepspeed]\nconfig = "{DS / "FastChat_deepspeed_config_s2.json"}"\n')
+                      f'[deepspeed]\nconfig = "{DS / "FastChat_deepspeed_config_s2.json"}"\n'
+                      f'[data]\ntrain = "{FIXTURES / "deepspeed" / "index.json"}"\n')
     doc = json.loads(sftdoctor("check", "--json", "--facts", str(v100_snapshot), "--config", str(config)).stdout)
     ids = {f["id"] for f in doc["findings"]}
     assert {"model-dtype", "deepspeed-precision", "bf16-support"} <= ids

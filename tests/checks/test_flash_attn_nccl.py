@@ -79,6 +79,7 @@ def test_the_port_probe_sees_a_real_listener(tmp_path):
         server.listen()
         port = server.getsockname()[1]
         config = tmp_path / "run.toml"
-        config.write_text(f'[model]\npath = "m"\n[launch]\nmaster_port = {port}\n')
+        (tmp_path / "d.jsonl").write_text('{"text": "a"}\n')
+        config.write_text(f'[model]\npath = "m"\n[data]\ntrain = "d.jsonl"\n[launch]\nmaster_port = {port}\n')
         assert Facts(Inputs(config=config)).get("rendezvous")["in_use"] is True
     assert Facts(Inputs(config=config)).get("rendezvous")["in_use"] is False

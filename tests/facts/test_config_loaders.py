@@ -83,14 +83,22 @@ def test_a_model_folder_means_its_config_json(tmp_path):
 
 
 def write(tmp_path, text, name="run.toml"):
+    """A run config beside a one-row data file (data.jsonl), as `[data] train` needs an existing file."""
+    (tmp_path / "data.jsonl").write_text('{"text": "hello"}\n')
+    if "[data]" not in text:
+        text += '\n[data]\ntrain = "data.jsonl"\n'
     path = tmp_path / name
     path.write_text(text)
     return path
 
 
 def test_run_config_fills_defaults_and_resolves_paths_next_to_the_file(tmp_path):
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "z2.json").write_text("{}")
     path = write(tmp_path, '[model]\npath = "m"\n[deepspeed]\nconfig = "ds/z2.json"\n')
     cfg = load_run_config(path)
+    assert cfg["data"]["train"] == [str(tmp_path / "data.jsonl")]
+    assert cfg["training"]["output_dir"] == str(tmp_path / "runs" / "run")
     assert cfg["model"]["precision"] == "auto"
     assert cfg["deepspeed"]["config"] == str(tmp_path / "ds" / "z2.json")
     assert cfg["launch"]["master_port"] == 29500
