@@ -103,6 +103,24 @@ def facts(config, model_config, deepspeed, topology, facts_file):
 
 
 @main.command()
+@click.argument("config", type=click.Path(path_type=Path))
+@click.option("--resume", is_flag=True, help="Continue from the newest complete checkpoint in the run directory.")
+@click.option("--dry-run", is_flag=True, help="Resolve, run the checks and print the plan; do not train.")
+@click.option("--smoke", is_flag=True, help="Rehearse the whole pipeline in seconds on a shrunk model, with a save and a resume.")
+@click.option("--force", is_flag=True, help="Start even when a check finds an error (recorded in the run directory).")
+def train(config, resume, dry_run, smoke, force):
+    """Fine-tune with the settings in CONFIG (TOML), after the checks pass."""
+    from sftdoctor.errors import InputError, InputErrors
+    from sftdoctor.train.launch import train as run_training
+
+    try:
+        code = run_training(config, resume=resume, dry_run=dry_run, smoke=smoke, force=force)
+    except (InputError, InputErrors) as exc:
+        _bad_input(exc)
+    sys.exit(code)
+
+
+@main.command()
 @click.argument("topic", required=False)
 @click.option("--list", "list_topics", is_flag=True, help="List the topics with one-line summaries.")
 def explain(topic, list_topics):

@@ -29,6 +29,8 @@ BUILTIN_MODULES = (
     "sftdoctor.checks.deepspeed",
     "sftdoctor.checks.flash_attn",
     "sftdoctor.checks.nccl_env",
+    "sftdoctor.checks.run_config",
+    "sftdoctor.checks.packing",
 )
 _ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 

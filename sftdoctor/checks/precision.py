@@ -55,6 +55,8 @@ def bf16_support(gpus: dict[str, Any], run_config: dict[str, Any] | None = None,
 @check("model-dtype", "the dtype the model was saved in vs the run's precision")
 def model_dtype(model_config: dict[str, Any], run_config: dict[str, Any] | None = None,
                 deepspeed_config: dict[str, Any] | None = None, gpus: dict[str, Any] | None = None):
+    if ((run_config or {}).get("model") or {}).get("weights") == "random":
+        raise NotApplicable("[model] weights = \"random\": no saved weights to load")
     dtype, key = model_config.get("dtype"), model_config.get("dtype_key")
     precision, source = requested_precision(run_config, deepspeed_config, gpus)
     evidence = {"config": model_config.get("path"), "dtype": dtype, "key": key,

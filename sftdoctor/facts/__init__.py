@@ -33,7 +33,7 @@ class Inputs:
 
 
 def _probes() -> dict[str, Callable[["Facts"], Any]]:
-    from sftdoctor.facts import configs, gpus, packages, system, topology
+    from sftdoctor.facts import configs, data, gpus, packages, packing_probe, stack, system, topology
 
     return {
         "packages": packages.probe_packages,
@@ -48,6 +48,9 @@ def _probes() -> dict[str, Callable[["Facts"], Any]]:
         "run_config": configs.probe_run_config,
         "model_config": configs.probe_model_config,
         "deepspeed_config": configs.probe_deepspeed_config,
+        "transformers_features": stack.probe_transformers_features,
+        "data": data.probe_data,
+        "packing_probe": packing_probe.probe_packing,
     }
 
 
@@ -160,4 +163,7 @@ _NOT_GIVEN = {
     "topology": "no `nvidia-smi topo -m` available (give a saved one with --topology)",
     "torch_build": "torch is not installed",
     "deepspeed_defaults": "deepspeed is not installed",
+    "transformers_features": "transformers is not installed",
+    "data": "no run config given (--config)",
+    "packing_probe": "packing is off, or no run config / model config to probe",
 }

@@ -94,6 +94,7 @@ def summarize_model_config(path: Path, config: dict[str, Any]) -> dict[str, Any]
         "transformers_version": config.get("transformers_version"),
         "dtype": dtype,
         "dtype_key": key,
+        "raw_keys": sorted(config),
         **shape,
     }
 

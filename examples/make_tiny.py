@@ -1,0 +1,113 @@
+"""Generate the bundled tiny example: a small chat dataset, a byte-level BPE tokenizer trained on
+it with a chat template, and a tiny Qwen2 config. Deterministic; nothing is downloaded.
+
+    python examples/make_tiny.py                      # writes examples/tiny/
+    python examples/make_tiny.py --out DIR --shape prompt_completion --rows 200
+
+The tasks are simple string transformations (reverse, sort, count, repeat) so that a model of
+a few hundred thousand parameters learns them within a minute on a CPU and the loss falls clearly.
+Sample lengths are skewed on purpose (a few long samples) so padding and packing matter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+WORDS = ("red green blue cat dog sun moon tree rock bird fish star rain snow wind leaf "
+         "apple pear plum lime kiwi fig date").split()
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{{ '<|im_start|>assistant\\n' }}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def task(rng: random.Random) -> tuple[str, str]:
+    n = rng.choice([2, 3, 4, 5, 6, 8, 12, 24]) if rng.random() < 0.9 else rng.randint(40, 80)
+    words = [rng.choice(WORDS) for _ in range(n)]
+    kind = rng.choice(["reverse", "sort", "count", "first"])
+    text = " ".join(words)
+    if kind == "reverse":
+        return f"reverse: {text}", " ".join(reversed(words))
+    if kind == "sort":
+        return f"sort: {text}", " ".join(sorted(words))
+    if kind == "count":
+        return f"count: {text}", str(len(words))
+    return f"first: {text}", words[0]
+
+
+def rows(n: int, shape: str, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        prompt, answer = task(rng)
+        if shape == "messages":
+            out.append({"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]})
+        elif shape == "prompt_completion":
+            out.append({"prompt": prompt + "\n", "completion": answer})
+        else:
+            out.append({"text": f"{prompt}\n{answer}"})
+    return out
+
+
+def write_jsonl(path: Path, data: list[dict]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in data), encoding="utf-8")
+
+
+def train_tokenizer(folder: Path, corpus: list[str], vocab_size: int = 384) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(corpus, trainer)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>", "unk_token": None, "model_max_length": 512,
+        "chat_template": CHAT_TEMPLATE,
+    }, indent=2) + "\n")
+
+
+def model_config(vocab_size: int) -> dict:
+    return {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "dtype": "float32",
+        "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 512, "vocab_size": vocab_size,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": True, "use_cache": False,
+        "bos_token_id": None, "eos_token_id": 2, "pad_token_id": 0,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "tiny")
+    parser.add_argument("--shape", choices=["messages", "prompt_completion", "text"], default="messages")
+    parser.add_argument("--rows", type=int, default=1200)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    data, model = args.out / "data", args.out / "model"
+    data.mkdir(parents=True, exist_ok=True)
+    model.mkdir(parents=True, exist_ok=True)
+    train, evaluation = rows(args.rows, args.shape, args.seed), rows(max(8, args.rows // 20), args.shape, args.seed + 1)
+    write_jsonl(data / "train.jsonl", train)
+    write_jsonl(data / "eval.jsonl", evaluation)
+    corpus = [json.dumps(r) for r in rows(2000, "messages", 1234)] + [f"<|im_start|>{r}\n" for r in ("user", "assistant")]
+    train_tokenizer(model, corpus)
+    vocab = json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]
+    (model / "config.json").write_text(json.dumps(model_config(len(vocab)), indent=2) + "\n")
+    print(f"wrote {len(train)} train and {len(evaluation)} eval rows ({args.shape}) and a {len(vocab)}-token "
+          f"tokenizer under {args.out}")
+
+
+if __name__ == "__main__":
+    main()

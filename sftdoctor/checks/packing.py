@@ -1,0 +1,39 @@
+"""packing: will packed samples attend to each other? Answered by running the installed stack."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sftdoctor.checks import check
+from sftdoctor.findings import error, info, ok, warning
+
+
+@check("packing", "packed samples stay isolated: proven with a tiny model of the run's architecture")
+def packing(run_config: dict[str, Any], packing_probe: dict[str, Any] | None = None):
+    asked = run_config["training"]["packing"]
+    if asked is False:
+        return ok("off: one sample per row, padded to the longest in the micro-batch")
+    probe = packing_probe or {}
+    isolated = probe.get("isolated")
+    attn = probe.get("attn_implementation", "?")
+    evidence = {"asked": asked, "probe": probe}
+    if isolated:
+        return ok(f"on: packed samples stay isolated with {attn} on {probe.get('model_type')} "
+                  f"(max |logit difference| {probe['max_abs_diff']:.1e} <= {probe['tolerance']:g})",
+                  detail="Rows are filled best-fit (TRL 'bfd') and sent padding-free: position_ids restart at each "
+                         "sample and no attention mask is passed, as the probe did.", evidence=evidence)
+    if isolated is False:
+        detail = (f"Packed exactly as TRL's padding-free collator packs them, a sample's logits differ from its logits "
+                  f"alone by up to {probe['max_abs_diff']:.3g} with {attn}: tokens attend across sample boundaries.")
+        if asked == "auto":
+            return info("off: packed samples would attend to each other on this stack", detail=detail,
+                        fix='attn_implementation = "flash_attention_2" (on Ampere+) keeps them apart', evidence=evidence)
+        return error("packing = true, but packed samples attend to each other on this stack", detail=detail,
+                     fix='[training] packing = "auto" (or false), or attn_implementation = "flash_attention_2"',
+                     evidence=evidence)
+    why = probe.get("error") or "the probe did not run"
+    if asked == "auto":
+        return info(f"off: isolation could not be verified ({why})", evidence=evidence)
+    return warning(f"packing = true, but isolation could not be verified ({why})",
+                   fix="run `sftdoctor check --config RUN.toml --select packing` on the training machine",
+                   evidence=evidence)

@@ -1,0 +1,139 @@
+"""Trainer callbacks of the recipe: rank-0 progress line, metrics log, complete checkpoints,
+and counting real (non-padding) tokens without a device sync per step."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
+
+from sftdoctor.train.checkpoints import mark_complete
+
+
+class CountingCollator:
+    """Wraps the data collator and counts real tokens on the CPU, before the batch reaches the GPU.
+    (transformers' include_num_input_tokens_seen gathers and syncs on every micro-step instead.)"""
+
+    def __init__(self, collator):
+        self.collator = collator
+        self.tokens = 0
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = self.collator(examples)
+        mask = batch.get("attention_mask")
+        # Padding-free batches (packing) carry no mask and no padding (TRL pads them only on Neuron).
+        self.tokens += int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
+        return batch
+
+
+def _world_sum(value: float) -> float:
+    if dist.is_available() and dist.is_initialized():
+        backend = dist.get_backend()
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        tensor = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.all_reduce(tensor)
+        return float(tensor.item())
+    return value
+
+
+class Metrics(TrainerCallback):
+    """On each logging step (not each step): tokens/s over all ranks, a JSONL record on rank 0."""
+
+    def __init__(self, counter: CountingCollator, path: Path):
+        self.counter, self.path = counter, path
+        self.last_tokens, self.last_time = 0.0, None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.last_time = time.perf_counter()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is None or "loss" not in logs:
+            return
+        tokens = _world_sum(float(self.counter.tokens))  # one small collective per logging interval
+        now = time.perf_counter()
+        logs["tokens_per_second"] = round((tokens - self.last_tokens) / max(now - self.last_time, 1e-9), 1)
+        logs["tokens_seen"] = int(tokens)
+        self.last_tokens, self.last_time = tokens, now
+        if state.is_world_process_zero:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps({"step": state.global_step, "time": time.time(), **logs}) + "\n")
+
+
+class Progress(ProgressCallback):
+    """transformers' progress bar on a terminal, and one concise line per logging step instead of the
+    raw dict. In a log file (not a terminal) only the lines."""
+
+    def __init__(self):
+        super().__init__()
+        self.bar = sys.stderr.isatty()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.bar:
+            super().on_train_begin(args, state, control, **kwargs)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.bar:
+            super().on_step_end(args, state, control, **kwargs)
+
+    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+        if self.bar:
+            super().on_prediction_step(args, state, control, eval_dataloader=eval_dataloader, **kwargs)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if self.bar:
+            super().on_evaluate(args, state, control, **kwargs)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.bar:
+            super().on_train_end(args, state, control, **kwargs)
+
+    def write(self, line: str) -> None:
+        if self.training_bar is not None:
+            self.training_bar.write(line)
+        else:
+            print(line, flush=True)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or logs is None:
+            return
+        if "loss" in logs:
+            parts = [f"step {state.global_step}/{state.max_steps}", f"loss {logs['loss']:.4f}"]
+            if logs.get("grad_norm") is not None:
+                parts.append(f"grad_norm {logs['grad_norm']:.3f}")
+            parts.append(f"lr {logs.get('learning_rate', 0):.3g}")
+            if "tokens_per_second" in logs:
+                parts.append(f"tok/s {logs['tokens_per_second']:.0f}")
+            self.write("  ".join(parts))
+        elif "eval_loss" in logs:
+            self.write(f"step {state.global_step}/{state.max_steps}  eval_loss {logs['eval_loss']:.4f}")
+
+
+class CompleteCheckpoints(TrainerCallback):
+    """After every rank has saved checkpoint-N, rank 0 marks it complete."""
+
+    def on_save(self, args, state, control, **kwargs):
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+        if state.is_world_process_zero:
+            path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if path.is_dir():
+                mark_complete(path, state.global_step)
+
+
+class StopAfter(TrainerCallback):
+    """Stop right after step N's checkpoint (the smoke test's save/resume rehearsal)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            control.should_save = True
+            control.should_training_stop = True

@@ -1,0 +1,165 @@
+"""`sftdoctor train` for real on the CPU: transformers + TRL + DeepSpeed + torchrun/gloo, tiny models."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+def toml_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def write_config(folder: Path, sections: dict) -> Path:
+    lines = []
+    for section, values in sections.items():
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {toml_value(value)}" for key, value in values.items()]
+    path = folder / "run.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    """Data of each row shape, made by the example's own generator (and its tokenizer and model config)."""
+    out = {}
+    for shape in ("messages", "prompt_completion", "text"):
+        folder = tmp_path_factory.mktemp(shape)
+        subprocess.run([sys.executable, str(EXAMPLES / "make_tiny.py"), "--out", str(folder), "--shape", shape,
+                        "--rows", "160"], check=True, capture_output=True)
+        out[shape] = folder
+    return out
+
+
+def config(folder: Path, data: Path, training=None, launch=None, deepspeed=None, extra=None) -> Path:
+    sections = {
+        "model": {"path": str(data / "model"), "weights": "random"},
+        "data": {"train": str(data / "data" / "train.jsonl"), "eval": str(data / "data" / "eval.jsonl"),
+                 "max_length": 128},
+        "training": {"per_device_batch_size": 4, "learning_rate": 3e-3, "max_steps": 4, "save_steps": 2,
+                     "logging_steps": 1, "gradient_checkpointing": False, "seed": 0, "output_dir": "out",
+                     **(training or {})},
+        "launch": {"master_port": "auto", **(launch or {})},
+    }
+    if deepspeed:
+        sections["deepspeed"] = deepspeed
+    sections.update(extra or {})
+    return write_config(folder, sections)
+
+
+def train(cfg: Path, *flags, timeout=600):
+    return subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(cfg), *flags],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def complete(run_dir: Path) -> list[str]:
+    return sorted(p.parent.name for p in run_dir.glob("checkpoint-*/sftdoctor-complete"))
+
+
+def test_the_bundled_example_trains_and_the_loss_falls(tmp_path):
+    shutil.copytree(EXAMPLES / "tiny", tmp_path / "tiny")
+    shutil.copy(EXAMPLES / "tiny.toml", tmp_path / "tiny.toml")
+    proc = train(tmp_path / "tiny.toml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "tiny"
+    losses = [m["loss"] for m in metrics(run_dir)]
+    assert len(losses) == 6 and losses[-1] < 0.7 * losses[0], losses
+    assert "step 60/60" in proc.stdout and "tok/s" in proc.stdout
+    assert (run_dir / "final" / "model.safetensors").exists()
+    assert complete(run_dir) == ["checkpoint-30", "checkpoint-60"]
+    gate = [json.loads(line) for line in (run_dir / "findings.jsonl").read_text().splitlines()]
+    assert {"batch-size", "packing", "lr-scheduler"} <= {f["id"] for f in gate}
+    assert json.loads((run_dir / "resolved.json").read_text())["plan"]["packing"] is True
+
+
+@pytest.mark.parametrize("shape, packing", [("messages", "auto"), ("prompt_completion", "auto"), ("text", False)])
+def test_each_row_shape_trains(tmp_path, tiny_data, shape, packing):
+    proc = train(config(tmp_path, tiny_data[shape], training={"packing": packing}))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    plan = json.loads((tmp_path / "out" / "resolved.json").read_text())["plan"]
+    assert plan["shape"] == shape and plan["packing"] is (packing == "auto")
+    assert [m["step"] for m in metrics(tmp_path / "out")] == [1, 2, 3, 4]
+
+
+def test_two_processes_ddp_over_gloo(tmp_path, tiny_data):
+    proc = train(config(tmp_path, tiny_data["messages"], launch={"nproc_per_node": 2}))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "world size      2" in proc.stdout
+    assert complete(tmp_path / "out") == ["checkpoint-2", "checkpoint-4"]
+    assert proc.stdout.count("step 4/4  loss") == 1  # rank 0 only
+
+
+def test_two_processes_deepspeed_zero2_with_the_recommended_schedule(tmp_path, tiny_data):
+    cfg = config(tmp_path, tiny_data["messages"], launch={"nproc_per_node": 2}, deepspeed={"zero_stage": 2},
+                 training={"lr_scheduler": "cosine_with_min_lr", "min_lr_rate": 0.0, "warmup_steps": 1,
+                           "max_steps": 6, "save_steps": 3})
+    proc = train(cfg)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "out"
+    assert complete(run_dir) == ["checkpoint-3", "checkpoint-6"]
+    assert list((run_dir / "checkpoint-6").glob("global_step6/*optim_states.pt"))  # DeepSpeed's own partitions
+    rates = [m["learning_rate"] for m in metrics(run_dir)]
+    # Logged before each update: 0 at step 1, the peak after the one warmup step, then down towards the floor of 0.
+    assert rates[0] == 0.0 and rates[1] == pytest.approx(3e-3) and rates[-1] < 0.1 * rates[1]
+    assert json.loads((run_dir / "deepspeed.json").read_text())["zero_optimization"]["stage"] == 2
+
+
+def test_resume_continues_from_the_newest_complete_checkpoint(tmp_path, tiny_data):
+    cfg = config(tmp_path, tiny_data["text"])
+    assert train(cfg).returncode == 0
+    run_dir = tmp_path / "out"
+    first = metrics(run_dir)
+    (run_dir / "checkpoint-4" / "sftdoctor-complete").unlink()  # as if killed while saving step 4
+    again = train(cfg)
+    assert again.returncode == 2 and "already holds checkpoints; add --resume" in again.stderr
+    proc = train(cfg, "--resume")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resuming from" in proc.stdout and "checkpoint-2" in proc.stdout
+    resumed = metrics(run_dir)[len(first):]
+    assert [m["step"] for m in resumed] == [3, 4]
+    assert resumed[-1]["loss"] == pytest.approx(first[-1]["loss"], rel=1e-4)  # same data order, same result
+    assert complete(run_dir) == ["checkpoint-2", "checkpoint-4"]
+
+
+def test_smoke_rehearses_save_and_resume_on_a_shrunk_model(tmp_path, tiny_data):
+    proc = train(config(tmp_path, tiny_data["messages"], training={"max_steps": 500}), "--smoke")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "smoke test passed" in proc.stdout
+    smoke = tmp_path / "out" / "smoke"
+    assert complete(smoke) == ["checkpoint-2", "checkpoint-4"] and (smoke / "final").is_dir()
+    assert [m["step"] for m in metrics(smoke)] == [1, 2, 3, 4]
+
+
+def test_dry_run_plans_without_training(tmp_path, tiny_data):
+    proc = train(config(tmp_path, tiny_data["messages"], training={"global_batch_size": 24, "per_device_batch_size": 4},
+                        launch={"nproc_per_node": 2}, deepspeed={"zero_stage": 3}), "--dry-run")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "global batch    24 = 4 per device x 3 accumulation x 2" in proc.stdout
+    assert "deepspeed       ZeRO-3" in proc.stdout and '"stage": 3' in proc.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_gate_refuses_an_error_and_force_records_it(tmp_path, tiny_data):
+    cfg = config(tmp_path, tiny_data["text"], training={"global_batch_size": 6, "max_steps": 1, "save_steps": 1})
+    refused = train(cfg)
+    assert refused.returncode == 1 and "not starting" in refused.stdout and "batch-size" in refused.stdout
+    assert not (tmp_path / "out").exists()
+    forced = train(cfg, "--force")
+    assert forced.returncode != 1 or "not starting" not in forced.stdout
+    records = [json.loads(line) for line in (tmp_path / "out" / "findings.jsonl").read_text().splitlines()]
+    assert any(r["id"] == "batch-size" and r["severity"] == "error" and r["forced"] for r in records)
