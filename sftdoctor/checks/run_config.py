@@ -32,7 +32,8 @@ def batch_size(run_config: dict[str, Any], gpus: dict[str, Any] | None = None):
                    f"({nproc} per node x {nnodes} nodes) the nearest that work are {' or '.join(map(str, nearest))}.",
             fix=f"[training] global_batch_size = {nearest[-1]} (or {nearest[0]}), or change per_device_batch_size",
             evidence=evidence)
-    line = f"global batch {target} = {per_device} per device x {accum} accumulation x {world} processes"
+    line = (f"global batch {target} = {per_device} per device x {accum} accumulation x {world} "
+            f"process{'es' if world > 1 else ''}")
     if per_device == 1 and accum > BIG_ACCUMULATION:
         return warning(
             f"{line}: {accum} sequential micro-steps per optimizer step",
@@ -155,16 +156,19 @@ def model_state_bytes(params: int, largest: int, stage: int, world: int,
 
 
 @check("zero-stage", "the ZeRO stage vs the model's size and the GPUs' memory")
-def zero_stage(run_config: dict[str, Any], model_config: dict[str, Any], gpus: dict[str, Any]):
+def zero_stage(run_config: dict[str, Any], model_config: dict[str, Any], gpus: dict[str, Any],
+               deepspeed_config: dict[str, Any] | None = None):
     devices = gpus.get("devices") or []
     if not devices:
         raise NotApplicable("no NVIDIA GPU visible")
     params = parameter_count(model_config)
     if params is None:
         raise NotApplicable(f"parameter count of model type {model_config.get('model_type')!r} not known")
-    ds = resolve.deepspeed_config(run_config) or {}
+    ds = (deepspeed_config or {}).get("config") or resolve.deepspeed_config(run_config) or {}
     zero = ds.get("zero_optimization") or {}
-    stage = int(zero.get("stage", 0))
+    stage = zero.get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise NotApplicable(f"ZeRO stage {stage!r} is not one of 0-3")
     off_opt = (zero.get("offload_optimizer") or {}).get("device") in ("cpu", "nvme")
     off_par = (zero.get("offload_param") or {}).get("device") in ("cpu", "nvme")
     nproc, nnodes = resolve.world(run_config, gpus)

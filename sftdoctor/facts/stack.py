@@ -30,6 +30,8 @@ def probe_transformers_features(facts) -> dict[str, Any] | None:
         # transformers 5.x renamed gradient_checkpointing -> activation_checkpointing (old name: deprecated alias).
         "checkpointing_arg": "activation_checkpointing"
         if re.search(r"^\s+activation_checkpointing: ", training_args, re.M) else "gradient_checkpointing",
+        # transformers 5.x dropped warmup_ratio: a warmup_steps below 1 is the ratio instead.
+        "warmup_ratio": bool(re.search(r"^\s+warmup_ratio: ", training_args, re.M)),
         # include_num_input_tokens_seen="non_padding" counts only real tokens (transformers >= 4.57).
         "non_padding_token_count": '"non_padding"' in training_args,
     }

@@ -23,13 +23,15 @@ class CountingCollator:
 
     def __init__(self, collator):
         self.collator = collator
-        self.tokens = 0
+        self.tokens = 0  # real tokens
+        self.slots = 0  # real + padding
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         batch = self.collator(examples)
         mask = batch.get("attention_mask")
         # Padding-free batches (packing) carry no mask and no padding (TRL pads them only on Neuron).
         self.tokens += int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
+        self.slots += int(batch["input_ids"].numel())
         return batch
 
 
@@ -54,13 +56,15 @@ class Metrics(TrainerCallback):
         self.last_time = time.perf_counter()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs is None or "loss" not in logs:
+        if logs is None:
             return
-        tokens = _world_sum(float(self.counter.tokens))  # one small collective per logging interval
-        now = time.perf_counter()
-        logs["tokens_per_second"] = round((tokens - self.last_tokens) / max(now - self.last_time, 1e-9), 1)
-        logs["tokens_seen"] = int(tokens)
-        self.last_tokens, self.last_time = tokens, now
+        if "loss" in logs:
+            tokens = _world_sum(float(self.counter.tokens))  # one small collective per logging interval
+            now = time.perf_counter()
+            logs["tokens_per_second"] = round((tokens - self.last_tokens) / max(now - self.last_time, 1e-9), 1)
+            logs["tokens_seen"] = int(tokens)
+            logs["padding_fraction"] = round(1 - self.counter.tokens / max(self.counter.slots, 1), 4)
+            self.last_tokens, self.last_time = tokens, now
         if state.is_world_process_zero:
             with open(self.path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps({"step": state.global_step, "time": time.time(), **logs}) + "\n")

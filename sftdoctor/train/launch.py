@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from sftdoctor import report
 from sftdoctor.checks import load_checks, run_checks
 from sftdoctor.errors import InputError
 from sftdoctor.facts import Facts, Inputs
+from sftdoctor.facts.configs import hub_cache_config
 from sftdoctor.train import resolve
 from sftdoctor.train.checkpoints import checkpoints, newest_complete, remove_incomplete
 
@@ -53,6 +55,12 @@ def build_plan(run_config: dict[str, Any], facts: Facts, smoke: bool) -> dict[st
     return plan
 
 
+def schedule(plan: dict[str, Any]) -> str:
+    floor = ", ".join(f"{k}={v:g}" for k, v in plan["lr_scheduler_kwargs"].items()) or "no floor"
+    warmup = next(iter(plan["warmup"].values()))
+    return f"{floor}; warmup {f'{warmup:.0%} of the run' if warmup < 1 else f'{int(warmup)} steps'}"
+
+
 def describe(plan: dict[str, Any]) -> str:
     ds = plan["deepspeed"]
     stage = (ds or {}).get("zero_optimization", {}).get("stage") if ds else None
@@ -64,7 +72,7 @@ def describe(plan: dict[str, Any]) -> str:
         f"{'on' if plan['packing'] else 'off'})",
         f"precision       {plan['precision']}; attention {plan['attn_implementation']}; liger-kernel "
         f"{'on' if plan['liger_kernel'] else 'off'}",
-        f"schedule        {plan['lr_scheduler_kwargs'] or 'no floor'}; {plan['warmup']}",
+        f"schedule        {schedule(plan)}",
         f"deepspeed       {'off' if ds is None else f'ZeRO-{stage}'}",
         f"run directory   {plan['output_dir']}",
     ]
@@ -91,10 +99,35 @@ def command(resolved_path: Path, plan: dict[str, Any], max_restarts: int) -> lis
             f"--rdzv-id=sftdoctor-{Path(plan['output_dir']).name}-{plan['master_port']}", *worker]
 
 
-def start(resolved: dict[str, Any], run_dir: Path, max_restarts: int) -> int:
+def is_hub_id(path: str) -> bool:
+    return not Path(path).exists() and path.count("/") == 1 and not path.startswith((".", "/", "~"))
+
+
+def worker_env(run_config: dict[str, Any], config: Path, run_dir: Path) -> dict[str, str]:
+    """The workers' environment: offline-safe model loading and reporting."""
+    env = dict(os.environ)
+    model = run_config["model"]
+    hub_ids = [p for p in {model["path"], model.get("tokenizer") or model["path"]} if is_hub_id(p)]
+    missing = [p for p in hub_ids if hub_cache_config(p) is None]
+    if missing and env.get("HF_HUB_OFFLINE") == "1":
+        raise InputError(config, f"{missing[0]} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1",
+                         key="[model].path")
+    if hub_ids and not missing:
+        env.setdefault("HF_HUB_OFFLINE", "1")  # everything is cached: never wait on a hub that may be unreachable
+    to = run_config["report"]["to"]
+    if to != "none" and find_spec(to) is None:
+        raise InputError(config, f"{to} is not installed (pip install {to})", key="[report].to")
+    if to == "wandb":
+        env.setdefault("WANDB_DIR", str(run_dir))
+        if "WANDB_API_KEY" not in env:
+            env.setdefault("WANDB_MODE", "offline")  # no credentials: log locally, `wandb sync` later
+    return env
+
+
+def start(resolved: dict[str, Any], run_dir: Path, max_restarts: int, env: dict[str, str]) -> int:
     resolved_path = run_dir / ("resolved-smoke.json" if resolved.get("smoke") else "resolved.json")
     write_json(resolved_path, resolved)
-    return subprocess.run(command(resolved_path, resolved["plan"], max_restarts)).returncode
+    return subprocess.run(command(resolved_path, resolved["plan"], max_restarts), env=env).returncode
 
 
 def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool = False, force: bool = False) -> int:
@@ -114,6 +147,7 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
         print("\nsftdoctor: not starting: the checks above found errors (fix them, or run with --force)")
         return 1
     run_dir = Path(plan["output_dir"])
+    env = worker_env(run_config, config, run_dir)
     existing = checkpoints(run_dir)
     if existing and not resume and not smoke:
         raise InputError(run_dir, "already holds checkpoints; add --resume to continue, or set another "
@@ -133,11 +167,11 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
                 "smoke": smoke}
     max_restarts = run_config["launch"]["max_restarts"]
     if not smoke:
-        return start(resolved, run_dir, max_restarts)
+        return start(resolved, run_dir, max_restarts, env)
     began = time.perf_counter()
-    code = start({**resolved, "stop_after_step": SMOKE_SAVE_AT}, run_dir, max_restarts)
+    code = start({**resolved, "stop_after_step": SMOKE_SAVE_AT}, run_dir, max_restarts, env)
     if code == 0:
-        code = start({**resolved, "resume": True}, run_dir, max_restarts)
+        code = start({**resolved, "resume": True}, run_dir, max_restarts, env)
     verdict = "passed" if code == 0 else f"FAILED (exit {code})"
     print(f"\nsftdoctor: smoke test {verdict}: {SMOKE_STEPS} steps with a save at step {SMOKE_SAVE_AT} and a resume, "
           f"in {time.perf_counter() - began:.0f} s ({run_dir})")

@@ -105,6 +105,17 @@ def lr_scheduler_kwargs(training: dict[str, Any], features: dict[str, Any] | Non
     return {"min_lr_rate": rate}
 
 
+def warmup_arguments(training: dict[str, Any], features: dict[str, Any] | None) -> dict[str, float]:
+    """Steps, or a ratio of the run: transformers 4.x took warmup_ratio; 5.x removed it and reads a
+    warmup_steps below 1 as the ratio."""
+    if "warmup_steps" in training:
+        return {"warmup_steps": int(training["warmup_steps"])}
+    ratio = float(training.get("warmup_ratio", 0.03))
+    if features and features.get("warmup_ratio"):
+        return {"warmup_ratio": ratio}
+    return {"warmup_steps": ratio}
+
+
 def make_plan(run_config: dict[str, Any], gpus: dict[str, Any] | None, packages: dict[str, Any],
               features: dict[str, Any] | None = None, packing_isolated: bool | None = None) -> dict[str, Any]:
     training, data = run_config["training"], run_config["data"]
@@ -132,8 +143,7 @@ def make_plan(run_config: dict[str, Any], gpus: dict[str, Any] | None, packages:
         "max_length": data["max_length"],
         "tokens_per_step_max": global_batch * data["max_length"],
         "lr_scheduler_kwargs": lr_scheduler_kwargs(training, features),
-        "warmup": {"warmup_steps": training["warmup_steps"]} if "warmup_steps" in training
-                  else {"warmup_ratio": training.get("warmup_ratio", 0.03)},
+        "warmup": warmup_arguments(training, features),
         "deepspeed": ds,
         "output_dir": training["output_dir"],
     }

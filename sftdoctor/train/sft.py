@@ -133,7 +133,9 @@ def sft_config(run: dict[str, Any], plan: dict[str, Any], run_dir: Path, has_eva
         "dataloader_num_workers": 0,  # CountingCollator counts in this process
         "use_cpu": not plan.get("cuda", False),
     }
-    return SFTConfig(**{k: v for k, v in args.items() if k in fields})
+    if "use_cpu" not in fields:  # transformers < 4.37 called it no_cuda
+        args["no_cuda"] = args.pop("use_cpu")
+    return SFTConfig(**args)  # no silent filtering: an argument the installed version lacks must fail loudly
 
 
 def _assistant_mask_possible(tokenizer) -> bool:

@@ -76,7 +76,8 @@ def test_transformers_features_are_read_from_the_installed_source():
 
     features = Facts().get("transformers_features")
     assert features == {"cosine_with_min_lr": True, "min_lr_rate": True, "min_lr": True,
-                        "checkpointing_arg": "activation_checkpointing", "non_padding_token_count": True}
+                        "checkpointing_arg": "activation_checkpointing", "warmup_ratio": False,
+                        "non_padding_token_count": True}
 
 
 def test_batch_size_check(run, tmp_path):
@@ -173,3 +174,44 @@ def test_packing_check_verdicts(run, tmp_path):
     assert severities(run("packing", run_config=forced, packing_probe=leaky)) == ["error"]
     assert severities(run("packing", run_config=forced)) == ["warning"]
     assert severities(run("packing", run_config=run_config(tmp_path, training={"packing": False}))) == ["ok"]
+
+
+def test_workers_load_a_cached_hub_model_offline_and_refuse_a_missing_one(tmp_path, monkeypatch):
+    from sftdoctor.errors import InputError
+    from sftdoctor.train.launch import worker_env
+
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen2.5-7B" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    cfg = run_config(tmp_path, model={"path": "Qwen/Qwen2.5-7B"})
+    assert worker_env(cfg, tmp_path / "run.toml", tmp_path)["HF_HUB_OFFLINE"] == "1"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(InputError, match="not in the local Hugging Face cache"):
+        worker_env(run_config(tmp_path, model={"path": "meta-llama/Llama-3.1-8B"}), tmp_path / "run.toml", tmp_path)
+
+
+def test_a_report_backend_that_is_not_installed_is_bad_input(tmp_path):
+    from importlib.util import find_spec
+
+    from sftdoctor.errors import InputError
+    from sftdoctor.train.launch import worker_env
+
+    missing = next(b for b in ("wandb", "tensorboard") if find_spec(b) is None)
+    with pytest.raises(InputError, match=rf"\[report\].to: {missing} is not installed"):
+        worker_env(run_config(tmp_path, report={"to": missing}), tmp_path / "run.toml", tmp_path)
+
+
+def test_warmup_ratio_reaches_transformers_under_the_name_it_reads():
+    from transformers import TrainingArguments
+
+    new, old = {"warmup_ratio": False}, {"warmup_ratio": True}
+    assert resolve.warmup_arguments({"warmup_ratio": 0.05}, new) == {"warmup_steps": 0.05}
+    assert resolve.warmup_arguments({"warmup_ratio": 0.05}, old) == {"warmup_ratio": 0.05}
+    assert resolve.warmup_arguments({"warmup_steps": 7}, new) == {"warmup_steps": 7}
+    from sftdoctor.facts import Facts
+
+    args = TrainingArguments(output_dir="/tmp/x", report_to=[],
+                             **resolve.warmup_arguments({"warmup_ratio": 0.05}, Facts().get("transformers_features")))
+    assert args.get_warmup_steps(200) == 10

@@ -64,7 +64,9 @@ def train(cfg: Path, *flags, timeout=600):
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """The training-step records (metrics.jsonl also holds eval and end-of-run records)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if "loss" in r]
 
 
 def complete(run_dir: Path) -> list[str]:
