@@ -177,6 +177,9 @@ def main(argv: list[str]) -> int:
     train, evaluation = load_data(run["data"], plan["shape"], plan["seed"], limit=plan.get("data_limit"))
     model = load_model(run["model"], plan, smoke=resolved.get("smoke", False))
     args = sft_config(run, plan, run_dir, evaluation is not None, plan["shape"], tokenizer)
+    if plan["shape"] == "messages" and not args.assistant_only_loss and rank() == 0:
+        print("sftdoctor: the chat template has no {% generation %} markers and TRL cannot patch it: the loss "
+              "covers every turn, not only the assistant's", flush=True)
     trainer = SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=evaluation,
                          processing_class=tokenizer)
     counter = callbacks.CountingCollator(trainer.data_collator)
