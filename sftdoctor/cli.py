@@ -108,13 +108,15 @@ def facts(config, model_config, deepspeed, topology, facts_file):
 @click.option("--dry-run", is_flag=True, help="Resolve, run the checks and print the plan; do not train.")
 @click.option("--smoke", is_flag=True, help="Rehearse the whole pipeline in seconds on a shrunk model, with a save and a resume.")
 @click.option("--force", is_flag=True, help="Start even when a check finds an error (recorded in the run directory).")
-def train(config, resume, dry_run, smoke, force):
+@click.option("--drill", help="Inject a fault to prove the alarms work: nan-loss@STEP[:RANK] or hang@STEP[:RANK].")
+def train(config, resume, dry_run, smoke, force, drill):
     """Fine-tune with the settings in CONFIG (TOML), after the checks pass."""
     from sftdoctor.errors import InputError, InputErrors
-    from sftdoctor.train.launch import train as run_training
+    from sftdoctor.train.launch import parse_drill, train as run_training
 
     try:
-        code = run_training(config, resume=resume, dry_run=dry_run, smoke=smoke, force=force)
+        fault = parse_drill(drill) if drill else None
+        code = run_training(config, resume=resume, dry_run=dry_run, smoke=smoke, force=force, drill=fault)
     except (InputError, InputErrors) as exc:
         _bad_input(exc)
     sys.exit(code)

@@ -45,7 +45,8 @@ class _Style:
         return f"\x1b[{code}m{text}\x1b[0m" if self.on and text else text
 
 
-def render_table(findings: list[Finding], skipped: list, verbose: bool = False, out: TextIO | None = None) -> None:
+def render_table(findings: list[Finding], skipped: list, verbose: bool = False, out: TextIO | None = None,
+                 with_summary: bool = True) -> None:
     out = out or sys.stdout
     style = _Style(out)
     ids = [f.id for f in findings] + [s.id for s in skipped]
@@ -72,7 +73,8 @@ def render_table(findings: list[Finding], skipped: list, verbose: bool = False, 
         out.writelines(f"{indent}{line}\n" for line in body[1:])
     for s in skipped:
         out.write(style(f"{SKIP_MARK}  {s.id.ljust(id_width)}  skipped: {s.reason}", "2") + "\n")
-    out.write(summary_line(findings, skipped) + "\n")
+    if with_summary:
+        out.write(summary_line(findings, skipped) + "\n")
 
 
 def render_json(findings: list[Finding], skipped: list, facts: dict[str, Any]) -> None:

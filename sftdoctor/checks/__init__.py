@@ -31,6 +31,7 @@ BUILTIN_MODULES = (
     "sftdoctor.checks.nccl_env",
     "sftdoctor.checks.run_config",
     "sftdoctor.checks.packing",
+    "sftdoctor.checks.runtime",
 )
 _ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 

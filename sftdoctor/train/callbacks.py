@@ -17,22 +17,24 @@ from transformers.trainer_callback import ProgressCallback
 from sftdoctor.train.checkpoints import mark_complete
 
 
-class CountingCollator:
-    """Wraps the data collator and counts real tokens on the CPU, before the batch reaches the GPU.
-    (transformers' include_num_input_tokens_seen gathers and syncs on every micro-step instead.)"""
+class TokenCounter:
+    """Real (non-padding) and total token slots of the training micro-batches, counted where the trainer
+    consumes them. The real count stays a device tensor: it is read only at logging steps, so counting
+    adds no device-to-host sync per step (transformers' include_num_input_tokens_seen syncs on every
+    micro-step). Counting in the collator instead would be off by one batch: accelerate prefetches."""
 
-    def __init__(self, collator):
-        self.collator = collator
-        self.tokens = 0  # real tokens
-        self.slots = 0  # real + padding
+    def __init__(self):
+        self.real: Any = 0
+        self.slots = 0
 
-    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        batch = self.collator(examples)
-        mask = batch.get("attention_mask")
+    def add(self, inputs: dict[str, Any]) -> None:
+        ids, mask = inputs["input_ids"], inputs.get("attention_mask")
         # Padding-free batches (packing) carry no mask and no padding (TRL pads them only on Neuron).
-        self.tokens += int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
-        self.slots += int(batch["input_ids"].numel())
-        return batch
+        self.real = self.real + (mask.sum() if mask is not None else ids.numel())
+        self.slots += ids.numel()
+
+    def read(self) -> tuple[float, int]:
+        return float(self.real), self.slots
 
 
 def _world_sum(value: float) -> float:
@@ -48,7 +50,7 @@ def _world_sum(value: float) -> float:
 class Metrics(TrainerCallback):
     """On each logging step (not each step): tokens/s over all ranks, a JSONL record on rank 0."""
 
-    def __init__(self, counter: CountingCollator, path: Path):
+    def __init__(self, counter: TokenCounter, path: Path):
         self.counter, self.path = counter, path
         self.last_tokens, self.last_time = 0.0, None
 
@@ -59,11 +61,12 @@ class Metrics(TrainerCallback):
         if logs is None:
             return
         if "loss" in logs:
-            tokens = _world_sum(float(self.counter.tokens))  # one small collective per logging interval
+            real, slots = self.counter.read()
+            tokens = _world_sum(real)  # one small collective per logging interval
             now = time.perf_counter()
             logs["tokens_per_second"] = round((tokens - self.last_tokens) / max(now - self.last_time, 1e-9), 1)
             logs["tokens_seen"] = int(tokens)
-            logs["padding_fraction"] = round(1 - self.counter.tokens / max(self.counter.slots, 1), 4)
+            logs["padding_fraction"] = round(1 - real / max(slots, 1), 4)
             self.last_tokens, self.last_time = tokens, now
         if state.is_world_process_zero:
             with open(self.path, "a", encoding="utf-8") as handle:

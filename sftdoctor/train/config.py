@@ -141,6 +141,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "report": {
         "to": Key("one of none, tensorboard, wandb", _choice("none", "tensorboard", "wandb"), default="none"),
     },
+    "watch": {
+        "on_nan": Key("one of stop, skip", _choice("stop", "skip"), default="stop",
+                      doc="stop: every rank stops, no checkpoint of poisoned weights; skip: drop that update"),
+        "max_skips": Key("an integer >= 1", _int(1), default=10, doc="with on_nan = skip: stop after this many"),
+        "hang_timeout_s": Key("a number of seconds >= 5", _float(5.0), default=300,
+                              doc="no progress for this long is a hang (NCCL's own timeout is 10 minutes)"),
+        "loss_spike_factor": Key("a number > 0", _float(0.0, low_open=True), default=6.0,
+                                 doc="a logged loss this many robust deviations above the recent median is a spike"),
+    },
 }
 
 # Pairs of keys of which at most one may be given.

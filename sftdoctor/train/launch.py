@@ -17,11 +17,23 @@ from sftdoctor.checks import load_checks, run_checks
 from sftdoctor.errors import InputError
 from sftdoctor.facts import Facts, Inputs
 from sftdoctor.facts.configs import hub_cache_config
+from sftdoctor.facts.packages import module_file
 from sftdoctor.train import resolve
 from sftdoctor.train.checkpoints import checkpoints, newest_complete, remove_incomplete
 
+STOPPED = "stopped.json"  # written by sftdoctor.train.watch (kept in step with watch.STOPPED)
+
 SMOKE_STEPS, SMOKE_SAVE_AT, SMOKE_ROWS = 4, 2, 64
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
+
+
+def parse_drill(text: str) -> dict[str, Any]:
+    """"nan-loss@5" -> a non-finite loss at step 5 on every rank; "hang@3:1" -> rank 1 blocks at step 3."""
+    kind, _, where = text.partition("@")
+    step, _, rank = where.partition(":")
+    if kind not in ("nan-loss", "hang") or not step.isdigit() or int(step) < 1 or (rank and not rank.isdigit()):
+        raise InputError("--drill", f"expected nan-loss@STEP[:RANK] or hang@STEP[:RANK], got {text!r}")
+    return {"kind": kind, "step": int(step), "rank": int(rank) if rank else None}
 
 
 def free_port() -> int:
@@ -44,6 +56,9 @@ def build_plan(run_config: dict[str, Any], facts: Facts, smoke: bool) -> dict[st
         save_steps=training["save_steps"],
         max_steps=training.get("max_steps"),
         cuda=bool((gpus or {}).get("devices")),
+        watch=run_config["watch"],
+        # The process group gives up well after our watchdog has named the rank behind.
+        ddp_timeout_s=int(max(2 * run_config["watch"]["hang_timeout_s"], run_config["watch"]["hang_timeout_s"] + 120)),
         moe=any(k in (facts.get("model_config") or {}).get("raw_keys", ()) for k in MOE_KEYS),
         master_addr=launch["master_addr"],
         master_port=free_port() if launch["master_port"] == "auto" else launch["master_port"],
@@ -121,16 +136,41 @@ def worker_env(run_config: dict[str, Any], config: Path, run_dir: Path) -> dict[
         env.setdefault("WANDB_DIR", str(run_dir))
         if "WANDB_API_KEY" not in env:
             env.setdefault("WANDB_MODE", "offline")  # no credentials: log locally, `wandb sync` later
+    # NCCL runs: PyTorch's flight recorder on, its dumps in the run directory.
+    for name, value in flight_recorder_env(run_dir).items():
+        env.setdefault(name, value)
     return env
+
+
+def flight_recorder_env(run_dir: Path) -> dict[str, str]:
+    """PyTorch's NCCL flight recorder, dumping into the run directory, under the names the installed torch
+    reads: torch 2.13 reads TORCH_FR_BUFFER_SIZE / TORCH_FR_DUMP_TEMP_FILE and warns on the older
+    TORCH_NCCL_TRACE_BUFFER_SIZE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE; TORCH_NCCL_DUMP_ON_TIMEOUT kept its
+    name. Which generation is installed is read from its c10d FlightRecorder.hpp."""
+    header = module_file("torch", "include", "torch", "csrc", "distributed", "c10d", "FlightRecorder.hpp")
+    new = header is not None and "TORCH_FR_BUFFER_SIZE" in header.read_text(errors="replace")
+    dump = str(run_dir / "nccl-trace-rank-")
+    if new:
+        return {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": dump}
+    return {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dump}
 
 
 def start(resolved: dict[str, Any], run_dir: Path, max_restarts: int, env: dict[str, str]) -> int:
     resolved_path = run_dir / ("resolved-smoke.json" if resolved.get("smoke") else "resolved.json")
     write_json(resolved_path, resolved)
-    return subprocess.run(command(resolved_path, resolved["plan"], max_restarts), env=env).returncode
+    stopped = run_dir / STOPPED
+    stopped.unlink(missing_ok=True)
+    code = subprocess.run(command(resolved_path, resolved["plan"], max_restarts), env=env).returncode
+    if code and stopped.exists():  # a watcher stopped the run: its own exit code, whatever torchrun says
+        record = json.loads(stopped.read_text())
+        print(f"sftdoctor: stopped by {record['id']}: {record['title']} (exit {record['exit_code']})", flush=True)
+        return int(record["exit_code"])
+    return code
 
 
-def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool = False, force: bool = False) -> int:
+def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool = False, force: bool = False,
+          drill: dict[str, Any] | None = None) -> int:
     facts = Facts(Inputs(config=config))
     run_config = facts.get("run_config")
     facts.get("data")  # bad data files are bad input: exit 2 before anything runs
@@ -140,6 +180,7 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
     report.render_table(findings, skipped)
     blocked = report.exit_code(findings) == 1
     plan = build_plan(run_config, facts, smoke)
+    plan["drill"] = drill
     print("\n" + describe(plan), flush=True)
     if dry_run:
         return 1 if blocked and not force else 0

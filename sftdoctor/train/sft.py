@@ -130,7 +130,7 @@ def sft_config(run: dict[str, Any], plan: dict[str, Any], run_dir: Path, has_eva
         # Dense decoders use every parameter in every step; only mixture-of-experts models can skip some.
         "ddp_find_unused_parameters": plan.get("moe", False),
         "disable_tqdm": True,  # our Progress callback draws the bar on rank 0
-        "dataloader_num_workers": 0,  # CountingCollator counts in this process
+        "dataloader_num_workers": 0,
         "use_cpu": not plan.get("cuda", False),
     }
     if "use_cpu" not in fields:  # transformers < 4.37 called it no_cuda
@@ -151,6 +151,28 @@ def _assistant_mask_possible(tokenizer) -> bool:
         return False
 
 
+def watched_trainer_class(drill: dict[str, Any] | None):
+    """SFTTrainer that keeps the last micro-batch's loss and inputs (no sync: references only) for the
+    watchers, and injects a nan-loss drill."""
+    from trl import SFTTrainer
+
+    class WatchedSFTTrainer(SFTTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            result = super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                          num_items_in_batch=num_items_in_batch)
+            loss = result[0] if return_outputs else result
+            if (drill and drill["kind"] == "nan-loss" and model.training
+                    and self.state.global_step + 1 == drill["step"] and drill["rank"] in (None, rank())):
+                loss = loss * float("nan")
+                result = (loss, result[1]) if return_outputs else loss
+            if model.training:
+                self.sftdoctor_last_loss, self.sftdoctor_last_inputs = loss.detach(), inputs
+                self.sftdoctor_tokens.add(inputs)
+            return result
+
+    return WatchedSFTTrainer
+
+
 # ---------------------------------------------------------------- train
 
 def main(argv: list[str]) -> int:
@@ -167,9 +189,8 @@ def main(argv: list[str]) -> int:
     datasets.disable_progress_bars()
     from transformers import set_seed
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
-    from trl import SFTTrainer
 
-    from sftdoctor.train import callbacks
+    from sftdoctor.train import callbacks, watch
     from sftdoctor.train.checkpoints import newest_complete
 
     set_seed(plan["seed"])
@@ -180,23 +201,30 @@ def main(argv: list[str]) -> int:
     if plan["shape"] == "messages" and not args.assistant_only_loss and rank() == 0:
         print("sftdoctor: the chat template has no {% generation %} markers and TRL cannot patch it: the loss "
               "covers every turn, not only the assistant's", flush=True)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=evaluation,
-                         processing_class=tokenizer)
-    counter = callbacks.CountingCollator(trainer.data_collator)
-    trainer.data_collator = counter
-    trainer.add_callback(callbacks.Metrics(counter, run_dir / "metrics.jsonl"))
+    trainer = watched_trainer_class(plan.get("drill"))(
+        model=model, args=args, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
+    trainer.sftdoctor_tokens = callbacks.TokenCounter()
+    trainer.add_callback(callbacks.Metrics(trainer.sftdoctor_tokens, run_dir / "metrics.jsonl"))
     trainer.remove_callback(PrinterCallback)  # prints raw log dicts; Progress prints one line instead
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(callbacks.Progress())
     trainer.add_callback(callbacks.CompleteCheckpoints())
     if resolved.get("stop_after_step"):
         trainer.add_callback(callbacks.StopAfter(resolved["stop_after_step"]))
+    if not os.environ.get("SFTDOCTOR_NO_WATCH"):  # only for bench/watch_overhead.py's "off" runs
+        guard = watch.Guard(trainer, plan["watch"], plan, run_dir)
+        trainer.add_callback(guard)
+        if (plan.get("drill") or {}).get("kind") == "hang":
+            trainer.add_callback(watch.HangDrill(plan["drill"], guard.watchdog))
 
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     checkpoint = newest_complete(run_dir) if resolved.get("resume") or restarted else None
     if checkpoint and rank() == 0:
         print(f"sftdoctor: resuming from {checkpoint}", flush=True)
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    try:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    except watch.RunStopped as stop:
+        return stop.code  # every rank stops here, before the optimizer step and before any save
 
     # ------------------------------------------------------------ cleanup
     if not resolved.get("stop_after_step"):

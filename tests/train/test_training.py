@@ -70,7 +70,8 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 def complete(run_dir: Path) -> list[str]:
-    return sorted(p.parent.name for p in run_dir.glob("checkpoint-*/sftdoctor-complete"))
+    names = [p.parent.name for p in run_dir.glob("checkpoint-*/sftdoctor-complete")]
+    return sorted(names, key=lambda name: int(name.split("-")[1]))
 
 
 def test_the_bundled_example_trains_and_the_loss_falls(tmp_path):

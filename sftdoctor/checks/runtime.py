@@ -1,0 +1,112 @@
+"""Runtime checks: the same findings as before step 0, from facts the trainer streams while it runs.
+
+The watcher (sftdoctor.train.watch) calls them with the facts of the moment; they return no
+finding when all is well, so a healthy run prints nothing."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from sftdoctor.checks import check
+from sftdoctor.findings import error, warning
+
+MIN_HISTORY = 8  # logged losses before the robust (median/MAD) rule is used
+DIVERGED = 3.0  # any time: a loss this many times its lowest logged value (and 1 nat above it) is divergence
+WARMUP_STEPS = 50  # early fp16 loss-scale skips are the scaler finding its level: normal
+
+
+@check("nan-loss", "a non-finite loss or gradient norm, caught before the optimizer step", phase="runtime")
+def nan_loss(step_stats: dict[str, Any]):
+    if step_stats.get("finite", True):
+        return []
+    step, ranks = step_stats["step"], step_stats.get("ranks") or "all"
+    last = step_stats.get("last_finite") or {}
+    what = "the loss was non-finite" if step_stats.get("loss_finite") is False else "the gradients overflowed"
+    parts = [f"At step {step} {what} (gradient norm {step_stats.get('grad_norm')}) on rank(s) {ranks}."]
+    if last:
+        parts.append("Last finite values: " + ", ".join(f"{k} {v:.4g}" for k, v in last.items() if v is not None) + ".")
+    parts.append(f"Learning rate {step_stats.get('lr', float('nan')):.3g}, precision {step_stats.get('precision')}"
+                 + (f", loss scale {step_stats['loss_scale']:g}" if step_stats.get("loss_scale") else "") + ".")
+    if step_stats.get("attribution"):
+        parts.append(step_stats["attribution"])
+    checkpoint = step_stats.get("checkpoint")
+    parts.append(f"Last good checkpoint: {checkpoint or 'none yet'}.")
+    action = step_stats.get("action", "stopped")
+    return error(
+        f"non-finite loss at step {step}: {action}",
+        detail=" ".join(parts),
+        fix=(f"resume from {checkpoint} with `sftdoctor train RUN.toml --resume` after lowering learning_rate or "
+             "raising warmup; use bf16 rather than fp16; see which module went non-finite above")
+        if checkpoint else "lower learning_rate or lengthen warmup; prefer bf16 to fp16",
+        evidence={k: v for k, v in step_stats.items() if k != "attribution"})
+
+
+def robust_spike(value: float, history: list[float], factor: float) -> tuple[bool, float, float]:
+    """Median and MAD (scaled to a standard deviation) of recent values; a spike is far above both."""
+    median = statistics.median(history)
+    mad = statistics.median(abs(x - median) for x in history) * 1.4826
+    threshold = median + factor * max(mad, 0.01 * abs(median), 1e-8)
+    return value > threshold and value > 1.2 * median, median, threshold
+
+
+@check("loss-spike", "a logged loss far above its recent level (median and MAD)", phase="runtime")
+def loss_spike(log_stats: dict[str, Any]):
+    history, loss = log_stats.get("history") or [], log_stats.get("loss")
+    if loss is None or not history:
+        return []
+    best = min(history)
+    if best > 0 and loss > DIVERGED * best and loss > best + 1.0:
+        return warning(
+            f"loss diverging at step {log_stats['step']}: {loss:.4g}, {loss / best:.1f}x its lowest so far ({best:.4g})",
+            detail=f"Grad norm {log_stats.get('grad_norm')}, learning rate {log_stats.get('lr')}. A loss that multiplies "
+                   "is an update too large for the model: the learning rate (or warmup) is off.",
+            fix="stop and lower learning_rate (full SFT of 7B-class models: 1e-5 to 2e-5), lengthen warmup, keep "
+                "max_grad_norm = 1.0", evidence=log_stats)
+    if len(history) < MIN_HISTORY:
+        return []
+    spike, median, threshold = robust_spike(loss, history, log_stats.get("factor", 6.0))
+    if not spike:
+        return []
+    return warning(
+        f"loss spike at step {log_stats['step']}: {loss:.4g} against a recent median of {median:.4g}",
+        detail=f"Above the threshold {threshold:.4g} (median + {log_stats.get('factor', 6.0):g} robust deviations over "
+               f"the last {len(history)} logged values) in the logging window ending at step {log_stats['step']}, "
+               f"grad norm {log_stats.get('grad_norm')}, learning rate {log_stats.get('lr')}.",
+        fix="if it recurs or keeps rising: lower learning_rate, check max_grad_norm (1.0), and look at the data of "
+            "that window (a corrupt or very long sample)", evidence=log_stats)
+
+
+@check("fp16-loss-scale", "fp16 dynamic loss scaling stuck at its minimum or skipping most steps", phase="runtime")
+def fp16_loss_scale(scale_stats: dict[str, Any]):
+    step, scale = scale_stats["step"], scale_stats.get("scale")
+    skipped, window = scale_stats.get("skipped", 0), scale_stats.get("window", 0)
+    if scale is None or step < WARMUP_STEPS:
+        return []
+    if scale <= scale_stats.get("min_scale", 1.0) and skipped:
+        return error(f"fp16 loss scale stuck at its minimum {scale:g} at step {step}",
+                     detail=f"{skipped} of the last {window} steps overflowed and were skipped: the gradients overflow "
+                            "fp16 whatever the scale — the model is diverging or its activations exceed fp16's range.",
+                     fix="train in bf16 on Ampere or newer; otherwise lower learning_rate", evidence=scale_stats)
+    if window and skipped > window // 2:
+        return warning(f"fp16 loss scaling skipped {skipped} of the last {window} steps (scale {scale:g})",
+                       detail="Skipped steps are lost updates; past warm-up this many means overflow is chronic.",
+                       fix="train in bf16 on Ampere or newer; otherwise lower learning_rate", evidence=scale_stats)
+    return []
+
+
+@check("nccl-timeout", "no progress on some rank: which rank is behind, where, and what it was doing", phase="runtime")
+def nccl_timeout(hang: dict[str, Any]):
+    behind = hang.get("behind") or []
+    ranks = hang.get("ranks") or {}
+    lines = [f"rank {r}: step {info.get('step')}, {info.get('phase')}, "
+             f"{info.get('stalled_s', 0):.0f} s without progress; at {info.get('where', '?')}"
+             for r, info in sorted(ranks.items(), key=lambda kv: int(kv[0]))]
+    who = f"rank {', '.join(map(str, behind))}" if behind else "no single rank (all stalled alike)"
+    return error(
+        f"hang: no progress for {hang['timeout_s']:.0f} s; behind: {who}",
+        detail=" | ".join(lines) + f". Python stacks of every rank: {hang.get('stacks')}."
+               + (f" NCCL flight recorder dumps: {hang['nccl_dumps']}." if hang.get("nccl_dumps") else ""),
+        fix="read the stacks of the rank behind: a data-loader or I/O stall, a rank that skipped or added a "
+            "collective (e.g. a rank-dependent branch), or a dead GPU/NIC (`nvidia-smi`, dmesg on its node)",
+        evidence=hang)

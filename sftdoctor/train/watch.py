@@ -1,0 +1,414 @@
+"""The run's watchers: non-finite losses stopped before the optimizer step, loss spikes, fp16 loss
+scaling, and hung collectives (a watchdog thread per rank). Findings go through the same runtime
+checks as everything else, are printed on rank 0 and appended to the run's findings.jsonl.
+
+Cost per optimizer step: the gradient norm's finiteness is read once. DeepSpeed and fp16 AMP have
+already materialised it (or the overflow flag) on the host; under bf16/fp32 without DeepSpeed it is one
+scalar device-to-host read per optimizer step (not per micro-step). Nothing else syncs per step.
+"""
+
+from __future__ import annotations
+
+import collections
+import faulthandler
+import functools
+import json
+import math
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback
+
+from sftdoctor import report
+from sftdoctor.checks import load_checks, run_check
+from sftdoctor.findings import Finding
+from sftdoctor.train.checkpoints import newest_complete
+
+NAN_EXIT = 86  # stopped on a non-finite loss
+HANG_EXIT = 87  # stopped by the hang watchdog
+STOPPED = "stopped.json"
+TRAINING_PHASE = "forward/backward"
+SPIKE_QUIET = 50  # steps after a loss-spike finding before the next one (a divergence is one event)
+
+
+class RunStopped(Exception):
+    def __init__(self, code: int, finding: Finding):
+        super().__init__(finding.title)
+        self.code, self.finding = code, finding
+
+
+def rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+class RuntimeFacts:
+    """The few facts one runtime check reads, in the shape run_check expects."""
+
+    def __init__(self, values: dict[str, Any]):
+        self.values = values
+
+    def known(self, name: str) -> bool:
+        return True
+
+    def get(self, name: str) -> Any:
+        return self.values.get(name)
+
+    def why_missing(self, name: str) -> str:
+        return f"no {name} at this point of the run"
+
+
+class Reporter:
+    """Runs a runtime check; rank 0 prints its findings and appends them to findings.jsonl."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.specs = {spec.id: spec for spec in load_checks(plugins=False).phase("runtime")}
+
+    def check(self, check_id: str, **facts: Any) -> list[Finding]:
+        outcome = run_check(self.specs[check_id], RuntimeFacts(facts))
+        return outcome if isinstance(outcome, list) else []
+
+    def publish(self, findings: list[Finding], step: int, force: bool = False) -> None:
+        if not findings or (rank_world()[0] != 0 and not force):
+            return
+        report.render_table(findings, [], with_summary=False)
+        sys.stdout.flush()
+        with open(self.run_dir / "findings.jsonl", "a", encoding="utf-8") as log:
+            for finding in findings:
+                log.write(json.dumps({"phase": "runtime", "step": step, "rank": rank_world()[0], "time": time.time(),
+                                      **finding.to_json()}, default=str) + "\n")
+
+    def stopped(self, code: int, finding: Finding) -> None:
+        tmp = self.run_dir / f".{STOPPED}.tmp"
+        tmp.write_text(json.dumps({"exit_code": code, "id": finding.id, "title": finding.title}) + "\n")
+        os.replace(tmp, self.run_dir / STOPPED)
+
+
+# ---------------------------------------------------------------- where a NaN comes from
+
+def _first_tensor(output: Any):
+    if torch.is_tensor(output):
+        return output
+    if isinstance(output, (tuple, list)) and output:
+        return _first_tensor(output[0])
+    return getattr(output, "logits", None)
+
+
+def attribute(model, inputs: dict[str, Any]) -> str:
+    """Re-run the offending batch once with forward hooks: the first module (in completion order) whose
+    output is non-finite, and whether inputs or weights were already non-finite."""
+    bad_weights = [n for n, p in model.named_parameters() if p.numel() and p.is_floating_point() and not torch.isfinite(p).all()]
+    bad_inputs = [k for k, v in inputs.items() if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
+    first: list[str] = []
+    names = {module: name or type(module).__name__ for name, module in model.named_modules()}
+
+    def hook(module, args, output):
+        tensor = _first_tensor(output)
+        if not first and torch.is_tensor(tensor) and tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            first.append(f"{names[module]} ({type(module).__name__})")
+
+    handles = [module.register_forward_hook(hook) for module in names]
+    try:
+        with torch.no_grad():
+            out = model(**{k: v for k, v in inputs.items() if k != "use_cache"}, use_cache=False)
+        loss = getattr(out, "loss", None)
+    except Exception as exc:  # attribution must never hide the finding itself
+        return f"Re-running the batch for attribution failed: {type(exc).__name__}: {exc}."
+    finally:
+        for handle in handles:
+            handle.remove()
+    said = [f"Weights already non-finite: {', '.join(bad_weights[:5])}." if bad_weights else "Weights were finite.",
+            f"Non-finite inputs: {', '.join(bad_inputs)}." if bad_inputs else "Inputs were finite."]
+    if first:
+        said.insert(0, f"Re-running the batch, the first module whose output went non-finite is {first[0]}.")
+    elif loss is not None and not torch.isfinite(loss).all():
+        said.insert(0, "Re-running the batch, every module's output was finite but the loss was not.")
+    else:
+        said.insert(0, "Re-running the batch, every module's output and the loss were finite: the non-finite value "
+                       "arose in this step's loss (as a nan-loss drill injects it) or in the backward pass.")
+    return " ".join(said)
+
+
+# ---------------------------------------------------------------- hangs
+
+def _where(thread_id: int) -> str:
+    frame = sys._current_frames().get(thread_id)
+    if frame is None:
+        return "?"
+    stack = traceback.extract_stack(frame)[-2:]
+    return " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(stack))
+
+
+def _in_collective(where: str) -> bool:
+    return any(k in where for k in ("distributed_c10d", "graph.py", "autograd", "comm.py", "barrier"))
+
+
+def behind(reports: dict[int, dict[str, Any]], world: int) -> list[int]:
+    """Which rank(s) hold the others up: missing ones; else those at a lower step; else the minority
+    phase (a phase other than training breaks ties); else those not waiting in a collective."""
+    missing = [r for r in range(world) if r not in reports]
+    if missing:
+        return missing
+    steps = {r: info["step"] for r, info in reports.items()}
+    if len(set(steps.values())) > 1:
+        low = min(steps.values())
+        return sorted(r for r, s in steps.items() if s == low)
+    phases = collections.Counter(info["phase"] for info in reports.values())
+    if len(phases) > 1:
+        fewest = min(phases.values())
+        minority = [p for p, n in phases.items() if n == fewest]
+        odd = [p for p in minority if p != TRAINING_PHASE] or minority
+        return sorted(r for r, info in reports.items() if info["phase"] in odd)
+    idle = [r for r, info in reports.items() if not _in_collective(info.get("where", ""))]
+    return sorted(idle) if 0 < len(idle) < len(reports) else []
+
+
+class Watchdog(threading.Thread):
+    """Fires when this rank makes no progress for `timeout` seconds: dumps every thread's stack, swaps
+    reports with the other ranks through the c10d store (TCP, independent of NCCL), names the rank
+    behind, records the finding, and exits so that torchrun tears the job down."""
+
+    def __init__(self, timeout: float, reporter: Reporter, run_dir: Path):
+        super().__init__(name="sftdoctor-watchdog", daemon=True)
+        self.timeout, self.reporter, self.run_dir = timeout, reporter, run_dir
+        self.rank, self.world = rank_world()
+        self.main_thread = threading.main_thread().ident
+        self.step, self.phase, self.slack = 0, "starting", 2.0
+        self.last = time.monotonic()
+        self.done = threading.Event()
+
+    def beat(self, step: int, phase: str, slack: float = 1.0) -> None:
+        self.step, self.phase, self.slack, self.last = step, phase, slack, time.monotonic()
+
+    def stop(self) -> None:
+        self.done.set()
+
+    def run(self) -> None:
+        poll = max(0.5, min(5.0, self.timeout / 10))
+        while not self.done.wait(poll):
+            stalled = time.monotonic() - self.last
+            if stalled > self.timeout * self.slack:
+                self.fire(stalled)
+
+    def fire(self, stalled: float) -> None:
+        stacks = self.run_dir / "stacks"
+        stacks.mkdir(exist_ok=True)
+        with open(stacks / f"rank-{self.rank}.txt", "w") as handle:
+            faulthandler.dump_traceback(file=handle, all_threads=True)
+        dumps = self._nccl_trace()
+        mine = {"step": self.step, "phase": self.phase, "stalled_s": round(stalled, 1), "where": _where(self.main_thread)}
+        store = _store()
+        reports = {self.rank: mine}
+        if store is not None:
+            try:
+                store.set(f"sftdoctor/hang/{self.rank}", json.dumps(mine))
+                deadline = time.monotonic() + 2 * max(0.5, min(5.0, self.timeout / 10)) + 5
+                while time.monotonic() < deadline and len(reports) < self.world:
+                    for r in range(self.world):
+                        key = f"sftdoctor/hang/{r}"
+                        if r not in reports and store.check([key]):
+                            reports[r] = json.loads(store.get(key))
+                    time.sleep(0.2)
+                first = store.add("sftdoctor/hang/reported", 1) == 1
+            except Exception:  # the store itself may be gone with rank 0: report what we have
+                first = True
+        else:
+            first = True
+        if first:
+            hang = {"timeout_s": self.timeout, "behind": behind(reports, self.world),
+                    "ranks": {str(r): info for r, info in reports.items()}, "stacks": str(stacks),
+                    "nccl_dumps": dumps}
+            findings = self.reporter.check("nccl-timeout", hang=hang)
+            self.reporter.publish(findings, self.step, force=True)
+            if findings:
+                self.reporter.stopped(HANG_EXIT, findings[0])
+        time.sleep(1.0)  # let the other ranks finish their dumps
+        os._exit(HANG_EXIT)
+
+    def _nccl_trace(self) -> str | None:
+        """NCCL's flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE) dumped now, before we abort."""
+        try:
+            if dist.get_backend() != "nccl":
+                return None
+            data = torch._C._distributed_c10d._dump_nccl_trace()
+        except Exception:
+            return None
+        path = self.run_dir / f"nccl-trace-rank-{self.rank}.pkl"
+        path.write_bytes(data)
+        return str(path)
+
+
+def _store():
+    try:
+        if dist.is_available() and dist.is_initialized():
+            return dist.distributed_c10d._get_default_store()
+    except Exception:
+        return None
+    return None
+
+
+# ---------------------------------------------------------------- the callback
+
+class Guard(TrainerCallback):
+    """Installed on the trainer by the recipe. See the module docstring for what it costs."""
+
+    def __init__(self, trainer, watch: dict[str, Any], plan: dict[str, Any], run_dir: Path):
+        self.trainer, self.watch, self.plan, self.run_dir = trainer, watch, plan, run_dir
+        self.reporter = Reporter(run_dir)
+        self.grad_norm = None
+        self.last_finite: dict[str, float | None] = {"loss": None, "grad_norm": None}
+        self.skips = 0
+        self.skip_next = False
+        self.losses: collections.deque = collections.deque(maxlen=50)
+        self.spike_reported = -SPIKE_QUIET
+        self.overflows: collections.deque = collections.deque(maxlen=100)
+        self.watchdog = Watchdog(float(watch["hang_timeout_s"]), self.reporter, run_dir)
+        original = trainer._get_grad_norm
+
+        def capture(model, grad_norm=None):  # transformers 5.x: called once per optimizer step
+            self.grad_norm = original(model, grad_norm=grad_norm)
+            return self.grad_norm
+
+        trainer._get_grad_norm = capture
+
+    # -- lifecycle
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.watch["on_nan"] == "skip":
+            optimizer = self.trainer.optimizer
+            step = optimizer.step
+
+            @functools.wraps(step)  # keeps the LR scheduler's marker on the wrapped step
+            def maybe_step(*a, **k):
+                if self.skip_next:  # drop the poisoned update; the trainer zeroes the gradients next
+                    self.skip_next = False
+                    return None
+                return step(*a, **k)
+
+            optimizer.step = maybe_step
+        self.watchdog.beat(state.global_step, "first step", slack=2.0)
+        self.watchdog.start()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.watchdog.stop()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.watchdog.beat(state.global_step + 1, TRAINING_PHASE)
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        self.watchdog.beat(state.global_step + 1, TRAINING_PHASE)
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        self.watchdog.beat(state.global_step, "evaluating")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_save:
+            self.watchdog.beat(state.global_step, "saving a checkpoint", slack=4.0)
+        elif control.should_evaluate:
+            self.watchdog.beat(state.global_step, "evaluating")
+        else:
+            self.watchdog.beat(state.global_step, "between steps")
+        if self.plan["precision"] == "fp16":
+            self.overflows.append(bool(self.trainer.accelerator.optimizer_step_was_skipped))
+
+    # -- non-finite losses
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        norm = self.grad_norm
+        value = float(norm) if norm is not None else None  # the one scalar read per optimizer step
+        if value is None or math.isfinite(value):
+            self.last_finite["grad_norm"] = value
+            return
+        loss_finite = self._loss_finite()
+        if self.plan["precision"] == "fp16" and loss_finite:
+            return  # an fp16 overflow: the loss scaler skips this step and lowers the scale (normal)
+        self._non_finite(state, value, loss_finite)
+
+    def _loss_finite(self) -> bool:
+        """Only on a non-finite gradient norm: was the loss finite on every rank? (one flag reduced)"""
+        loss = getattr(self.trainer, "sftdoctor_last_loss", None)
+        ok = torch.tensor([1.0 if loss is None or bool(torch.isfinite(loss).all()) else 0.0])
+        if dist.is_available() and dist.is_initialized():
+            if dist.get_backend() == "nccl":
+                ok = ok.cuda()
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        return bool(ok.item() == 1.0)
+
+    def _non_finite(self, state, value: float, loss_finite: bool) -> None:
+        step = state.global_step + 1
+        stopping = self.watch["on_nan"] == "stop" or self.skips >= self.watch["max_skips"]
+        stats = {
+            "step": step, "finite": False, "grad_norm": value, "loss_finite": loss_finite, "ranks": "all",
+            "last_finite": dict(self.last_finite), "lr": self.trainer.lr_scheduler.get_last_lr()[0],
+            "precision": self.plan["precision"], "checkpoint": str(newest_complete(self.run_dir) or "") or None,
+            "action": "stopped; no checkpoint of these weights is written" if stopping
+                      else f"update skipped ({self.skips + 1} of at most {self.watch['max_skips']})",
+        }
+        if stopping:
+            self.watchdog.beat(step, "attributing a non-finite loss", slack=4.0)
+            inputs = getattr(self.trainer, "sftdoctor_last_inputs", None)
+            if inputs is not None:
+                stats["attribution"] = attribute(self.trainer.model, inputs)
+        findings = self.reporter.check("nan-loss", step_stats=stats)
+        self.reporter.publish(findings, step)
+        if stopping:
+            if rank_world()[0] == 0 and findings:
+                self.reporter.stopped(NAN_EXIT, findings[0])
+            self.watchdog.stop()
+            raise RunStopped(NAN_EXIT, findings[0])
+        self.skips += 1
+        self.skip_next = True
+
+    # -- logged values
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs:
+            return
+        loss = float(logs["loss"])
+        if math.isfinite(loss):
+            self.last_finite["loss"] = loss
+            findings = self.reporter.check("loss-spike", log_stats={
+                "step": state.global_step, "loss": loss, "history": list(self.losses),
+                "factor": self.watch["loss_spike_factor"], "grad_norm": logs.get("grad_norm"),
+                "lr": logs.get("learning_rate")})
+            if findings and state.global_step - self.spike_reported >= SPIKE_QUIET:
+                self.spike_reported = state.global_step
+                self.reporter.publish(findings, state.global_step)
+            self.losses.append(loss)
+        if self.plan["precision"] == "fp16":
+            self.reporter.publish(self.reporter.check("fp16-loss-scale", scale_stats={
+                "step": state.global_step, "scale": self._loss_scale(), "skipped": sum(self.overflows),
+                "window": len(self.overflows), "min_scale": 1.0}), state.global_step)
+
+    def _loss_scale(self) -> float | None:
+        scaler = getattr(self.trainer.accelerator, "scaler", None)
+        if scaler is not None:
+            return float(scaler.get_scale())
+        engine = getattr(self.trainer, "deepspeed", None)
+        scale = getattr(getattr(engine, "optimizer", None), "cur_scale", None)
+        return float(scale) if scale is not None else None
+
+
+# ---------------------------------------------------------------- drills
+
+class HangDrill(TrainerCallback):
+    """That rank blocks inside a collective that the other ranks never join, at that step."""
+
+    def __init__(self, drill: dict[str, Any], watchdog: Watchdog):
+        self.drill, self.watchdog = drill, watchdog
+        self.group = dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        rank = rank_world()[0]
+        if state.global_step + 1 != self.drill["step"] or rank != (self.drill["rank"] or 0):
+            return
+        self.watchdog.beat(state.global_step + 1, "drill: blocked in an all_reduce the other ranks never join")
+        if self.group is None:
+            threading.Event().wait()  # one process: just block
+        dist.all_reduce(torch.zeros(1), group=self.group)

@@ -1,0 +1,100 @@
+"""Runtime checks and the watch's pure parts: findings from streamed facts, who is behind in a hang,
+and where a non-finite value first appears."""
+
+import math
+
+import pytest
+
+from sftdoctor.checks import load_checks, run_check
+from sftdoctor.train.watch import TRAINING_PHASE, RuntimeFacts, attribute, behind
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    specs = {s.id: s for s in load_checks(plugins=False).phase("runtime")}
+    assert set(specs) == {"nan-loss", "loss-spike", "fp16-loss-scale", "nccl-timeout"}
+    return lambda check_id, **facts: run_check(specs[check_id], RuntimeFacts(facts))
+
+
+def test_nan_loss_says_step_values_lr_precision_and_checkpoint(runtime):
+    assert runtime("nan-loss", step_stats={"step": 3, "finite": True}) == []
+    [finding] = runtime("nan-loss", step_stats={
+        "step": 812, "finite": False, "grad_norm": math.nan, "loss_finite": False, "ranks": "all",
+        "last_finite": {"loss": 1.92, "grad_norm": 0.81}, "lr": 1.9e-5, "precision": "bf16",
+        "checkpoint": "runs/x/checkpoint-800", "action": "stopped", "attribution": "first: model.layers.3.mlp"})
+    assert finding.severity.value == "error" and finding.title == "non-finite loss at step 812: stopped"
+    for said in ("step 812", "loss 1.92", "grad_norm 0.81", "1.9e-05", "bf16", "checkpoint-800", "model.layers.3.mlp"):
+        assert said in finding.detail
+    assert "--resume" in finding.fix
+
+
+def test_loss_spike_uses_a_robust_baseline(runtime):
+    calm = [2.0, 2.1, 1.9, 2.05, 1.95, 2.0, 2.02, 1.98, 2.01]
+    assert runtime("loss-spike", log_stats={"step": 90, "loss": 2.3, "history": calm}) == []
+    [spike] = runtime("loss-spike", log_stats={"step": 100, "loss": 4.0, "history": calm})
+    assert spike.severity.value == "warning" and "loss spike at step 100" in spike.title
+    # One wild value in the window does not make the next normal value a spike (median/MAD, not mean/std).
+    assert runtime("loss-spike", log_stats={"step": 110, "loss": 2.1, "history": calm + [40.0]}) == []
+
+
+def test_divergence_is_caught_from_the_second_logged_loss(runtime):
+    [finding] = runtime("loss-spike", log_stats={"step": 2, "loss": 42.4, "history": [5.77]})
+    assert "diverging" in finding.title and "7.3x" in finding.title
+
+
+def test_fp16_loss_scale_stuck_or_skipping_but_not_during_warm_up(runtime):
+    assert runtime("fp16-loss-scale", scale_stats={"step": 10, "scale": 1.0, "skipped": 9, "window": 10}) == []
+    [stuck] = runtime("fp16-loss-scale", scale_stats={"step": 400, "scale": 1.0, "skipped": 40, "window": 100})
+    assert stuck.severity.value == "error" and "minimum" in stuck.title
+    [skips] = runtime("fp16-loss-scale", scale_stats={"step": 400, "scale": 512.0, "skipped": 70, "window": 100})
+    assert skips.severity.value == "warning"
+    assert runtime("fp16-loss-scale", scale_stats={"step": 400, "scale": 65536.0, "skipped": 2, "window": 100}) == []
+
+
+def report(step, phase=TRAINING_PHASE, where="graph.py:829 _engine_run_backward"):
+    return {"step": step, "phase": phase, "stalled_s": 300.0, "where": where}
+
+
+def test_the_rank_behind_a_hang():
+    assert behind({0: report(7), 2: report(7), 3: report(7)}, 4) == [1]  # never reported: dead or frozen
+    assert behind({0: report(7), 1: report(6), 2: report(7)}, 3) == [1]  # still on an earlier step
+    assert behind({0: report(7), 1: report(7, "drill: blocked")}, 2) == [1]  # a different phase breaks a tie
+    assert behind({0: report(7), 1: report(7, where="dataset.py:12 __getitem__"), 2: report(7)}, 3) == [1]
+    assert behind({0: report(7), 1: report(7)}, 2) == []  # nothing tells them apart
+
+
+def test_hang_finding_names_the_rank_and_where_each_rank_is(runtime):
+    [finding] = runtime("nccl-timeout", hang={"timeout_s": 300, "behind": [1], "stacks": "runs/x/stacks",
+                                              "ranks": {"0": report(7), "1": report(6, where="io.py:5 read")}})
+    assert finding.title == "hang: no progress for 300 s; behind: rank 1"
+    assert "rank 1: step 6" in finding.detail and "io.py:5 read" in finding.detail and "runs/x/stacks" in finding.detail
+
+
+def tiny_model():
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from sftdoctor.facts.packing_probe import shrink
+
+    config = Qwen2Config()
+    shrink(config)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+
+
+def test_attribution_names_the_first_module_that_went_non_finite():
+    import torch
+
+    model = tiny_model()
+    inputs = {"input_ids": torch.tensor([[5, 6, 7, 8]]), "labels": torch.tensor([[5, 6, 7, 8]])}
+    assert "every module's output and the loss were finite" in attribute(model, inputs)
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight[0, 0] = float("inf")
+    said = attribute(model, inputs)
+    assert "model.layers.1.mlp.up_proj (Linear)" in said
+    assert "Weights already non-finite: model.layers.1.mlp.up_proj.weight" in said
+
+
+def test_a_zero_or_tiny_history_is_not_a_crash(runtime):
+    assert runtime("loss-spike", log_stats={"step": 4, "loss": 2.0, "history": [0.0]}) == []
+    assert runtime("loss-spike", log_stats={"step": 4, "loss": 2.0, "history": []}) == []

@@ -1,0 +1,105 @@
+"""The watchers on real runs: drills through `sftdoctor train`, a killed rank, an absurd learning rate."""
+
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from test_training import complete, config, metrics, tiny_data, train  # noqa: F401  (tiny_data is a fixture)
+
+NAN_EXIT, HANG_EXIT = 86, 87
+
+
+def runtime_findings(run_dir):
+    records = [json.loads(line) for line in (run_dir / "findings.jsonl").read_text().splitlines()]
+    return [r for r in records if r["phase"] == "runtime"]
+
+
+def job_processes(run_dir):
+    """Processes of this run still alive (launcher, torchrun, workers: all name the run's files)."""
+    alive = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(run_dir) in part for part in proc.info["cmdline"] or []):
+                alive.append(proc.pid)
+        except psutil.Error:
+            pass
+    return alive
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_nan_drill_stops_every_rank_before_the_poisoned_step_is_saved(tmp_path, tiny_data, ranks):
+    cfg = config(tmp_path, tiny_data["messages"], launch={"nproc_per_node": ranks},
+                 training={"max_steps": 8, "save_steps": 2})
+    proc = train(cfg, "--drill", "nan-loss@5")
+    assert proc.returncode == NAN_EXIT, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "out"
+    [finding] = runtime_findings(run_dir)
+    assert finding["id"] == "nan-loss" and finding["step"] == 5 and finding["severity"] == "error"
+    assert "Re-running the batch" in finding["detail"] and "checkpoint-4" in finding["detail"]
+    assert complete(run_dir) == ["checkpoint-2", "checkpoint-4"]
+    assert not list(run_dir.glob("checkpoint-5*")) and not (run_dir / "final").exists()
+    assert [m["step"] for m in metrics(run_dir)][-1] == 4
+    if ranks == 2:
+        assert proc.stderr.count("exitcode  : 86") + proc.stdout.count("exitcode  : 86") >= 1
+
+
+def test_skip_policy_drops_the_update_and_finishes(tmp_path, tiny_data):
+    cfg = config(tmp_path, tiny_data["text"], training={"max_steps": 6, "save_steps": 3},
+                 extra={"watch": {"on_nan": "skip", "max_skips": 2}})
+    proc = train(cfg, "--drill", "nan-loss@3")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [finding] = runtime_findings(tmp_path / "out")
+    assert finding["step"] == 3 and "update skipped (1 of at most 2)" in finding["title"]
+    steps = metrics(tmp_path / "out")
+    assert [m["step"] for m in steps] == [1, 2, 3, 4, 5, 6] and all(m["loss"] == m["loss"] for m in steps[3:])
+    assert (tmp_path / "out" / "final").is_dir()
+
+
+def test_hang_drill_names_the_rank_behind_and_leaves_no_process(tmp_path, tiny_data):
+    cfg = config(tmp_path, tiny_data["messages"], launch={"nproc_per_node": 2},
+                 training={"max_steps": 8, "save_steps": 100}, extra={"watch": {"hang_timeout_s": 8}})
+    began = time.monotonic()
+    proc = train(cfg, "--drill", "hang@3:1")
+    took = time.monotonic() - began
+    assert proc.returncode == HANG_EXIT, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "out"
+    [finding] = runtime_findings(run_dir)
+    assert finding["id"] == "nccl-timeout" and "behind: rank 1" in finding["title"]
+    assert "rank 1: step 3, drill" in finding["detail"]
+    assert {p.name for p in (run_dir / "stacks").iterdir()} == {"rank-0.txt", "rank-1.txt"}
+    assert "all_reduce" in (run_dir / "stacks" / "rank-1.txt").read_text()
+    assert took < 90  # start-up + 2 steps + 8 s + the report, not NCCL's or gloo's 30 minutes
+    assert job_processes(run_dir) == []
+
+
+def test_a_killed_rank_is_restarted_and_the_run_resumes(tmp_path, tiny_data):
+    # Restarting a gloo group on one host sometimes loses the race to connect (torchrun retries then), hence 3.
+    cfg = config(tmp_path, tiny_data["text"], launch={"nproc_per_node": 2, "max_restarts": 3},
+                 training={"max_steps": 12, "save_steps": 4})
+    run_dir = tmp_path / "out"
+    launcher = subprocess.Popen([sys.executable, "-m", "sftdoctor", "train", str(cfg)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (run_dir / "checkpoint-4" / "sftdoctor-complete").exists():
+        time.sleep(0.1)
+    victims = [p for p in psutil.Process(launcher.pid).children(recursive=True)
+               if "sftdoctor.train.sft" in " ".join(p.cmdline()) and p.environ().get("RANK") == "1"]
+    assert victims, "no rank-1 worker found"
+    victims[0].kill()
+    out, _ = launcher.communicate(timeout=600)
+    assert launcher.returncode == 0, out[-4000:]
+    assert "resuming from" in out and (run_dir / "final").is_dir()
+    assert complete(run_dir)[-1] == "checkpoint-12"
+
+
+def test_an_absurd_learning_rate_is_caught_without_a_drill(tmp_path, tiny_data):
+    cfg = config(tmp_path, tiny_data["messages"], training={"learning_rate": 1.0, "warmup_steps": 0, "max_steps": 10,
+                                                            "save_steps": 100, "max_grad_norm": 0.0})
+    proc = train(cfg)
+    findings = runtime_findings(tmp_path / "out")
+    assert {f["id"] for f in findings} & {"loss-spike", "nan-loss"}, proc.stdout[-3000:]
+    assert "sftdoctor explain loss-spike" in proc.stdout or "sftdoctor explain nan-loss" in proc.stdout
