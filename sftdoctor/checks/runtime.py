@@ -16,7 +16,8 @@ DIVERGED = 3.0  # any time: a loss this many times its lowest logged value (and 
 WARMUP_STEPS = 50  # early fp16 loss-scale skips are the scaler finding its level: normal
 
 
-@check("nan-loss", "a non-finite loss or gradient norm, caught before the optimizer step", phase="runtime")
+@check("nan-loss", "a non-finite loss or gradient norm, caught before the optimizer step (DeepSpeed: as it skips it)",
+       phase="runtime")
 def nan_loss(step_stats: dict[str, Any]):
     if step_stats.get("finite", True):
         return []

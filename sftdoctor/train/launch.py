@@ -57,8 +57,9 @@ def build_plan(run_config: dict[str, Any], facts: Facts, smoke: bool) -> dict[st
         max_steps=training.get("max_steps"),
         cuda=bool((gpus or {}).get("devices")),
         watch=run_config["watch"],
-        # The process group gives up well after our watchdog has named the rank behind.
-        ddp_timeout_s=int(max(2 * run_config["watch"]["hang_timeout_s"], run_config["watch"]["hang_timeout_s"] + 120)),
+        # The process group gives up only after our watchdog has named the rank behind, even while a
+        # checkpoint saves (the watchdog then allows 4x hang_timeout_s).
+        ddp_timeout_s=int(4 * run_config["watch"]["hang_timeout_s"] + 120),
         moe=any(k in (facts.get("model_config") or {}).get("raw_keys", ()) for k in MOE_KEYS),
         master_addr=launch["master_addr"],
         master_port=free_port() if launch["master_port"] == "auto" else launch["master_port"],

@@ -155,6 +155,8 @@ def _in_collective(where: str) -> bool:
 def behind(reports: dict[int, dict[str, Any]], world: int) -> list[int]:
     """Which rank(s) hold the others up: missing ones; else those at a lower step; else the minority
     phase (a phase other than training breaks ties); else those not waiting in a collective."""
+    if world == 1:
+        return [0]
     missing = [r for r in range(world) if r not in reports]
     if missing:
         return missing
@@ -239,10 +241,12 @@ class Watchdog(threading.Thread):
         try:
             if dist.get_backend() != "nccl":
                 return None
-            data = torch._C._distributed_c10d._dump_nccl_trace()
+            c10d = torch._C._distributed_c10d
+            dump = getattr(c10d, "_dump_nccl_trace", None) or getattr(c10d, "_dump_fr_trace")
+            data = dump()
         except Exception:
             return None
-        path = self.run_dir / f"nccl-trace-rank-{self.rank}.pkl"
+        path = self.run_dir / f"nccl-trace-rank-{self.rank}"  # torch's own naming, which torchfrtrace reads
         path.write_bytes(data)
         return str(path)
 
@@ -269,7 +273,7 @@ class Guard(TrainerCallback):
         self.skips = 0
         self.skip_next = False
         self.losses: collections.deque = collections.deque(maxlen=50)
-        self.spike_reported = -SPIKE_QUIET
+        self.spike_reported = self.scale_reported = -SPIKE_QUIET
         self.overflows: collections.deque = collections.deque(maxlen=100)
         self.watchdog = Watchdog(float(watch["hang_timeout_s"]), self.reporter, run_dir)
         original = trainer._get_grad_norm
@@ -282,7 +286,7 @@ class Guard(TrainerCallback):
 
     # -- lifecycle
     def on_train_begin(self, args, state, control, **kwargs):
-        if self.watch["on_nan"] == "skip":
+        if self.watch["on_nan"] == "skip" and not self.plan.get("deepspeed") and self.plan["precision"] != "fp16":
             optimizer = self.trainer.optimizer
             step = optimizer.step
 
@@ -341,15 +345,36 @@ class Guard(TrainerCallback):
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)
         return bool(ok.item() == 1.0)
 
+    def _ranks_with_bad_loss(self) -> list[int]:
+        """Only when stopping or skipping: which ranks' loss was non-finite (one small all_gather)."""
+        loss = getattr(self.trainer, "sftdoctor_last_loss", None)
+        bad = torch.tensor([0.0 if loss is None or bool(torch.isfinite(loss).all()) else 1.0])
+        rank, world = rank_world()
+        if world == 1 or not dist.is_initialized():
+            return [rank] if bad.item() else []
+        if dist.get_backend() == "nccl":
+            bad = bad.cuda()
+        flags = [torch.zeros_like(bad) for _ in range(world)]
+        dist.all_gather(flags, bad)
+        return [r for r, flag in enumerate(flags) if flag.item()]
+
     def _non_finite(self, state, value: float, loss_finite: bool) -> None:
         step = state.global_step + 1
         stopping = self.watch["on_nan"] == "stop" or self.skips >= self.watch["max_skips"]
+        # Under DeepSpeed the engine has already stepped inside backward (accelerate) and skipped the update
+        # itself (DeepSpeed 0.19: non-finite gradient norm -> "OVERFLOW! Skipping step"); under fp16 AMP the
+        # loss scaler skips it. Only bf16/fp32 without DeepSpeed need our skip.
+        skipped_by = ("DeepSpeed" if self.plan.get("deepspeed") else
+                      "the fp16 loss scaler" if self.plan["precision"] == "fp16" else None)
+        bad_ranks = self._ranks_with_bad_loss()
         stats = {
-            "step": step, "finite": False, "grad_norm": value, "loss_finite": loss_finite, "ranks": "all",
+            "step": step, "finite": False, "grad_norm": value, "loss_finite": loss_finite,
+            "ranks": ", ".join(map(str, bad_ranks)) if bad_ranks else "all (the gradients)",
             "last_finite": dict(self.last_finite), "lr": self.trainer.lr_scheduler.get_last_lr()[0],
             "precision": self.plan["precision"], "checkpoint": str(newest_complete(self.run_dir) or "") or None,
             "action": "stopped; no checkpoint of these weights is written" if stopping
-                      else f"update skipped ({self.skips + 1} of at most {self.watch['max_skips']})",
+                      else f"update skipped ({self.skips + 1} of at most {self.watch['max_skips']})"
+                      + (f" by {skipped_by}" if skipped_by else ""),
         }
         if stopping:
             self.watchdog.beat(step, "attributing a non-finite loss", slack=4.0)
@@ -364,7 +389,7 @@ class Guard(TrainerCallback):
             self.watchdog.stop()
             raise RunStopped(NAN_EXIT, findings[0])
         self.skips += 1
-        self.skip_next = True
+        self.skip_next = skipped_by is None
 
     # -- logged values
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -381,10 +406,14 @@ class Guard(TrainerCallback):
                 self.spike_reported = state.global_step
                 self.reporter.publish(findings, state.global_step)
             self.losses.append(loss)
-        if self.plan["precision"] == "fp16":
-            self.reporter.publish(self.reporter.check("fp16-loss-scale", scale_stats={
+        if self.plan["precision"] == "fp16" and state.global_step - self.scale_reported >= SPIKE_QUIET:
+            min_scale = ((self.plan.get("deepspeed") or {}).get("fp16") or {}).get("min_loss_scale", 1.0)
+            findings = self.reporter.check("fp16-loss-scale", scale_stats={
                 "step": state.global_step, "scale": self._loss_scale(), "skipped": sum(self.overflows),
-                "window": len(self.overflows), "min_scale": 1.0}), state.global_step)
+                "window": len(self.overflows), "min_scale": float(min_scale)})
+            if findings:
+                self.scale_reported = state.global_step
+                self.reporter.publish(findings, state.global_step)
 
     def _loss_scale(self) -> float | None:
         scaler = getattr(self.trainer.accelerator, "scaler", None)

@@ -43,6 +43,7 @@ def test_nan_drill_stops_every_rank_before_the_poisoned_step_is_saved(tmp_path, 
     assert complete(run_dir) == ["checkpoint-2", "checkpoint-4"]
     assert not list(run_dir.glob("checkpoint-5*")) and not (run_dir / "final").exists()
     assert [m["step"] for m in metrics(run_dir)][-1] == 4
+    assert f"rank(s) {', '.join(map(str, range(ranks)))}" in finding["detail"]
     if ranks == 2:
         assert proc.stderr.count("exitcode  : 86") + proc.stdout.count("exitcode  : 86") >= 1
 
@@ -76,11 +77,8 @@ def test_hang_drill_names_the_rank_behind_and_leaves_no_process(tmp_path, tiny_d
     assert job_processes(run_dir) == []
 
 
-def test_a_killed_rank_is_restarted_and_the_run_resumes(tmp_path, tiny_data):
-    # Restarting a gloo group on one host sometimes loses the race to connect (torchrun retries then), hence 3.
-    cfg = config(tmp_path, tiny_data["text"], launch={"nproc_per_node": 2, "max_restarts": 3},
-                 training={"max_steps": 12, "save_steps": 4})
-    run_dir = tmp_path / "out"
+def kill_rank_1_after_first_checkpoint(cfg, run_dir):
+    """Start the run, SIGKILL rank 1 once checkpoint-4 is complete, and return (exit code, output)."""
     launcher = subprocess.Popen([sys.executable, "-m", "sftdoctor", "train", str(cfg)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
@@ -90,10 +88,33 @@ def test_a_killed_rank_is_restarted_and_the_run_resumes(tmp_path, tiny_data):
                if "sftdoctor.train.sft" in " ".join(p.cmdline()) and p.environ().get("RANK") == "1"]
     assert victims, "no rank-1 worker found"
     victims[0].kill()
-    out, _ = launcher.communicate(timeout=600)
-    assert launcher.returncode == 0, out[-4000:]
+    try:
+        out, _ = launcher.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        for proc in psutil.Process(launcher.pid).children(recursive=True) + [psutil.Process(launcher.pid)]:
+            proc.kill()
+        out, _ = launcher.communicate()
+        return None, out
+    return launcher.returncode, out
+
+
+def test_a_killed_rank_is_restarted_and_the_run_resumes(tmp_path, tiny_data):
+    # torchrun's restart of a gloo group on one host sometimes fails to reconnect ("Gloo connectFullMesh
+    # failed ... Connection refused") or stalls in the new round (seen here in about 1 run of 4, outside
+    # sftdoctor's code); the run is then tried once more in a fresh directory.
+    for attempt in range(2):
+        folder = tmp_path / f"attempt-{attempt}"
+        folder.mkdir()
+        cfg = config(folder, tiny_data["text"], launch={"nproc_per_node": 2, "max_restarts": 3},
+                     training={"max_steps": 12, "save_steps": 4})
+        code, out = kill_rank_1_after_first_checkpoint(cfg, folder / "out")
+        if code == 0 or "connectFullMesh" not in out and code is not None:
+            break
+    assert code == 0, out[-4000:]
+    run_dir = folder / "out"
     assert "resuming from" in out and (run_dir / "final").is_dir()
     assert complete(run_dir)[-1] == "checkpoint-12"
+    assert job_processes(run_dir) == []
 
 
 def test_an_absurd_learning_rate_is_caught_without_a_drill(tmp_path, tiny_data):
