@@ -22,15 +22,16 @@ TINY = ROOT / "examples" / "tiny"
 BATCH = 8
 
 
-def sftdoctor_run(work: Path, steps: int) -> dict:
-    """`sftdoctor train` with its defaults (packing "auto", gradient checkpointing on), on the CPU."""
+def sftdoctor_run(work: Path, steps: int, max_length: int) -> dict:
+    """`sftdoctor train` with its defaults (packing "auto", gradient checkpointing on) and the
+    example's max_length (packed rows of that many tokens), on the CPU."""
     config = work / "run.toml"
     config.write_text(f'''[model]
 path = "{TINY / 'model'}"
 weights = "random"
 [data]
 train = "{TINY / 'data' / 'train.jsonl'}"
-max_length = 1024
+max_length = {max_length}
 [training]
 per_device_batch_size = {BATCH}
 max_steps = {steps}
@@ -83,10 +84,11 @@ def baseline_run(work: Path, steps: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--max-length", type=int, default=256, help="sftdoctor's packed row length")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sftdoctor-bench-"))
     try:
-        results = {"sftdoctor train": sftdoctor_run(work, args.steps), "TRL SFTTrainer defaults": baseline_run(work, args.steps)}
+        results = {"sftdoctor train": sftdoctor_run(work, args.steps, args.max_length), "TRL SFTTrainer defaults": baseline_run(work, args.steps)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"{'trainer':<26} {'real tokens':>12} {'train s':>8} {'real tok/s':>11} {'padding':>8}")
