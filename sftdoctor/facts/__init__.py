@@ -101,6 +101,8 @@ class Facts:
         if self._replayed is not None and not self._given_on_command_line(name):
             if self._replayed.get(name) is not None:
                 self._values[name] = self._replayed[name]
+            elif name in ("run_config", "model_config", "deepspeed_config", "data", "packing_probe"):  # config facts
+                self._missing[name] = _NOT_GIVEN[name]
             else:
                 self._missing[name] = f"not recorded in {self.inputs.facts or 'the replayed facts'}"
             return
