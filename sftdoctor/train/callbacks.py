@@ -73,33 +73,10 @@ class Metrics(TrainerCallback):
                 handle.write(json.dumps({"step": state.global_step, "time": time.time(), **logs}) + "\n")
 
 
-class Progress(ProgressCallback):
-    """transformers' progress bar on a terminal, and one concise line per logging step instead of the
-    raw dict. In a log file (not a terminal) only the lines."""
+class StepLines(TrainerCallback):
+    """One concise line per logging step on rank 0, instead of transformers' raw log dict."""
 
-    def __init__(self):
-        super().__init__()
-        self.bar = sys.stderr.isatty()
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if self.bar:
-            super().on_train_begin(args, state, control, **kwargs)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.bar:
-            super().on_step_end(args, state, control, **kwargs)
-
-    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
-        if self.bar:
-            super().on_prediction_step(args, state, control, eval_dataloader=eval_dataloader, **kwargs)
-
-    def on_evaluate(self, args, state, control, **kwargs):
-        if self.bar:
-            super().on_evaluate(args, state, control, **kwargs)
-
-    def on_train_end(self, args, state, control, **kwargs):
-        if self.bar:
-            super().on_train_end(args, state, control, **kwargs)
+    training_bar = None
 
     def write(self, line: str) -> None:
         if self.training_bar is not None:
@@ -120,6 +97,18 @@ class Progress(ProgressCallback):
             self.write("  ".join(parts))
         elif "eval_loss" in logs:
             self.write(f"step {state.global_step}/{state.max_steps}  eval_loss {logs['eval_loss']:.4f}")
+
+
+class ProgressBar(StepLines, ProgressCallback):
+    """On a terminal: transformers' progress bar, with the concise lines written above it."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        StepLines.on_log(self, args, state, control, logs=logs, **kwargs)
+
+
+def progress() -> TrainerCallback:
+    """The bar only on a terminal; a log file gets the lines alone."""
+    return ProgressBar() if sys.stderr.isatty() else StepLines()
 
 
 class CompleteCheckpoints(TrainerCallback):

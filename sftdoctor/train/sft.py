@@ -129,7 +129,7 @@ def sft_config(run: dict[str, Any], plan: dict[str, Any], run_dir: Path, has_eva
         "ddp_timeout": plan.get("ddp_timeout_s", 1800),
         # Dense decoders use every parameter in every step; only mixture-of-experts models can skip some.
         "ddp_find_unused_parameters": plan.get("moe", False),
-        "disable_tqdm": True,  # our Progress callback draws the bar on rank 0
+        "disable_tqdm": True,  # callbacks.progress() draws the bar on rank 0
         "dataloader_num_workers": 0,
         "use_cpu": not plan.get("cuda", False),
     }
@@ -205,9 +205,9 @@ def main(argv: list[str]) -> int:
         model=model, args=args, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
     trainer.sftdoctor_tokens = callbacks.TokenCounter()
     trainer.add_callback(callbacks.Metrics(trainer.sftdoctor_tokens, run_dir / "metrics.jsonl"))
-    trainer.remove_callback(PrinterCallback)  # prints raw log dicts; Progress prints one line instead
+    trainer.remove_callback(PrinterCallback)  # prints raw log dicts; ours print one line instead
     trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(callbacks.Progress())
+    trainer.add_callback(callbacks.progress())
     trainer.add_callback(callbacks.CompleteCheckpoints())
     if resolved.get("stop_after_step"):
         trainer.add_callback(callbacks.StopAfter(resolved["stop_after_step"]))

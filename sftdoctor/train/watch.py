@@ -330,20 +330,10 @@ class Guard(TrainerCallback):
         if value is None or math.isfinite(value):
             self.last_finite["grad_norm"] = value
             return
-        loss_finite = self._loss_finite()
-        if self.plan["precision"] == "fp16" and loss_finite:
+        bad_ranks = self._ranks_with_bad_loss()  # one small collective, only on this rare path
+        if self.plan["precision"] == "fp16" and not bad_ranks:
             return  # an fp16 overflow: the loss scaler skips this step and lowers the scale (normal)
-        self._non_finite(state, value, loss_finite)
-
-    def _loss_finite(self) -> bool:
-        """Only on a non-finite gradient norm: was the loss finite on every rank? (one flag reduced)"""
-        loss = getattr(self.trainer, "sftdoctor_last_loss", None)
-        ok = torch.tensor([1.0 if loss is None or bool(torch.isfinite(loss).all()) else 0.0])
-        if dist.is_available() and dist.is_initialized():
-            if dist.get_backend() == "nccl":
-                ok = ok.cuda()
-            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-        return bool(ok.item() == 1.0)
+        self._non_finite(state, value, bad_ranks)
 
     def _ranks_with_bad_loss(self) -> list[int]:
         """Only when stopping or skipping: which ranks' loss was non-finite (one small all_gather)."""
@@ -358,7 +348,7 @@ class Guard(TrainerCallback):
         dist.all_gather(flags, bad)
         return [r for r, flag in enumerate(flags) if flag.item()]
 
-    def _non_finite(self, state, value: float, loss_finite: bool) -> None:
+    def _non_finite(self, state, value: float, bad_ranks: list[int]) -> None:
         step = state.global_step + 1
         stopping = self.watch["on_nan"] == "stop" or self.skips >= self.watch["max_skips"]
         # Under DeepSpeed the engine has already stepped inside backward (accelerate) and skipped the update
@@ -366,9 +356,8 @@ class Guard(TrainerCallback):
         # loss scaler skips it. Only bf16/fp32 without DeepSpeed need our skip.
         skipped_by = ("DeepSpeed" if self.plan.get("deepspeed") else
                       "the fp16 loss scaler" if self.plan["precision"] == "fp16" else None)
-        bad_ranks = self._ranks_with_bad_loss()
         stats = {
-            "step": step, "finite": False, "grad_norm": value, "loss_finite": loss_finite,
+            "step": step, "finite": False, "grad_norm": value, "loss_finite": not bad_ranks,
             "ranks": ", ".join(map(str, bad_ranks)) if bad_ranks else "all (the gradients)",
             "last_finite": dict(self.last_finite), "lr": self.trainer.lr_scheduler.get_last_lr()[0],
             "precision": self.plan["precision"], "checkpoint": str(newest_complete(self.run_dir) or "") or None,
