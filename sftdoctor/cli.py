@@ -125,17 +125,44 @@ def train(config, resume, dry_run, smoke, force, drill):
 @main.command()
 @click.argument("topic", required=False)
 @click.option("--list", "list_topics", is_flag=True, help="List the topics with one-line summaries.")
-def explain(topic, list_topics):
-    """Explain a finding's topic: symptoms, causes, how to tell them apart, the fix."""
+@click.option("--log", "log_file", metavar="FILE", help="Triage a failed run's log (- for stdin): the root cause first.")
+@click.option("--json", "as_json", is_flag=True, help="With --log: print the diagnosis as one JSON document.")
+def explain(topic, list_topics, log_file, as_json):
+    """Explain a finding's topic, or (--log) say what went wrong in a run's log.
+
+    With --log, exit 0: nothing recognised; 1: a problem found; 2: bad input."""
     from sftdoctor import kb
     from sftdoctor.errors import InputError
 
-    if list_topics or not topic:
-        for t in kb.topics():
-            click.echo(f"{t.name:<22} {t.summary}")
-        return
     try:
-        entry = kb.topic(topic)
+        if log_file is not None:
+            if topic or list_topics:
+                raise InputError("explain", "give a TOPIC or --log FILE, not both")
+            sys.exit(_triage(log_file, as_json))
+        if as_json:
+            raise InputError("explain", "--json goes with --log FILE")
+        if list_topics or not topic:
+            for t in kb.topics():
+                click.echo(f"{t.name:<22} {t.summary}")
+            return
+        kb.render(kb.topic(topic))
     except InputError as exc:
         _bad_input(exc)
-    kb.render(entry)
+
+
+def _triage(log_file: str, as_json: bool) -> int:
+    from sftdoctor.errors import InputError
+    from sftdoctor.triage import diagnose
+    from sftdoctor.triage.render import render_diagnosis, render_diagnosis_json
+
+    try:
+        stream = sys.stdin.buffer if log_file == "-" else open(log_file, "rb")
+    except OSError as exc:
+        raise InputError(log_file, f"cannot read the log: {exc.strerror or exc}") from None
+    with stream:
+        try:
+            diagnosis = diagnose(stream, "<stdin>" if log_file == "-" else log_file)
+        except OSError as exc:  # a directory, a vanished file
+            raise InputError(log_file, f"cannot read the log: {exc.strerror or exc}") from None
+    (render_diagnosis_json if as_json else render_diagnosis)(diagnosis)
+    return 1 if diagnosis.problems else 0

@@ -1,0 +1,145 @@
+"""Log triage (`sftdoctor explain --log`): read a failed run's log and name what went wrong.
+
+The signatures live with the knowledge they point to, in the kb topics' front matter
+(signatures.py); the scanner streams the log (scan.py); summaries turn matches into findings
+with specifics (summaries.py); `diagnose` puts the root cause before its cascade.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import BinaryIO, Iterator
+
+from sftdoctor.findings import Finding, Severity
+from sftdoctor.triage.scan import CHUNK, Line, candidate_lines, decode, read_chunks
+from sftdoctor.triage.signatures import Signature, signatures
+from sftdoctor.triage.summaries import SUMMARIES, Context, Generic, Located, Summary, clip, where
+
+
+@dataclass
+class Diagnosis:
+    source: str
+    findings: list[Located]  # the root cause first, then the rest in log order
+    root: Located | None
+    bytes: int = 0
+    lines: int = 0
+    cascade: Counter = field(default_factory=Counter)
+    benign: int = 0
+
+    @property
+    def problems(self) -> bool:
+        return any(loc.finding.severity.rank >= Severity.WARNING.rank for loc in self.findings)
+
+
+class _Counted:
+    """Chunks passed through, counting bytes and lines on the way (memchr speed)."""
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self.chunks, self.bytes, self.lines, self.last = chunks, 0, 0, b""
+
+    def __iter__(self):
+        for chunk in self.chunks:
+            self.bytes += len(chunk)
+            self.lines += chunk.count(b"\n")
+            self.last = chunk[-1:]
+            yield chunk
+
+
+def diagnose(stream: BinaryIO, source: str = "-", chunk: int = CHUNK) -> Diagnosis:
+    sigs = signatures()
+    by_needle: dict[bytes, list[Signature]] = {}
+    for sig in sigs:
+        for needle in _needles(sig):
+            by_needle.setdefault(needle.encode(), []).append(sig)
+    summaries: dict[str, Summary] = {}
+    ctx, cascade, benign = Context(), Counter(), 0
+    counted = _Counted(read_chunks(stream, chunk))
+    for hit in candidate_lines(counted, by_needle, only_if=_only_if(by_needle)):
+        here = by_needle[hit.needles[0]] if len(hit.needles) == 1 else list(
+            dict.fromkeys(s for n in hit.needles for s in by_needle[n]))
+        line = decode(hit)
+        if any(s.role == "benign" and s.regex.search(line.text) for s in here):
+            benign += 1
+            continue
+        if line.rank is not None and len(ctx.ranks_seen) < 4096:
+            ctx.ranks_seen.add(line.rank)
+        for sig in here:
+            if sig.role == "benign" or not (match := sig.regex.search(line.joined(sig.wraps) if sig.wraps else line.text)):
+                continue
+            at = line if sig.wraps or match.start() <= QUOTE_BEFORE else _from(line, match.start())
+            if sig.role == "cascade":
+                cascade[sig.id] += 1
+                continue
+            _summary(summaries, sig).add(sig, at, _groups(match))
+    located = _results(summaries, ctx)
+    lines = counted.lines + (1 if counted.bytes and counted.last != b"\n" else 0)
+    return _order(Diagnosis(source, located, None, counted.bytes, lines, cascade, benign), summaries.get("exception"))
+
+
+QUOTE_BEFORE = 160  # a progress bar or a long prefix before the message is cut from the quote
+
+
+def _from(line: Line, start: int) -> Line:
+    return dataclasses.replace(line, text="…" + line.text[start - QUOTE_BEFORE // 2:])
+
+
+def _groups(match) -> dict:
+    """Named groups; NAME_2, NAME_3 (alternatives of one regex) fill NAME when it is empty."""
+    groups = match.groupdict()
+    for name in [n for n in groups if n.rpartition("_")[2].isdigit()]:
+        value, base = groups.pop(name), name.rpartition("_")[0]
+        if groups.get(base) is None:
+            groups[base] = value
+    return groups
+
+
+def _summary(summaries: dict[str, Summary], sig: Signature) -> Summary:
+    key = sig.summary or sig.id
+    if key not in summaries:
+        summaries[key] = SUMMARIES[sig.summary]() if sig.summary else Generic(sig)
+    return summaries[key]
+
+
+def _only_if(by_needle: dict[bytes, list[Signature]]) -> dict[bytes, tuple[bytes, ...]]:
+    """Needles whose every signature looks only at lines with one of some words."""
+    return {needle: tuple(w.encode() for s in group for w in s.only_if)
+            for needle, group in by_needle.items() if all(s.only_if for s in group)}
+
+
+def _needles(sig: Signature) -> list[str]:
+    return [sig.needle] if isinstance(sig.needle, str) else list(sig.needle)
+
+
+def _results(summaries: dict[str, Summary], ctx: Context) -> list[Located]:
+    # The launcher's account of who failed first feeds the others' details, so it goes first.
+    order = sorted(summaries.items(), key=lambda kv: kv[0] != "failures")
+    return [loc for _, summary in order for loc in summary.results(ctx)]
+
+
+def _order(diagnosis: Diagnosis, first_exception) -> Diagnosis:
+    found = sorted(diagnosis.findings, key=lambda loc: loc.line)
+    root = next((loc for loc in found if loc.role == "root"), None) or next(iter(found), None)
+    if root is None:
+        if first_exception is not None and first_exception.first is not None:
+            found = [_unrecognised(first_exception.first)]
+        diagnosis.findings = found
+        return diagnosis
+    rest = []
+    for loc in found:
+        if loc is root:
+            continue
+        if loc.role == "symptom" and loc.line > root.line:
+            note = f"after the {root.finding.id} at line {root.line}, probably its consequence. "
+            loc = dataclasses.replace(loc, finding=dataclasses.replace(loc.finding, detail=note + loc.finding.detail))
+        rest.append(loc)
+    diagnosis.findings, diagnosis.root = [root, *rest], root
+    return diagnosis
+
+
+def _unrecognised(line: Line) -> Located:
+    finding = Finding(Severity.INFO, f"no known failure signature; the first exception is at {where(line)}",
+                      clip(line.text), "", "crash-log", {"line": line.number, "rank": line.rank, "text": clip(line.text)},
+                      "crash-log")
+    return Located(line.number, "context", finding)

@@ -1,0 +1,45 @@
+"""A diagnosis for people (the root cause first, the cascade counted) and for machines (JSON)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from sftdoctor import __version__
+from sftdoctor.report import render_table
+from sftdoctor.triage import Diagnosis
+
+
+def render_diagnosis(diagnosis: Diagnosis, out=None) -> None:
+    out = out or sys.stdout
+    out.write(f"{diagnosis.source}: {diagnosis.lines:,} lines, {diagnosis.bytes / 2**20:.1f} MiB\n")
+    if diagnosis.root is not None:
+        root = diagnosis.root
+        rank = root.finding.evidence.get("rank")
+        out.write(f"root cause: {root.finding.id} at line {root.line}" + (f" (rank {rank})" if rank is not None else "") + "\n")
+    elif not diagnosis.findings:
+        out.write("nothing recognised: no known failure signature in this log\n")
+    render_table([loc.finding for loc in diagnosis.findings], [], out=out, with_summary=False)
+    if diagnosis.cascade:
+        total = sum(diagnosis.cascade.values())
+        kinds = ", ".join(f"{name} ×{count}" for name, count in diagnosis.cascade.most_common())
+        out.write(f"ignored {total} cascade line{'s' if total != 1 else ''} ({kinds}); `sftdoctor explain crash-log`\n")
+
+
+def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
+    return {
+        "sftdoctor": __version__,
+        "log": diagnosis.source,
+        "bytes": diagnosis.bytes,
+        "lines": diagnosis.lines,
+        "root_cause": diagnosis.root.finding.id if diagnosis.root else None,
+        "root_cause_line": diagnosis.root.line if diagnosis.root else None,
+        "findings": [{**loc.finding.to_json(), "line": loc.line, "role": loc.role} for loc in diagnosis.findings],
+        "ignored": {"cascade": dict(diagnosis.cascade), "benign": diagnosis.benign},
+    }
+
+
+def render_diagnosis_json(diagnosis: Diagnosis) -> None:
+    json.dump(diagnosis_json(diagnosis), sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")

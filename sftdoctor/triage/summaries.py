@@ -1,0 +1,512 @@
+"""Turn a signature's matches into findings with the specifics a reader needs.
+
+Every summary holds a bounded amount of state (first match, counts, one entry per rank), so a
+log of any length is summarised in constant memory.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter, defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from sftdoctor.findings import Finding, Severity
+from sftdoctor.triage.scan import Line
+from sftdoctor.triage.signatures import Signature
+
+MAX_TEXT = 400
+MAX_RANKS = 4096
+
+
+@dataclass
+class Located:
+    """A finding, where in the log it first showed, and whether it is a cause or a symptom."""
+
+    line: int
+    role: str
+    finding: Finding
+
+
+@dataclass
+class Context:
+    """What the whole log says, for summaries that need more than their own lines."""
+
+    ranks_seen: set[int] = field(default_factory=set)
+    first_failure: dict[str, Any] = field(default_factory=dict)
+
+
+def ranks_text(ranks) -> str:
+    """[0, 1, 2, 5] -> 'ranks 0-2, 5'."""
+    ranks = sorted(ranks)
+    if not ranks:
+        return ""
+    runs, start = [], ranks[0]
+    for prev, cur in zip(ranks, ranks[1:] + [None]):
+        if cur != prev + 1 if cur is not None else True:
+            runs.append(str(start) if start == prev else f"{start}-{prev}")
+            start = cur
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(runs)
+
+
+def fill(template: str, groups: dict[str, Any]) -> str:
+    return template.format_map(defaultdict(lambda: "?", {k: v for k, v in groups.items() if v is not None}))
+
+
+def where(line: Line) -> str:
+    return f"line {line.number}" + (f", rank {line.rank}" if line.rank is not None else "")
+
+
+def clip(text: str) -> str:
+    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + "…"
+
+
+class Summary:
+    def add(self, sig: Signature, line: Line, groups: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def results(self, ctx: Context) -> list[Located]:
+        raise NotImplementedError
+
+
+class Generic(Summary):
+    """One finding per signature: the first match's specifics, how often and on which ranks."""
+
+    def __init__(self, sig: Signature):
+        self.sig, self.first, self.groups, self.count, self.ranks = sig, None, {}, 0, set()
+
+    def add(self, sig, line, groups):
+        self.count += 1
+        if line.rank is not None and len(self.ranks) < MAX_RANKS:
+            self.ranks.add(line.rank)
+        if self.first is None:
+            self.first, self.groups = line, groups
+
+    def results(self, ctx):
+        if self.first is None or self.sig.role not in ("root", "symptom"):
+            return []
+        sig, first = self.sig, self.first
+        title = fill(sig.title, self.groups) if sig.title else first.text
+        seen = f"; {self.count} times" if self.count > 1 else ""
+        on = f" on {ranks_text(self.ranks)}" if len(self.ranks) > 1 else ""
+        finding = Finding(Severity(sig.severity), title, f"first at {where(first)}{seen}{on}: {clip(first.text)}", sig.fix,
+                          sig.topic, _evidence(sig, first, self.count, self.ranks, self.groups), sig.topic)
+        return [Located(first.number, sig.role, finding)]
+
+
+def _evidence(sig: Signature, first: Line, count: int, ranks, specifics: dict[str, Any]) -> dict[str, Any]:
+    return {"signature": sig.id, "line": first.number, "rank": first.rank, "count": count, "ranks": sorted(ranks),
+            "text": clip(first.text), **{k: v for k, v in specifics.items() if v is not None}}
+
+
+class Watchdog(Summary):
+    """NCCL watchdog timeouts: which collective, on which ranks, and who is at another sequence number."""
+
+    def __init__(self):
+        self.by_rank: dict[int | None, dict[str, Any]] = {}
+        self.work: dict[int | None, dict[str, Any]] = {}  # "... at work: N, last completed NCCL work: M"
+        self.first: Line | None = None
+        self.sig: Signature | None = None
+        self.count = 0
+
+    def add(self, sig, line, groups):
+        if groups.get("work") is not None:
+            if len(self.work) < MAX_RANKS:
+                self.work.setdefault(line.rank, groups)
+            return
+        self.count += 1
+        if self.first is None:
+            self.first, self.sig = line, sig
+        if line.rank not in self.by_rank and len(self.by_rank) < MAX_RANKS:
+            self.by_rank[line.rank] = {"op": groups.get("op"), "seq": _int(groups.get("seq")),
+                                       "timeout_ms": _int(groups.get("timeout_ms"))}
+
+    def results(self, ctx):
+        if self.first is None:
+            return []
+        entries = dict(self.by_rank)
+        for rank, work in self.work.items():  # ranks whose only line is the work summary
+            entries.setdefault(rank, {"op": None, "seq": _int(work["work"]), "timeout_ms": None})
+        seq = _majority(e["seq"] for e in entries.values())
+        op = _majority(e["op"] for e in entries.values())
+        timeout = _majority(e["timeout_ms"] for e in entries.values())
+        timed_out = {r for r in entries if r is not None}
+        title = "NCCL collective timed out: " + (op or "a collective") + (f" SeqNum={seq}" if seq is not None else "")
+        if timeout:
+            title += f" after {timeout / 1000:g} s"
+        if timed_out:
+            title += f" on {ranks_text(timed_out)}"
+        notes = []
+        odd = {r: e for r, e in entries.items() if r is not None and _differs(e, op, seq)}
+        if odd:
+            where_odd = ", ".join(f"rank {r} at {e['op'] or '?'} SeqNum={e['seq']}" for r, e in sorted(odd.items()))
+            notes.append(f"desync: {where_odd} while the others are at {op} SeqNum={seq}; the ranks are not in the same "
+                         "collective (a rank-dependent branch, or a rank that skipped or repeated a step)")
+        silent = sorted(ctx.ranks_seen - timed_out) if timed_out else []
+        if silent:
+            notes.append(f"{ranks_text(silent)} reported no timeout: the collective waits for "
+                         f"{'it' if len(silent) == 1 else 'them'} (stuck elsewhere, or dead: read its lines and stack first)")
+        if work := next(iter(self.work.values()), None):
+            notes.append(f"last completed NCCL work {work['last_completed']}, last enqueued {work['last_enqueued']}")
+        failed = ctx.first_failure
+        if failed.get("exitcode") is not None:
+            who = next((f"{label} {failed[key]}" for key, label in (("rank", "rank"), ("local_rank", "local rank"))
+                        if failed.get(key) is not None), "a rank")
+            notes.append(f"the launcher saw {who} fail first (exitcode {failed['exitcode']})")
+        detail = "; ".join(notes + [f"first at {where(self.first)}: {clip(self.first.text)}"])
+        specifics = {"op": op, "seq": seq, "timeout_ms": timeout,
+                     "seq_by_rank": {str(r): e["seq"] for r, e in entries.items() if r is not None},
+                     "desync": sorted(odd) or None, "silent_ranks": silent or None}
+        evidence = _evidence(self.sig, self.first, self.count, timed_out, specifics)
+        finding = Finding(Severity.ERROR, title, detail, self.sig.fix, self.sig.topic, evidence, self.sig.topic)
+        return [Located(self.first.number, self.sig.role, finding)]
+
+
+def _majority(values):
+    """The most common value; on a tie the highest (for sequence numbers: the ranks that are ahead and waiting)."""
+    counts = Counter(v for v in values if v is not None)
+    return max(counts, key=lambda v: (counts[v], str(v).isdigit() and int(v), str(v))) if counts else None
+
+
+def _differs(entry: dict[str, Any], op, seq) -> bool:
+    """Another collective than the majority's: a different sequence number, or a different op."""
+    return any(entry[key] is not None and common is not None and entry[key] != common
+               for key, common in (("seq", seq), ("op", op)))
+
+
+def _int(value):
+    return int(value) if value is not None and str(value).lstrip("-").isdigit() else value
+
+
+_SIZE = r"(\d+(?:\.\d+)? (?:bytes|[KMGT]iB|B))"
+_OOM_FIELDS = {
+    "tried": re.compile(rf"Tried to allocate {_SIZE}"),
+    "gpu": re.compile(r"\(GPU (\d+);|GPU (\d+) has a total capacity"),  # some builds print "GPU  has"
+    "total": re.compile(rf"{_SIZE} total capacity|total capacity of {_SIZE}"),
+    "free": re.compile(rf"{_SIZE} free;|of which {_SIZE} is free"),
+    "allocated": re.compile(rf"{_SIZE} already allocated|Of the allocated memory {_SIZE} is allocated by PyTorch"),
+    "reserved": re.compile(rf"{_SIZE} reserved in total by PyTorch"),
+    "unallocated": re.compile(rf"{_SIZE} is reserved by PyTorch but unallocated"),
+}
+_UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def size_bytes(text: str | None) -> float | None:
+    if not text:
+        return None
+    number, unit = text.split()
+    return float(number) * _UNITS[unit]
+
+
+def oom_fields(text: str) -> dict[str, Any]:
+    out = {}
+    for name, pattern in _OOM_FIELDS.items():
+        if match := pattern.search(text):
+            value = next(g for g in match.groups() if g is not None)
+            out[name] = int(value) if name == "gpu" else value
+    return out
+
+
+class CudaOom(Summary):
+    """CUDA OOMs: the size asked, the memory left, per rank; fragmentation when reserved >> allocated."""
+
+    def __init__(self):
+        self.first = self.sig = None
+        self.fields: dict[str, Any] = {}
+        self.count, self.ranks = 0, set()
+
+    def add(self, sig, line, groups):
+        self.count += 1
+        if line.rank is not None and len(self.ranks) < MAX_RANKS:
+            self.ranks.add(line.rank)
+        fields = oom_fields(line.text)
+        if self.first is None or (len(fields) > len(self.fields) and self.sig.id == sig.id):
+            # keep the first OOM, but prefer its fullest copy (tracebacks repeat the message in pieces)
+            if self.first is None:
+                self.first, self.sig = line, sig
+            self.fields = fields
+
+    def results(self, ctx):
+        if self.first is None:
+            return []
+        f = self.fields
+        title = "CUDA out of memory"
+        if self.first.rank is not None:
+            title += f" on rank {self.first.rank}"
+        if "tried" in f:
+            title += f": asked {f['tried']}"
+            if "free" in f:
+                title += f", {f['free']} free"
+            if "total" in f:
+                title += f" of {f['total']}"
+            if "gpu" in f:
+                title += f" (GPU {f['gpu']})"
+        notes = []
+        unallocated = size_bytes(f.get("unallocated"))
+        if unallocated is None and f.get("reserved") and f.get("allocated"):
+            unallocated = size_bytes(f["reserved"]) - size_bytes(f["allocated"])
+        if unallocated is not None and unallocated >= max(2**30, (size_bytes(f.get("tried")) or 0)):
+            notes.append(f"{unallocated / 2**30:.2f} GiB is reserved by PyTorch but unallocated: fragmentation; "
+                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True may be enough")
+        if len(self.ranks) > 1:
+            notes.append(f"seen on {ranks_text(self.ranks)}")
+        detail = "; ".join(notes + [f"first at {where(self.first)}: {clip(self.first.text)}"])
+        finding = Finding(Severity.ERROR, title, detail, self.sig.fix, self.sig.topic,
+                          _evidence(self.sig, self.first, self.count, self.ranks, f), self.sig.topic)
+        return [Located(self.first.number, "root", finding)]
+
+
+_FIELD = re.compile(r"""['"](\w+)['"]:\s*['"]?([^,'"}\s]+)""")
+_NON_FINITE = {"nan", "-nan", "inf", "-inf", "infinity", "-infinity"}
+
+
+def log_fields(text: str) -> dict[str, str]:
+    return dict(_FIELD.findall(text))
+
+
+class LossLog(Summary):
+    """Logged losses (Trainer dicts, sftdoctor step lines, metrics.jsonl): where they first went
+    non-finite, and the trend of the finite entries just before."""
+
+    def __init__(self):
+        self.first_bad: tuple[Line, dict[str, str], list[dict[str, str]], int] | None = None
+        self.finite = 0  # lines seen here that held a nan/inf elsewhere (a learning rate) but a finite loss
+        self.bad = 0
+        self.sig = None
+
+    def add(self, sig, line, groups):
+        values = {**log_fields(line.text), **{k: v for k, v in groups.items() if v is not None}}
+        if "loss" not in values:
+            return
+        if not _non_finite(values):
+            self.finite += 1
+            return
+        self.bad += 1
+        if self.first_bad is None:
+            skipped, recent = line.before or (0, ())
+            trend = [log_fields(raw.decode("utf-8", "replace")) for raw in recent]
+            self.first_bad, self.sig = (line, values, trend, skipped + self.finite + 1), sig
+
+    def results(self, ctx):
+        if self.first_bad is None:
+            return []
+        line, values, trend, entry = self.first_bad
+        which = " and ".join(_non_finite(values))
+        at = f"step {values['step']}" if "step" in values else f"logged entry {entry}"
+        if "epoch" in values:
+            at += f" (epoch {values['epoch']})"
+        title = f"{which} went {values.get('grad_norm') if which == 'grad_norm' else values['loss']} at {at}"
+        notes = [f"{self.bad} non-finite entr{'y' if self.bad == 1 else 'ies'}"]
+        if which == "grad_norm":
+            notes.append(f"the loss still reads {values['loss']}: transformers' logging_nan_inf_filter hides a "
+                         "non-finite loss in the log, the weights are already being corrupted")
+        if trend:
+            notes.append("the entries before it: " + ", ".join(
+                f"loss {t.get('loss', '?')}" + (f" grad_norm {t['grad_norm']}" if "grad_norm" in t else "") for t in trend))
+        detail = "; ".join(notes) + f"; first at {where(line)}: {clip(line.text)}"
+        specifics = {"first_bad_entry": entry, "step": _int(values.get("step")), "epoch": values.get("epoch"),
+                     "last_finite_loss": trend[-1].get("loss") if trend else None, "non_finite_entries": self.bad,
+                     "grad_norms_before": [t.get("grad_norm") for t in trend] or None}
+        finding = Finding(Severity.ERROR, title, detail, self.sig.fix, self.sig.topic,
+                          _evidence(self.sig, line, self.bad, set(), specifics), self.sig.topic)
+        return [Located(line.number, "root", finding)]
+
+
+def _non_finite(values: dict[str, str]) -> list[str]:
+    return [k for k in ("loss", "grad_norm") if values.get(k, "").lower() in _NON_FINITE]
+
+
+WARN_SCALE = 32  # a dynamic fp16 loss scale this low means almost every step overflows
+
+
+class LossScale(Summary):
+    """fp16 loss-scale trajectory: the early warm-up from 2^16 or 2^32 is normal; a fall to the floor is not."""
+
+    KEEP = 8
+
+    def __init__(self):
+        self.head: list[float] = []
+        self.tail: deque[float] = deque(maxlen=self.KEEP)
+        self.last: float | None = None
+        self.dropped = False
+        self.overflows = 0
+        self.lowest: float | None = None
+        self.first: Line | None = None
+        self.sig = None
+        self.floor: tuple[Line, Signature] | None = None
+        self.nonfinite_skips = 0
+        self.skip_first: tuple[Line, Signature] | None = None
+
+    def add(self, sig, line, groups):
+        if sig.id.endswith("minimum"):
+            self.floor = self.floor or (line, sig)
+        elif sig.id.endswith("nonfinite-skip"):  # bf16/fp32: no scale to lower, a skipped step
+            self.nonfinite_skips += 1
+            self.skip_first = self.skip_first or (line, sig)
+        else:
+            self.overflows += 1
+            self.first, self.sig = self.first or line, self.sig or sig
+            for value in (groups.get("scale"), groups.get("next")):
+                if value is not None:
+                    self._push(float(value))
+
+    def _push(self, value: float) -> None:
+        self.lowest = value if self.lowest is None else min(self.lowest, value)
+        if value == self.last:
+            return
+        self.last = value
+        if len(self.head) < self.KEEP:
+            self.head.append(value)
+        else:
+            self.dropped = self.dropped or len(self.tail) == self.KEEP
+            self.tail.append(value)
+
+    def trajectory(self) -> str:
+        values = [f"{v:g}" for v in self.head] + (["…"] if self.dropped else []) + [f"{v:g}" for v in self.tail]
+        return " → ".join(values)
+
+    def results(self, ctx):
+        out = []
+        specifics = {"overflows": self.overflows, "lowest_scale": self.lowest, "trajectory": self.trajectory()}
+        if self.floor:
+            line, sig = self.floor
+            title = "fp16 loss scale at its minimum: DeepSpeed stopped the run"
+            history = f"{self.overflows} overflow steps before it, loss scale {self.trajectory()}; " if self.overflows else ""
+            detail = f"{history}at {where(line)}: {clip(line.text)}"
+            out.append(Located(line.number, "root", Finding(Severity.ERROR, title, detail, sig.fix, sig.topic,
+                                                            _evidence(sig, line, 1, set(), specifics), sig.topic)))
+        elif self.first and self.lowest is not None and self.lowest < WARN_SCALE:
+            severity = Severity.ERROR if self.lowest <= 1 else Severity.WARNING
+            title = f"fp16 loss scale fell to {self.lowest:g} after {self.overflows} overflow steps"
+            detail = (f"loss scale {self.trajectory()}; below {WARN_SCALE} nearly every step overflows (the early fall "
+                      f"from 2^16 or 2^32 to a few thousand is normal); first at {where(self.first)}")
+            out.append(Located(self.first.number, "root", Finding(severity, title, detail, self.sig.fix, self.sig.topic,
+                                                                  _evidence(self.sig, self.first, self.overflows, set(), specifics), self.sig.topic)))
+        if self.skip_first:
+            line, sig = self.skip_first
+            title = f"DeepSpeed skipped {self.nonfinite_skips} step{'s' if self.nonfinite_skips > 1 else ''}: gradients non-finite"
+            detail = f"bf16/fp32 has no loss scale to lower, so each is a real NaN/inf; first at {where(line)}"
+            out.append(Located(line.number, "root", Finding(Severity(sig.severity), title, detail, sig.fix, sig.topic,
+                                                            _evidence(sig, line, self.nonfinite_skips, set(), {}), sig.topic)))
+        return out
+
+
+class NcclError(Summary):
+    """NCCL errors: the error kind, the NCCL version and the first NCCL WARN (usually the real reason)."""
+
+    def __init__(self):
+        self.first = self.sig = None
+        self.kinds: Counter = Counter()
+        self.groups: dict[str, Any] = {}
+        self.ranks: set[int] = set()
+        self.warn: tuple[Line, str] | None = None
+        self.count = 0
+
+    def add(self, sig, line, groups):
+        if sig.role == "context":  # NCCL WARN, or the `Last error:` torch quotes from NCCL
+            if self.warn is None:
+                self.warn = (line, groups.get("last") or groups.get("warn") or line.text)
+            return
+        self.count += 1
+        self.kinds[groups.get("kind") or sig.id] += 1
+        if line.rank is not None and len(self.ranks) < MAX_RANKS:
+            self.ranks.add(line.rank)
+        if self.first is None:
+            self.first, self.sig, self.groups = line, sig, groups
+
+    def results(self, ctx):
+        if self.first is None:
+            return []
+        kind = self.kinds.most_common(1)[0][0]
+        title = f"NCCL {kind}"
+        if self.groups.get("nccl"):
+            title += f" (NCCL {self.groups['nccl']})"
+        if self.ranks:
+            title += f" on {ranks_text(self.ranks)}"
+        notes = []
+        if self.warn is not None:
+            notes.append(f"NCCL's own reason ({where(self.warn[0])}): {clip(self.warn[1])}")
+        else:
+            notes.append("no NCCL WARN line in the log: rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET to see why")
+        detail = "; ".join(notes) + f"; first error at {where(self.first)}: {clip(self.first.text)}"
+        specifics = {"kind": kind, "nccl": self.groups.get("nccl"), "reason": clip(self.warn[1]) if self.warn else None}
+        finding = Finding(Severity.ERROR, title, detail, self.sig.fix, self.sig.topic,
+                          _evidence(self.sig, self.first, self.count, self.ranks, specifics), self.sig.topic)
+        return [Located(self.first.number, self.sig.role, finding)]
+
+
+SIGNALS = {-9: "SIGKILL", -7: "SIGBUS", -6: "SIGABRT", -11: "SIGSEGV", -15: "SIGTERM"}
+
+
+class Failures(Summary):
+    """The launcher's account (torchrun's Root Cause block, DeepSpeed's return codes): who failed first, how.
+
+    A rank killed with -9 is the kernel's OOM killer far more often than anything else; -7 is a bus error,
+    almost always /dev/shm too small. Other exit codes are context for the other findings."""
+
+    def __init__(self):
+        self.in_root = False
+        self.pending_rank: int | None = None
+        self.first: dict[str, Any] = {}
+        self.line: Line | None = None
+        self.sig = None
+
+    def add(self, sig, line, groups):
+        if sig.id == "torchrun-root-cause":
+            self.in_root, self.first = True, {}
+        elif sig.id == "torchrun-failures":
+            self.in_root = False
+        elif (code := groups.get("exitcode") or groups.get("code")) is not None:
+            if self.first and not self.in_root:
+                return
+            rank, local = self.pending_rank, groups.get("local_rank") or groups.get("ds_local_rank")
+            self.first = {"rank": rank, "local_rank": _int(local), "exitcode": int(code)}
+            self.pending_rank = None
+            self.line, self.sig = line, sig
+            self.in_root = False
+        elif groups.get("rank") is not None:
+            self.pending_rank = _int(groups["rank"])
+
+    def results(self, ctx):
+        ctx.first_failure = dict(self.first)
+        code = self.first.get("exitcode")
+        if code not in (-9, -7) or self.line is None:
+            return []
+        if self.first.get("rank") is not None:
+            who = f"rank {self.first['rank']}"
+        elif self.first.get("local_rank") is not None:
+            who = f"local rank {self.first['local_rank']}"
+        else:
+            who = "a rank"
+        if code == -9:
+            title = f"{who} was killed with SIGKILL (exitcode -9): most often the host's OOM killer"
+            fix = ("check `dmesg -T | grep -i 'killed process'`; load the model once per node (low_cpu_mem_usage), "
+                   "turn off ZeRO CPU offload or lower dataloader/map workers")
+        else:
+            title = f"{who} died of SIGBUS (exitcode -7): shared memory (/dev/shm) exhausted"
+            fix = "give the container more shared memory (docker --shm-size=16g / --ipc=host) or fewer dataloader workers"
+        detail = f"the first failure torchrun or DeepSpeed reported, at {where(self.line)}: {clip(self.line.text)}"
+        finding = Finding(Severity.ERROR, title, detail, fix, "host-oom",
+                          _evidence(self.sig, self.line, 1, set(), {"failed_rank": self.first.get("rank"),
+                                                                    "failed_local_rank": self.first.get("local_rank"), "exitcode": code,
+                                                                    "signal": SIGNALS.get(code)}), "host-oom")
+        return [Located(self.line.number, "root", finding)]
+
+
+class FirstException(Summary):
+    """The first Python exception line, offered only when nothing else was recognised."""
+
+    def __init__(self):
+        self.first: Line | None = None
+
+    def add(self, sig, line, groups):
+        if self.first is None:
+            self.first = line
+
+    def results(self, ctx):
+        return []
+
+
+SUMMARIES = {"watchdog": Watchdog, "cuda-oom": CudaOom, "loss": LossLog, "loss-scale": LossScale, "nccl": NcclError,
+             "failures": Failures, "exception": FirstException}
