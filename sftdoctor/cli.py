@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -127,7 +128,8 @@ def train(config, resume, dry_run, smoke, force, drill):
 @click.option("--list", "list_topics", is_flag=True, help="List the topics with one-line summaries.")
 @click.option("--log", "log_file", metavar="FILE", help="Triage a failed run's log (- for stdin): the root cause first.")
 @click.option("--json", "as_json", is_flag=True, help="With --log: print the diagnosis as one JSON document.")
-def explain(topic, list_topics, log_file, as_json):
+@click.option("-j", "--jobs", type=click.IntRange(min=1), help="With --log: processes for a large log file (default: CPUs, at most 8).")
+def explain(topic, list_topics, log_file, as_json, jobs):
     """Explain a finding's topic, or (--log) say what went wrong in a run's log.
 
     With --log, exit 0: nothing recognised; 1: a problem found; 2: bad input."""
@@ -138,7 +140,7 @@ def explain(topic, list_topics, log_file, as_json):
         if log_file is not None:
             if topic or list_topics:
                 raise InputError("explain", "give a TOPIC or --log FILE, not both")
-            sys.exit(_triage(log_file, as_json))
+            sys.exit(_triage(log_file, as_json, jobs or min(os.cpu_count() or 1, 8)))
         if as_json:
             raise InputError("explain", "--json goes with --log FILE")
         if list_topics or not topic:
@@ -150,7 +152,7 @@ def explain(topic, list_topics, log_file, as_json):
         _bad_input(exc)
 
 
-def _triage(log_file: str, as_json: bool) -> int:
+def _triage(log_file: str, as_json: bool, jobs: int) -> int:
     from sftdoctor.errors import InputError
     from sftdoctor.triage import diagnose
     from sftdoctor.triage.render import render_diagnosis, render_diagnosis_json
@@ -161,7 +163,7 @@ def _triage(log_file: str, as_json: bool) -> int:
         raise InputError(log_file, f"cannot read the log: {exc.strerror or exc}") from None
     with stream:
         try:
-            diagnosis = diagnose(stream, "<stdin>" if log_file == "-" else log_file)
+            diagnosis = diagnose(stream, "<stdin>" if log_file == "-" else log_file, jobs=jobs)
         except OSError as exc:  # a directory, a vanished file
             raise InputError(log_file, f"cannot read the log: {exc.strerror or exc}") from None
     (render_diagnosis_json if as_json else render_diagnosis)(diagnosis)

@@ -87,6 +87,10 @@ def test_select_and_list():
     (["check", "--facts", str(TOPO / "index.json")], "expected a JSON object with a 'facts' object"),
     (["facts", "--model-config", str(TOPO / "k40m_4x_soc_mlx4_tensorflow_gdr.txt")], "not valid JSON"),
     (["explain", "nan-los"], "no topic 'nan-los'"),
+    (["explain", "--log", "/nonexistent/train.log"], "/nonexistent/train.log: cannot read the log: No such file"),
+    (["explain", "--log", str(TOPO)], "cannot read the log: Is a directory"),
+    (["explain", "nan-loss", "--log", "-"], "give a TOPIC or --log FILE, not both"),
+    (["explain", "nan-loss", "--json"], "--json goes with --log FILE"),
     (["check", "--bogus"], "No such option"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(args, says):
@@ -142,3 +146,32 @@ def test_check_works_on_a_box_without_the_training_stack(tmp_path):
     torch = next(f for f in doc["findings"] if f["id"] == "torch-cuda-match")
     assert torch["severity"] == "info" and "torch is not installed" in torch["title"]
     assert doc["facts"]["facts"]["packages"]["transformers"] is None
+
+
+LOGS = FIXTURES / "logs"
+
+
+def test_explain_log_names_the_root_cause_first_and_exits_1():
+    proc = sftdoctor("explain", "--log", str(LOGS / "dist-host-oom-sigkill-accelerate-axolotl.log"))
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[1] == "root cause: host-oom at line 8"
+    assert "local rank 7 was killed with SIGKILL (exitcode -9)" in lines[2]
+    assert "sftdoctor explain host-oom" in proc.stdout
+    assert "ignored 7 cascade lines (closing-signal ×7)" in proc.stdout
+
+
+def test_explain_log_reads_stdin_and_prints_json_for_machines():
+    text = (LOGS / "gpu-oom-new-format-llamafactory-multirank-rank7.log").read_text()
+    proc = sftdoctor("explain", "--log", "-", "--json", stdin=text)
+    assert proc.returncode == 1
+    doc = json.loads(proc.stdout)
+    assert doc["log"] == "<stdin>" and doc["root_cause"] == "cuda-oom"
+    first = doc["findings"][0]
+    assert first["role"] == "root" and first["evidence"]["tried"] == "270.00 MiB" and first["evidence"]["rank"] == 7
+
+
+def test_explain_log_of_a_healthy_run_exits_0_and_says_nothing_was_recognised():
+    proc = sftdoctor("explain", "--log", str(LOGS / "gpu-negative-healthy-trl-dpo-logs.log"))
+    assert proc.returncode == 0
+    assert "nothing recognised" in proc.stdout

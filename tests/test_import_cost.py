@@ -27,7 +27,8 @@ def test_the_heavy_stack_is_installed_so_this_guard_can_fail():
 
 
 @pytest.mark.parametrize("args", [["--help"], ["check"], ["check", "--json"], ["check", "--list"],
-                                  ["explain", "--list"], ["facts"]])
+                                  ["explain", "--list"], ["explain", "nan-loss"], ["facts"],
+                                  ["explain", "--log", "tests/fixtures/logs/gpu-oom-new-format-llamafactory-multirank-rank7.log"]])
 def test_no_heavy_imports(args):
     proc, modules = imported_modules(*args)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]

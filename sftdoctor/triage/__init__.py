@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator
 
 from sftdoctor.findings import Finding, Severity
+from sftdoctor.triage import parallel
 from sftdoctor.triage.scan import CHUNK, Line, candidate_lines, decode, read_chunks
 from sftdoctor.triage.signatures import Signature, signatures
 from sftdoctor.triage.summaries import SUMMARIES, Context, Generic, Located, Summary, clip, where
@@ -47,7 +48,10 @@ class _Counted:
             yield chunk
 
 
-def diagnose(stream: BinaryIO, source: str = "-", chunk: int = CHUNK) -> Diagnosis:
+def diagnose(stream: BinaryIO, source: str = "-", chunk: int = CHUNK, jobs: int = 1,
+             range_size: int | None = None) -> Diagnosis:
+    """Read the log in `stream` and say what went wrong. A regular file of PARALLEL_MIN bytes or
+    more is split across `jobs` processes (`range_size` forces the split, for tests)."""
     sigs = signatures()
     by_needle: dict[bytes, list[Signature]] = {}
     for sig in sigs:
@@ -55,8 +59,14 @@ def diagnose(stream: BinaryIO, source: str = "-", chunk: int = CHUNK) -> Diagnos
             by_needle.setdefault(needle.encode(), []).append(sig)
     summaries: dict[str, Summary] = {}
     ctx, cascade, benign = Context(), Counter(), 0
-    counted = _Counted(read_chunks(stream, chunk))
-    for hit in candidate_lines(counted, by_needle, only_if=_only_if(by_needle)):
+    only_if = _only_if(by_needle)
+    path = getattr(stream, "name", None) if range_size else parallel.eligible(stream, jobs)
+    if path:
+        counted = scan = parallel.ParallelScan(path, by_needle, only_if, max(jobs, 1), range_size or parallel.RANGE)
+    else:
+        counted = _Counted(read_chunks(stream, chunk))
+        scan = candidate_lines(counted, by_needle, only_if=only_if)
+    for hit in scan:
         here = by_needle[hit.needles[0]] if len(hit.needles) == 1 else list(
             dict.fromkeys(s for n in hit.needles for s in by_needle[n]))
         line = decode(hit)

@@ -46,7 +46,8 @@ def read_chunks(stream: BinaryIO, size: int = CHUNK) -> Iterator[bytes]:
 
 
 def candidate_lines(chunks: Iterable[bytes], needles: Iterable[bytes], max_line: int = MAX_LINE,
-                    only_if: dict[bytes, tuple[bytes, ...]] | None = None) -> Iterator[Hit]:
+                    only_if: dict[bytes, tuple[bytes, ...]] | None = None, limit: int | None = None,
+                    tallies: dict[bytes, Tally] | None = None) -> Iterator[Hit]:
     """Every line that holds one of `needles`, in order.
 
     A needle in `only_if` is frequent and mostly dull (a Trainer dict at every logging step): its
@@ -54,10 +55,15 @@ def candidate_lines(chunks: Iterable[bytes], needles: Iterable[bytes], max_line:
     last few kept, so the line passed on can say what came before it.
 
     The text after a line (up to `LOOKAHEAD` more lines) is for messages that wrap onto the next
-    line, so the last lines of each chunk wait for the next one before they are searched."""
+    line, so the last lines of each chunk wait for the next one before they are searched.
+
+    Lines that start at or after byte `limit` are only read as the text after the ones before
+    (a range of a file scanned in parallel). `tallies` collects the `only_if` counts."""
     needles = sorted(set(needles))
-    tallies = {needle: Tally(words) for needle, words in (only_if or {}).items()}
-    carry, line_no = b"", 1
+    if tallies is None:
+        tallies = {}
+    tallies.update({needle: Tally(words) for needle, words in (only_if or {}).items()})
+    carry, line_no, base = b"", 1, 0
     for chunk in chunks:
         buf = carry + chunk if carry else chunk
         seps = _last_separators(buf, 2 * LOOKAHEAD + 1)
@@ -65,11 +71,16 @@ def candidate_lines(chunks: Iterable[bytes], needles: Iterable[bytes], max_line:
         search_end = seps[-1] + 1 if len(seps) > 2 * LOOKAHEAD else 0
         if search_end == 0 and len(buf) > 4 * max_line:
             search_end = data_end = data_end or len(buf)  # enormous lines: take them in pieces
+        if limit is not None and base + search_end >= limit:
+            yield from _scan(buf, limit - base, data_end, needles, tallies, line_no, max_line)
+            return
         yield from _scan(buf, search_end, data_end, needles, tallies, line_no, max_line)
         line_no += buf.count(b"\n", 0, search_end)
+        base += search_end
         carry = buf[search_end:]
     if carry:
-        yield from _scan(carry, len(carry), len(carry), needles, tallies, line_no, max_line)
+        end = len(carry) if limit is None else min(len(carry), limit - base)
+        yield from _scan(carry, end, len(carry), needles, tallies, line_no, max_line)
 
 
 class Tally:

@@ -1,5 +1,6 @@
 """The watchers on real runs: drills through `sftdoctor train`, a killed rank, an absurd learning rate."""
 
+import io
 import json
 import os
 import subprocess
@@ -31,6 +32,12 @@ def job_processes(run_dir):
     return alive
 
 
+def triage(proc):
+    from sftdoctor.triage import diagnose
+
+    return diagnose(io.BytesIO((proc.stdout + proc.stderr).encode()))
+
+
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_nan_drill_stops_every_rank_before_the_poisoned_step_is_saved(tmp_path, tiny_data, ranks):
     cfg = config(tmp_path, tiny_data["messages"], launch={"nproc_per_node": ranks},
@@ -47,6 +54,8 @@ def test_nan_drill_stops_every_rank_before_the_poisoned_step_is_saved(tmp_path, 
     assert f"rank(s) {', '.join(map(str, range(ranks)))}" in finding["detail"]
     if ranks == 2:
         assert proc.stderr.count("exitcode  : 86") + proc.stdout.count("exitcode  : 86") >= 1
+    root = triage(proc).root.finding  # what `sftdoctor explain --log` makes of this run's console
+    assert root.id == "nan-loss" and root.title.startswith("sftdoctor: non-finite loss at step 5: stopped")
 
 
 def test_skip_policy_drops_the_update_and_finishes(tmp_path, tiny_data):
@@ -76,6 +85,8 @@ def test_hang_drill_names_the_rank_behind_and_leaves_no_process(tmp_path, tiny_d
     assert "all_reduce" in (run_dir / "stacks" / "rank-1.txt").read_text()
     assert took < 90  # start-up + 2 steps + 8 s + the report, not NCCL's or gloo's 30 minutes
     assert job_processes(run_dir) == []
+    root = triage(proc).root.finding
+    assert root.id == "nccl-timeout" and "behind: rank 1" in root.title
 
 
 def kill_rank_1_after_first_checkpoint(cfg, run_dir):

@@ -72,3 +72,20 @@ def test_a_cuda_oom_on_one_rank_is_the_root_cause_not_the_timeouts_and_sigterms_
     later = {loc.finding.id: loc.finding for loc in diagnosis.findings[1:]}
     assert "probably its consequence" in later["nccl-timeout"].detail
     assert diagnosis.cascade["child-failed"] == 100
+
+
+def test_a_large_file_split_across_processes_gives_the_same_diagnosis(tmp_path):
+    """Ranges cut at line starts, line numbers and skipped Trainer dicts carried across them."""
+    finite = b"".join(b"{'loss': %.4f, 'grad_norm': 0.5, 'learning_rate': 1e-05, 'epoch': %.2f}\n" % (2 - i / 400, i / 100)
+                      for i in range(400))
+    log = tmp_path / "train.log"
+    log.write_bytes(finite + b"{'loss': nan, 'grad_norm': nan, 'epoch': 4.0}\n"
+                    + b"\r\n".join((FIXTURES / "logs" / e["file"]).read_bytes() for e in LOGS))
+    with open(log, "rb") as handle:
+        alone = diagnose(handle, str(log))
+    with open(log, "rb") as handle:
+        split = diagnose(handle, str(log), jobs=2, range_size=4096)
+    assert (split.lines, split.bytes) == (alone.lines, alone.bytes)
+    assert [(l.line, l.finding) for l in split.findings] == [(l.line, l.finding) for l in alone.findings]
+    nan = next(l.finding for l in split.findings if l.finding.id == "nan-loss")
+    assert nan.evidence["first_bad_entry"] == 401 and nan.evidence["last_finite_loss"] == "1.0025"
