@@ -25,3 +25,20 @@ def test_topics_have_a_summary_and_the_sections_a_reader_needs(topic):
 def test_a_misspelt_topic_suggests_the_right_one():
     with pytest.raises(InputError, match="did you mean 'gpu-topology'"):
         kb.topic("gpu-topolgy")
+
+
+def test_the_topics_a_dead_run_needs_exist_beyond_the_checks():
+    names = {t.name for t in kb.topics()}
+    assert {"nan-loss", "nccl-timeout", "nccl-error", "cuda-oom", "host-oom", "torch-cuda-match", "bf16-support",
+            "flash-attn", "gpu-topology", "model-dtype", "deepspeed-precision", "fp16-loss-scale", "zero-stage",
+            "batch-size", "lr-scheduler", "gradient-checkpointing", "packing", "master-port", "crash-log"} <= names
+
+
+def test_log_signatures_are_valid_and_point_to_summaries_that_exist():
+    from sftdoctor.triage.signatures import signatures
+    from sftdoctor.triage.summaries import SUMMARIES
+
+    found = signatures()
+    assert len(found) >= 30
+    assert all(s.summary in SUMMARIES for s in found if s.summary)
+    assert all(s.fix for s in found if s.role in ("root", "symptom"))

@@ -28,6 +28,7 @@ class Diagnosis:
     lines: int = 0
     cascade: Counter = field(default_factory=Counter)
     benign: int = 0
+    matched: Counter = field(default_factory=Counter)  # lines per signature id, every role
 
     @property
     def problems(self) -> bool:
@@ -53,12 +54,13 @@ def diagnose(stream: BinaryIO, source: str = "-", chunk: int = CHUNK, jobs: int 
     """Read the log in `stream` and say what went wrong. A regular file of PARALLEL_MIN bytes or
     more is split across `jobs` processes (`range_size` forces the split, for tests)."""
     sigs = signatures()
+    by_id = {s.id: s for s in sigs}
     by_needle: dict[bytes, list[Signature]] = {}
     for sig in sigs:
         for needle in _needles(sig):
             by_needle.setdefault(needle.encode(), []).append(sig)
     summaries: dict[str, Summary] = {}
-    ctx, cascade, benign = Context(), Counter(), 0
+    ctx, cascade, matched = Context(), Counter(), Counter()
     only_if = _only_if(by_needle)
     path = getattr(stream, "name", None) if range_size else parallel.eligible(stream, jobs)
     if path:
@@ -70,8 +72,8 @@ def diagnose(stream: BinaryIO, source: str = "-", chunk: int = CHUNK, jobs: int 
         here = by_needle[hit.needles[0]] if len(hit.needles) == 1 else list(
             dict.fromkeys(s for n in hit.needles for s in by_needle[n]))
         line = decode(hit)
-        if any(s.role == "benign" and s.regex.search(line.text) for s in here):
-            benign += 1
+        if calm := next((s for s in here if s.role == "benign" and s.regex.search(line.text)), None):
+            matched[calm.id] += 1
             continue
         if line.rank is not None and len(ctx.ranks_seen) < 4096:
             ctx.ranks_seen.add(line.rank)
@@ -79,13 +81,16 @@ def diagnose(stream: BinaryIO, source: str = "-", chunk: int = CHUNK, jobs: int 
             if sig.role == "benign" or not (match := sig.regex.search(line.joined(sig.wraps) if sig.wraps else line.text)):
                 continue
             at = line if sig.wraps or match.start() <= QUOTE_BEFORE else _from(line, match.start())
+            matched[sig.id] += 1
             if sig.role == "cascade":
                 cascade[sig.id] += 1
                 continue
             _summary(summaries, sig).add(sig, at, _groups(match))
     located = _results(summaries, ctx)
     lines = counted.lines + (1 if counted.bytes and counted.last != b"\n" else 0)
-    return _order(Diagnosis(source, located, None, counted.bytes, lines, cascade, benign), summaries.get("exception"))
+    benign = sum(n for sig_id, n in matched.items() if by_id[sig_id].role == "benign")
+    diagnosis = Diagnosis(source, located, None, counted.bytes, lines, cascade, benign, matched)
+    return _order(diagnosis, summaries.get("exception"))
 
 
 QUOTE_BEFORE = 160  # a progress bar or a long prefix before the message is cut from the quote

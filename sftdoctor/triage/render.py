@@ -37,6 +37,7 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
         "root_cause_line": diagnosis.root.line if diagnosis.root else None,
         "findings": [{**loc.finding.to_json(), "line": loc.line, "role": loc.role} for loc in diagnosis.findings],
         "ignored": {"cascade": dict(diagnosis.cascade), "benign": diagnosis.benign},
+        "signatures": dict(diagnosis.matched),
     }
 
 

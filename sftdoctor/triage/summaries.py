@@ -335,15 +335,10 @@ class LossScale(Summary):
         self.first: Line | None = None
         self.sig = None
         self.floor: tuple[Line, Signature] | None = None
-        self.nonfinite_skips = 0
-        self.skip_first: tuple[Line, Signature] | None = None
 
     def add(self, sig, line, groups):
         if sig.id.endswith("minimum"):
             self.floor = self.floor or (line, sig)
-        elif sig.id.endswith("nonfinite-skip"):  # bf16/fp32: no scale to lower, a skipped step
-            self.nonfinite_skips += 1
-            self.skip_first = self.skip_first or (line, sig)
         else:
             self.overflows += 1
             self.first, self.sig = self.first or line, self.sig or sig
@@ -383,12 +378,6 @@ class LossScale(Summary):
                       f"from 2^16 or 2^32 to a few thousand is normal); first at {where(self.first)}")
             out.append(Located(self.first.number, "root", Finding(severity, title, detail, self.sig.fix, self.sig.topic,
                                                                   _evidence(self.sig, self.first, self.overflows, set(), specifics), self.sig.topic)))
-        if self.skip_first:
-            line, sig = self.skip_first
-            title = f"DeepSpeed skipped {self.nonfinite_skips} step{'s' if self.nonfinite_skips > 1 else ''}: gradients non-finite"
-            detail = f"bf16/fp32 has no loss scale to lower, so each is a real NaN/inf; first at {where(line)}"
-            out.append(Located(line.number, "root", Finding(Severity(sig.severity), title, detail, sig.fix, sig.topic,
-                                                            _evidence(sig, line, self.nonfinite_skips, set(), {}), sig.topic)))
         return out
 
 

@@ -89,3 +89,14 @@ def test_a_large_file_split_across_processes_gives_the_same_diagnosis(tmp_path):
     assert [(l.line, l.finding) for l in split.findings] == [(l.line, l.finding) for l in alone.findings]
     nan = next(l.finding for l in split.findings if l.finding.id == "nan-loss")
     assert nan.evidence["first_bad_entry"] == 401 and nan.evidence["last_finite_loss"] == "1.0025"
+
+
+def test_every_signature_matches_at_least_one_real_excerpt():
+    """sftdoctor's own lines (`sftdoctor-*`) come from real runs instead: tests/train/test_watch_runs.py."""
+    from sftdoctor.triage.signatures import signatures
+
+    seen = set()
+    for entry in LOGS:
+        seen |= set(diagnosis_of(entry["file"]).matched)
+    missing = {s.id for s in signatures() if not s.id.startswith("sftdoctor-")} - seen
+    assert not missing, sorted(missing)
