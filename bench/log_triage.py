@@ -25,17 +25,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / "tests" / "fixtures" / "logs"
 
-PEAK = """
-import resource, sys
-from sftdoctor.triage import diagnose
-if sys.argv[1] != "-":
-    with open(sys.argv[1], "rb") as f:
-        d = diagnose(f, sys.argv[1])
-    print(len(d.findings), d.lines, file=sys.stderr)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-"""
-
-
 def training_block(rng: random.Random, rank_count: int = 8) -> bytes:
     """About 1 MB of what a healthy multi-rank run prints: mostly tqdm redraws, a Trainer dict every
     10 steps, NCCL INFO lines, warnings and checkpoint messages."""
@@ -93,11 +82,32 @@ def timed(command: list[str], **kw) -> tuple[float, subprocess.CompletedProcess]
     return time.perf_counter() - start, done
 
 
+def watched(command: list[str], env: dict) -> tuple[float, bytes, int]:
+    """Wall time, stdout and the peak RSS of the whole process tree (workers included), sampled every 20 ms."""
+    import psutil  # installed with the train extra (accelerate, deepspeed)
+
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.DEVNULL, env=env)
+        root, peak = psutil.Process(proc.pid), 0
+        while proc.poll() is None:
+            try:
+                tree = [root, *root.children(recursive=True)]
+                peak = max(peak, sum(p.memory_info().rss for p in tree))
+            except psutil.Error:
+                pass
+            time.sleep(0.02)
+        seconds = time.perf_counter() - start
+        out.seek(0)
+        return seconds, out.read(), peak
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-gb", type=float, default=2.0)
     parser.add_argument("--keep", type=Path, help="write the log here and keep it")
     args = parser.parse_args()
+    jobs = min(os.cpu_count() or 1, 8)
     with tempfile.TemporaryDirectory() as tmp:
         log = args.keep or Path(tmp) / "train.log"
         write_log(log, int(args.size_gb * 2**30))
@@ -105,22 +115,24 @@ def main() -> None:
         pattern_file = Path(tmp) / "needles.txt"
         pattern_file.write_text("\n".join(needles()) + "\n")
         subprocess.run(["cat", str(log)], stdout=subprocess.DEVNULL)  # warm the page cache for everyone alike
-        results = {}
+        results, peaks = {}, {}
         results["cat"], _ = timed(["cat", str(log)], stdout=subprocess.DEVNULL)
-        results["grep -c -F -f needles"], _ = timed(["grep", "-c", "-a", "-F", "-f", str(pattern_file), str(log)])
+        results["grep -c -F -f needles"], _ = timed(["grep", "-c", "-a", "-F", "-f", str(pattern_file), str(log)],
+                                                    env={**os.environ, "LC_ALL": "C"})
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        results["sftdoctor explain --log"], triage = timed([sys.executable, "-m", "sftdoctor", "explain", "--log", str(log), "--json"], env=env)
-        diagnosis = json.loads(triage.stdout)
-        _, peak = timed([sys.executable, "-c", PEAK, str(log)], env=env)
-        _, base = timed([sys.executable, "-c", PEAK, "-"], env=env)
-        peak_mib = (int(peak.stdout) - int(base.stdout)) / 1024
+        for n in sorted({1, jobs}):
+            name = f"sftdoctor explain --log -j {n}"
+            command = [sys.executable, "-m", "sftdoctor", "explain", "--log", str(log), "--json", "-j", str(n)]
+            results[name], stdout, peaks[name] = watched(command, env)
+            diagnosis = json.loads(stdout)
     print(f"log: {size_mb:,.0f} MB, {diagnosis['lines']:,} lines, {len(diagnosis['findings'])} findings, "
           f"root cause {diagnosis['root_cause']}")
     for name, seconds in results.items():
-        print(f"{name:<26} {seconds:7.2f} s  {size_mb / seconds:8.0f} MB/s")
-    triage_s = results["sftdoctor explain --log"]
-    print(f"ratio to cat: {results['cat'] / triage_s:.2f} of read speed; to grep: {results['grep -c -F -f needles'] / triage_s:.2f}")
-    print(f"peak memory: {int(peak.stdout) / 1024:.0f} MiB RSS, {peak_mib:.1f} MiB above the interpreter with sftdoctor.triage imported")
+        peak = f"  peak RSS {peaks[name] / 2**20:5.0f} MiB (all processes)" if name in peaks else ""
+        print(f"{name:<32} {seconds:7.2f} s  {size_mb / seconds:7.0f} MB/s{peak}")
+    for name in peaks:
+        print(f"{name}: {results['cat'] / results[name]:.3f} of cat's read speed, "
+              f"{results['grep -c -F -f needles'] / results[name]:.2f} of grep -F's")
 
 
 if __name__ == "__main__":

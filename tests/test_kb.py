@@ -1,5 +1,7 @@
 """The knowledge base: every finding's topic exists and reads as a topic."""
 
+import re
+
 import pytest
 
 from sftdoctor import kb
@@ -42,3 +44,17 @@ def test_log_signatures_are_valid_and_point_to_summaries_that_exist():
     assert len(found) >= 30
     assert all(s.summary in SUMMARIES for s in found if s.summary)
     assert all(s.fix for s in found if s.role in ("root", "symptom"))
+
+
+@pytest.mark.parametrize("entry, says", [
+    ({"id": "x", "needle": "NCCL WARN", "regex": "NCCL\\s+WARN", "role": "context"}, "must contain 'NCCL WARN' literally"),
+    ({"id": "x", "needle": ["a", "b"], "role": "root"}, "several needles need a regex"),
+    ({"id": "x", "needle": "a", "role": "fatal"}, "role must be one of"),
+    ({"id": "x", "needle": "a", "role": "root", "wrap": 1}, "unknown keys ['wrap']"),
+])
+def test_a_signature_whose_needle_could_miss_its_regex_is_refused(entry, says):
+    """The needle is the prefilter: a regex that could match a line without it would silently never fire."""
+    from sftdoctor.triage.signatures import _signature
+
+    with pytest.raises(ValueError, match=re.escape(says)):
+        _signature("topic", entry)

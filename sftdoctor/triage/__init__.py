@@ -53,44 +53,56 @@ def diagnose(stream: BinaryIO, source: str = "-", chunk: int = CHUNK, jobs: int 
              range_size: int | None = None) -> Diagnosis:
     """Read the log in `stream` and say what went wrong. A regular file of PARALLEL_MIN bytes or
     more is split across `jobs` processes (`range_size` forces the split, for tests)."""
-    sigs = signatures()
-    by_id = {s.id: s for s in sigs}
+    by_needle = _by_needle(signatures())
+    counted, hits = _hits(stream, by_needle, chunk, jobs, range_size)
+    summaries: dict[str, Summary] = {}
+    ctx, matched = Context(), Counter()
+    for hit in hits:
+        _take(hit, by_needle, summaries, ctx, matched)
+    roles = {s.id: s.role for s in signatures()}
+    cascade = Counter({sig_id: n for sig_id, n in matched.items() if roles[sig_id] == "cascade"})
+    benign = sum(n for sig_id, n in matched.items() if roles[sig_id] == "benign")
+    lines = counted.lines + (1 if counted.bytes and counted.last != b"\n" else 0)
+    diagnosis = Diagnosis(source, _results(summaries, ctx), None, counted.bytes, lines, cascade, benign, matched)
+    return _order(diagnosis, summaries.get("exception"))
+
+
+def _by_needle(sigs: tuple[Signature, ...]) -> dict[bytes, list[Signature]]:
     by_needle: dict[bytes, list[Signature]] = {}
     for sig in sigs:
-        for needle in _needles(sig):
+        for needle in [sig.needle] if isinstance(sig.needle, str) else sig.needle:
             by_needle.setdefault(needle.encode(), []).append(sig)
-    summaries: dict[str, Summary] = {}
-    ctx, cascade, matched = Context(), Counter(), Counter()
+    return by_needle
+
+
+def _hits(stream: BinaryIO, by_needle, chunk: int, jobs: int, range_size: int | None):
+    """(what counts bytes and lines, the hits): several processes for a big file, else one stream."""
     only_if = _only_if(by_needle)
     path = getattr(stream, "name", None) if range_size else parallel.eligible(stream, jobs)
     if path:
-        counted = scan = parallel.ParallelScan(path, by_needle, only_if, max(jobs, 1), range_size or parallel.RANGE)
-    else:
-        counted = _Counted(read_chunks(stream, chunk))
-        scan = candidate_lines(counted, by_needle, only_if=only_if)
-    for hit in scan:
-        here = by_needle[hit.needles[0]] if len(hit.needles) == 1 else list(
-            dict.fromkeys(s for n in hit.needles for s in by_needle[n]))
-        line = decode(hit)
-        if calm := next((s for s in here if s.role == "benign" and s.regex.search(line.text)), None):
-            matched[calm.id] += 1
+        scan = parallel.ParallelScan(path, by_needle, only_if, max(jobs, 1), range_size or parallel.RANGE)
+        return scan, scan
+    counted = _Counted(read_chunks(stream, chunk))
+    return counted, candidate_lines(counted, by_needle, only_if=only_if)
+
+
+def _take(hit, by_needle, summaries: dict[str, Summary], ctx: Context, matched: Counter) -> None:
+    """Match one candidate line against the signatures of the needles in it."""
+    here = by_needle[hit.needles[0]] if len(hit.needles) == 1 else list(
+        dict.fromkeys(s for n in hit.needles for s in by_needle[n]))
+    line = decode(hit)
+    if calm := next((s for s in here if s.role == "benign" and s.regex.search(line.text)), None):
+        matched[calm.id] += 1
+        return
+    if line.rank is not None and len(ctx.ranks_seen) < 4096:
+        ctx.ranks_seen.add(line.rank)
+    for sig in here:
+        if sig.role == "benign" or not (match := sig.regex.search(line.joined(sig.wraps) if sig.wraps else line.text)):
             continue
-        if line.rank is not None and len(ctx.ranks_seen) < 4096:
-            ctx.ranks_seen.add(line.rank)
-        for sig in here:
-            if sig.role == "benign" or not (match := sig.regex.search(line.joined(sig.wraps) if sig.wraps else line.text)):
-                continue
+        matched[sig.id] += 1
+        if sig.role != "cascade":
             at = line if sig.wraps or match.start() <= QUOTE_BEFORE else _from(line, match.start())
-            matched[sig.id] += 1
-            if sig.role == "cascade":
-                cascade[sig.id] += 1
-                continue
             _summary(summaries, sig).add(sig, at, _groups(match))
-    located = _results(summaries, ctx)
-    lines = counted.lines + (1 if counted.bytes and counted.last != b"\n" else 0)
-    benign = sum(n for sig_id, n in matched.items() if by_id[sig_id].role == "benign")
-    diagnosis = Diagnosis(source, located, None, counted.bytes, lines, cascade, benign, matched)
-    return _order(diagnosis, summaries.get("exception"))
 
 
 QUOTE_BEFORE = 160  # a progress bar or a long prefix before the message is cut from the quote
@@ -121,10 +133,6 @@ def _only_if(by_needle: dict[bytes, list[Signature]]) -> dict[bytes, tuple[bytes
     """Needles whose every signature looks only at lines with one of some words."""
     return {needle: tuple(w.encode() for s in group for w in s.only_if)
             for needle, group in by_needle.items() if all(s.only_if for s in group)}
-
-
-def _needles(sig: Signature) -> list[str]:
-    return [sig.needle] if isinstance(sig.needle, str) else list(sig.needle)
 
 
 def _results(summaries: dict[str, Summary], ctx: Context) -> list[Located]:
