@@ -116,15 +116,24 @@ def gradient_checkpointing(run_config: dict[str, Any], transformers_features: di
 
 
 def parameter_count(model: dict[str, Any]) -> int | None:
-    """Parameters of a llama-style decoder (gated MLP) from config.json; None for other families."""
+    """Parameters of a llama-style decoder (gated MLP) from config.json, without torch; None for other
+    families. Equal to the model transformers 5.24 builds (tests/plan compares them on the meta device):
+    Qwen2 has q/k/v biases, `attention_bias`/`mlp_bias` add the others, Qwen3 a q/k RMSNorm per layer."""
     needed = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "num_attention_heads")
     if model.get("model_type") not in GATED_MLP or any(not model.get(k) for k in needed):
         return None
     h, layers, inter, vocab = model["hidden_size"], model["num_hidden_layers"], model["intermediate_size"], model["vocab_size"]
     heads = model["num_attention_heads"]
-    kv = (model.get("num_key_value_heads") or heads) * (h // heads)
-    attention = 2 * h * h + 2 * h * kv
-    mlp = 3 * h * inter
+    head_dim = model.get("head_dim") or h // heads
+    q, kv = heads * head_dim, (model.get("num_key_value_heads") or heads) * head_dim
+    attention = 2 * h * q + 2 * h * kv
+    if model.get("attention_bias"):
+        attention += q + 2 * kv + h
+    elif model["model_type"] == "qwen2":
+        attention += q + 2 * kv
+    if model["model_type"] == "qwen3":
+        attention += 2 * head_dim
+    mlp = 3 * h * inter + ((2 * inter + h) if model.get("mlp_bias") else 0)
     embeddings = vocab * h * (1 if model.get("tie_word_embeddings") else 2)
     return layers * (attention + mlp + 2 * h) + embeddings + h
 

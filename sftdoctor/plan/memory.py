@@ -1,0 +1,112 @@
+"""Predicted peak memory of one training rank, term by term, each with its formula and source.
+
+Model states follow DeepSpeed's own estimators (`estimate_zero2_model_states_mem_needs`,
+`estimate_zero3_model_states_mem_needs`, DeepSpeed 0.10-0.19.8), split into the parts they add up:
+mixed precision keeps 16-bit weights (2 bytes/param), 16-bit and fp32 gradients (2 + 4), an fp32
+master copy (4) and AdamW's two fp32 moments (4 + 4) — ZeRO (Rajbhandari et al., 2020) partitions
+the last ones over the ranks: stage 1 the optimizer states, stage 2 also the gradients, stage 3 also
+the weights (and gathers one layer at a time in fp32: 4 bytes x the largest layer).
+
+Activations count the bytes autograd saves for the backward pass, the accounting of Korthikanti et
+al., 2022 ("Reducing Activation Recomputation in Large Transformer Models", section 4), redone for
+the transformers 5.24 Llama/Qwen2 decoder layer as measured on the installed stack (see
+activation_bytes_per_token); with non-reentrant checkpointing a layer keeps only its input, and
+one layer's activations come back during its backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sftdoctor.plan.shape import Shape
+
+GIB = 2**30
+CUDA_CONTEXT = 1 * GIB  # CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers: ~0.5-1 GiB on A100/H100
+FRAGMENTATION = 0.10  # the caching allocator's unusable share on top of what is live (PyTorch 2.x)
+ADAM_BUFFER = 1.5  # DeepSpeed's additional_buffer_factor for host memory with offload
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One way to run: what the candidate table varies."""
+
+    zero_stage: int
+    offload_optimizer: bool
+    checkpointing: bool
+    micro_batch: int
+    liger: bool
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    bytes: int
+    formula: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Estimate:
+    setting: Setting
+    gpu: list[Term] = field(default_factory=list)  # per GPU
+    host: list[Term] = field(default_factory=list)  # per node
+
+    @property
+    def gpu_peak(self) -> int:
+        return sum(t.bytes for t in self.gpu)
+
+    @property
+    def host_peak(self) -> int:
+        return sum(t.bytes for t in self.host)
+
+
+@dataclass(frozen=True)
+class Run:
+    """What does not vary between candidates."""
+
+    shape: Shape
+    world: int  # ranks in all
+    per_node: int  # ranks on one node
+    seq_len: int  # tokens per row (max_length; packed rows are full)
+    attention: str  # flash_attention_2 | sdpa | eager
+    precision: str  # bf16 | fp16 | fp32
+
+
+def model_states(shape: Shape, s: Setting, world: int) -> list[Term]:
+    """Weights, gradients and optimizer states per GPU; the sum equals DeepSpeed's estimator."""
+    p, largest = shape.parameters, shape.largest_layer
+    if s.zero_stage == 0:  # DDP with autocast: fp32 weights, gradients, Adam moments; nothing partitioned
+        return [Term("weights", 4 * p, "4 B x params (fp32)"), Term("gradients", 4 * p, "4 B x params (fp32)"),
+                Term("optimizer states", 8 * p, "8 B x params (AdamW moments, fp32)")]
+    if s.zero_stage == 1:
+        return [Term("weights", 2 * p, "2 B x params (16-bit)"), Term("gradients", 2 * p, "2 B x params (16-bit)"),
+                Term("optimizer states", 16 * p // world, "16 B x params / world (fp32 master, moments, fp32 grads)")]
+    if s.zero_stage == 2:
+        if s.offload_optimizer:
+            return [Term("weights", 2 * p, "2 B x params (16-bit); gradients and optimizer on the host")]
+        return [Term("weights", 2 * p, "2 B x params (16-bit)"),
+                Term("gradients", 6 * p // world, "6 B x params / world (16-bit and fp32, partitioned)"),
+                Term("optimizer states", 12 * p // world, "12 B x params / world (fp32 master and moments)")]
+    gathered = Term("gathered layer", 4 * largest, "4 B x the largest layer (ZeRO-3 gathers it)")
+    if s.offload_optimizer:
+        return [gathered, Term("weights", 2 * p // world, "2 B x params / world (16-bit partition)")]
+    return [gathered, Term("weights", 2 * p // world, "2 B x params / world (16-bit partition)"),
+            Term("gradients", 4 * p // world, "4 B x params / world (partitioned)"),
+            Term("optimizer states", 12 * p // world, "12 B x params / world (fp32 master and moments)")]
+
+
+def host_memory(shape: Shape, s: Setting, world: int, per_node: int) -> list[Term]:
+    """Host RAM per node, as DeepSpeed's estimators count it (`cpu_mem`, additional_buffer_factor 1.5):
+    every rank loading the model (4 B x params x ranks per node), or the offloaded optimizer. Stage 3 is
+    counted without `zero.Init`, because sftdoctor loads the model before DeepSpeed is set up."""
+    p, nodes = shape.parameters, max(world // per_node, 1)
+    if s.offload_optimizer and s.zero_stage == 2:
+        factor, formula = max(4 * world, 16), "max(4 x world, 16) B x params"
+    elif s.offload_optimizer and s.zero_stage == 3:
+        factor, formula = max(4 * per_node, 16 / nodes), "max(4 x ranks per node, 16 / nodes) B x params"
+    else:
+        factor, formula = 4 * per_node, "4 B x params x ranks per node (each rank loads the model)"
+    return [Term("host RAM", int(p * factor * ADAM_BUFFER), f"{formula} x {ADAM_BUFFER}")]
