@@ -123,6 +123,71 @@ def train(config, resume, dry_run, smoke, force, drill):
     sys.exit(code)
 
 
+class Size(click.ParamType):
+    """A memory size: 80GiB, 80GB, 81920MiB, 40G."""
+
+    name = "size"
+    UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 10**3, "KIB": 2**10, "M": 2**20, "MB": 10**6, "MIB": 2**20,
+             "G": 2**30, "GB": 10**9, "GIB": 2**30, "T": 2**40, "TB": 10**12, "TIB": 2**40}
+
+    def convert(self, value, param, ctx):
+        import re
+
+        match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
+        unit = match.group(2).upper() if match else None
+        if not match or unit not in self.UNITS:
+            self.fail(f"{value!r} is not a size like 80GiB, 80GB or 81920MiB", param, ctx)
+        return int(float(match.group(1)) * self.UNITS[unit])
+
+
+@main.command()
+@click.argument("config", type=click.Path(path_type=Path))
+@click.option("--gpu-memory", type=Size(), help="Plan for GPUs of this memory (e.g. 80GiB) instead of the ones found.")
+@click.option("--gpus", "gpus_per_node", type=click.IntRange(min=1), help="GPUs per node to plan for (default: the run's).")
+@click.option("--nodes", type=click.IntRange(min=1), help="Nodes to plan for (default: the run's).")
+@click.option("--mfu", type=click.FloatRange(0.01, 1.0), default=0.4, show_default=True, help="Assumed model-FLOPs utilisation.")
+@click.option("--peak-tflops", type=click.FloatRange(min=1), help="The GPU's dense bf16 peak, if sftdoctor does not know it.")
+@click.option("--tokens-per-second", type=click.FloatRange(min=1), help="Measured throughput (e.g. of a --smoke run) instead of MFU.")
+@click.option("--json", "as_json", is_flag=True, help="Every term of every candidate as one JSON document.")
+def plan(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second, as_json):
+    """Will CONFIG fit, what is the fastest setting that does, and how long will it take."""
+    import json
+
+    from sftdoctor.errors import InputError, InputErrors
+    from sftdoctor.facts import Facts, Inputs
+    from sftdoctor.plan import plan_run
+    from sftdoctor.plan import report
+    from sftdoctor.plan.shape import shape_of
+
+    try:
+        facts = Facts(Inputs(config=config))
+        run_config, summary = facts.get("run_config"), facts.get("model_config")
+        if summary is None:
+            raise InputError(config, "the model's config.json was not found (a local folder, or a hub id in the HF cache)",
+                             key="model.path")
+        gpus, packages = facts.get("gpus") or {}, facts.get("packages") or {}
+        if gpu_memory is None and not gpus.get("devices"):
+            raise InputError("plan", "no NVIDIA GPU found here: give --gpu-memory (and --gpus) to plan for another machine")
+        from sftdoctor.train import resolve
+
+        nproc, nnodes = resolve.world(run_config, gpus)
+        world = (gpus_per_node or nproc, nodes or nnodes)
+        model = json.loads(Path(summary["path"]).read_text(encoding="utf-8"))
+        planned = plan_run(run_config, shape_of(model), gpus, packages, facts.get("deepspeed_config"),
+                           gpu_memory=gpu_memory, world=world)
+        data = facts.get("data") or {}
+        names = [d.get("name") for d in gpus.get("devices") or []]
+        timing = report.timing(planned, (data.get("train") or {}).get("rows"), run_config, names[0] if names else None,
+                               mfu, peak_tflops, tokens_per_second)
+    except (InputError, InputErrors) as exc:
+        _bad_input(exc)
+    if as_json:
+        click.echo(json.dumps(report.to_json(planned, timing), indent=2))
+    else:
+        click.echo(report.render(planned, timing))
+    sys.exit(0 if planned.current.fits else 1)
+
+
 @main.command()
 @click.argument("topic", required=False)
 @click.option("--list", "list_topics", is_flag=True, help="List the topics with one-line summaries.")

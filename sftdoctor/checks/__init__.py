@@ -30,6 +30,7 @@ BUILTIN_MODULES = (
     "sftdoctor.checks.flash_attn",
     "sftdoctor.checks.nccl_env",
     "sftdoctor.checks.run_config",
+    "sftdoctor.checks.memory",
     "sftdoctor.checks.packing",
     "sftdoctor.checks.runtime",
 )

@@ -34,6 +34,7 @@ class Inputs:
 
 def _probes() -> dict[str, Callable[["Facts"], Any]]:
     from sftdoctor.facts import configs, data, gpus, packages, packing_probe, stack, system, topology
+    from sftdoctor.plan import shape
 
     return {
         "packages": packages.probe_packages,
@@ -51,6 +52,7 @@ def _probes() -> dict[str, Callable[["Facts"], Any]]:
         "transformers_features": stack.probe_transformers_features,
         "data": data.probe_data,
         "packing_probe": packing_probe.probe_packing,
+        "model_shape": shape.probe_model_shape,
     }
 
 
@@ -124,8 +126,9 @@ class Facts:
             return False
         if getattr(self.inputs, option) is not None:
             return True
-        # A model or DeepSpeed config named inside the run config counts as given too.
-        return name in ("model_config", "deepspeed_config") and self.inputs.config is not None
+        # A model or DeepSpeed config named inside the run config counts as given too, and so does
+        # the model's shape, worked out here from it for the replayed GPUs.
+        return name in ("model_config", "deepspeed_config", "model_shape") and self.inputs.config is not None
 
     def _load_snapshot(self, path: Path) -> None:
         try:
@@ -168,4 +171,5 @@ _NOT_GIVEN = {
     "transformers_features": "transformers is not installed",
     "data": "no run config given (--config)",
     "packing_probe": "packing is off, or no run config / model config to probe",
+    "model_shape": "no model config, or no GPU to plan for (sftdoctor plan --gpu-memory plans for another machine)",
 }

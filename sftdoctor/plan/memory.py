@@ -110,3 +110,53 @@ def host_memory(shape: Shape, s: Setting, world: int, per_node: int) -> list[Ter
     else:
         factor, formula = 4 * per_node, "4 B x params x ranks per node (each rank loads the model)"
     return [Term("host RAM", int(p * factor * ADAM_BUFFER), f"{formula} x {ADAM_BUFFER}")]
+
+
+def activation_bytes_per_token(shape: Shape, precision: str) -> int:
+    """Bytes autograd saves in one decoder layer per token (transformers 5.24 Llama/Qwen2, sdpa or flash)."""
+    h, q, kv, inter, heads = shape.hidden, shape.q_size, shape.kv_size, shape.intermediate, shape.heads
+    b = 4 if precision == "fp32" else 2
+    norms = 2 * (4 * h + b * h + 4)  # RMSNorm upcasts to fp32: the fp32 input, the normalised output, 1/rms
+    attention = b * (5 * q + 4 * kv) + 4 * heads  # RoPE inputs, q/k/v into sdpa, its output, logsumexp
+    mlp = 4 * b * inter  # gate (SiLU's input), SiLU's output, up, and their product into down_proj
+    return norms + attention + mlp
+
+
+def eager_attention_bytes(shape: Shape, tokens: int, seq_len: int, precision: str) -> int:
+    """Eager attention keeps the softmax probabilities: heads x seq_len per token (b x s^2 per head)."""
+    b = 4 if precision == "fp32" else 2
+    return shape.heads * seq_len * tokens * b
+
+
+def activations(run: Run, s: Setting) -> list[Term]:
+    shape, tokens = run.shape, s.micro_batch * run.seq_len
+    per_layer = activation_bytes_per_token(shape, run.precision) * tokens
+    if run.attention == "eager":
+        per_layer += eager_attention_bytes(shape, tokens, run.seq_len, run.precision)
+    b = 4 if run.precision == "fp32" else 2
+    if s.checkpointing:
+        kept = shape.layers * b * shape.hidden * tokens
+        return [Term("activations", kept + per_layer,
+                     f"checkpointed: layers x {b} B x hidden x tokens (each layer's input) + one layer recomputed "
+                     f"({per_layer // tokens:,} B/token)")]
+    return [Term("activations", shape.layers * per_layer,
+                 f"layers x {per_layer // tokens:,} B/token x {tokens:,} tokens (micro-batch x sequence length)")]
+
+
+def logits(run: Run, s: Setting) -> list[Term]:
+    """The LM head's output and the loss: logits in the training dtype, upcast to fp32 for the loss,
+    whose softmax is saved; liger's fused linear cross-entropy computes it in chunks instead."""
+    tokens, vocab = s.micro_batch * run.seq_len, run.shape.vocab
+    if s.liger:
+        return [Term("logits and loss", 0, "liger fused linear cross-entropy: logits never materialised")]
+    b = 4 if run.precision == "fp32" else 2
+    return [Term("logits and loss", (b + 8) * vocab * tokens,
+                 f"({b} + 4 + 4) B x vocab x tokens: logits, fp32 upcast, saved softmax")]
+
+
+def estimate(run: Run, s: Setting) -> Estimate:
+    gpu = model_states(run.shape, s, run.world) + activations(run, s) + logits(run, s)
+    live = sum(t.bytes for t in gpu)
+    gpu.append(Term("fragmentation", int(live * FRAGMENTATION), f"{FRAGMENTATION:.0%} of the above (caching allocator)"))
+    gpu.append(Term("CUDA context and NCCL", CUDA_CONTEXT, "fixed allowance"))
+    return Estimate(s, gpu, host_memory(run.shape, s, run.world, run.per_node))

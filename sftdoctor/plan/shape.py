@@ -63,3 +63,17 @@ def shape_of(config: dict[str, Any]) -> Shape:
                  intermediate=text.get("intermediate_size") or 4 * hidden, vocab=text["vocab_size"], heads=heads,
                  kv_heads=text.get("num_key_value_heads") or heads, head_dim=head_dim,
                  parameters=params, largest_layer=largest)
+
+
+def probe_model_shape(facts) -> dict[str, Any] | None:
+    """The model's shape for memory planning, when there are GPUs to plan for (it imports torch and
+    transformers, which `sftdoctor check` on a box without GPUs never needs)."""
+    summary, gpus = facts.get("model_config"), facts.get("gpus") or {}
+    if not summary or not gpus.get("devices"):
+        return None
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    config = json.loads(Path(summary["path"]).read_text(encoding="utf-8"))
+    return asdict(shape_of(config))

@@ -1,0 +1,99 @@
+"""`sftdoctor plan` output: the run's setting term by term, the recommended one, the candidates, the time."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any
+
+from sftdoctor.plan import Candidate, Planned
+from sftdoctor.plan.speed import DEFAULT_MFU, flops_per_token, peak_tflops, step_seconds
+
+GIB = 2**30
+SHOWN = 12  # candidate rows printed (all are in --json)
+
+
+def timing(planned: Planned, rows: int | None, run_config: dict[str, Any], gpu_name: str | None,
+           mfu: float = DEFAULT_MFU, tflops: float | None = None, tokens_per_second: float | None = None
+           ) -> dict[str, Any]:
+    """Tokens per step and the run's length: from a measured tokens/s, or from FLOPs, peak and MFU."""
+    run, best = planned.run, planned.recommended or planned.current
+    training = run_config["training"]
+    tokens_per_step = planned.global_batch * run.seq_len  # packed rows are full; unpacked: an upper bound
+    steps = training.get("max_steps") or (math.ceil(training["epochs"] * rows / planned.global_batch) if rows else None)
+    tflops = tflops or peak_tflops(gpu_name)
+    out = {"tokens_per_step_max": tokens_per_step, "steps": steps, "mfu": mfu, "peak_tflops": tflops,
+           "flops_per_token": flops_per_token(run.shape.parameters, run.shape.layers, run.shape.hidden, run.seq_len)}
+    if tokens_per_second:
+        out["step_seconds"] = tokens_per_step / tokens_per_second
+        out["basis"] = f"measured {tokens_per_second:,.0f} tokens/s"
+    elif tflops:
+        out["step_seconds"] = step_seconds(tokens_per_step, out["flops_per_token"], run.world, tflops, mfu,
+                                           best.setting.checkpointing)
+        out["basis"] = f"MFU {mfu:.2f} of {tflops:g} TFLOPS per GPU"
+    if steps and out.get("step_seconds"):
+        out["run_hours"] = steps * out["step_seconds"] / 3600
+    return out
+
+
+def to_json(planned: Planned, timing_: dict[str, Any]) -> dict[str, Any]:
+    return {"model": asdict(planned.run.shape), "world_size": planned.run.world, "ranks_per_node": planned.run.per_node,
+            "seq_len": planned.run.seq_len, "attention": planned.run.attention, "precision": planned.run.precision,
+            "gpu_memory_bytes": planned.gpu_memory, "global_batch_size": planned.global_batch,
+            "current": planned.current.to_json(),
+            "recommended": planned.recommended.to_json() if planned.recommended else None,
+            "candidates": [c.to_json() for c in planned.candidates], "time": timing_}
+
+
+def _setting(c: Candidate) -> str:
+    s = c.setting
+    return (f"ZeRO-{s.zero_stage}{' + optimizer offload' if s.offload_optimizer else ''}, checkpointing "
+            f"{'on' if s.checkpointing else 'off'}, micro-batch {s.micro_batch} x {c.accumulation} accumulation, "
+            f"liger {'on' if s.liger else 'off'}")
+
+
+def _terms(c: Candidate) -> list[str]:
+    e = c.estimate
+    lines = [f"  {t.name:<24} {t.bytes / GIB:8.2f} GiB  {t.formula}" for t in e.gpu]
+    lines.append(f"  {'= peak per GPU':<24} {e.gpu_peak / GIB:8.2f} GiB")
+    lines += [f"  {t.name + ' per node':<24} {t.bytes / GIB:8.2f} GiB  {t.formula}" for t in e.host]
+    return lines
+
+
+def render(planned: Planned, timing_: dict[str, Any]) -> str:
+    run, shape = planned.run, planned.run.shape
+    memory = f"{planned.gpu_memory / GIB:.1f} GiB" if planned.gpu_memory else "unknown memory"
+    lines = [f"model      {shape.model_type}: {shape.parameters:,} parameters ({shape.layers} layers, hidden {shape.hidden}, "
+             f"vocab {shape.vocab})",
+             f"GPUs       {run.world} x {memory} ({run.per_node} per node)",
+             f"run        {run.seq_len:,} tokens per row, global batch {planned.global_batch}, {run.precision}, {run.attention}",
+             "",
+             f"this run's setting: {_setting(planned.current)} — {'fits' if planned.current.fits else 'does NOT fit'}",
+             *_terms(planned.current), ""]
+    best = planned.recommended
+    if best is None:
+        lines.append("recommended: none fits these GPUs; more GPUs, a shorter max_length, or ZeRO-3 with offload_params")
+    elif best.setting == planned.current.setting:
+        lines.append("recommended: this run's setting (the fastest that fits)")
+    else:
+        lines += [f"recommended: {_setting(best)} — {best.estimate.gpu_peak / GIB:.1f} GiB per GPU", *_terms(best)]
+    fitting = [c for c in planned.candidates if c.fits]
+    lines += ["", f"settings that fit, fastest first ({min(SHOWN, len(fitting))} of {len(fitting)} that fit, "
+              f"{len(planned.candidates)} tried; all in --json):",
+              "  ZeRO offload ckpt  micro accum liger  peak GiB  fits  compute comm"]
+    for c in fitting[:SHOWN]:
+        s = c.setting
+        lines.append(f"  {s.zero_stage:>4} {'yes' if s.offload_optimizer else 'no':>7} {'on' if s.checkpointing else 'off':>4} "
+                     f"{s.micro_batch:>6} {c.accumulation:>5} {'on' if s.liger else 'off':>5} {c.estimate.gpu_peak / GIB:9.1f} "
+                     f"{'yes' if c.fits else 'no':>5} {c.compute:7.2f} {c.communication:4.1f}")
+    t = timing_
+    lines += ["", f"time       <= {t['tokens_per_step_max']:,} tokens per step"
+              + (f", {t['steps']:,} steps" if t.get("steps") else "")
+              + (f"; {t['step_seconds']:.1f} s per step ({t['basis']})" if t.get("step_seconds") else
+                 "; give --peak-tflops or --tokens-per-second for a time")
+              + (f"; about {_duration(t['run_hours'])}" if t.get("run_hours") else "")]
+    return "\n".join(lines)
+
+
+def _duration(hours: float) -> str:
+    return f"{hours:.1f} h" if hours >= 1 else f"{hours * 60:.0f} min"
