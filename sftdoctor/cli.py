@@ -175,10 +175,13 @@ def plan(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_
         model = json.loads(Path(summary["path"]).read_text(encoding="utf-8"))
         planned = plan_run(run_config, shape_of(model), gpus, packages, facts.get("deepspeed_config"),
                            gpu_memory=gpu_memory, world=world)
-        data = facts.get("data") or {}
+        from sftdoctor.plan.tokens import dataset_tokens, steps_and_tokens
+
+        rows = ((facts.get("data") or {}).get("train") or {}).get("rows")
+        packing = run_config["training"]["packing"] is not False  # "auto" packs where the stack isolates samples
+        counted = steps_and_tokens(dataset_tokens(run_config), rows, run_config, planned.global_batch, packing)
         names = [d.get("name") for d in gpus.get("devices") or []]
-        timing = report.timing(planned, (data.get("train") or {}).get("rows"), run_config, names[0] if names else None,
-                               mfu, peak_tflops, tokens_per_second)
+        timing = report.timing(planned, counted, names[0] if names else None, mfu, peak_tflops, tokens_per_second)
     except (InputError, InputErrors) as exc:
         _bad_input(exc)
     if as_json:

@@ -24,7 +24,7 @@ def shape_of(row: Any) -> str | None:
     return None
 
 
-def _first_rows_and_count(path: Path) -> tuple[list[Any], int]:
+def first_rows_and_count(path: Path, first: int = 5) -> tuple[list[Any], int]:
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet as pq  # only for Parquet input
@@ -33,7 +33,7 @@ def _first_rows_and_count(path: Path) -> tuple[list[Any], int]:
             table = pq.ParquetFile(path)
         except Exception as exc:
             raise InputError(path, f"not a readable Parquet file: {exc}") from None
-        first = table.read_row_group(0).slice(0, 5).to_pylist() if table.num_row_groups else []
+        first = table.read_row_group(0).slice(0, first).to_pylist() if table.num_row_groups else []
         return first, table.metadata.num_rows
     try:
         with open(path, encoding="utf-8") as handle:
@@ -45,22 +45,22 @@ def _first_rows_and_count(path: Path) -> tuple[list[Any], int]:
             rows = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(path, f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        return rows[:5], len(rows)
+        return rows[:first], len(rows)
     lines = [line for line in text.splitlines() if line.strip()]
-    first = []
-    for number, line in enumerate(lines[:5], start=1):
+    head = []
+    for number, line in enumerate(lines[:first], start=1):
         try:
-            first.append(json.loads(line))
+            head.append(json.loads(line))
         except json.JSONDecodeError as exc:
             raise InputError(path, f"line {number}: not a JSON object ({exc.msg}); expected one JSON object a line") from None
-    return first, len(lines)
+    return head, len(lines)
 
 
 def describe(files: list[str], wanted: str = "auto") -> dict[str, Any]:
     rows, shapes = 0, set()
     for name in files:
         path = Path(name)
-        first, count = _first_rows_and_count(path)
+        first, count = first_rows_and_count(path)
         found = {shape_of(row) for row in first}
         if None in found or not found:
             keys = sorted(first[0]) if first and isinstance(first[0], dict) else []

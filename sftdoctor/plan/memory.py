@@ -113,13 +113,19 @@ def host_memory(shape: Shape, s: Setting, world: int, per_node: int) -> list[Ter
 
 
 def activation_bytes_per_token(shape: Shape, precision: str) -> int:
-    """Bytes autograd saves in one decoder layer per token (transformers 5.24 Llama/Qwen2, sdpa or flash)."""
-    h, q, kv, inter, heads = shape.hidden, shape.q_size, shape.kv_size, shape.intermediate, shape.heads
+    """Bytes autograd saves in one decoder layer per token, with b the training dtype's size:
+
+        8 h + b (4 h + 2 q + 2 kv + 4 I) + 4 heads + 8
+
+    8 h + 8: the two RMSNorms upcast to fp32 (their fp32 input and 1/rms); b x 4 h: the normalised
+    outputs into the projections and the residual inputs; 2 q + 2 kv: RoPE and sdpa's q, k, v (k and v
+    are not repeated for GQA); 4 heads: sdpa's fp32 logsumexp; 4 I: the gated MLP (SiLU's input, its
+    output, up and the product). Exact (fitted with zero residual) for transformers 5.24 Llama and Qwen2
+    layers with sdpa on torch 2.13, measured with saved-tensor hooks in tests/plan/test_activations.py.
+    Korthikanti et al.'s 34 h per token is the same accounting for a GPT-2 layer."""
     b = 4 if precision == "fp32" else 2
-    norms = 2 * (4 * h + b * h + 4)  # RMSNorm upcasts to fp32: the fp32 input, the normalised output, 1/rms
-    attention = b * (5 * q + 4 * kv) + 4 * heads  # RoPE inputs, q/k/v into sdpa, its output, logsumexp
-    mlp = 4 * b * inter  # gate (SiLU's input), SiLU's output, up, and their product into down_proj
-    return norms + attention + mlp
+    h, q, kv, inter = shape.hidden, shape.q_size, shape.kv_size, shape.intermediate
+    return 8 * h + b * (4 * h + 2 * q + 2 * kv + 4 * inter) + 4 * shape.heads + 8
 
 
 def eager_attention_bytes(shape: Shape, tokens: int, seq_len: int, precision: str) -> int:
@@ -134,7 +140,7 @@ def activations(run: Run, s: Setting) -> list[Term]:
     if run.attention == "eager":
         per_layer += eager_attention_bytes(shape, tokens, run.seq_len, run.precision)
     b = 4 if run.precision == "fp32" else 2
-    if s.checkpointing:
+    if s.checkpointing:  # non-reentrant: each layer keeps its input (measured: b x h per token)
         kept = shape.layers * b * shape.hidden * tokens
         return [Term("activations", kept + per_layer,
                      f"checkpointed: layers x {b} B x hidden x tokens (each layer's input) + one layer recomputed "

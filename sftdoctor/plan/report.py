@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict
 from typing import Any
 
@@ -13,26 +12,22 @@ GIB = 2**30
 SHOWN = 12  # candidate rows printed (all are in --json)
 
 
-def timing(planned: Planned, rows: int | None, run_config: dict[str, Any], gpu_name: str | None,
-           mfu: float = DEFAULT_MFU, tflops: float | None = None, tokens_per_second: float | None = None
-           ) -> dict[str, Any]:
-    """Tokens per step and the run's length: from a measured tokens/s, or from FLOPs, peak and MFU."""
+def timing(planned: Planned, counted: dict[str, Any], gpu_name: str | None, mfu: float = DEFAULT_MFU,
+           tflops: float | None = None, tokens_per_second: float | None = None) -> dict[str, Any]:
+    """The run's length: from a measured tokens/s, or from FLOPs, the GPU's peak and an assumed MFU."""
     run, best = planned.run, planned.recommended or planned.current
-    training = run_config["training"]
-    tokens_per_step = planned.global_batch * run.seq_len  # packed rows are full; unpacked: an upper bound
-    steps = training.get("max_steps") or (math.ceil(training["epochs"] * rows / planned.global_batch) if rows else None)
     tflops = tflops or peak_tflops(gpu_name)
-    out = {"tokens_per_step_max": tokens_per_step, "steps": steps, "mfu": mfu, "peak_tflops": tflops,
+    out = {**counted, "mfu": mfu, "peak_tflops": tflops,
            "flops_per_token": flops_per_token(run.shape.parameters, run.shape.layers, run.shape.hidden, run.seq_len)}
     if tokens_per_second:
-        out["step_seconds"] = tokens_per_step / tokens_per_second
+        out["step_seconds"] = counted["tokens_per_step"] / tokens_per_second
         out["basis"] = f"measured {tokens_per_second:,.0f} tokens/s"
     elif tflops:
-        out["step_seconds"] = step_seconds(tokens_per_step, out["flops_per_token"], run.world, tflops, mfu,
+        out["step_seconds"] = step_seconds(counted["tokens_per_step"], out["flops_per_token"], run.world, tflops, mfu,
                                            best.setting.checkpointing)
         out["basis"] = f"MFU {mfu:.2f} of {tflops:g} TFLOPS per GPU"
-    if steps and out.get("step_seconds"):
-        out["run_hours"] = steps * out["step_seconds"] / 3600
+    if counted.get("steps") and out.get("step_seconds"):
+        out["run_hours"] = counted["steps"] * out["step_seconds"] / 3600
     return out
 
 
@@ -87,8 +82,9 @@ def render(planned: Planned, timing_: dict[str, Any]) -> str:
                      f"{s.micro_batch:>6} {c.accumulation:>5} {'on' if s.liger else 'off':>5} {c.estimate.gpu_peak / GIB:9.1f} "
                      f"{'yes' if c.fits else 'no':>5} {c.compute:7.2f} {c.communication:4.1f}")
     t = timing_
-    lines += ["", f"time       <= {t['tokens_per_step_max']:,} tokens per step"
-              + (f", {t['steps']:,} steps" if t.get("steps") else "")
+    lines += ["", f"tokens     {t['tokens_per_step']:,} per step ({t['token_basis']})",
+              "time       "
+              + (f"{t['steps']:,} steps" if t.get("steps") else "steps unknown")
               + (f"; {t['step_seconds']:.1f} s per step ({t['basis']})" if t.get("step_seconds") else
                  "; give --peak-tflops or --tokens-per-second for a time")
               + (f"; about {_duration(t['run_hours'])}" if t.get("run_hours") else "")]
@@ -97,3 +93,13 @@ def render(planned: Planned, timing_: dict[str, Any]) -> str:
 
 def _duration(hours: float) -> str:
     return f"{hours:.1f} h" if hours >= 1 else f"{hours * 60:.0f} min"
+
+
+def summary(planned: Planned) -> str:
+    """Two lines for `sftdoctor train --dry-run`."""
+    current, best = planned.current, planned.recommended
+    line = (f"memory          predicted peak {current.estimate.gpu_peak / GIB:.1f} GiB per GPU of "
+            f"{planned.gpu_memory / GIB:.1f} GiB ({'fits' if current.fits else 'does NOT fit'})")
+    if best is not None and best.setting != current.setting:
+        line += f"\n                fastest that fits: {_setting(best)} ({best.estimate.gpu_peak / GIB:.1f} GiB)"
+    return line + "\n                every term: sftdoctor plan RUN.toml"

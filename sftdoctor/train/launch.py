@@ -77,6 +77,18 @@ def schedule(plan: dict[str, Any]) -> str:
     return f"{floor}; warmup {f'{warmup:.0%} of the run' if warmup < 1 else f'{int(warmup)} steps'}"
 
 
+def memory_plan(run_config: dict[str, Any], facts: Facts) -> str:
+    shape = facts.get("model_shape")
+    if shape is None:
+        return f"memory          not planned: {facts.why_missing('model_shape')}"
+    from sftdoctor.plan import plan_run, report as plan_report
+    from sftdoctor.plan.shape import Shape
+
+    planned = plan_run(run_config, Shape(**shape), facts.get("gpus"), facts.get("packages") or {},
+                       facts.get("deepspeed_config"))
+    return plan_report.summary(planned)
+
+
 def describe(plan: dict[str, Any]) -> str:
     ds = plan["deepspeed"]
     stage = (ds or {}).get("zero_optimization", {}).get("stage") if ds else None
@@ -184,6 +196,7 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
     plan["drill"] = drill
     print("\n" + describe(plan), flush=True)
     if dry_run:
+        print(memory_plan(run_config, facts))
         return 1 if blocked and not force else 0
     if blocked and not force:
         print("\nsftdoctor: not starting: the checks above found errors (fix them, or run with --force)")

@@ -97,3 +97,14 @@ def test_plan_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
     (tmp_path / "run.toml").write_text(f'[model]\npath = "{LLAMA8B}"\n[data]\ntrain = "d.jsonl"\n')
     proc = sftdoctor("plan", str(tmp_path / "run.toml"), *args)
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_dry_run_shows_the_memory_plan_when_there_are_gpus(tmp_path, llama8b):
+    from sftdoctor.facts import Facts
+    from sftdoctor.train.launch import memory_plan
+
+    cfg = run_config(tmp_path, training={"per_device_batch_size": 8, "gradient_checkpointing": False},
+                     deepspeed={"zero_stage": 2})
+    facts = Facts.replay({"model_shape": asdict(llama8b), "gpus": recorded_gpus(H100x8), "packages": {}})
+    text = memory_plan(cfg, facts)
+    assert "does NOT fit" in text and "fastest that fits: ZeRO-2" in text and "sftdoctor plan RUN.toml" in text
