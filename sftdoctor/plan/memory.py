@@ -122,7 +122,9 @@ def activation_bytes_per_token(shape: Shape, precision: str) -> int:
     are not repeated for GQA); 4 heads: sdpa's fp32 logsumexp; 4 I: the gated MLP (SiLU's input, its
     output, up and the product). Exact (fitted with zero residual) for transformers 5.24 Llama and Qwen2
     layers with sdpa on torch 2.13, measured with saved-tensor hooks in tests/plan/test_activations.py.
-    Korthikanti et al.'s 34 h per token is the same accounting for a GPT-2 layer."""
+    Korthikanti et al.'s 34 h per token is the same accounting for a GPT-2 layer. Batches with padding
+    masks cost more (k/v repeated, a float mask of b x s^2 per layer); the padding-free packing of
+    sftdoctor's trainer passes no mask."""
     b = 4 if precision == "fp32" else 2
     h, q, kv, inter = shape.hidden, shape.q_size, shape.kv_size, shape.intermediate
     return 8 * h + b * (4 * h + 2 * q + 2 * kv + 4 * inter) + 4 * shape.heads + 8
@@ -150,14 +152,18 @@ def activations(run: Run, s: Setting) -> list[Term]:
 
 
 def logits(run: Run, s: Setting) -> list[Term]:
-    """The LM head's output and the loss: logits in the training dtype, upcast to fp32 for the loss,
-    whose softmax is saved; liger's fused linear cross-entropy computes it in chunks instead."""
+    """The LM head's output and the loss, per token: the logits in the training dtype, their fp32 copy
+    (transformers 5.24's loss calls `logits.float()`, a no-op in fp32) and the softmax cross-entropy keeps
+    (4 B x vocab). liger's fused linear cross-entropy computes the loss in chunks instead. TRL 1.16's
+    SFTTrainer tiles its LM head too (`add_fused_lm_head`), so for sftdoctor's own trainer this term is an
+    upper bound; plain transformers builds the full logits as counted here."""
     tokens, vocab = s.micro_batch * run.seq_len, run.shape.vocab
     if s.liger:
         return [Term("logits and loss", 0, "liger fused linear cross-entropy: logits never materialised")]
     b = 4 if run.precision == "fp32" else 2
-    return [Term("logits and loss", (b + 8) * vocab * tokens,
-                 f"({b} + 4 + 4) B x vocab x tokens: logits, fp32 upcast, saved softmax")]
+    per_token = b + (0 if b == 4 else 4) + 4
+    return [Term("logits and loss", per_token * vocab * tokens,
+                 f"{per_token} B x vocab x tokens: logits{'' if b == 4 else ', their fp32 copy'} and the loss's softmax")]
 
 
 def estimate(run: Run, s: Setting) -> Estimate:
