@@ -130,17 +130,21 @@ def activation_bytes_per_token(shape: Shape, precision: str) -> int:
     return 8 * h + b * (4 * h + 2 * q + 2 * kv + 4 * inter) + 4 * shape.heads + 8
 
 
-def eager_attention_bytes(shape: Shape, tokens: int, seq_len: int, precision: str) -> int:
-    """Eager attention keeps the softmax probabilities: heads x seq_len per token (b x s^2 per head)."""
+def eager_attention_bytes(shape: Shape, micro_batch: int, seq_len: int, precision: str) -> int:
+    """What eager attention keeps beyond sdpa, per layer: the softmax in fp32 plus the probabilities in the
+    training dtype (b x heads x s^2 per sequence), k and v repeated to every head, no logsumexp."""
     b = 4 if precision == "fp32" else 2
-    return shape.heads * seq_len * tokens * b
+    per_score = 4 + (0 if b == 4 else b)
+    tokens = micro_batch * seq_len
+    return per_score * shape.heads * seq_len * seq_len * micro_batch + (2 * b * (shape.q_size - shape.kv_size)
+                                                                         - 4 * shape.heads) * tokens
 
 
 def activations(run: Run, s: Setting) -> list[Term]:
     shape, tokens = run.shape, s.micro_batch * run.seq_len
     per_layer = activation_bytes_per_token(shape, run.precision) * tokens
     if run.attention == "eager":
-        per_layer += eager_attention_bytes(shape, tokens, run.seq_len, run.precision)
+        per_layer += eager_attention_bytes(shape, s.micro_batch, run.seq_len, run.precision)
     b = 4 if run.precision == "fp32" else 2
     if s.checkpointing:  # non-reentrant: each layer keeps its input (measured: b x h per token)
         kept = shape.layers * b * shape.hidden * tokens

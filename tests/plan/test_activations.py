@@ -31,13 +31,13 @@ def saved_bytes(model, batch) -> int:
     return sum(seen.values())
 
 
-def tiny(arch, h, inter, heads, kv, layers, dtype, checkpointing, head_dim=None):
+def tiny(arch, h, inter, heads, kv, layers, dtype, checkpointing, head_dim=None, attention="sdpa"):
     config_class = {"qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig}[arch]
     cfg = config_class(hidden_size=h, intermediate_size=inter, num_attention_heads=heads, num_key_value_heads=kv,
                        num_hidden_layers=layers, vocab_size=512, max_position_embeddings=1024,
                        head_dim=head_dim or h // heads)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa").train()
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attention).train()
     if checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     shape = Shape(arch, h, layers, inter, 512, heads, kv, head_dim or h // heads, 0, 0)
@@ -74,3 +74,16 @@ def test_a_checkpointed_layer_keeps_only_its_input(precision):
     without = activations(run, Setting(0, False, False, micro, True))[0].bytes
     per_layer_kept = (with_ckpt - without / 3) / 3  # one recomputed layer comes on top of the kept inputs
     assert per_layer_kept == measured[1] - measured[0]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("heads, kv", [(8, 2), (4, 4)])
+def test_eager_attention_adds_the_scores_and_repeated_kv(precision, heads, kv):
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    seq, micro = 96, 2
+    batch = {"input_ids": torch.randint(0, 512, (micro, seq))}
+    measured = [saved_bytes(tiny("qwen2", 128, 352, heads, kv, layers, dtype, False, attention="eager")[0], batch)
+                for layers in (2, 3)]
+    shape = tiny("qwen2", 128, 352, heads, kv, 3, dtype, False)[1]
+    predicted = activations(Run(shape, 1, 1, seq, "eager", precision), Setting(0, False, False, micro, True))[0].bytes / 3
+    assert abs(predicted - (measured[1] - measured[0])) <= TOLERANCE * (measured[1] - measured[0])
