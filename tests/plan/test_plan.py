@@ -108,3 +108,24 @@ def test_dry_run_shows_the_memory_plan_when_there_are_gpus(tmp_path, llama8b):
     facts = Facts.replay({"model_shape": asdict(llama8b), "gpus": recorded_gpus(H100x8), "packages": {}})
     text = memory_plan(cfg, facts)
     assert "does NOT fit" in text and "fastest that fits: ZeRO-2" in text and "sftdoctor plan RUN.toml" in text
+
+
+def test_gpu_memory_sizes_parse_or_fail_cleanly():
+    import click
+    from hypothesis import given, settings, strategies as st
+
+    from sftdoctor.cli import Size
+
+    assert Size().convert("80GiB", None, None) == 80 * 2**30
+    assert Size().convert("40 GB", None, None) == 40 * 10**9
+    assert Size().convert("81920MiB", None, None) == 80 * 2**30
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.text(max_size=20))
+    def anything(text):
+        try:
+            assert Size().convert(text, None, None) >= 0
+        except click.BadParameter:
+            pass
+
+    anything()
