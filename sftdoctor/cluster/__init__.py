@@ -1,0 +1,1 @@
+"""Distributed preflight: what every rank of a job sees, and what its links should do."""
