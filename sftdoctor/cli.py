@@ -53,8 +53,26 @@ def main():
 @click.option("--json", "as_json", is_flag=True, help="Print facts and findings as one JSON document.")
 @click.option("--no-plugins", is_flag=True, help="Do not load third-party checks (entry points 'sftdoctor.checks').")
 @click.option("-v", "--verbose", is_flag=True, help="Show detail and fix for every finding, not only problems.")
-def check(config, model_config, deepspeed, topology, facts_file, select, list_checks, as_json, no_plugins, verbose):
+@click.option("--distributed", is_flag=True, help="Run on every rank under torchrun: one verdict for the whole job, "
+              "with all-reduce bandwidth and correctness. --facts may name one snapshot per rank ({rank}, {node}).")
+@click.option("--seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="With --distributed: time budget of the all-reduce sweep.")
+@click.option("--bound", type=click.FloatRange(min=1.0), default=60.0, show_default=True,
+              help="With --distributed: seconds to wait for a rank to join, or a collective to finish.")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("sftdoctor-distributed"), show_default=True,
+              help="With --distributed: where each rank's record and the findings are written.")
+@click.option("--drill", help="With --distributed: absent:RANK keeps that rank away, to see it named.")
+def check(config, model_config, deepspeed, topology, facts_file, select, list_checks, as_json, no_plugins, verbose,
+          distributed, seconds, bound, out, drill):
     """Run the preflight checks. Exit 0: no error; 1: an error finding; 2: bad input."""
+    if distributed:
+        from sftdoctor.cluster.run import main as distributed_main
+
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            click.echo("sftdoctor: error: --distributed runs under a launcher: torchrun --nproc-per-node G "
+                       "-m sftdoctor check --distributed", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        sys.exit(distributed_main(bound, seconds, out, str(facts_file) if facts_file else None, as_json, drill))
     from sftdoctor.checks import load_checks, run_checks
     from sftdoctor.errors import InputError, InputErrors, did_you_mean
     from sftdoctor.facts import Facts

@@ -21,7 +21,7 @@ from typing import Any
 from sftdoctor.findings import Finding, Severity
 
 ENTRY_POINT_GROUP = "sftdoctor.checks"
-PHASES = ("preflight", "runtime")
+PHASES = ("preflight", "runtime", "distributed")  # distributed: `check --distributed`, over every rank
 BUILTIN_MODULES = (
     "sftdoctor.checks.torch_cuda",
     "sftdoctor.checks.precision",
@@ -33,6 +33,7 @@ BUILTIN_MODULES = (
     "sftdoctor.checks.memory",
     "sftdoctor.checks.packing",
     "sftdoctor.checks.runtime",
+    "sftdoctor.checks.cluster",
 )
 _ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 

@@ -53,6 +53,7 @@ def _probes() -> dict[str, Callable[["Facts"], Any]]:
         "data": data.probe_data,
         "packing_probe": packing_probe.probe_packing,
         "model_shape": shape.probe_model_shape,
+        "cluster": lambda facts: None,  # every rank's record and the sweep: made by `check --distributed`
     }
 
 
@@ -171,5 +172,6 @@ _NOT_GIVEN = {
     "transformers_features": "transformers is not installed",
     "data": "no run config given (--config)",
     "packing_probe": "packing is off, or no run config / model config to probe",
+    "cluster": "only under `sftdoctor check --distributed` (every rank of a job)",
     "model_shape": "no model config, or no GPU to plan for (sftdoctor plan --gpu-memory plans for another machine)",
 }

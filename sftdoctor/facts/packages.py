@@ -25,6 +25,9 @@ PACKAGES = (
     "triton",
     "nvidia-ml-py",
     "pynvml",
+    "nvidia-nccl-cu12",  # the NCCL that torch's CUDA wheels load
+    "nvidia-nccl-cu11",
+    "nvidia-nccl-cu13",
 )
 
 

@@ -1,0 +1,205 @@
+"""`sftdoctor check --distributed`, run on every rank under torchrun (or any launcher that sets RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT).
+
+1. Join: every rank puts its record (versions, node, the GPU it will use) into the launcher's c10d
+   store; rank 0 waits at most `bound` seconds and names the ranks that never came, instead of hanging.
+2. Sweep: a process group (NCCL on GPUs, gloo on CPUs) all-reduces growing messages inside each node,
+   then across nodes (nccl-tests style: algbw = bytes / time, busbw = algbw x 2(n-1)/n), checks every
+   sum, and stops within its time budget.
+3. Rank 0 runs the `distributed` checks on all of it, prints one table and writes each rank's record and
+   the findings to the output folder; every rank exits with rank 0's verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+SIZES = [2**k for k in range(16, 29)]  # 64 KiB .. 256 MiB
+CPU_MAX = 16 * 2**20
+
+
+def env_int(name: str, default: int | None = None) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise KeyError(name)
+        return default
+    return int(value)
+
+
+def record(rank: int, local_rank: int, node: str, facts) -> dict[str, Any]:
+    """What this rank runs and which GPU it will use (cuda:LOCAL_RANK among the visible ones)."""
+    from sftdoctor.cluster.expect import intra_node
+
+    packages = facts.get("packages") or {}
+    build = facts.get("torch_build") or {}
+    gpus = facts.get("gpus") or {}
+    devices = visible(gpus.get("devices") or [], os.environ.get("CUDA_VISIBLE_DEVICES"))
+    # The GPU a rank uses: its only visible one, else cuda:LOCAL_RANK (what sftdoctor train and HF do).
+    gpu = devices[0] if len(devices) == 1 else devices[local_rank] if local_rank < len(devices) else None
+    nccl = next((packages.get(n) for n in ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11") if packages.get(n)), None)
+    topology = facts.get("topology") if devices and local_rank == 0 else None
+    return {
+        "rank": rank, "local_rank": local_rank, "node": node, "host": socket.gethostname(), "pid": os.getpid(),
+        "torch": build.get("version") or packages.get("torch"), "cuda": build.get("cuda"), "nccl": nccl,
+        "driver": gpus.get("driver_version"), "transformers": packages.get("transformers"), "trl": packages.get("trl"),
+        "deepspeed": packages.get("deepspeed"), "accelerate": packages.get("accelerate"),
+        "gpus_visible": len(devices),
+        "gpu": (gpu.get("uuid") or gpu.get("pci_bus_id") or f"GPU{gpu.get('index')}") if gpu else None,
+        "gpu_name": gpu.get("name") if gpu else None, "gpu_memory_mib": gpu.get("memory_total_mib") if gpu else None,
+        "link_expect": intra_node(topology, gpu.get("compute_capability")) if topology and gpu else None,
+    }
+
+
+def visible(devices: list[dict[str, Any]], mask: str | None) -> list[dict[str, Any]]:
+    """The devices CUDA_VISIBLE_DEVICES leaves, in its order (NVML lists them all): indices or UUIDs."""
+    if mask is None:
+        return devices
+    out = []
+    for item in (x.strip() for x in mask.split(",") if x.strip()):
+        match = next((d for d in devices if str(d.get("index")) == item or
+                      (d.get("uuid") and str(d["uuid"]).startswith(item))), None)
+        if match is None:
+            break  # CUDA stops at the first entry it cannot resolve
+        out.append(match)
+    return out
+
+
+def connect(bound: float):
+    """A client of the launcher's store (torchrun's agent store), or rank 0 hosts one."""
+    import torch.distributed as dist
+
+    rank, world = env_int("RANK"), env_int("WORLD_SIZE")
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], env_int("MASTER_PORT"), world, is_master=(rank == 0 and not agent),
+                          timeout=timedelta(seconds=bound), wait_for_workers=False)
+    run = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return dist.PrefixStore(f"sftdoctor-check/{run}/", store)
+
+
+def join(store, rank: int, world: int, mine: dict[str, Any], bound: float) -> tuple[list[dict], list[int]]:
+    """Every rank's record, and the ranks that did not come within `bound` seconds (rank 0 decides)."""
+    store.set(f"joined/{rank}", json.dumps(mine))
+    if rank == 0:
+        deadline = time.monotonic() + bound
+        while time.monotonic() < deadline:
+            if all(store.check([f"joined/{r}"]) for r in range(world)):
+                break
+            time.sleep(0.05)
+        present = [r for r in range(world) if store.check([f"joined/{r}"])]
+        missing = sorted(set(range(world)) - set(present))
+        store.set("joined", json.dumps(missing))
+    else:
+        store.wait(["joined"], timedelta(seconds=2 * bound + 10))
+        missing = json.loads(store.get("joined"))
+    records = [json.loads(store.get(f"joined/{r}")) for r in range(world) if r not in missing]
+    return records, missing
+
+
+def sweep(records: list[dict[str, Any]], rank: int, store, budget: float, cuda: bool) -> dict[str, Any]:
+    """All-reduce sweeps per node (when it has 2+ ranks) and across nodes (when 2+ nodes)."""
+    import torch
+    import torch.distributed as dist
+
+    nodes: dict[str, list[int]] = {}
+    for r in records:
+        nodes.setdefault(r["node"], []).append(r["rank"])
+    plans = [(f"node {node}", sorted(ranks)) for node, ranks in sorted(nodes.items()) if len(ranks) > 1]
+    if len(nodes) > 1:
+        plans.append(("across nodes", sorted(r["rank"] for r in records)))
+    # every rank creates every group, in the same order (torch requires it)
+    groups = [(name, ranks, dist.new_group(ranks)) for name, ranks in plans]
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    limit = SIZES[-1] if cuda else CPU_MAX
+    wrong = False
+    for name, ranks, group in groups:
+        result = {"name": name, "ranks": ranks, "backend": dist.get_backend(), "sizes": []}
+        node_expect = next((r["link_expect"] for r in records if r["rank"] == ranks[0] and r.get("link_expect")), None)
+        if name.startswith("node") and node_expect:
+            result["expected"] = node_expect
+        if rank in ranks:
+            began, n = time.monotonic(), len(ranks)
+            for size in (s for s in SIZES if s <= limit):
+                store.set(f"phase/{rank}", f"{name}: all-reduce of {size} bytes")
+                tensor = torch.full((size // 4,), float(ranks.index(rank) + 1), device=device)
+                dist.all_reduce(tensor, group=group)  # warm-up (and the first check)
+                wrong |= not bool((tensor == n * (n + 1) / 2).all())
+                iters, start = 3, time.perf_counter()
+                for _ in range(iters):
+                    tensor.fill_(float(ranks.index(rank) + 1))
+                    dist.all_reduce(tensor, group=group)
+                if cuda:
+                    torch.cuda.synchronize()
+                seconds = (time.perf_counter() - start) / iters
+                wrong |= not bool((tensor == n * (n + 1) / 2).all())
+                algbw = size / seconds / 1e9
+                result["sizes"].append({"bytes": size, "seconds": seconds, "algbw_gbps": algbw,
+                                        "busbw_gbps": algbw * 2 * (n - 1) / n})
+                if time.monotonic() - began > budget / max(len(groups), 1):
+                    break
+        if rank == ranks[0]:  # the group's first rank speaks for it
+            store.set(f"sweep/{name}", json.dumps(result))
+    flag = torch.tensor([1.0 if wrong else 0.0], device=device)
+    gathered = [torch.zeros_like(flag) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, flag)  # also: every group's result is in the store now
+    groups_done = [json.loads(store.get(f"sweep/{name}")) for name, _, _ in groups] if rank == 0 else []
+    return {"groups": groups_done, "wrong_ranks": [r for r, f in enumerate(gathered) if f.item()]}
+
+
+def main(bound: float, budget: float, out: Path, facts_template: str | None, as_json: bool, drill: str | None) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from sftdoctor import report
+    from sftdoctor.checks import load_checks, run_checks
+    from sftdoctor.facts import Facts, Inputs
+
+    rank, world, local_rank = env_int("RANK"), env_int("WORLD_SIZE"), env_int("LOCAL_RANK", 0)
+    node = os.environ.get("SFTDOCTOR_NODE") or socket.gethostname()
+    if drill == f"absent:{rank}":  # a rank that never comes: the others must name it, not hang
+        time.sleep(10 * bound)
+        return 1
+    snapshot = facts_template.format(rank=rank, local_rank=local_rank, node=node) if facts_template else None
+    facts = Facts(Inputs(facts=Path(snapshot) if snapshot else None))
+    mine = record(rank, local_rank, node, facts)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank-{rank}.json").write_text(json.dumps(mine, indent=2) + "\n")
+    store = connect(bound)
+    records, missing = join(store, rank, world, mine, bound)
+    cluster: dict[str, Any] = {"ranks": records, "missing": missing, "bound_s": bound, "world_size": world}
+    if not missing:
+        cuda = torch.cuda.is_available() and mine["gpu"] is not None
+        if cuda:
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore("pg/", store), rank=rank,
+                                world_size=world, timeout=timedelta(seconds=bound))
+        try:
+            cluster["sweep"] = sweep(records, rank, store, budget, cuda)
+        except Exception as exc:  # a collective that did not finish in time
+            phases = {r: store.get(f"phase/{r}").decode() if store.check([f"phase/{r}"]) else "never started"
+                      for r in range(world)}
+            cluster["sweep"] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}",
+                                "where": "; ".join(f"rank {r}: {p}" for r, p in phases.items())}
+    if rank != 0:
+        store.wait(["verdict"], timedelta(seconds=3 * bound + 60))
+        code = int(store.get("verdict"))
+    else:
+        registry = load_checks()
+        findings, skipped = run_checks(registry.phase("distributed"), Facts.replay({"cluster": cluster}))
+        (out / "findings.json").write_text(json.dumps([f.to_json() for f in findings], indent=2, default=str) + "\n")
+        if as_json:
+            report.render_json(findings, skipped, {"cluster": cluster})
+        else:
+            report.render_table(findings, skipped)
+        code = report.exit_code(findings)
+        store.set("verdict", str(code))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return code
