@@ -137,6 +137,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "master_addr": Key("a host name or address", _str, default="127.0.0.1"),
         "master_port": Key('a port 1-65535 or "auto"', _int(1, 65535, auto=True), default=29500),
         "max_restarts": Key("an integer >= 0", _int(0), default=0),
+        "distributed_check": Key("true or false", _bool, default=True,
+                                 doc="with 2+ processes, every rank runs `check --distributed` before training"),
     },
     "report": {
         "to": Key("one of none, tensorboard, wandb", _choice("none", "tensorboard", "wandb"), default="none"),

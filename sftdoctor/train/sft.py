@@ -175,11 +175,21 @@ def watched_trainer_class(drill: dict[str, Any] | None):
 
 # ---------------------------------------------------------------- train
 
+DISTRIBUTED_CHECK_SECONDS = 3.0
+
+
 def main(argv: list[str]) -> int:
     resolved_path = Path(argv[0])
     resolved = json.loads(resolved_path.read_text())
     run, plan = resolved["run_config"], resolved["plan"]
     run_dir = Path(plan["output_dir"])
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and run["launch"].get("distributed_check", True):
+        from sftdoctor.cluster.run import main as distributed_check
+
+        # Every rank, before the model loads: the same stack, a GPU each, all joined, exact all-reduces.
+        bound = min(float(plan["watch"]["hang_timeout_s"]), 120.0)
+        if distributed_check(bound, DISTRIBUTED_CHECK_SECONDS, run_dir / "distributed", None, False, None):
+            return 1
 
     import datasets
     import transformers

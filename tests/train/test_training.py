@@ -105,6 +105,9 @@ def test_two_processes_ddp_over_gloo(tmp_path, tiny_data):
     assert "world size      2" in proc.stdout
     assert complete(tmp_path / "out") == ["checkpoint-2", "checkpoint-4"]
     assert proc.stdout.count("step 4/4  loss") == 1  # rank 0 only
+    # before the model loaded, every rank ran `check --distributed`
+    assert "cluster-consistency     2 ranks on 1 node agree" in proc.stdout
+    assert sorted(p.name for p in (tmp_path / "out" / "distributed").iterdir()) == ["findings.json", "rank-0.json", "rank-1.json"]
 
 
 def test_two_processes_deepspeed_zero2_with_the_recommended_schedule(tmp_path, tiny_data):
