@@ -15,6 +15,11 @@ AGREE = (("torch", "torch"), ("cuda", "torch's CUDA build"), ("nccl", "NCCL"), (
          ("transformers", "transformers"), ("trl", "TRL"), ("deepspeed", "DeepSpeed"), ("accelerate", "accelerate"),
          ("gpu_name", "GPU model"), ("gpu_memory_mib", "GPU memory (MiB)"))
 SLOW = 0.5  # a link measured below this share of what its topology promises is a warning
+FIXES = {
+    "nvlink": "NVLink not used: unset NCCL_P2P_DISABLE, NCCL_P2P_LEVEL=NVL; see the gpu-topology finding",
+    "pcie": "PCIe peer-to-peer blocked or slowed: ACS on the PCIe switches, IOMMU passthrough, NCCL_P2P_LEVEL",
+    "network": "NCCL picked a slow interface: NCCL_SOCKET_IFNAME / NCCL_IB_HCA, GPUDirect RDMA (nvidia-peermem)",
+}
 
 
 def _where(records: list[dict[str, Any]]) -> str:
@@ -108,10 +113,7 @@ def collective_bandwidth(cluster: dict[str, Any]):
             findings.append(warning(
                 head + f", below half of the {expected['busbw_gbps']:g} GB/s its links promise",
                 detail=f"expected: {expected['why']}.",
-                fix=("NVLink not used: check NCCL_P2P_DISABLE / NCCL_P2P_LEVEL and the gpu-topology finding"
-                     if expected["via"] == "nvlink" else
-                     "PCIe peer-to-peer blocked or slowed: ACS on the switches, NCCL_P2P_LEVEL; across nodes "
-                     "NCCL_SOCKET_IFNAME / NCCL_IB_HCA"), explain="gpu-topology", evidence=evidence))
+                fix=FIXES[expected["via"]], explain="collective-bandwidth", evidence=evidence))
         else:
             detail = f"expected about {expected['busbw_gbps']:g} GB/s ({expected['why']})" if expected else ""
             findings.append(info(head, detail=detail, evidence=evidence))

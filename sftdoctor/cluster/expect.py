@@ -76,3 +76,16 @@ def intra_node(topology: dict[str, Any], compute_capability: str | None) -> dict
     return {"busbw_gbps": round(rate * EFFICIENCY, 1), "via": "pcie",
             "why": f"PCIe {generation} x16 ({PCIE_GBPS[generation]:g} GB/s) through {worst} "
                    f"(x {PATH_SHARE[worst]}), x {EFFICIENCY}"}
+
+
+def inter_node(nics: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a node's active InfiniBand/RoCE ports promise across nodes: NCCL spreads its rings over all of
+    them, so about 80% of their summed rate (e.g. 8 x 200 Gb/s HDR: ~160 GB/s)."""
+    from sftdoctor.facts.nics import active_gbps
+
+    gbps = active_gbps(nics)
+    if not gbps:
+        return None
+    ports = sum(1 for p in nics["ports"] if p.get("state") == "Active")
+    return {"busbw_gbps": round(gbps / 8 * EFFICIENCY, 1), "via": "network",
+            "why": f"{ports} active InfiniBand/RoCE port{'s' if ports > 1 else ''}, {gbps:g} Gb/s in all, x {EFFICIENCY}"}

@@ -36,7 +36,7 @@ def env_int(name: str, default: int | None = None) -> int:
 
 def record(rank: int, local_rank: int, node: str, facts) -> dict[str, Any]:
     """What this rank runs and which GPU it will use (cuda:LOCAL_RANK among the visible ones)."""
-    from sftdoctor.cluster.expect import intra_node
+    from sftdoctor.cluster.expect import inter_node, intra_node
 
     packages = facts.get("packages") or {}
     build = facts.get("torch_build") or {}
@@ -55,6 +55,7 @@ def record(rank: int, local_rank: int, node: str, facts) -> dict[str, Any]:
         "gpu": (gpu.get("uuid") or gpu.get("pci_bus_id") or f"GPU{gpu.get('index')}") if gpu else None,
         "gpu_name": gpu.get("name") if gpu else None, "gpu_memory_mib": gpu.get("memory_total_mib") if gpu else None,
         "link_expect": intra_node(topology, gpu.get("compute_capability")) if topology and gpu else None,
+        "network_expect": inter_node(facts.get("nics")) if local_rank == 0 else None,
     }
 
 
@@ -103,6 +104,15 @@ def join(store, rank: int, world: int, mine: dict[str, Any], bound: float) -> tu
     return records, missing
 
 
+def dist_max(value: int, group, device) -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(value)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.item()
+
+
 def sweep(records: list[dict[str, Any]], rank: int, store, budget: float, cuda: bool) -> dict[str, Any]:
     """All-reduce sweeps per node (when it has 2+ ranks) and across nodes (when 2+ nodes)."""
     import torch
@@ -117,28 +127,39 @@ def sweep(records: list[dict[str, Any]], rank: int, store, budget: float, cuda: 
     # every rank creates every group, in the same order (torch requires it)
     groups = [(name, ranks, dist.new_group(ranks)) for name, ranks in plans]
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    limit = SIZES[-1] if cuda else CPU_MAX
+    # Sized to the GPUs: at most 2% of the smallest one's memory (256 MiB on an 80 GB card is 0.3%).
+    memory = min((r.get("gpu_memory_mib") or 0 for r in records), default=0) * 2**20
+    limit = min(SIZES[-1], max(memory // 50, SIZES[0])) if cuda else CPU_MAX
     wrong = False
     for name, ranks, group in groups:
         result = {"name": name, "ranks": ranks, "backend": dist.get_backend(), "sizes": []}
         node_expect = next((r["link_expect"] for r in records if r["rank"] == ranks[0] and r.get("link_expect")), None)
         if name.startswith("node") and node_expect:
             result["expected"] = node_expect
+        networks = [r["network_expect"] for r in records if r.get("network_expect")]
+        if name == "across nodes" and len(networks) == len(nodes):  # the slowest node's ports set the pace
+            result["expected"] = min(networks, key=lambda e: e["busbw_gbps"])
         if rank in ranks:
             began, n = time.monotonic(), len(ranks)
             for size in (s for s in SIZES if s <= limit):
                 store.set(f"phase/{rank}", f"{name}: all-reduce of {size} bytes")
-                tensor = torch.full((size // 4,), float(ranks.index(rank) + 1), device=device)
-                dist.all_reduce(tensor, group=group)  # warm-up (and the first check)
-                wrong |= not bool((tensor == n * (n + 1) / 2).all())
-                iters, start = 3, time.perf_counter()
+                # Each rank adds rank + 1: the first sum is n(n+1)/2, each further one multiplies by n. float64
+                # keeps these exact (or within 1e-12) for thousands of ranks, and nothing is refilled in the timing.
+                tensor = torch.full((size // 8,), float(ranks.index(rank) + 1), dtype=torch.float64, device=device)
+                warm = time.perf_counter()
+                dist.all_reduce(tensor, group=group)  # warm-up, and how many timed ones fit in ~0.2 s
+                if cuda:
+                    torch.cuda.synchronize()
+                iters = min(max(int(0.2 / max(time.perf_counter() - warm, 1e-6)), 3), 20)
+                iters = int(dist_max(iters, group, device))  # every rank of the group must run as many
+                start = time.perf_counter()
                 for _ in range(iters):
-                    tensor.fill_(float(ranks.index(rank) + 1))
                     dist.all_reduce(tensor, group=group)
                 if cuda:
                     torch.cuda.synchronize()
                 seconds = (time.perf_counter() - start) / iters
-                wrong |= not bool((tensor == n * (n + 1) / 2).all())
+                expected = n * (n + 1) / 2 * n**iters
+                wrong |= not bool(torch.isclose(tensor, torch.full_like(tensor, expected), rtol=1e-12, atol=0).all())
                 algbw = size / seconds / 1e9
                 result["sizes"].append({"bytes": size, "seconds": seconds, "algbw_gbps": algbw,
                                         "busbw_gbps": algbw * 2 * (n - 1) / n})

@@ -33,7 +33,7 @@ class Inputs:
 
 
 def _probes() -> dict[str, Callable[["Facts"], Any]]:
-    from sftdoctor.facts import configs, data, gpus, packages, packing_probe, stack, system, topology
+    from sftdoctor.facts import configs, data, gpus, nics, packages, packing_probe, stack, system, topology
     from sftdoctor.plan import shape
 
     return {
@@ -43,6 +43,7 @@ def _probes() -> dict[str, Callable[["Facts"], Any]]:
         "flash_attn": packages.probe_flash_attn,
         "gpus": gpus.probe_gpus,
         "topology": topology.probe_topology,
+        "nics": nics.probe_nics,
         "toolkit": system.probe_toolkit,
         "env": system.probe_env,
         "rendezvous": system.probe_rendezvous,
@@ -172,6 +173,7 @@ _NOT_GIVEN = {
     "transformers_features": "transformers is not installed",
     "data": "no run config given (--config)",
     "packing_probe": "packing is off, or no run config / model config to probe",
+    "nics": "no `ibstat` (InfiniBand/RoCE tools) on this machine",
     "cluster": "only under `sftdoctor check --distributed` (every rank of a job)",
     "model_shape": "no model config, or no GPU to plan for (sftdoctor plan --gpu-memory plans for another machine)",
 }

@@ -43,3 +43,26 @@ def test_a_cross_socket_hop_halves_what_a_single_root_promises():
 
 def test_pcie_generation_follows_the_gpu_generation():
     assert [pcie_generation(cc) for cc in ("7.0", "8.0", "8.9", "9.0", "12.0", None, "x")] == [3, 4, 4, 5, 5, 3, 3]
+
+
+def test_ibstat_ports_of_recorded_nodes_and_what_they_promise_across_nodes():
+    from hypothesis import given, settings, strategies as st
+
+    from conftest import FIXTURES, index
+    from sftdoctor.cluster.expect import inter_node
+    from sftdoctor.facts.nics import active_gbps, parse_ibstat
+
+    for entry in index("ibstat"):
+        nics = parse_ibstat((FIXTURES / "ibstat" / entry["file"]).read_text())
+        assert sum(p["state"] == "Active" for p in nics["ports"]) == entry["expect"]["active_ports"]
+        assert active_gbps(nics) == entry["expect"]["total_gbps"]
+    two = inter_node(parse_ibstat((FIXTURES / "ibstat" / "cx6dx_2x100g_roce_l2fwd_nv6.txt").read_text()))
+    assert two["busbw_gbps"] == pytest.approx(200 / 8 * EFFICIENCY) and two["via"] == "network"
+    assert inter_node({"ports": []}) is None
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.text(alphabet=st.sampled_from(list("CA 'mlx5_0\nPort 1:\tState: Active Rate: 2.5x")), max_size=300))
+    def never_raises(text):
+        parse_ibstat(text)
+
+    never_raises()
