@@ -163,7 +163,8 @@ def sweep(records: list[dict[str, Any]], rank: int, store, budget: float, cuda: 
                 algbw = size / seconds / 1e9
                 result["sizes"].append({"bytes": size, "seconds": seconds, "algbw_gbps": algbw,
                                         "busbw_gbps": algbw * 2 * (n - 1) / n})
-                if time.monotonic() - began > budget / max(len(groups), 1):
+                over = time.monotonic() - began > budget / max(len(groups), 1)
+                if dist_max(int(over), group, device):  # the group stops together, or some rank would hang
                     break
         if rank == ranks[0]:  # the group's first rank speaks for it
             store.set(f"sweep/{name}", json.dumps(result))
