@@ -83,7 +83,7 @@ def check(config, model_config, deepspeed, topology, facts_file, select, list_ch
     if list_checks:
         for spec in registry.checks.values():
             origin = "" if spec.origin == "sftdoctor" else f"  [{spec.origin}]"
-            click.echo(f"{spec.id:<22} {spec.phase:<9} {spec.summary}{origin}")
+            click.echo(f"{spec.id:<22} {spec.phase:<11} {spec.summary}{origin}")
         return
     if select:
         wanted = [s.strip() for s in select.split(",") if s.strip()]

@@ -91,6 +91,7 @@ def test_select_and_list():
     (["explain", "--log", str(TOPO)], "cannot read the log: Is a directory"),
     (["explain", "nan-loss", "--log", "-"], "give a TOPIC or --log FILE, not both"),
     (["explain", "nan-loss", "--json"], "--json goes with --log FILE"),
+    (["check", "--distributed"], "--distributed runs under a launcher: torchrun"),
     (["check", "--bogus"], "No such option"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(args, says):

@@ -198,8 +198,8 @@ def main(bound: float, budget: float, out: Path, facts_template: str | None, as_
     cluster: dict[str, Any] = {"ranks": records, "missing": missing, "bound_s": bound, "world_size": world}
     if not missing:
         cuda = torch.cuda.is_available() and mine["gpu"] is not None
-        if cuda:
-            torch.cuda.set_device(local_rank)
+        if cuda:  # the same GPU the record names: the only visible one, else cuda:LOCAL_RANK
+            torch.cuda.set_device(0 if mine["gpus_visible"] == 1 else local_rank)
         dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore("pg/", store), rank=rank,
                                 world_size=world, timeout=timedelta(seconds=bound))
         try:
