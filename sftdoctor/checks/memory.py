@@ -54,6 +54,6 @@ def memory_fit(run_config: dict[str, Any], model_shape: dict[str, Any], gpus: di
         fix = change(current, best) if best else "more GPUs, or a shorter max_length: no setting fits these GPUs"
         return error(head + " — more than the GPU has", detail=detail, fix=fix, evidence=evidence)
     if peak > memory * (1 - HEADROOM):
-        fix = change(current, best) if best and best is not current else "a smaller micro-batch or checkpointing"
+        fix = change(current, best) if best and best.setting != current.setting else "a smaller micro-batch or checkpointing"
         return warning(head + f": less than {HEADROOM:.0%} headroom", detail=detail, fix=fix, evidence=evidence)
     return ok(head, detail=detail, evidence=evidence)

@@ -105,7 +105,9 @@ def _candidate(run: Run, s: Setting, global_batch: int, gpu_memory: int) -> Cand
 
 
 def _precision(run_config: dict[str, Any], gpus) -> str:
+    """The run's precision; "auto" planned from a machine without GPUs means the GPUs' bf16."""
     from sftdoctor.train import resolve
 
-    precision = resolve.precision(run_config, gpus)
-    return "bf16" if precision == "fp32" and not (gpus or {}).get("devices") else precision
+    if run_config["model"].get("precision", "auto") == "auto" and not (gpus or {}).get("devices"):
+        return "bf16"
+    return resolve.precision(run_config, gpus)
