@@ -172,34 +172,10 @@ def plan(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_
     import json
 
     from sftdoctor.errors import InputError, InputErrors
-    from sftdoctor.facts import Facts, Inputs
-    from sftdoctor.plan import plan_run
-    from sftdoctor.plan import report
-    from sftdoctor.plan.shape import shape_of
+    from sftdoctor.plan import command, report
 
     try:
-        facts = Facts(Inputs(config=config))
-        run_config, summary = facts.get("run_config"), facts.get("model_config")
-        if summary is None:
-            raise InputError(config, "the model's config.json was not found (a local folder, or a hub id in the HF cache)",
-                             key="model.path")
-        gpus, packages = facts.get("gpus") or {}, facts.get("packages") or {}
-        if gpu_memory is None and not gpus.get("devices"):
-            raise InputError("plan", "no NVIDIA GPU found here: give --gpu-memory (and --gpus) to plan for another machine")
-        from sftdoctor.train import resolve
-
-        nproc, nnodes = resolve.world(run_config, gpus)
-        world = (gpus_per_node or nproc, nodes or nnodes)
-        model = json.loads(Path(summary["path"]).read_text(encoding="utf-8"))
-        planned = plan_run(run_config, shape_of(model), gpus, packages, facts.get("deepspeed_config"),
-                           gpu_memory=gpu_memory, world=world)
-        from sftdoctor.plan.tokens import dataset_tokens, steps_and_tokens
-
-        rows = ((facts.get("data") or {}).get("train") or {}).get("rows")
-        packing = run_config["training"]["packing"] is not False  # "auto" packs where the stack isolates samples
-        counted = steps_and_tokens(dataset_tokens(run_config), rows, run_config, planned.global_batch, packing)
-        names = [d.get("name") for d in gpus.get("devices") or []]
-        timing = report.timing(planned, counted, names[0] if names else None, mfu, peak_tflops, tokens_per_second)
+        planned, timing = command.make(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second)
     except (InputError, InputErrors) as exc:
         _bad_input(exc)
     if as_json:
