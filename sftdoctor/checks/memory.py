@@ -10,13 +10,6 @@ from sftdoctor.findings import error, ok, warning
 GIB = 2**30
 
 
-def describe(setting) -> str:
-    parts = [f"ZeRO-{setting.zero_stage}" + (" + optimizer offload" if setting.offload_optimizer else ""),
-             f"checkpointing {'on' if setting.checkpointing else 'off'}", f"micro-batch {setting.micro_batch}",
-             f"liger {'on' if setting.liger else 'off'}"]
-    return ", ".join(parts)
-
-
 def change(current, better) -> str:
     """The run-config lines that turn `current` into `better`."""
     a, b = current.setting, better.setting
@@ -48,7 +41,7 @@ def memory_fit(run_config: dict[str, Any], model_shape: dict[str, Any], gpus: di
                 "terms": [t.to_json() for t in current.estimate.gpu],
                 "recommended": vars(best.setting) if best else None}
     head = (f"predicted peak {peak / GIB:.1f} GiB per GPU of {memory / GIB:.1f} GiB "
-            f"({describe(current.setting)})")
+            f"({current.describe()})")
     detail = f"GiB per GPU: {terms}. `sftdoctor plan RUN.toml` shows every term and the candidates."
     if peak > memory:
         fix = change(current, best) if best else "more GPUs, or a shorter max_length: no setting fits these GPUs"

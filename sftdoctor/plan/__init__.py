@@ -35,6 +35,12 @@ class Candidate:
         s = self.setting
         return (s.offload_optimizer, self.compute, self.communication, -s.micro_batch, not s.liger)
 
+    def describe(self) -> str:
+        s = self.setting
+        return (f"ZeRO-{s.zero_stage}{' + optimizer offload' if s.offload_optimizer else ''}, checkpointing "
+                f"{'on' if s.checkpointing else 'off'}, micro-batch {s.micro_batch} x {self.accumulation} accumulation, "
+                f"liger {'on' if s.liger else 'off'}")
+
     def to_json(self) -> dict[str, Any]:
         e = self.estimate
         return {"setting": vars(self.setting), "gradient_accumulation_steps": self.accumulation,

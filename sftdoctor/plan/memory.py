@@ -112,6 +112,11 @@ def host_memory(shape: Shape, s: Setting, world: int, per_node: int) -> list[Ter
     return [Term("host RAM", int(p * factor * ADAM_BUFFER), f"{formula} x {ADAM_BUFFER}")]
 
 
+def dtype_bytes(precision: str) -> int:
+    """Bytes per element of the training dtype: fp32, or 16-bit (bf16/fp16)."""
+    return 4 if precision == "fp32" else 2
+
+
 def activation_bytes_per_token(shape: Shape, precision: str) -> int:
     """Bytes autograd saves in one decoder layer per token, with b the training dtype's size:
 
@@ -125,7 +130,7 @@ def activation_bytes_per_token(shape: Shape, precision: str) -> int:
     Korthikanti et al.'s 34 h per token is the same accounting for a GPT-2 layer. Batches with padding
     masks cost more (k/v repeated, a float mask of b x s^2 per layer); the padding-free packing of
     sftdoctor's trainer passes no mask."""
-    b = 4 if precision == "fp32" else 2
+    b = dtype_bytes(precision)
     h, q, kv, inter = shape.hidden, shape.q_size, shape.kv_size, shape.intermediate
     return 8 * h + b * (4 * h + 2 * q + 2 * kv + 4 * inter) + 4 * shape.heads + 8
 
@@ -133,7 +138,7 @@ def activation_bytes_per_token(shape: Shape, precision: str) -> int:
 def eager_attention_bytes(shape: Shape, micro_batch: int, seq_len: int, precision: str) -> int:
     """What eager attention keeps beyond sdpa, per layer: the softmax in fp32 plus the probabilities in the
     training dtype (b x heads x s^2 per sequence), k and v repeated to every head, no logsumexp."""
-    b = 4 if precision == "fp32" else 2
+    b = dtype_bytes(precision)
     per_score = 4 + (0 if b == 4 else b)
     tokens = micro_batch * seq_len
     return per_score * shape.heads * seq_len * seq_len * micro_batch + (2 * b * (shape.q_size - shape.kv_size)
@@ -145,7 +150,7 @@ def activations(run: Run, s: Setting) -> list[Term]:
     per_layer = activation_bytes_per_token(shape, run.precision) * tokens
     if run.attention == "eager":
         per_layer += eager_attention_bytes(shape, s.micro_batch, run.seq_len, run.precision)
-    b = 4 if run.precision == "fp32" else 2
+    b = dtype_bytes(run.precision)
     if s.checkpointing:  # non-reentrant: each layer keeps its input (measured: b x h per token)
         kept = shape.layers * b * shape.hidden * tokens
         return [Term("activations", kept + per_layer,
@@ -164,7 +169,7 @@ def logits(run: Run, s: Setting) -> list[Term]:
     tokens, vocab = s.micro_batch * run.seq_len, run.shape.vocab
     if s.liger:
         return [Term("logits and loss", 0, "liger fused linear cross-entropy: logits never materialised")]
-    b = 4 if run.precision == "fp32" else 2
+    b = dtype_bytes(run.precision)
     per_token = b + (0 if b == 4 else 4) + 4
     return [Term("logits and loss", per_token * vocab * tokens,
                  f"{per_token} B x vocab x tokens: logits{'' if b == 4 else ', their fp32 copy'} and the loss's softmax")]

@@ -40,13 +40,6 @@ def to_json(planned: Planned, timing_: dict[str, Any]) -> dict[str, Any]:
             "candidates": [c.to_json() for c in planned.candidates], "time": timing_}
 
 
-def _setting(c: Candidate) -> str:
-    s = c.setting
-    return (f"ZeRO-{s.zero_stage}{' + optimizer offload' if s.offload_optimizer else ''}, checkpointing "
-            f"{'on' if s.checkpointing else 'off'}, micro-batch {s.micro_batch} x {c.accumulation} accumulation, "
-            f"liger {'on' if s.liger else 'off'}")
-
-
 def _terms(c: Candidate) -> list[str]:
     e = c.estimate
     lines = [f"  {t.name:<24} {t.bytes / GIB:8.2f} GiB  {t.formula}" for t in e.gpu]
@@ -63,7 +56,7 @@ def render(planned: Planned, timing_: dict[str, Any]) -> str:
              f"GPUs       {run.world} x {memory} ({run.per_node} per node)",
              f"run        {run.seq_len:,} tokens per row, global batch {planned.global_batch}, {run.precision}, {run.attention}",
              "",
-             f"this run's setting: {_setting(planned.current)} — {'fits' if planned.current.fits else 'does NOT fit'}",
+             f"this run's setting: {planned.current.describe()} — {'fits' if planned.current.fits else 'does NOT fit'}",
              *_terms(planned.current), ""]
     best = planned.recommended
     if best is None:
@@ -71,7 +64,7 @@ def render(planned: Planned, timing_: dict[str, Any]) -> str:
     elif best.setting == planned.current.setting:
         lines.append("recommended: this run's setting (the fastest that fits)")
     else:
-        lines += [f"recommended: {_setting(best)} — {best.estimate.gpu_peak / GIB:.1f} GiB per GPU", *_terms(best)]
+        lines += [f"recommended: {best.describe()} — {best.estimate.gpu_peak / GIB:.1f} GiB per GPU", *_terms(best)]
     fitting = [c for c in planned.candidates if c.fits]
     lines += ["", f"settings that fit, fastest first ({min(SHOWN, len(fitting))} of {len(fitting)} that fit, "
               f"{len(planned.candidates)} tried; all in --json):",
@@ -101,5 +94,5 @@ def summary(planned: Planned) -> str:
     line = (f"memory          predicted peak {current.estimate.gpu_peak / GIB:.1f} GiB per GPU of "
             f"{planned.gpu_memory / GIB:.1f} GiB ({'fits' if current.fits else 'does NOT fit'})")
     if best is not None and best.setting != current.setting:
-        line += f"\n                fastest that fits: {_setting(best)} ({best.estimate.gpu_peak / GIB:.1f} GiB)"
+        line += f"\n                fastest that fits: {best.describe()} ({best.estimate.gpu_peak / GIB:.1f} GiB)"
     return line + "\n                every term: sftdoctor plan RUN.toml"
