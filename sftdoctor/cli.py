@@ -51,7 +51,8 @@ def main():
 @click.option("--select", help="Run only these checks (comma-separated ids).")
 @click.option("--list", "list_checks", is_flag=True, help="List the checks and exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print facts and findings as one JSON document.")
-@click.option("--no-plugins", is_flag=True, help="Do not load third-party checks (entry points 'sftdoctor.checks').")
+@click.option("--no-plugins", is_flag=True, help="Do not load third-party checks (entry points 'sftdoctor.checks'; "
+              "or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1).")
 @click.option("-v", "--verbose", is_flag=True, help="Show detail and fix for every finding, not only problems.")
 @click.option("--distributed", is_flag=True, help="Run on every rank under torchrun: one verdict for the whole job, "
               "with all-reduce bandwidth and correctness. --facts may name one snapshot per rank ({rank}, {node}).")
@@ -72,21 +73,26 @@ def check(config, model_config, deepspeed, topology, facts_file, select, list_ch
             click.echo("sftdoctor: error: --distributed runs under a launcher: torchrun --nproc-per-node G "
                        "-m sftdoctor check --distributed", err=True)
             sys.exit(EXIT_BAD_INPUT)
-        sys.exit(distributed_main(bound, seconds, out, str(facts_file) if facts_file else None, as_json, drill))
-    from sftdoctor.checks import load_checks, run_checks
+        from sftdoctor.checks import plugins_enabled
+
+        sys.exit(distributed_main(bound, seconds, out, str(facts_file) if facts_file else None, as_json, drill,
+                                  plugins=plugins_enabled(no_plugins)))
+    from sftdoctor.checks import load_checks, plugins_enabled, run_checks
     from sftdoctor.errors import InputError, InputErrors, did_you_mean
     from sftdoctor.facts import Facts
     from sftdoctor import report
 
-    registry = load_checks(plugins=not no_plugins)
+    registry = load_checks(plugins_enabled(no_plugins))
     specs = registry.phase("preflight")
     if list_checks:
         for spec in registry.checks.values():
             origin = "" if spec.origin == "sftdoctor" else f"  [{spec.origin}]"
             click.echo(f"{spec.id:<22} {spec.phase:<11} {spec.summary}{origin}")
         return
-    if select:
+    if select is not None:
         wanted = [s.strip() for s in select.split(",") if s.strip()]
+        if not wanted:
+            _bad_input(InputError("--select", "expected check ids separated by commas; see `sftdoctor check --list`"))
         for name in wanted:
             if name not in registry.checks:
                 _bad_input(InputError("--select", f"no check {name!r}{did_you_mean(name, registry.checks)}; "
@@ -128,14 +134,17 @@ def facts(config, model_config, deepspeed, topology, facts_file):
 @click.option("--smoke", is_flag=True, help="Rehearse the whole pipeline in seconds on a shrunk model, with a save and a resume.")
 @click.option("--force", is_flag=True, help="Start even when a check finds an error (recorded in the run directory).")
 @click.option("--drill", help="Inject a fault to prove the alarms work: nan-loss@STEP[:RANK] or hang@STEP[:RANK].")
-def train(config, resume, dry_run, smoke, force, drill):
+@click.option("--no-plugins", is_flag=True, help="Do not load third-party checks (or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1).")
+def train(config, resume, dry_run, smoke, force, drill, no_plugins):
     """Fine-tune with the settings in CONFIG (TOML), after the checks pass."""
+    from sftdoctor.checks import plugins_enabled
     from sftdoctor.errors import InputError, InputErrors
     from sftdoctor.train.launch import parse_drill, train as run_training
 
     try:
         fault = parse_drill(drill) if drill else None
-        code = run_training(config, resume=resume, dry_run=dry_run, smoke=smoke, force=force, drill=fault)
+        code = run_training(config, resume=resume, dry_run=dry_run, smoke=smoke, force=force, drill=fault,
+                            plugins=plugins_enabled(no_plugins))
     except (InputError, InputErrors) as exc:
         _bad_input(exc)
     sys.exit(code)
@@ -175,14 +184,14 @@ def plan(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_
     from sftdoctor.plan import command, report
 
     try:
-        planned, timing = command.make(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second)
+        _, fitted, timing = command.make(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second)
     except (InputError, InputErrors) as exc:
         _bad_input(exc)
     if as_json:
-        click.echo(json.dumps(report.to_json(planned, timing), indent=2))
+        click.echo(json.dumps(report.to_json(fitted, timing), indent=2))
     else:
-        click.echo(report.render(planned, timing))
-    sys.exit(0 if planned.current.fits else 1)
+        click.echo(report.render(fitted, timing))
+    sys.exit(0 if fitted.current.fits else 1)
 
 
 @main.command()

@@ -5,12 +5,16 @@ A check is a plain function of facts, declared with `@check`, which only attache
 parameter with a default is optional; a required fact that is unavailable skips the check
 with the reason. A check that raises becomes an error finding naming it; the rest still run.
 Third-party checks register through the entry-point group "sftdoctor.checks" (an entry
-point names a module, or a single check function).
+point names a module, or a single check function); every command loads them the same way, and
+`--no-plugins` or SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1 (as pytest's PYTEST_DISABLE_PLUGIN_AUTOLOAD)
+turns them off. The same runner serves `check`, the gate of `train`, `check --distributed` and the
+runtime watchers.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import traceback
 from collections.abc import Callable, Iterable
@@ -99,8 +103,19 @@ class Registry:
     def select(self, ids: Iterable[str]) -> list[CheckSpec]:
         return [self.checks[i] for i in ids]
 
+    def unknown(self, ids: Iterable[str]) -> list[str]:
+        return [i for i in ids if i not in self.checks]
+
     def phase(self, phase: str) -> list[CheckSpec]:
         return [spec for spec in self.checks.values() if spec.phase == phase]
+
+
+PLUGINS_OFF = "SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD"
+
+
+def plugins_enabled(no_plugins: bool = False) -> bool:
+    """Third-party checks load unless --no-plugins or SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD is set (not "" or "0")."""
+    return not no_plugins and os.environ.get(PLUGINS_OFF, "") in ("", "0")
 
 
 def load_checks(plugins: bool = True) -> Registry:
@@ -133,6 +148,8 @@ class Skipped:
 
 
 def run_check(spec: CheckSpec, facts) -> list[Finding] | Skipped:
+    """One check in isolation: its whole result (a Finding, a list, or a generator of them) is materialised
+    and type-checked here, so whatever goes wrong inside it becomes one error finding naming it."""
     kwargs: dict[str, Any] = {}
     for name, required in spec.facts:
         value = facts.get(name) if facts.known(name) else None
@@ -142,17 +159,23 @@ def run_check(spec: CheckSpec, facts) -> list[Finding] | Skipped:
             return Skipped(spec.id, facts.why_missing(name) or f"needs the fact {name!r}")
     try:
         result = spec.func(**kwargs)
+        findings = [result] if isinstance(result, Finding) else list(result or [])
     except NotApplicable as exc:
         return Skipped(spec.id, str(exc))
     except Exception as exc:
         where = traceback.extract_tb(exc.__traceback__)[-1]
-        return [Finding(
-            Severity.ERROR, f"check {spec.id} crashed: {type(exc).__name__}: {exc}",
-            detail=f"at {where.filename}:{where.lineno} ({spec.origin})",
-            fix="report this with `sftdoctor facts` output attached; the other checks still ran",
-            id=spec.id, explain=spec.explain)]
-    findings = [result] if isinstance(result, Finding) else list(result or [])
+        return [_broken(spec, f"crashed: {type(exc).__name__}: {exc}", f"at {where.filename}:{where.lineno} ({spec.origin})")]
+    wrong = [f for f in findings if not isinstance(f, Finding)]
+    if wrong:
+        return [_broken(spec, f"returned {type(wrong[0]).__name__} {str(wrong[0])[:80]!r}, not a Finding",
+                        f"{spec.func.__module__}.{spec.func.__qualname__} ({spec.origin})")]
     return [replace(f, id=f.id or spec.id, explain=f.explain or spec.explain) for f in findings]
+
+
+def _broken(spec: CheckSpec, what: str, where: str) -> Finding:
+    return Finding(Severity.ERROR, f"check {spec.id} {what}", detail=where,
+                   fix="report this with `sftdoctor facts` output attached; the other checks still ran",
+                   id=spec.id, explain=spec.explain)
 
 
 def run_checks(specs: Iterable[CheckSpec], facts) -> tuple[list[Finding], list[Skipped]]:

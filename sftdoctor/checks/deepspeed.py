@@ -44,10 +44,9 @@ def _offload_devices(zero: dict[str, Any]) -> dict[str, str]:
     return found
 
 
-def _nodes(run_config: dict[str, Any] | None, env: dict[str, str] | None) -> int:
-    launch = (run_config or {}).get("launch") or {}
-    if "nnodes" in launch:
-        return int(launch["nnodes"])
+def _nodes(plan, env: dict[str, str] | None) -> int:
+    if plan is not None:
+        return plan.nnodes
     env = env or {}
     try:
         if "SLURM_JOB_NUM_NODES" in env:
@@ -60,12 +59,12 @@ def _nodes(run_config: dict[str, Any] | None, env: dict[str, str] | None) -> int
 
 
 @check("deepspeed-precision", "DeepSpeed fp16/bf16 flags, offload and gradient clipping vs GPUs, model and run")
-def deepspeed_precision(deepspeed_config: dict[str, Any], run_config: dict[str, Any] | None = None,
-                        model_config: dict[str, Any] | None = None, gpus: dict[str, Any] | None = None,
-                        deepspeed_defaults: dict[str, Any] | None = None, env: dict[str, str] | None = None):
+def deepspeed_precision(deepspeed_config: dict[str, Any], plan=None, model_config: dict[str, Any] | None = None,
+                        gpus: dict[str, Any] | None = None, deepspeed_defaults: dict[str, Any] | None = None,
+                        env: dict[str, str] | None = None):
     path, cfg = deepspeed_config["path"], deepspeed_config["config"]
     flags = ds_precision_flags(cfg)
-    precision, _ = requested_precision(run_config, None, gpus)
+    precision, why = requested_precision(plan, None)
     fp16, bf16 = _resolve(flags["fp16"], precision, "fp16"), _resolve(flags["bf16"], precision, "bf16")
     zero = cfg.get("zero_optimization") if isinstance(cfg.get("zero_optimization"), dict) else {}
     stage = zero.get("stage", 0)
@@ -82,7 +81,7 @@ def deepspeed_precision(deepspeed_config: dict[str, Any], run_config: dict[str, 
             fix=BF16_FIX + " on Ampere or newer; else the reverse", evidence=evidence))
     elif mismatched:
         findings.append(error(
-            f"{path}: {', '.join(mismatched)} disagree(s) with [model].precision = \"{precision}\"",
+            f"{path}: {', '.join(mismatched)} disagree(s) with the run's precision {precision} ({why})",
             detail="transformers compares every non-\"auto\" value with TrainingArguments and stops after the model "
                    "has loaded: 'Please correct the following DeepSpeed config values that mismatch "
                    "TrainingArguments values'.",
@@ -115,7 +114,7 @@ def deepspeed_precision(deepspeed_config: dict[str, Any], run_config: dict[str, 
             fix='rename "bfloat16" to "bf16"', evidence=evidence))
 
     offload = _offload_devices(zero)
-    nodes = _nodes(run_config, env)
+    nodes = _nodes(plan, env)
     if stage == 3 and offload and nodes == 1:
         findings.append(warning(
             f"{path}: ZeRO-3 with {', '.join(f'{k} to {v}' for k, v in offload.items())} on a single node",
@@ -126,7 +125,7 @@ def deepspeed_precision(deepspeed_config: dict[str, Any], run_config: dict[str, 
             fix="use ZeRO-2 (or ZeRO-3 without offload) if the model fits; offload only the optimizer if it "
                 "almost does (`sftdoctor explain zero-stage`)", evidence=evidence))
 
-    findings += _gradient_clipping(path, cfg, deepspeed_defaults, run_config is not None, evidence)
+    findings += _gradient_clipping(path, cfg, deepspeed_defaults, plan is not None, evidence)
     if not findings or all(f.severity.rank <= 1 for f in findings):
         mode = "bf16" if bf16 is True else "fp16" if fp16 is True else (
             f"fp16={json.dumps(flags['fp16'])}, bf16={json.dumps(flags['bf16'])}")

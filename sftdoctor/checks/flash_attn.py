@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from sftdoctor.checks import NotApplicable, check
-from sftdoctor.checks.common import describe_gpus, lacking
+from sftdoctor.run.gpus import FLASH_MIN_CC, describe_gpus, lacking
 from sftdoctor.findings import error, info, ok, warning
 
-FLASH_MIN_CC = (8, 0)  # flash-attn 2.x: "FlashAttention only supports Ampere GPUs or newer."
 REINSTALL = ("pip uninstall -y flash-attn && pip install flash-attn --no-build-isolation --no-cache-dir "
              "(builds against the installed torch), or take the release wheel whose name matches this "
              "torch version, CUDA major and cxx11abi")
@@ -16,9 +15,9 @@ REINSTALL = ("pip uninstall -y flash-attn && pip install flash-attn --no-build-i
 
 @check("flash-attn", "flash-attn installed, built for this torch, and on Ampere or newer GPUs")
 def flash_attn_check(packages: dict[str, Any], flash_attn: dict[str, Any], gpus: dict[str, Any] | None = None,
-                     run_config: dict[str, Any] | None = None, torch_build: dict[str, Any] | None = None):
+                     plan=None, torch_build: dict[str, Any] | None = None):
     devices = (gpus or {}).get("devices") or []
-    asked = ((run_config or {}).get("model") or {}).get("attn_implementation") == "flash_attention_2"
+    asked = plan is not None and plan.attn_implementation == "flash_attention_2"
     version = packages.get("flash-attn")
     old = lacking(devices, FLASH_MIN_CC)
     evidence = {"flash_attn": flash_attn, "torch": (torch_build or {}).get("version"), "requested": asked}

@@ -1,16 +1,22 @@
-"""memory-fit: the run's predicted peak GPU memory (sftdoctor.plan) against the smallest GPU."""
+"""memory-fit: the run's predicted peak GPU memory against the smallest GPU, with the fastest setting
+that fits as the fix. The one memory model (sftdoctor.run.memory) over the one plan; it counts model
+states as DeepSpeed's own estimators do, so it also judges the ZeRO stage."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from sftdoctor.checks import NotApplicable, check
-from sftdoctor.findings import error, ok, warning
+from sftdoctor.findings import error, info, ok, warning
+from sftdoctor.run.gpus import devices, smallest_memory
+from sftdoctor.run.memory import HEADROOM, Candidate
+from sftdoctor.run.resolve import memory_fit as fit_of
+from sftdoctor.run.shape import Shape
 
 GIB = 2**30
 
 
-def change(current, better) -> str:
+def change(current: Candidate, better: Candidate) -> str:
     """The run-config lines that turn `current` into `better`."""
     a, b = current.setting, better.setting
     lines = []
@@ -25,22 +31,22 @@ def change(current, better) -> str:
     return "; ".join(lines)
 
 
-@check("memory-fit", "the run's predicted peak GPU memory against the GPUs (sftdoctor plan)", explain="memory-fit")
-def memory_fit(run_config: dict[str, Any], model_shape: dict[str, Any], gpus: dict[str, Any],
-               packages: dict[str, Any] | None = None, deepspeed_config: dict[str, Any] | None = None):
-    from sftdoctor.plan import HEADROOM, plan_run
-    from sftdoctor.plan.shape import Shape
-
-    if not gpus.get("devices"):
+@check("memory-fit", "the run's predicted peak GPU memory (model states by ZeRO stage, activations, logits) "
+                     "against the GPUs (sftdoctor plan)")
+def memory_fit(plan, model_shape: dict[str, Any], gpus: dict[str, Any]):
+    if not devices(gpus):
         raise NotApplicable("no NVIDIA GPU visible")
-    planned = plan_run(run_config, Shape(**model_shape), gpus, packages or {}, deepspeed_config)
-    current, best, memory = planned.current, planned.recommended, planned.gpu_memory
+    if "error" in model_shape:
+        raise NotApplicable(f"the model's size is unknown: {model_shape['error']}")
+    found = fit_of(plan, Shape(**model_shape), smallest_memory(gpus))
+    current, best, memory = found.current, found.recommended, found.gpu_memory
     peak = current.estimate.gpu_peak
     terms = ", ".join(f"{t.name} {t.bytes / GIB:.1f}" for t in current.estimate.gpu)
     evidence = {"gpu_memory_bytes": memory, "gpu_peak_bytes": peak, "setting": vars(current.setting),
-                "terms": [t.to_json() for t in current.estimate.gpu],
+                "parameters": model_shape["parameters"], "terms": [t.to_json() for t in current.estimate.gpu],
                 "recommended": vars(best.setting) if best else None}
-    head = (f"predicted peak {peak / GIB:.1f} GiB per GPU of {memory / GIB:.1f} GiB "
+    head = (f"{model_shape['parameters'] / 1e9:.2f}B parameters on {plan.world_size} GPU"
+            f"{'s' if plan.world_size > 1 else ''}: predicted peak {peak / GIB:.1f} GiB per GPU of {memory / GIB:.1f} GiB "
             f"({current.describe()})")
     detail = f"GiB per GPU: {terms}. `sftdoctor plan RUN.toml` shows every term and the candidates."
     if peak > memory:
@@ -49,4 +55,8 @@ def memory_fit(run_config: dict[str, Any], model_shape: dict[str, Any], gpus: di
     if peak > memory * (1 - HEADROOM):
         fix = change(current, best) if best and best.setting != current.setting else "a smaller micro-batch or checkpointing"
         return warning(head + f": less than {HEADROOM:.0%} headroom", detail=detail, fix=fix, evidence=evidence)
+    faster = best is not None and best.speed_key() < current.speed_key() and best.setting != current.setting
+    if faster and current.setting.zero_stage == 3 and best.setting.zero_stage < 3:
+        return info(head + f"; ZeRO-{best.setting.zero_stage} would fit too and communicates less", detail=detail,
+                  fix=change(current, best), evidence=evidence)
     return ok(head, detail=detail, evidence=evidence)

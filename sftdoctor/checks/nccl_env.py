@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sftdoctor.checks import check
-from sftdoctor.findings import error, ok, warning
+from sftdoctor.findings import error, info, ok, warning
 
 # Old names torch still reads as fallbacks of the TORCH_NCCL_* ones, with a deprecation
 # warning (ProcessGroupNCCL.hpp, torch 2.2-2.13; a test checks this against the installed header).
@@ -76,7 +76,7 @@ def _timeouts(env: dict[str, str]) -> list:
     return out
 
 
-def _port(rendezvous: dict[str, Any] | None) -> list:
+def _port(rendezvous: dict[str, Any] | None, plan) -> list:
     if not rendezvous:
         return []
     if rendezvous.get("error"):
@@ -84,6 +84,10 @@ def _port(rendezvous: dict[str, Any] | None) -> list:
     if not rendezvous.get("in_use"):
         return []
     port, source = rendezvous["master_port"], rendezvous["source"]
+    if plan is not None and (plan.world_size == 1 or plan.master_port != port):
+        used = "no rendezvous: one process" if plan.world_size == 1 else f"sftdoctor train uses port {plan.master_port}"
+        return [info(f"rendezvous port {port} ({source}) is taken on this host; {used}",
+                     detail=plan.reasons.get("master_port", ""), evidence=rendezvous)]
     severity = warning if source == "torchrun default" else error
     return [severity(
         f"rendezvous port {port} ({source}) is already taken on this host",
@@ -94,8 +98,8 @@ def _port(rendezvous: dict[str, Any] | None) -> list:
 
 
 @check("nccl-env", "deprecated NCCL variables, risky timeouts, and a busy rendezvous port")
-def nccl_env(env: dict[str, str], rendezvous: dict[str, Any] | None = None):
-    findings = _deprecated(env) + _timeouts(env) + _port(rendezvous)
+def nccl_env(env: dict[str, str], rendezvous: dict[str, Any] | None = None, plan=None):
+    findings = _deprecated(env) + _timeouts(env) + _port(rendezvous, plan)
     if findings:
         return findings
     nccl = sorted(k for k in env if k.startswith(("NCCL_", "TORCH_NCCL_")))

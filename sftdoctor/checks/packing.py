@@ -9,8 +9,8 @@ from sftdoctor.findings import error, info, ok, warning
 
 
 @check("packing", "packed samples stay isolated: proven with a tiny model of the run's architecture")
-def packing(run_config: dict[str, Any], packing_probe: dict[str, Any] | None = None):
-    asked = run_config["training"]["packing"]
+def packing(run, packing_probe: dict[str, Any] | None = None):
+    asked = run.training.packing
     if asked is False:
         return ok("off: one sample per row, padded to the longest in the micro-batch")
     probe = packing_probe or {}

@@ -14,12 +14,11 @@ FP16_RISK = ("fp16's largest value is 65504: activations and gradients of models
 
 
 @check("bf16-support", "bf16 and tf32 need compute capability >= 8.0 (Ampere or newer)")
-def bf16_support(gpus: dict[str, Any], run_config: dict[str, Any] | None = None,
-                 deepspeed_config: dict[str, Any] | None = None):
+def bf16_support(gpus: dict[str, Any], plan=None, deepspeed_config: dict[str, Any] | None = None):
     devices = gpus.get("devices") or []
     if not devices:
         raise NotApplicable("no NVIDIA GPU visible")
-    precision, source = requested_precision(run_config, deepspeed_config, gpus)
+    precision, source = requested_precision(plan, deepspeed_config)
     old = lacking(devices, BF16_MIN_CC)
     evidence = {"gpus": describe_gpus(devices), "requested": precision, "requested_by": source}
     if old:
@@ -53,12 +52,11 @@ def bf16_support(gpus: dict[str, Any], run_config: dict[str, Any] | None = None,
 
 
 @check("model-dtype", "the dtype the model was saved in vs the run's precision")
-def model_dtype(model_config: dict[str, Any], run_config: dict[str, Any] | None = None,
-                deepspeed_config: dict[str, Any] | None = None, gpus: dict[str, Any] | None = None):
-    if ((run_config or {}).get("model") or {}).get("weights") == "random":
+def model_dtype(model_config: dict[str, Any], plan=None, deepspeed_config: dict[str, Any] | None = None):
+    if plan is not None and plan.weights == "random":
         raise NotApplicable("[model] weights = \"random\": no saved weights to load")
     dtype, key = model_config.get("dtype"), model_config.get("dtype_key")
-    precision, source = requested_precision(run_config, deepspeed_config, gpus)
+    precision, source = requested_precision(plan, deepspeed_config)
     evidence = {"config": model_config.get("path"), "dtype": dtype, "key": key,
                 "transformers_version": model_config.get("transformers_version"),
                 "precision": precision, "precision_from": source}
@@ -68,7 +66,7 @@ def model_dtype(model_config: dict[str, Any], run_config: dict[str, Any] | None 
             f"{model_config.get('path')} records no dtype (neither \"dtype\" nor \"torch_dtype\")",
             detail="transformers >= 5 loads with dtype=\"auto\", which then falls back to the weights' own dtype; "
                    "4.x loaded float32 unless told otherwise.",
-            fix="pass the dtype explicitly when loading (sftdoctor train does: it loads in the run's precision)",
+            fix="pass the dtype explicitly when loading (sftdoctor train does: see the plan's load dtype)",
             evidence=evidence)
     if dtype == "bfloat16" and precision == "fp16":
         return warning(

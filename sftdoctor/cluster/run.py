@@ -175,7 +175,8 @@ def sweep(records: list[dict[str, Any]], rank: int, store, budget: float, cuda: 
     return {"groups": groups_done, "wrong_ranks": [r for r, f in enumerate(gathered) if f.item()]}
 
 
-def main(bound: float, budget: float, out: Path, facts_template: str | None, as_json: bool, drill: str | None) -> int:
+def main(bound: float, budget: float, out: Path, facts_template: str | None, as_json: bool, drill: str | None,
+         plugins: bool = True) -> int:
     import torch
     import torch.distributed as dist
 
@@ -213,8 +214,9 @@ def main(bound: float, budget: float, out: Path, facts_template: str | None, as_
         store.wait(["verdict"], timedelta(seconds=3 * bound + 60))
         code = int(store.get("verdict"))
     else:
-        registry = load_checks()
+        registry = load_checks(plugins)
         findings, skipped = run_checks(registry.phase("distributed"), Facts.replay({"cluster": cluster}))
+        findings = registry.problems + findings
         (out / "findings.json").write_text(json.dumps([f.to_json() for f in findings], indent=2, default=str) + "\n")
         if as_json:
             report.render_json(findings, skipped, {"cluster": cluster})

@@ -1,9 +1,11 @@
 """Facts: what probes read from the machine, the installed stack and the run's configs.
 
-Each fact is plain JSON. Probes run lazily, once, only for the facts a selected check
-asks for, and fail soft: a missing driver is a fact (`{"error": ...}`), not a crash.
-A saved snapshot (`sftdoctor facts > facts.json`) replays another machine's facts;
-config files given on the command line are still read and override the snapshot.
+Each fact is plain JSON (the run config and the plan serialise themselves). Probes run lazily, once,
+only for the facts a selected check asks for, and fail soft: a missing driver is a fact
+(`{"error": ...}`), not a crash. Each probe declares the inputs it derives from (the run config, a
+model config.json, a DeepSpeed JSON, a topology file): such a fact is computed from those inputs even
+when the machine's facts are replayed from a snapshot (`sftdoctor facts > facts.json`, then
+`sftdoctor check --facts facts.json --config RUN.toml`), so a replay judges exactly like the machine.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sftdoctor import __version__
-from sftdoctor.errors import InputError, InputErrors
+from sftdoctor.errors import InputError, InputErrors, did_you_mean
 
-SCHEMA = 1
+SCHEMA = 2
+READS = (1, 2)  # schema 1 named the run config "run_config"; it is derived from the inputs, so ignored
+LEGACY = {"run_config"}
 
 
 @dataclass(frozen=True)
@@ -32,39 +36,53 @@ class Inputs:
     facts: Path | None = None  # saved facts snapshot to replay
 
 
-def _probes() -> dict[str, Callable[["Facts"], Any]]:
-    from sftdoctor.facts import configs, data, gpus, nics, packages, packing_probe, stack, system, topology
-    from sftdoctor.plan import shape
+@dataclass(frozen=True)
+class Probe:
+    func: Callable[["Facts"], Any]
+    inputs: tuple[str, ...] = ()  # Inputs fields it derives from: with one given, computed even in a replay
+    why_missing: str = "not available on this machine"
 
+
+def _probes() -> dict[str, Probe]:
+    from sftdoctor.facts import (configs, data, gpus, model_shape, nics, packages, packing_probe, stack, system,
+                                 tokenizer, topology)
+
+    config, model, ds = ("config",), ("config", "model_config"), ("config", "deepspeed")
     return {
-        "packages": packages.probe_packages,
-        "torch_build": packages.probe_torch_build,
-        "deepspeed_defaults": packages.probe_deepspeed_defaults,
-        "flash_attn": packages.probe_flash_attn,
-        "gpus": gpus.probe_gpus,
-        "topology": topology.probe_topology,
-        "nics": nics.probe_nics,
-        "toolkit": system.probe_toolkit,
-        "env": system.probe_env,
-        "rendezvous": system.probe_rendezvous,
-        "run_config": configs.probe_run_config,
-        "model_config": configs.probe_model_config,
-        "deepspeed_config": configs.probe_deepspeed_config,
-        "transformers_features": stack.probe_transformers_features,
-        "data": data.probe_data,
-        "packing_probe": packing_probe.probe_packing,
-        "model_shape": shape.probe_model_shape,
-        "cluster": lambda facts: None,  # every rank's record and the sweep: made by `check --distributed`
+        "packages": Probe(packages.probe_packages),
+        "torch_build": Probe(packages.probe_torch_build, why_missing="torch is not installed"),
+        "deepspeed_defaults": Probe(packages.probe_deepspeed_defaults, why_missing="deepspeed is not installed"),
+        "flash_attn": Probe(packages.probe_flash_attn),
+        "gpus": Probe(gpus.probe_gpus),
+        "topology": Probe(topology.probe_topology, ("topology",),
+                          "no `nvidia-smi topo -m` available (give a saved one with --topology)"),
+        "nics": Probe(nics.probe_nics, why_missing="no `ibstat` (InfiniBand/RoCE tools) on this machine"),
+        "toolkit": Probe(system.probe_toolkit),
+        "env": Probe(system.probe_env),
+        "rendezvous": Probe(system.probe_rendezvous),
+        "transformers_features": Probe(stack.probe_transformers_features, why_missing="transformers is not installed"),
+        "run": Probe(configs.probe_run_config, config, "no run config given (--config)"),
+        "model_config": Probe(configs.probe_model_config, model,
+                              "no model config given (--model-config, or [model].path in --config)"),
+        "deepspeed_config": Probe(configs.probe_deepspeed_config, ds,
+                                  "no DeepSpeed config given (--deepspeed, or [deepspeed] config in --config)"),
+        "data": Probe(data.probe_data, config, "no run config given (--config)"),
+        "chat_template": Probe(tokenizer.probe_chat_template, config, "no run config, or its tokenizer has no files here"),
+        "packing_probe": Probe(packing_probe.probe_packing, config,
+                               "packing is off, or no run config / model config to probe"),
+        "model_shape": Probe(model_shape.probe_model_shape, model,
+                             "no model config, or an architecture sftdoctor counts only where there are GPUs"),
+        "plan": Probe(_probe_plan, config, "no run config given (--config)"),
+        "cluster": Probe(lambda facts: None,
+                         why_missing="only under `sftdoctor check --distributed` (every rank of a job)"),
     }
 
 
-# Facts that come from files the user names; these are read even when replaying a snapshot.
-FROM_INPUTS = {
-    "run_config": "config",
-    "model_config": "model_config",
-    "deepspeed_config": "deepspeed",
-    "topology": "topology",
-}
+def _probe_plan(facts: "Facts"):
+    from sftdoctor.run import resolve
+
+    run = facts.get("run")
+    return resolve(run, facts) if run is not None else None
 
 
 class Facts:
@@ -72,13 +90,13 @@ class Facts:
 
     def __init__(self, inputs: Inputs | None = None):
         self.inputs = inputs or Inputs()
-        self._probes = _probes()
+        self.probes = _probes()
         self._values: dict[str, Any] = {}
         self._missing: dict[str, str] = {}  # fact name -> why it is unavailable
         self._replayed: dict[str, Any] | None = None
         self.host = platform.node()
         if self.inputs.facts is not None:
-            self._load_snapshot(self.inputs.facts)
+            self._replayed, self.host = load_snapshot(self.inputs.facts, self.probes)
 
     @classmethod
     def replay(cls, values: dict[str, Any], inputs: Inputs | None = None) -> "Facts":
@@ -88,7 +106,7 @@ class Facts:
         return facts
 
     def known(self, name: str) -> bool:
-        return name in self._probes
+        return name in self.probes
 
     def get(self, name: str) -> Any:
         if name not in self._values and name not in self._missing:
@@ -98,52 +116,34 @@ class Facts:
     def why_missing(self, name: str) -> str:
         return self._missing.get(name, "")
 
+    def derived_here(self, name: str) -> bool:
+        """True when the fact is computed from inputs given to this command, replay or not."""
+        probe = self.probes.get(name)
+        return probe is not None and any(getattr(self.inputs, i) is not None for i in probe.inputs)
+
     def _collect(self, name: str) -> None:
-        if name not in self._probes:
+        probe = self.probes.get(name)
+        if probe is None:
             self._missing[name] = f"no probe provides the fact {name!r}"
             return
-        if self._replayed is not None and not self._given_on_command_line(name):
+        if self._replayed is not None and not self.derived_here(name):
             if self._replayed.get(name) is not None:
                 self._values[name] = self._replayed[name]
-            elif name in ("run_config", "model_config", "deepspeed_config", "data", "packing_probe"):  # config facts
-                self._missing[name] = _NOT_GIVEN[name]
             else:
-                self._missing[name] = f"not recorded in {self.inputs.facts or 'the replayed facts'}"
+                self._missing[name] = probe.why_missing if probe.inputs else \
+                    f"not recorded in {self.inputs.facts or 'the replayed facts'}"
             return
         try:
-            value = self._probes[name](self)
+            value = probe.func(self)
         except (InputError, InputErrors):
             raise  # bad input is the user's to fix: the CLI reports it and exits 2
         except Exception as exc:  # a probe bug must not sink the suite
             self._missing[name] = f"probe {name} failed: {type(exc).__name__}: {exc}"
             return
         if value is None:
-            self._missing[name] = _NOT_GIVEN.get(name, "not available on this machine")
+            self._missing[name] = probe.why_missing
         else:
             self._values[name] = value
-
-    def _given_on_command_line(self, name: str) -> bool:
-        option = FROM_INPUTS.get(name)
-        if option is None:
-            return False
-        if getattr(self.inputs, option) is not None:
-            return True
-        # A model or DeepSpeed config named inside the run config counts as given too, and so does
-        # the model's shape, worked out here from it for the replayed GPUs.
-        return name in ("model_config", "deepspeed_config", "model_shape") and self.inputs.config is not None
-
-    def _load_snapshot(self, path: Path) -> None:
-        try:
-            doc = json.loads(Path(path).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise InputError(path, f"cannot read facts snapshot: {exc.strerror}") from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(path, f"expected a JSON facts snapshot (from `sftdoctor facts`): {exc}") from None
-        facts = doc.get("facts") if isinstance(doc, dict) else None
-        if not isinstance(facts, dict):
-            raise InputError(path, "expected a JSON object with a 'facts' object (from `sftdoctor facts`)", key="facts")
-        self._replayed = facts
-        self.host = str(doc.get("host", "replayed"))
 
     def collected(self) -> dict[str, Any]:
         """The facts probed so far, as the JSON document `sftdoctor facts` prints."""
@@ -152,28 +152,68 @@ class Facts:
             "schema": SCHEMA,
             "host": self.host,
             "collected_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "facts": {name: self._values[name] for name in self._probes if name in self._values},
+            "facts": {name: _plain(self._values[name]) for name in self.probes if name in self._values},
             "unavailable": dict(self._missing),
         }
 
     def snapshot(self) -> dict[str, Any]:
         """Probe everything, then return `collected()`."""
-        for name in self._probes:
+        for name in self.probes:
             self.get(name)
         return self.collected()
 
 
-_NOT_GIVEN = {
-    "run_config": "no run config given (--config)",
-    "model_config": "no model config given (--model-config, or [model].path in --config)",
-    "deepspeed_config": "no DeepSpeed config given (--deepspeed, or [deepspeed] in --config)",
-    "topology": "no `nvidia-smi topo -m` available (give a saved one with --topology)",
-    "torch_build": "torch is not installed",
-    "deepspeed_defaults": "deepspeed is not installed",
-    "transformers_features": "transformers is not installed",
-    "data": "no run config given (--config)",
-    "packing_probe": "packing is off, or no run config / model config to probe",
-    "nics": "no `ibstat` (InfiniBand/RoCE tools) on this machine",
-    "cluster": "only under `sftdoctor check --distributed` (every rank of a job)",
-    "model_shape": "no model config, or no GPU to plan for (sftdoctor plan --gpu-memory plans for another machine)",
-}
+def _plain(value: Any) -> Any:
+    return value.to_json() if hasattr(value, "to_json") else value
+
+
+# What each recorded fact must be; a fact of another type is a malformed snapshot, not a check crash.
+OBJECT_FACTS = {"packages", "torch_build", "deepspeed_defaults", "flash_attn", "gpus", "topology", "nics", "toolkit",
+                "env", "rendezvous", "transformers_features", "cluster"}
+
+
+def load_snapshot(path: Path, probes: dict[str, Probe]) -> tuple[dict[str, Any], str]:
+    """(recorded machine facts, host) from `sftdoctor facts` output, or from `check --json` output (whose
+    "facts" holds the snapshot). Facts derived from inputs are dropped: they are computed from the inputs
+    given now. The schema and every fact's name and type are checked: a bad snapshot is bad input."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(path, "facts snapshot not found") from None
+    except IsADirectoryError:
+        raise InputError(path, "expected a facts snapshot file, got a directory") from None
+    except OSError as exc:
+        raise InputError(path, f"cannot read facts snapshot: {exc.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise InputError(path, f"expected a JSON facts snapshot (from `sftdoctor facts`): {exc}") from None
+    if isinstance(doc, dict) and "findings" in doc and isinstance(doc.get("facts"), dict):
+        doc = doc["facts"]  # a `check --json` document
+    if not isinstance(doc, dict) or not isinstance(doc.get("facts"), dict):
+        raise InputError(path, "expected a JSON object with a 'facts' object (from `sftdoctor facts`)", key="facts")
+    schema = doc.get("schema")
+    if schema not in READS:
+        raise InputError(path, f"facts snapshot schema {schema!r}; this sftdoctor reads schema "
+                               f"{' or '.join(map(str, READS))} (take it again with `sftdoctor facts`)", key="schema")
+    recorded: dict[str, Any] = {}
+    for name, value in doc["facts"].items():
+        if name in LEGACY:
+            continue
+        if name not in probes:
+            raise InputError(path, f"unknown fact{did_you_mean(name, probes)}; known facts: {', '.join(probes)}",
+                             key=f"facts.{name}")
+        if probes[name].inputs and name != "topology":
+            continue  # derived from inputs: computed from what is given now
+        if value is not None and name in OBJECT_FACTS and not isinstance(value, dict):
+            raise InputError(path, f"expected an object, got {type(value).__name__}", key=f"facts.{name}")
+        recorded[name] = value
+    return recorded, str(doc.get("host", "replayed"))
+
+
+class Overlay:
+    """Facts with some values replaced (`sftdoctor plan` for another machine): anything else comes from `base`."""
+
+    def __init__(self, base: Facts, **values: Any):
+        self.base, self.values = base, values
+
+    def get(self, name: str) -> Any:
+        return self.values[name] if name in self.values else self.base.get(name)

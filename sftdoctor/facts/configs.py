@@ -1,4 +1,5 @@
-"""The run's config files: the trainer's TOML, the model's config.json, the DeepSpeed JSON."""
+"""The run's config files, read into facts: the trainer's TOML, the model's config.json, the DeepSpeed JSON.
+No check opens a file: they read these facts."""
 
 from __future__ import annotations
 
@@ -44,10 +45,11 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- run config (TOML)
 
-def probe_run_config(facts) -> dict[str, Any] | None:
+def probe_run_config(facts):
+    """The typed run config (sftdoctor.run.RunConfig)."""
     if facts.inputs.config is None:
         return None
-    from sftdoctor.train.config import load_run_config
+    from sftdoctor.run.config import load_run_config
 
     return load_run_config(facts.inputs.config)
 
@@ -96,6 +98,7 @@ def summarize_model_config(path: Path, config: dict[str, Any]) -> dict[str, Any]
         "dtype_key": key,
         "raw_keys": sorted(config),
         **shape,
+        "config": config,  # the whole config.json: the model's shape is computed from it
     }
 
 
@@ -118,9 +121,10 @@ def resolve_model_config(path: Path) -> Path:
 def probe_model_config(facts) -> dict[str, Any] | None:
     path = facts.inputs.model_config
     if path is None:
-        model = ((facts.get("run_config") or {}).get("model") or {}).get("path")
-        if not model:
+        run = facts.get("run")
+        if run is None:
             return None
+        model = run.model.path
         local = Path(model)
         path = local if local.exists() else hub_cache_config(model)
         if path is None:
@@ -134,7 +138,8 @@ def probe_model_config(facts) -> dict[str, Any] | None:
 def probe_deepspeed_config(facts) -> dict[str, Any] | None:
     path = facts.inputs.deepspeed
     if path is None:
-        path = ((facts.get("run_config") or {}).get("deepspeed") or {}).get("config")
+        run = facts.get("run")
+        path = run.deepspeed.config if run is not None else None
         if not path:
             return None
     return {"path": str(path), "config": read_json_object(Path(path), "DeepSpeed config")}

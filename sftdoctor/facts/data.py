@@ -78,11 +78,10 @@ def describe(files: list[str], wanted: str = "auto") -> dict[str, Any]:
 
 
 def probe_data(facts) -> dict[str, Any] | None:
-    run_config = facts.get("run_config")
-    if not run_config:
+    run = facts.get("run")
+    if run is None:
         return None
-    data = run_config["data"]
-    out = {"train": describe(data["train"], data.get("format", "auto"))}
-    if data.get("eval"):
-        out["eval"] = describe(data["eval"], out["train"]["shape"])
+    out = {"train": describe(list(run.data.train), run.data.format)}
+    if run.data.eval:
+        out["eval"] = describe(list(run.data.eval), out["train"]["shape"])
     return out

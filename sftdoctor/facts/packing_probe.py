@@ -19,15 +19,13 @@ TOLERANCE = 1e-4  # float32 logits of a 2-layer model: equal up to kernel roundi
 
 
 def probe_packing(facts) -> dict[str, Any] | None:
-    from sftdoctor.train import resolve
+    from sftdoctor.run.resolve import attn_implementation
 
-    run_config = facts.get("run_config")
-    model = facts.get("model_config")
-    if not run_config or not model or run_config["training"].get("packing") is False:
+    run, model = facts.get("run"), facts.get("model_config")
+    if run is None or not model or run.training.packing is False:
         return None
-    attn = resolve.attn_implementation(run_config, facts.get("gpus"), facts.get("packages") or {})
-    request = {"config": model["path"], "attn_implementation": attn,
-               "trust_remote_code": run_config["model"].get("trust_remote_code", False)}
+    attn = attn_implementation(run, facts.get("gpus"), facts.get("packages") or {})
+    request = {"config": model["path"], "attn_implementation": attn, "trust_remote_code": run.model.trust_remote_code}
     try:
         proc = subprocess.run([sys.executable, "-m", "sftdoctor.facts.packing_probe", json.dumps(request)],
                               capture_output=True, text=True, timeout=600)
@@ -58,7 +56,7 @@ def shrink(config, vocab_size: int | None = 512) -> None:
 def run(request: dict[str, Any]) -> dict[str, Any]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # TRL 1.16's padding-free collator
 
     attn = request["attn_implementation"]
     device = "cuda" if attn.startswith("flash") else "cpu"

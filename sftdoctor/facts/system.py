@@ -12,6 +12,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.run.resolve import TORCHRUN_DEFAULT_PORT
+
 # Exact names, and prefixes, of the environment variables that change how a run behaves.
 ENV_NAMES = {
     "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "CUDA_DEVICE_MAX_CONNECTIONS",
@@ -61,20 +63,19 @@ def probe_toolkit(facts) -> dict[str, Any]:
     return result
 
 
-TORCHRUN_DEFAULT_PORT = 29500
-
-
 def probe_rendezvous(facts) -> dict[str, Any]:
-    """The master address and port a launch will use, and whether the port is taken here."""
-    launch = (facts.get("run_config") or {}).get("launch") or {}
+    """The master address and port a launch would use, whether that port is taken here, and a free port
+    (for "auto", or a taken default on one node: run.resolve.master_port decides)."""
+    run = facts.get("run")
     env = facts.get("env") or {}
-    if "master_port" in launch:
-        addr, port, source = launch.get("master_addr", "127.0.0.1"), launch["master_port"], "run config [launch]"
+    if run is not None and (run.given("launch", "master_port") or run.given("launch", "master_addr")):
+        addr, port, source = run.launch.master_addr, run.launch.master_port, "run config [launch]"
     elif "MASTER_PORT" in env:
         addr, port, source = env.get("MASTER_ADDR", "127.0.0.1"), env["MASTER_PORT"], "environment"
     else:
         addr, port, source = "127.0.0.1", TORCHRUN_DEFAULT_PORT, "torchrun default"
-    result: dict[str, Any] = {"master_addr": addr, "master_port": port, "source": source, "in_use": None}
+    result: dict[str, Any] = {"master_addr": addr, "master_port": port, "source": source, "in_use": None,
+                              "free_port": free_port()}
     if port == "auto":
         return result
     try:
@@ -87,6 +88,12 @@ def probe_rendezvous(facts) -> dict[str, Any]:
     if result["local"]:  # only the node that hosts the rendezvous binds the port
         result["in_use"] = port_in_use(port)
     return result
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
 
 
 def is_local_address(addr: str) -> bool:

@@ -1,38 +1,61 @@
-"""`sftdoctor plan RUN.toml`: from the run config to the plan and its timing."""
+"""`sftdoctor plan RUN.toml`: from the run config to the plan, its memory fit and its timing.
+
+Planning for another machine (--gpu-memory, --gpus, --nodes) changes the facts and the run config the
+one resolve() sees, so precision, batch and accumulation are decided exactly as for a run there.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from sftdoctor.errors import InputError
-from sftdoctor.plan import Planned, plan_run
+from sftdoctor.facts import Facts, Inputs, Overlay
+from sftdoctor.facts.model_shape import shape_in_child
 from sftdoctor.plan.report import timing
-from sftdoctor.plan.shape import shape_of
 from sftdoctor.plan.tokens import dataset_tokens, steps_and_tokens
+from sftdoctor.run import Plan, resolve
+from sftdoctor.run.gpus import devices, smallest_memory
+from sftdoctor.run.memory import Fit
+from sftdoctor.run.resolve import memory_fit
+from sftdoctor.run.shape import Shape
+
+
+def target_gpus(found: dict[str, Any], count: int, gpu_memory: int | None) -> dict[str, Any]:
+    """The GPUs to plan for: the ones found, or `count` of `gpu_memory` bytes each (of the model found here,
+    when there is one)."""
+    if gpu_memory is None:
+        return found
+    model = (devices(found) or [{}])[0]
+    return {**found, "devices": [{"index": i, "name": model.get("name"), "compute_capability": model.get("compute_capability"),
+                                  "memory_total_mib": gpu_memory // 2**20} for i in range(count)]}
 
 
 def make(config: Path, gpu_memory: int | None = None, gpus_per_node: int | None = None, nodes: int | None = None,
          mfu: float = 0.4, peak_tflops: float | None = None, tokens_per_second: float | None = None
-         ) -> tuple[Planned, dict[str, Any]]:
-    from sftdoctor.facts import Facts, Inputs
-    from sftdoctor.train import resolve
-
+         ) -> tuple[Plan, Fit, dict[str, Any]]:
     facts = Facts(Inputs(config=config))
-    run_config, summary = facts.get("run_config"), facts.get("model_config")
+    run, summary = facts.get("run"), facts.get("model_config")
     if summary is None:
         raise InputError(config, "the model's config.json was not found (a local folder, or a hub id in the HF cache)",
-                         key="model.path")
-    gpus, packages = facts.get("gpus") or {}, facts.get("packages") or {}
-    if gpu_memory is None and not gpus.get("devices"):
+                         key="[model].path")
+    found = facts.get("gpus") or {}
+    if gpu_memory is None and not devices(found):
         raise InputError("plan", "no NVIDIA GPU found here: give --gpu-memory (and --gpus) to plan for another machine")
-    nproc, nnodes = resolve.world(run_config, gpus)
-    model = json.loads(Path(summary["path"]).read_text(encoding="utf-8"))
-    planned = plan_run(run_config, shape_of(model), gpus, packages, facts.get("deepspeed_config"),
-                       gpu_memory=gpu_memory, world=(gpus_per_node or nproc, nodes or nnodes))
-    rows = ((facts.get("data") or {}).get("train") or {}).get("rows")
-    packing = run_config["training"]["packing"] is not False  # "auto" packs where the stack isolates samples
-    counted = steps_and_tokens(dataset_tokens(run_config), rows, run_config, planned.global_batch, packing)
-    names = [d.get("name") for d in gpus.get("devices") or []]
-    return planned, timing(planned, counted, names[0] if names else None, mfu, peak_tflops, tokens_per_second)
+    if gpus_per_node:
+        run = run.with_values("launch", nproc_per_node=gpus_per_node)
+    if nodes:
+        run = run.with_values("launch", nnodes=nodes)
+    count = run.launch.nproc_per_node if isinstance(run.launch.nproc_per_node, int) else max(1, len(devices(found)))
+    gpus = target_gpus(found, count, gpu_memory)
+    plan = resolve(run, Overlay(facts, run=run, gpus=gpus))
+    shape_fact = facts.get("model_shape")
+    shape = Shape(**shape_fact) if shape_fact and "error" not in shape_fact else None
+    if shape is None:
+        shape, why = shape_in_child(summary["path"])
+        if shape is None:
+            raise InputError(summary["path"], f"cannot count the model's parameters: {why}")
+    fitted = memory_fit(plan, shape, smallest_memory(gpus))
+    counted = steps_and_tokens(dataset_tokens(plan), plan)
+    names = [d.get("name") for d in devices(gpus)]
+    return plan, fitted, timing(fitted, counted, names[0] if names else None, mfu, peak_tflops, tokens_per_second)

@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from sftdoctor.plan import Candidate, Planned
+from sftdoctor.run.memory import Candidate, Fit
 from sftdoctor.plan.speed import DEFAULT_MFU, flops_per_token, peak_tflops, step_seconds
 
 GIB = 2**30
 SHOWN = 12  # candidate rows printed (all are in --json)
 
 
-def timing(planned: Planned, counted: dict[str, Any], gpu_name: str | None, mfu: float = DEFAULT_MFU,
+def timing(planned: Fit, counted: dict[str, Any], gpu_name: str | None, mfu: float = DEFAULT_MFU,
            tflops: float | None = None, tokens_per_second: float | None = None) -> dict[str, Any]:
     """The run's length: from a measured tokens/s, or from FLOPs, the GPU's peak and an assumed MFU."""
     run, best = planned.run, planned.recommended or planned.current
@@ -31,7 +31,7 @@ def timing(planned: Planned, counted: dict[str, Any], gpu_name: str | None, mfu:
     return out
 
 
-def to_json(planned: Planned, timing_: dict[str, Any]) -> dict[str, Any]:
+def to_json(planned: Fit, timing_: dict[str, Any]) -> dict[str, Any]:
     return {"model": asdict(planned.run.shape), "world_size": planned.run.world, "ranks_per_node": planned.run.per_node,
             "seq_len": planned.run.seq_len, "attention": planned.run.attention, "precision": planned.run.precision,
             "gpu_memory_bytes": planned.gpu_memory, "global_batch_size": planned.global_batch,
@@ -48,13 +48,14 @@ def _terms(c: Candidate) -> list[str]:
     return lines
 
 
-def render(planned: Planned, timing_: dict[str, Any]) -> str:
+def render(planned: Fit, timing_: dict[str, Any]) -> str:
     run, shape = planned.run, planned.run.shape
     memory = f"{planned.gpu_memory / GIB:.1f} GiB" if planned.gpu_memory else "unknown memory"
     lines = [f"model      {shape.model_type}: {shape.parameters:,} parameters ({shape.layers} layers, hidden {shape.hidden}, "
-             f"vocab {shape.vocab})",
+             f"vocab {shape.vocab}; counted {shape.counted_by})",
              f"GPUs       {run.world} x {memory} ({run.per_node} per node)",
              f"run        {run.seq_len:,} tokens per row, global batch {planned.global_batch}, {run.precision}, {run.attention}",
+             *_unreachable(planned),
              "",
              f"this run's setting: {planned.current.describe()} — {'fits' if planned.current.fits else 'does NOT fit'}",
              *_terms(planned.current), ""]
@@ -84,11 +85,18 @@ def render(planned: Planned, timing_: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _unreachable(planned: Fit) -> list[str]:
+    if planned.candidates:
+        return []
+    return [f"           global batch {planned.global_batch} cannot be shared evenly by {planned.run.world} ranks: "
+            "no setting reaches it (see the batch-size check)"]
+
+
 def _duration(hours: float) -> str:
     return f"{hours:.1f} h" if hours >= 1 else f"{hours * 60:.0f} min"
 
 
-def summary(planned: Planned) -> str:
+def summary(planned: Fit) -> str:
     """Two lines for `sftdoctor train --dry-run`."""
     current, best = planned.current, planned.recommended
     line = (f"memory          predicted peak {current.estimate.gpu_peak / GIB:.1f} GiB per GPU of "

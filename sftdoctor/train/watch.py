@@ -29,6 +29,8 @@ from transformers import TrainerCallback
 from sftdoctor import report
 from sftdoctor.checks import load_checks, run_check
 from sftdoctor.findings import Finding
+from sftdoctor.run import Plan
+from sftdoctor.train import compat
 from sftdoctor.train.checkpoints import newest_complete
 
 NAN_EXIT = 86  # stopped on a non-finite loss
@@ -51,7 +53,7 @@ def rank_world() -> tuple[int, int]:
 
 
 class RuntimeFacts:
-    """The few facts one runtime check reads, in the shape run_check expects."""
+    """The facts of one moment of the run (a step's statistics, a logged loss, a hang report)."""
 
     def __init__(self, values: dict[str, Any]):
         self.values = values
@@ -67,15 +69,21 @@ class RuntimeFacts:
 
 
 class Reporter:
-    """Runs a runtime check; rank 0 prints its findings and appends them to findings.jsonl."""
+    """Runs the runtime checks, built-in and third-party alike, on the facts of the moment: every check whose
+    required facts are there runs (the others wait for theirs). Rank 0 prints the findings and appends them
+    to findings.jsonl."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, plugins: bool):
         self.run_dir = run_dir
-        self.specs = {spec.id: spec for spec in load_checks(plugins=False).phase("runtime")}
+        self.specs = load_checks(plugins).phase("runtime")
 
-    def check(self, check_id: str, **facts: Any) -> list[Finding]:
-        outcome = run_check(self.specs[check_id], RuntimeFacts(facts))
-        return outcome if isinstance(outcome, list) else []
+    def check(self, **facts: Any) -> list[Finding]:
+        moment, found = RuntimeFacts(facts), []
+        for spec in self.specs:
+            if all(name in facts for name, required in spec.facts if required):
+                outcome = run_check(spec, moment)
+                found += outcome if isinstance(outcome, list) else []
+        return found
 
     def publish(self, findings: list[Finding], step: int, force: bool = False) -> None:
         if not findings or (rank_world()[0] != 0 and not force):
@@ -229,7 +237,7 @@ class Watchdog(threading.Thread):
             hang = {"timeout_s": self.timeout, "behind": behind(reports, self.world),
                     "ranks": {str(r): info for r, info in reports.items()}, "stacks": str(stacks),
                     "nccl_dumps": dumps}
-            findings = self.reporter.check("nccl-timeout", hang=hang)
+            findings = self.reporter.check(hang=hang)
             self.reporter.publish(findings, self.step, force=True)
             if findings:
                 self.reporter.stopped(HANG_EXIT, findings[0])
@@ -237,14 +245,14 @@ class Watchdog(threading.Thread):
         os._exit(HANG_EXIT)
 
     def _nccl_trace(self) -> str | None:
-        """NCCL's flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE) dumped now, before we abort."""
+        """NCCL's flight recorder dumped now, before we abort."""
         try:
             if dist.get_backend() != "nccl":
                 return None
-            c10d = torch._C._distributed_c10d
-            dump = getattr(c10d, "_dump_nccl_trace", None) or getattr(c10d, "_dump_fr_trace")
-            data = dump()
         except Exception:
+            return None
+        data = compat.dump_flight_recorder()
+        if data is None:
             return None
         path = self.run_dir / f"nccl-trace-rank-{self.rank}"  # torch's own naming, which torchfrtrace reads
         path.write_bytes(data)
@@ -252,12 +260,7 @@ class Watchdog(threading.Thread):
 
 
 def _store():
-    try:
-        if dist.is_available() and dist.is_initialized():
-            return dist.distributed_c10d._get_default_store()
-    except Exception:
-        return None
-    return None
+    return compat.default_store()
 
 
 # ---------------------------------------------------------------- the callback
@@ -265,9 +268,9 @@ def _store():
 class Guard(TrainerCallback):
     """Installed on the trainer by the recipe. See the module docstring for what it costs."""
 
-    def __init__(self, trainer, watch: dict[str, Any], plan: dict[str, Any], run_dir: Path):
-        self.trainer, self.watch, self.plan, self.run_dir = trainer, watch, plan, run_dir
-        self.reporter = Reporter(run_dir)
+    def __init__(self, trainer, plan: Plan, run_dir: Path):
+        self.trainer, self.plan, self.run_dir = trainer, plan, run_dir
+        self.reporter = Reporter(run_dir, plan.plugins)
         self.grad_norm = None
         self.last_finite: dict[str, float | None] = {"loss": None, "grad_norm": None}
         self.skips = 0
@@ -275,18 +278,15 @@ class Guard(TrainerCallback):
         self.losses: collections.deque = collections.deque(maxlen=50)
         self.spike_reported = self.scale_reported = -SPIKE_QUIET
         self.overflows: collections.deque = collections.deque(maxlen=100)
-        self.watchdog = Watchdog(float(watch["hang_timeout_s"]), self.reporter, run_dir)
-        original = trainer._get_grad_norm
+        self.watchdog = Watchdog(plan.hang_timeout_s, self.reporter, run_dir)
+        compat.wrap_grad_norm(trainer, self._capture)  # once per optimizer step, before clipping
 
-        def capture(model, grad_norm=None):  # transformers 5.x: called once per optimizer step
-            self.grad_norm = original(model, grad_norm=grad_norm)
-            return self.grad_norm
-
-        trainer._get_grad_norm = capture
+    def _capture(self, norm) -> None:
+        self.grad_norm = norm
 
     # -- lifecycle
     def on_train_begin(self, args, state, control, **kwargs):
-        if self.watch["on_nan"] == "skip" and not self.plan.get("deepspeed") and self.plan["precision"] != "fp16":
+        if self.plan.on_nan == "skip" and not self.plan.deepspeed and self.plan.precision != "fp16":
             optimizer = self.trainer.optimizer
             step = optimizer.step
 
@@ -320,8 +320,8 @@ class Guard(TrainerCallback):
             self.watchdog.beat(state.global_step, "evaluating")
         else:
             self.watchdog.beat(state.global_step, "between steps")
-        if self.plan["precision"] == "fp16":
-            self.overflows.append(bool(self.trainer.accelerator.optimizer_step_was_skipped))
+        if self.plan.precision == "fp16":
+            self.overflows.append(compat.optimizer_step_was_skipped(self.trainer))
 
     # -- non-finite losses
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
@@ -331,7 +331,7 @@ class Guard(TrainerCallback):
             self.last_finite["grad_norm"] = value
             return
         bad_ranks = self._ranks_with_bad_loss()  # one small collective, only on this rare path
-        if self.plan["precision"] == "fp16" and not bad_ranks:
+        if self.plan.precision == "fp16" and not bad_ranks:
             return  # an fp16 overflow: the loss scaler skips this step and lowers the scale (normal)
         self._non_finite(state, value, bad_ranks)
 
@@ -350,19 +350,19 @@ class Guard(TrainerCallback):
 
     def _non_finite(self, state, value: float, bad_ranks: list[int]) -> None:
         step = state.global_step + 1
-        stopping = self.watch["on_nan"] == "stop" or self.skips >= self.watch["max_skips"]
+        stopping = self.plan.on_nan == "stop" or self.skips >= self.plan.max_skips
         # Under DeepSpeed the engine has already stepped inside backward (accelerate) and skipped the update
         # itself (DeepSpeed 0.19: non-finite gradient norm -> "OVERFLOW! Skipping step"); under fp16 AMP the
         # loss scaler skips it. Only bf16/fp32 without DeepSpeed need our skip.
-        skipped_by = ("DeepSpeed" if self.plan.get("deepspeed") else
-                      "the fp16 loss scaler" if self.plan["precision"] == "fp16" else None)
+        skipped_by = ("DeepSpeed" if self.plan.deepspeed else
+                      "the fp16 loss scaler" if self.plan.precision == "fp16" else None)
         stats = {
             "step": step, "finite": False, "grad_norm": value, "loss_finite": not bad_ranks,
             "ranks": ", ".join(map(str, bad_ranks)) if bad_ranks else "all (the gradients)",
             "last_finite": dict(self.last_finite), "lr": self.trainer.lr_scheduler.get_last_lr()[0],
-            "precision": self.plan["precision"], "checkpoint": str(newest_complete(self.run_dir) or "") or None,
+            "precision": self.plan.precision, "checkpoint": str(newest_complete(self.run_dir) or "") or None,
             "action": "stopped; no checkpoint of these weights is written" if stopping
-                      else f"update skipped ({self.skips + 1} of at most {self.watch['max_skips']})"
+                      else f"update skipped ({self.skips + 1} of at most {self.plan.max_skips})"
                       + (f" by {skipped_by}" if skipped_by else ""),
         }
         if stopping:
@@ -370,13 +370,14 @@ class Guard(TrainerCallback):
             inputs = getattr(self.trainer, "sftdoctor_last_inputs", None)
             if inputs is not None:
                 stats["attribution"] = attribute(self.trainer.model, inputs)
-        findings = self.reporter.check("nan-loss", step_stats=stats)
+        findings = self.reporter.check(step_stats=stats)
         self.reporter.publish(findings, step)
         if stopping:
-            if rank_world()[0] == 0 and findings:
-                self.reporter.stopped(NAN_EXIT, findings[0])
+            cause = next((f for f in findings if f.id == "nan-loss"), findings[0])
+            if rank_world()[0] == 0:
+                self.reporter.stopped(NAN_EXIT, cause)
             self.watchdog.stop()
-            raise RunStopped(NAN_EXIT, findings[0])
+            raise RunStopped(NAN_EXIT, cause)
         self.skips += 1
         self.skip_next = skipped_by is None
 
@@ -387,30 +388,22 @@ class Guard(TrainerCallback):
         loss = float(logs["loss"])
         if math.isfinite(loss):
             self.last_finite["loss"] = loss
-            findings = self.reporter.check("loss-spike", log_stats={
+            findings = self.reporter.check(log_stats={
                 "step": state.global_step, "loss": loss, "history": list(self.losses),
-                "factor": self.watch["loss_spike_factor"], "grad_norm": logs.get("grad_norm"),
+                "factor": self.plan.loss_spike_factor, "grad_norm": logs.get("grad_norm"),
                 "lr": logs.get("learning_rate")})
             if findings and state.global_step - self.spike_reported >= SPIKE_QUIET:
                 self.spike_reported = state.global_step
                 self.reporter.publish(findings, state.global_step)
             self.losses.append(loss)
-        if self.plan["precision"] == "fp16" and state.global_step - self.scale_reported >= SPIKE_QUIET:
-            min_scale = ((self.plan.get("deepspeed") or {}).get("fp16") or {}).get("min_loss_scale", 1.0)
-            findings = self.reporter.check("fp16-loss-scale", scale_stats={
-                "step": state.global_step, "scale": self._loss_scale(), "skipped": sum(self.overflows),
+        if self.plan.precision == "fp16" and state.global_step - self.scale_reported >= SPIKE_QUIET:
+            min_scale = ((self.plan.deepspeed or {}).get("fp16") or {}).get("min_loss_scale", 1.0)
+            findings = self.reporter.check(scale_stats={
+                "step": state.global_step, "scale": compat.loss_scale(self.trainer), "skipped": sum(self.overflows),
                 "window": len(self.overflows), "min_scale": float(min_scale)})
             if findings:
                 self.scale_reported = state.global_step
                 self.reporter.publish(findings, state.global_step)
-
-    def _loss_scale(self) -> float | None:
-        scaler = getattr(self.trainer.accelerator, "scaler", None)
-        if scaler is not None:
-            return float(scaler.get_scale())
-        engine = getattr(self.trainer, "deepspeed", None)
-        scale = getattr(getattr(engine, "optimizer", None), "cur_scale", None)
-        return float(scale) if scale is not None else None
 
 
 # ---------------------------------------------------------------- drills

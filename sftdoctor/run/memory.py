@@ -16,10 +16,11 @@ one layer's activations come back during its backward.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sftdoctor.plan.shape import Shape
+from sftdoctor.run.shape import Shape
 
 GIB = 2**30
 CUDA_CONTEXT = 1 * GIB  # CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers: ~0.5-1 GiB on A100/H100
@@ -98,17 +99,28 @@ def model_states(shape: Shape, s: Setting, world: int) -> list[Term]:
             Term("optimizer states", 12 * p // world, "12 B x params / world (fp32 master and moments)")]
 
 
-def host_memory(shape: Shape, s: Setting, world: int, per_node: int) -> list[Term]:
-    """Host RAM per node, as DeepSpeed's estimators count it (`cpu_mem`, additional_buffer_factor 1.5):
-    every rank loading the model (4 B x params x ranks per node), or the offloaded optimizer. Stage 3 is
-    counted without `zero.Init`, because sftdoctor loads the model before DeepSpeed is set up."""
-    p, nodes = shape.parameters, max(world // per_node, 1)
+def load_bytes(s: Setting, precision: str) -> int:
+    """Bytes per parameter as the weights load: 16-bit under DeepSpeed in bf16/fp16 (it holds the fp32 master
+    copy), else fp32 (run.resolve.load_dtype decides the same for the run itself)."""
+    return 2 if s.zero_stage > 0 and precision != "fp32" else 4
+
+
+def host_memory(shape: Shape, s: Setting, world: int, per_node: int, precision: str = "fp32") -> list[Term]:
+    """Host RAM per node, as DeepSpeed's estimators count it (`cpu_mem`, additional_buffer_factor 1.5): every
+    rank loading the model (load_bytes x params x ranks per node: 4 for fp32, 2 when DeepSpeed holds the fp32
+    master copy and 16-bit weights load in 16 bits), or the offloaded optimizer. ZeRO-3 loads under
+    `zero.Init` (sftdoctor's recipe creates the DeepSpeed config before the model), so each rank keeps only
+    its partition: load_bytes x params / world x ranks per node."""
+    p, nodes, b = shape.parameters, max(world // per_node, 1), load_bytes(s, precision)
     if s.offload_optimizer and s.zero_stage == 2:
         factor, formula = max(4 * world, 16), "max(4 x world, 16) B x params"
     elif s.offload_optimizer and s.zero_stage == 3:
         factor, formula = max(4 * per_node, 16 / nodes), "max(4 x ranks per node, 16 / nodes) B x params"
+    elif s.zero_stage == 3:
+        factor = b * per_node / world
+        formula = f"{b} B x params / world x ranks per node (partitioned at load by zero.Init)"
     else:
-        factor, formula = 4 * per_node, "4 B x params x ranks per node (each rank loads the model)"
+        factor, formula = b * per_node, f"{b} B x params x ranks per node (each rank loads the model)"
     return [Term("host RAM", int(p * factor * ADAM_BUFFER), f"{formula} x {ADAM_BUFFER}")]
 
 
@@ -180,4 +192,80 @@ def estimate(run: Run, s: Setting) -> Estimate:
     live = sum(t.bytes for t in gpu)
     gpu.append(Term("fragmentation", int(live * FRAGMENTATION), f"{FRAGMENTATION:.0%} of the above (caching allocator)"))
     gpu.append(Term("CUDA context and NCCL", CUDA_CONTEXT, "fixed allowance"))
-    return Estimate(s, gpu, host_memory(run.shape, s, run.world, run.per_node))
+    return Estimate(s, gpu, host_memory(run.shape, s, run.world, run.per_node, run.precision))
+
+
+# ---------------------------------------------------------------- candidates: the fastest setting that fits
+
+HEADROOM = 0.10  # a recommended setting leaves this share of GPU memory free
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+STAGES = ((0, False), (1, False), (2, False), (2, True), (3, False), (3, True))
+
+
+@dataclass
+class Candidate:
+    estimate: Estimate
+    accumulation: int | None  # None: this micro-batch cannot reach the global batch exactly
+    fits: bool
+    compute: float  # relative compute per step: 4/3 with recomputation
+    communication: float  # relative to DDP's all-reduce: 1.5 for ZeRO-3's extra all-gather
+
+    @property
+    def setting(self) -> Setting:
+        return self.estimate.setting
+
+    def speed_key(self) -> tuple:
+        """Fastest first: no CPU optimizer step, no recomputation, less communication, bigger micro-batches
+        (bigger matmuls, fewer accumulation steps), liger's fused kernels."""
+        s = self.setting
+        return (s.offload_optimizer, self.compute, self.communication, -s.micro_batch, not s.liger)
+
+    def describe(self) -> str:
+        s = self.setting
+        accumulation = f"{self.accumulation} accumulation" if self.accumulation else "no whole accumulation"
+        return (f"ZeRO-{s.zero_stage}{' + optimizer offload' if s.offload_optimizer else ''}, checkpointing "
+                f"{'on' if s.checkpointing else 'off'}, micro-batch {s.micro_batch} x {accumulation}, "
+                f"liger {'on' if s.liger else 'off'}")
+
+    def to_json(self) -> dict[str, Any]:
+        e = self.estimate
+        return {"setting": asdict(self.setting), "gradient_accumulation_steps": self.accumulation,
+                "gpu_peak_bytes": e.gpu_peak, "host_peak_bytes": e.host_peak, "fits": self.fits,
+                "relative_compute": self.compute, "relative_communication": self.communication,
+                "gpu_terms": [t.to_json() for t in e.gpu], "host_terms": [t.to_json() for t in e.host]}
+
+
+def candidate(run: Run, s: Setting, global_batch: int, gpu_memory: int) -> Candidate:
+    e = estimate(run, s)
+    step = s.micro_batch * run.world
+    accumulation = global_batch // step if global_batch % step == 0 else None
+    return Candidate(e, accumulation, e.gpu_peak <= gpu_memory * (1 - HEADROOM),
+                     4 / 3 if s.checkpointing else 1.0, 1.5 if s.zero_stage == 3 else 1.0)
+
+
+def candidates(run: Run, global_batch: int, gpu_memory: int, liger_available: bool) -> list[Candidate]:
+    """Every ZeRO stage (and optimizer offload for 2 and 3) x checkpointing x micro-batch x liger that reaches
+    `global_batch` exactly, fastest first; none when the ranks cannot share it evenly."""
+    micro = [m for m in MICRO_BATCHES if global_batch % (m * run.world) == 0]
+    ligers = (True, False) if liger_available else (False,)
+    out = [candidate(run, Setting(stage, offload, ckpt, m, liger), global_batch, gpu_memory)
+           for (stage, offload), ckpt, m, liger in itertools.product(STAGES, (False, True), micro, ligers)]
+    return sorted(out, key=Candidate.speed_key)
+
+
+@dataclass
+class Fit:
+    """The run's own setting against the GPUs, and the fastest candidate that fits."""
+
+    run: Run
+    current: Candidate
+    candidates: list[Candidate]
+    recommended: Candidate | None
+    gpu_memory: int
+    global_batch: int
+
+
+def fit(run: Run, current: Setting, global_batch: int, gpu_memory: int, liger_available: bool) -> Fit:
+    found = candidates(run, global_batch, gpu_memory, liger_available)
+    return Fit(run, candidate(run, current, global_batch, gpu_memory), found, next((c for c in found if c.fits), None),
+               gpu_memory, global_batch)

@@ -1,0 +1,75 @@
+"""The model's shape for memory planning: closed-form for the Llama/Qwen families, in this process and
+without torch; for other architectures, counted on PyTorch's meta device in a child process (no weights
+are loaded or allocated: transformers 5.x `AutoModelForCausalLM.from_config` under `torch.device("meta")`),
+only where there are GPUs to plan for, so `sftdoctor check` never imports torch.
+
+    python -m sftdoctor.facts.model_shape CONFIG.json     prints {"parameters": N, "largest": M}
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sftdoctor.run.gpus import devices
+from sftdoctor.run.shape import Shape, closed_form, from_counts
+
+TIMEOUT_S = 300
+
+
+def count_on_meta_device(config: dict[str, Any]) -> tuple[int, int]:
+    """(all parameters, the largest single parameter tensor) of the model `config` describes."""
+    import torch
+    import transformers
+
+    fields = {k: v for k, v in config.items() if not k.startswith("_")}
+    model_type = fields.pop("model_type", None)
+    if not model_type:
+        raise ValueError("config.json has no model_type")
+    cfg = transformers.AutoConfig.for_model(model_type, **fields)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    sizes = [p.numel() for p in model.parameters()]  # a tied embedding is one parameter, counted once
+    return sum(sizes), max(sizes)
+
+
+def shape_in_child(path: str) -> tuple[Shape | None, str | None]:
+    """(shape, why not) with the meta-device count run by a child process."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "sftdoctor.facts.model_shape", path],
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return None, f"counting parameters on the meta device took over {TIMEOUT_S} s"
+    try:
+        counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"counting parameters on the meta device failed: {tail}"
+    if "error" in counts:
+        return None, counts["error"]
+    config = json.loads(Path(path).read_text(encoding="utf-8"))
+    return from_counts(config, counts["parameters"], counts["largest"]), None
+
+
+def probe_model_shape(facts) -> dict[str, Any] | None:
+    summary = facts.get("model_config")
+    if not summary or not isinstance(summary.get("config"), dict):
+        return None
+    shape = closed_form(summary["config"])
+    if shape is None and devices(facts.get("gpus")):
+        shape, why = shape_in_child(summary["path"])
+        if shape is None:
+            return {"error": why}
+    return asdict(shape) if shape else None
+
+
+if __name__ == "__main__":
+    try:
+        params, largest = count_on_meta_device(json.loads(Path(sys.argv[1]).read_text(encoding="utf-8")))
+        print(json.dumps({"parameters": params, "largest": largest}))
+    except Exception as exc:  # reported as a fact, never a crash of the caller
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))

@@ -1,0 +1,337 @@
+"""The run config (TOML) of `sftdoctor train`: typed, frozen records with the defaults in one place.
+
+Every key is a dataclass field: its default is the default, its metadata says what it accepts. Each
+section remembers which keys the user gave (`given`), so a default can be told from a choice (a busy
+default port is sftdoctor's to move; a port the user set is not). Validation reports every problem at
+once, one line each: file, [section].key, what was expected, and a did-you-mean for unknown names.
+Paths are relative to the TOML file. Importing this module is cheap (no torch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from sftdoctor.errors import InputError, InputErrors, did_you_mean
+
+
+@dataclass(frozen=True)
+class Key:
+    expected: str  # said in errors: "one of bf16, fp16, fp32, auto"
+    accepts: Callable[[Any], bool]
+    required: bool = False
+    path: str = ""  # "file": must exist, relative to the TOML; "files": one or a list; "dir": output, relative
+    local_or_hub: bool = False  # a folder next to the config file if one exists, else kept (hub id)
+    doc: str = ""
+
+
+def key(expected: str, accepts: Callable[[Any], bool], default: Any = None, **kw: Any) -> Any:
+    return field(default=default, metadata={"key": Key(expected, accepts, **kw)})
+
+
+def _choice(*choices: str) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, str) and v in choices
+
+
+def _int(low: int | None = None, high: int | None = None, auto: bool = False) -> Callable[[Any], bool]:
+    def accepts(v: Any) -> bool:
+        if auto and v == "auto":
+            return True
+        return isinstance(v, int) and not isinstance(v, bool) and (low is None or v >= low) and (high is None or v <= high)
+
+    return accepts
+
+
+def _float(low: float, high: float | None = None, low_open: bool = False, high_open: bool = False) -> Callable[[Any], bool]:
+    def accepts(v: Any) -> bool:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            return False
+        above = v > low if low_open else v >= low
+        below = high is None or (v < high if high_open else v <= high)
+        return above and below
+
+    return accepts
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str) and v != ""
+
+
+def _bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _strs(v: Any) -> bool:
+    return _str(v) or (isinstance(v, list) and len(v) > 0 and all(_str(x) for x in v))
+
+
+def _auto_or_bool(v: Any) -> bool:
+    return v == "auto" or isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class Section:
+    given: frozenset[str] = field(default=frozenset(), repr=False)  # the keys the user wrote
+
+    def is_given(self, name: str) -> bool:
+        return name in self.given
+
+
+@dataclass(frozen=True)
+class Model(Section):
+    path: str = key("a local folder or a hub id", _str, required=True, local_or_hub=True,
+                    doc="model to fine-tune: a folder with config.json (relative to this file), or a hub id")
+    weights: str = key("one of pretrained, random", _choice("pretrained", "random"), "pretrained",
+                       doc="random = initialise from config.json alone (tiny examples, smoke tests)")
+    tokenizer: str | None = key("a local folder or a hub id", _str, local_or_hub=True, doc="default: the model path")
+    precision: str = key("one of auto, bf16, fp16, fp32", _choice("auto", "bf16", "fp16", "fp32"), "auto",
+                         doc="auto = bf16 unless a GPU lacks it (then fp16); fp32 on a machine without GPUs")
+    attn_implementation: str = key("one of auto, flash_attention_2, sdpa, eager",
+                                   _choice("auto", "flash_attention_2", "sdpa", "eager"), "auto",
+                                   doc="auto = flash_attention_2 where installed and every GPU is Ampere or newer, else sdpa")
+    trust_remote_code: bool = key("true or false", _bool, False)
+
+
+@dataclass(frozen=True)
+class Data(Section):
+    train: tuple[str, ...] = key("a JSONL/JSON/Parquet file or a list of them", _strs, (), required=True, path="files",
+                                 doc="rows with `messages` (chat), `prompt`+`completion`, or `text`")
+    eval: tuple[str, ...] = key("a JSONL/JSON/Parquet file or a list of them", _strs, (), path="files")
+    eval_fraction: float = key("a number from 0 to 0.5", _float(0.0, 0.5), 0.0,
+                               doc="hold out this share of train as the eval split (instead of `eval`)")
+    format: str = key("one of auto, messages, prompt_completion, text",
+                      _choice("auto", "messages", "prompt_completion", "text"), "auto")
+    max_length: int = key("an integer >= 16", _int(16), 2048, doc="tokens per sample (per packed row)")
+
+
+@dataclass(frozen=True)
+class Training(Section):
+    global_batch_size: int | None = key("a positive integer", _int(1),
+                                        doc="sequences per optimizer step over all GPUs = per_device x accumulation x "
+                                            "world size (default: per_device x world size)")
+    per_device_batch_size: int = key("a positive integer", _int(1), 1)
+    learning_rate: float = key("a number > 0 and <= 1", _float(0.0, 1.0, low_open=True), 2e-5)
+    lr_scheduler: str = key("one of cosine_with_min_lr, cosine, linear, constant_with_warmup",
+                            _choice("cosine_with_min_lr", "cosine", "linear", "constant_with_warmup"),
+                            "cosine_with_min_lr")
+    min_lr_rate: float = key("a number from 0 to 1", _float(0.0, 1.0), 0.1,
+                             doc="cosine_with_min_lr floor as a share of learning_rate")
+    min_lr: float | None = key("a number >= 0", _float(0.0), doc="cosine_with_min_lr floor as an absolute rate")
+    warmup_ratio: float = key("a number from 0 up to (not including) 1", _float(0.0, 1.0, high_open=True), 0.03,
+                              doc="share of the run spent warming up (unless warmup_steps)")
+    warmup_steps: int | None = key("an integer >= 0", _int(0))
+    weight_decay: float = key("a number >= 0", _float(0.0), 0.0)
+    max_grad_norm: float = key("a number >= 0", _float(0.0), 1.0, doc="0 turns clipping off")
+    epochs: float = key("a number > 0", _float(0.0, low_open=True), 1)
+    max_steps: int | None = key("a positive integer", _int(1), doc="overrides epochs")
+    gradient_checkpointing: bool = key("true or false", _bool, True, doc="non-reentrant activation checkpointing")
+    packing: bool | str = key('true, false or "auto"', _auto_or_bool, "auto",
+                              doc="auto = on when a probe proves packed samples stay isolated on this stack")
+    liger_kernel: bool | str = key('true, false or "auto"', _auto_or_bool, "auto", doc="auto = on CUDA when installed")
+    seed: int = key("an integer", _int(), 42)
+    logging_steps: int = key("a positive integer", _int(1), 10)
+    save_steps: int = key("a positive integer", _int(1), 500)
+    save_total_limit: int = key("a positive integer", _int(1), 2)
+    eval_steps: int | None = key("a positive integer", _int(1), doc="default: save_steps")
+    output_dir: str = key("a folder path", _str, "", path="dir", doc="the run directory (default runs/<config name>)")
+
+
+@dataclass(frozen=True)
+class DeepSpeed(Section):
+    config: str | None = key("a path to a DeepSpeed JSON", _str, path="file",
+                             doc="use this DeepSpeed JSON as is (\"auto\" values are filled from the run)")
+    zero_stage: int | None = key("an integer 0 to 3", _int(0, 3), doc="generate a DeepSpeed JSON for this ZeRO stage")
+    offload_optimizer: bool = key("true or false", _bool, False, doc="ZeRO-Offload optimizer states to CPU")
+    offload_params: bool = key("true or false", _bool, False, doc="ZeRO-3: offload parameters to CPU")
+
+
+@dataclass(frozen=True)
+class Launch(Section):
+    nproc_per_node: int | str = key('a positive integer or "auto"', _int(1, auto=True), "auto",
+                                    doc="auto = every visible GPU (1 on a CPU-only machine)")
+    nnodes: int = key("a positive integer", _int(1), 1)
+    node_rank: int = key("an integer >= 0", _int(0), 0, doc="this node's rank: node 0 hosts the rendezvous")
+    master_addr: str = key("a host name or address", _str, "127.0.0.1")
+    master_port: int | str = key('a port 1-65535 or "auto"', _int(1, 65535, auto=True), 29500,
+                                 doc="default 29500, or a free port when 29500 is taken on a single node")
+    max_restarts: int = key("an integer >= 0", _int(0), 0)
+    distributed_check: bool = key("true or false", _bool, True,
+                                  doc="with 2+ processes, every rank runs `check --distributed` before training")
+
+
+@dataclass(frozen=True)
+class Report(Section):
+    to: str = key("one of none, tensorboard, wandb", _choice("none", "tensorboard", "wandb"), "none")
+
+
+@dataclass(frozen=True)
+class Watch(Section):
+    on_nan: str = key("one of stop, skip", _choice("stop", "skip"), "stop",
+                      doc="stop: every rank stops, no checkpoint of poisoned weights; skip: drop that update")
+    max_skips: int = key("an integer >= 1", _int(1), 10, doc="with on_nan = skip: stop after this many")
+    hang_timeout_s: float = key("a number of seconds from 5 to 86400", _float(5.0, 86400.0), 300,
+                                doc="no progress for this long is a hang (NCCL's own timeout is 10 minutes)")
+    loss_spike_factor: float = key("a number > 0", _float(0.0, low_open=True), 6.0,
+                                   doc="a logged loss this many robust deviations above the recent median is a spike")
+
+
+SECTIONS: dict[str, type[Section]] = {"model": Model, "data": Data, "training": Training, "deepspeed": DeepSpeed,
+                                      "launch": Launch, "report": Report, "watch": Watch}
+
+# Pairs of keys of which at most one may be given.
+EXCLUSIVE = (
+    ("deepspeed", "config", "zero_stage"),
+    ("training", "min_lr_rate", "min_lr"),
+    ("training", "warmup_ratio", "warmup_steps"),
+)
+
+
+def keys(section: type[Section]) -> dict[str, Key]:
+    return {f.name: f.metadata["key"] for f in dataclasses.fields(section) if "key" in f.metadata}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    path: str
+    model: Model
+    data: Data
+    training: Training
+    deepspeed: DeepSpeed = DeepSpeed()
+    launch: Launch = Launch()
+    report: Report = Report()
+    watch: Watch = Watch()
+
+    def given(self, section: str, name: str) -> bool:
+        return getattr(self, section).is_given(name)
+
+    def with_values(self, section: str, **values: Any) -> "RunConfig":
+        """A copy with these keys set as if the user had written them (plan for another machine)."""
+        old = getattr(self, section)
+        return dataclasses.replace(self, **{section: dataclasses.replace(old, given=old.given | set(values), **values)})
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path}
+        for name in SECTIONS:
+            sec = getattr(self, name)
+            out[name] = {k: _plain(getattr(sec, k)) for k in keys(type(sec))}
+        out["given"] = {name: sorted(getattr(self, name).given) for name in SECTIONS}
+        return out
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> "RunConfig":
+        given = doc.get("given") or {}
+        sections = {}
+        for name, kind in SECTIONS.items():
+            values = {k: tuple(v) if isinstance(v, list) else v for k, v in (doc.get(name) or {}).items()}
+            sections[name] = kind(given=frozenset(given.get(name, ())), **values)
+        return cls(path=doc["path"], **sections)
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def load_run_config(path: Path) -> RunConfig:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(path, "run config not found") from None
+    except IsADirectoryError:
+        raise InputError(path, "expected a TOML run config file, got a directory") from None
+    except OSError as exc:
+        raise InputError(path, f"cannot read run config: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise InputError(path, "expected a UTF-8 TOML run config, got binary data") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(path, f"not valid TOML: {exc}") from None
+    return validate(raw, path)
+
+
+def _resolve_path(spec: Key, value: Any, folder: Path, errors: list[InputError], path: Path, where: str) -> Any:
+    if spec.local_or_hub:
+        return str(folder / value) if (folder / value).exists() else value
+    if spec.path == "dir":
+        return str(folder / value)
+    if spec.path in ("file", "files"):
+        files = [value] if isinstance(value, str) else value
+        resolved = [folder / f for f in files]
+        for given, full in zip(files, resolved):
+            if not full.is_file():
+                errors.append(InputError(path, f"file not found: {given} (looked for {full})", key=where))
+        out = [str(f) for f in resolved]
+        return out[0] if spec.path == "file" else tuple(out)
+    return value
+
+
+def _section(kind: type[Section], name: str, given: dict[str, Any], path: Path, errors: list[InputError]) -> Section:
+    specs = keys(kind)
+    values: dict[str, Any] = {}
+    for k, value in given.items():
+        spec, where = specs.get(k), f"[{name}].{k}"
+        if spec is None:
+            errors.append(InputError(path, f"unknown key{did_you_mean(k, specs)}; known keys: {', '.join(specs)}", key=where))
+        elif not spec.accepts(value):
+            errors.append(InputError(path, f"expected {spec.expected}, got {value!r}", key=where))
+        else:
+            values[k] = _resolve_path(spec, value, path.parent, errors, path, where)
+    for k, spec in specs.items():
+        if spec.required and k not in given:
+            errors.append(InputError(path, f"missing; expected {spec.expected}", key=f"[{name}].{k}"))
+    return kind(given=frozenset(values), **values)
+
+
+def validate(raw: dict[str, Any], path: Path) -> RunConfig:
+    """Check every section and key; return the typed config (defaults filled, paths resolved)."""
+    path = Path(path)
+    errors: list[InputError] = []
+    for name, value in raw.items():
+        if name not in SECTIONS:
+            errors.append(InputError(path, f"unknown section; expected one of {', '.join(SECTIONS)}"
+                                           f"{did_you_mean(name, SECTIONS)}", key=f"[{name}]"))
+        elif not isinstance(value, dict):
+            errors.append(InputError(path, "expected a table ([section] with keys)", key=name))
+    sections = {name: _section(kind, name, raw[name] if isinstance(raw.get(name), dict) else {}, path, errors)
+                for name, kind in SECTIONS.items()}
+    for name, a, b in EXCLUSIVE:
+        if sections[name].is_given(a) and sections[name].is_given(b):
+            errors.append(InputError(path, f"give either {a} or {b}, not both", key=f"[{name}]"))
+    errors += _cross_checks(sections, path)
+    if errors:
+        raise InputErrors(errors)
+    training = sections["training"]
+    if not training.is_given("output_dir"):  # a default, so not marked as given
+        sections["training"] = dataclasses.replace(training, output_dir=str(path.parent / "runs" / path.stem))
+    return RunConfig(path=str(path), **sections)
+
+
+def _cross_checks(s: dict[str, Any], path: Path) -> list[InputError]:
+    errors = []
+    training, data, launch, ds = s["training"], s["data"], s["launch"], s["deepspeed"]
+    floor = training.is_given("min_lr_rate") or training.is_given("min_lr")
+    if floor and training.lr_scheduler != "cosine_with_min_lr":
+        errors.append(InputError(path, "a learning-rate floor needs lr_scheduler = \"cosine_with_min_lr\" "
+                                       f"(the {training.lr_scheduler} schedule has none)", key="[training]"))
+    if data.is_given("eval") and data.eval_fraction:
+        errors.append(InputError(path, "give either eval (files) or eval_fraction, not both", key="[data]"))
+    if launch.nnodes > 1 and launch.master_port == "auto":
+        errors.append(InputError(path, "master_port = \"auto\" works on one node only: every node must be given "
+                                       "the same port", key="[launch].master_port"))
+    if launch.node_rank >= launch.nnodes:
+        errors.append(InputError(path, f"node_rank {launch.node_rank} must be below nnodes {launch.nnodes}",
+                                 key="[launch].node_rank"))
+    if ds.offload_params and ds.zero_stage != 3:
+        errors.append(InputError(path, "offload_params needs zero_stage = 3", key="[deepspeed].offload_params"))
+    if (ds.offload_optimizer or ds.offload_params) and ds.config is not None:
+        errors.append(InputError(path, "offload settings go with zero_stage; put them in the JSON given as config",
+                                 key="[deepspeed]"))
+    return errors

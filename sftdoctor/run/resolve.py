@@ -1,0 +1,374 @@
+"""resolve(run config, facts) -> Plan: the one place where every setting of a run is decided.
+
+`sftdoctor check`, `plan`, the gate and launcher of `sftdoctor train`, the recipe every worker runs and
+the watchers all read this Plan; resolved.json in the run directory is `Plan.to_json()`. Pure and cheap
+(no torch): the facts it reads (GPUs, installed packages, the DeepSpeed JSON, the data's shape, the
+chat template, the rendezvous port) were collected by probes, and any object with `.get(name)` serves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sftdoctor.run.config import RunConfig
+from sftdoctor.run.gpus import FLASH_MIN_CC, bf16_capable, devices, lacking
+from sftdoctor.run.memory import Fit, Run, Setting, fit
+from sftdoctor.run.shape import Shape
+
+PLAN_VERSION = 1
+TORCHRUN_DEFAULT_PORT = 29500
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
+DISTRIBUTED_CHECK_MAX_S = 120.0
+REHEARSAL_STEPS, REHEARSAL_SAVE_AT, REHEARSAL_ROWS = 4, 2, 64
+LOAD_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a run does, decided. `reasons` says where the non-obvious choices came from."""
+
+    # world
+    nproc_per_node: int
+    nnodes: int
+    node_rank: int
+    world_size: int
+    cuda: bool
+    # batch: global = per_device x accumulation x world size
+    per_device_batch_size: int
+    global_batch_size: int
+    gradient_accumulation_steps: int | None  # None: no whole accumulation reaches the global batch
+    nearest_global_batch_sizes: tuple[int, ...]
+    # model and numerics
+    model_path: str
+    tokenizer_path: str
+    weights: str
+    trust_remote_code: bool
+    precision: str  # bf16 | fp16 | fp32
+    load_dtype: str  # the dtype the weights are loaded in
+    attn_implementation: str
+    liger_kernel: bool
+    liger_available: bool
+    moe: bool
+    # data
+    train_files: tuple[str, ...]
+    eval_files: tuple[str, ...]
+    eval_fraction: float
+    data_shape: str | None  # messages | prompt_completion | text
+    data_rows: int | None
+    max_length: int
+    packing: bool
+    assistant_only_loss: bool
+    # optimisation
+    learning_rate: float
+    lr_scheduler: str
+    lr_scheduler_kwargs: dict[str, float]
+    warmup: dict[str, float]  # the TrainingArguments key the installed transformers reads, and its value
+    warmup_steps: int | None  # what that comes to, when the run's length is known
+    epochs: float
+    max_steps: int | None
+    total_steps: int | None
+    weight_decay: float
+    max_grad_norm: float
+    checkpointing: bool
+    checkpointing_arg: str  # activation_checkpointing (transformers 5.x) | gradient_checkpointing
+    seed: int
+    logging_steps: int
+    save_steps: int
+    save_total_limit: int
+    eval_steps: int
+    # DeepSpeed
+    deepspeed: dict[str, Any] | None  # the effective JSON
+    deepspeed_source: str | None  # the given file, or "generated for [deepspeed] zero_stage"
+    zero_stage: int  # 0 without DeepSpeed
+    offload_optimizer: bool
+    offload_params: bool
+    # launch and timeouts
+    master_addr: str
+    master_port: int
+    max_restarts: int
+    distributed_check: bool
+    distributed_check_bound_s: float
+    hang_timeout_s: float
+    ddp_timeout_s: int
+    # watch
+    on_nan: str
+    max_skips: int
+    loss_spike_factor: float
+    report_to: str
+    output_dir: str
+    # how this launch runs
+    plugins: bool = True
+    rehearsal: bool = False
+    data_limit: int | None = None
+    drill: dict[str, Any] | None = None
+    reasons: dict[str, str] = field(default_factory=dict)
+    version: int = PLAN_VERSION
+
+    @property
+    def tokens_per_step_max(self) -> int:
+        return self.global_batch_size * self.max_length
+
+    def to_json(self) -> dict[str, Any]:
+        doc = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in doc.items()}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> "Plan":
+        if not isinstance(doc, dict) or doc.get("version") != PLAN_VERSION:
+            found = doc.get("version") if isinstance(doc, dict) else None
+            raise ValueError(f"a plan of version {found!r}; this sftdoctor reads version {PLAN_VERSION}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in doc.items() if k in names}
+        return cls(**values)
+
+
+# ---------------------------------------------------------------- one function per decision
+
+def world(run: RunConfig, gpus: dict[str, Any] | None) -> tuple[int, int]:
+    """(processes per node, nodes); nproc_per_node = "auto" is every visible GPU, or 1 without GPUs."""
+    nproc = run.launch.nproc_per_node
+    if nproc == "auto":
+        nproc = max(1, len(devices(gpus)))
+    return int(nproc), int(run.launch.nnodes)
+
+
+def accumulation(global_batch: int, per_device: int, world_size: int) -> int | None:
+    """global = per_device x accumulation x world size; None when no whole accumulation hits it."""
+    step = per_device * world_size
+    return global_batch // step if global_batch % step == 0 else None
+
+
+def nearest_global_batches(global_batch: int, per_device: int, world_size: int) -> tuple[int, ...]:
+    step = per_device * world_size
+    below = (global_batch // step) * step
+    return tuple(b for b in (below, below + step) if b > 0)
+
+
+def precision(run: RunConfig, gpus: dict[str, Any] | None) -> tuple[str, str]:
+    """(precision, why). auto: bf16 unless a GPU is known to lack it (then fp16); fp32 without GPUs."""
+    asked = run.model.precision
+    if asked != "auto":
+        return asked, "[model].precision in the run config"
+    if not devices(gpus):
+        return "fp32", '[model].precision = "auto" without a GPU: full precision on the CPU'
+    capable = bf16_capable(gpus)
+    if capable is False:
+        return "fp16", '[model].precision = "auto" on GPUs without bf16'
+    if capable is None:
+        return "bf16", '[model].precision = "auto": bf16 assumed for GPUs of unknown compute capability'
+    return "bf16", '[model].precision = "auto" on these GPUs'
+
+
+def load_dtype(precision_: str, deepspeed: dict[str, Any] | None) -> str:
+    """DeepSpeed keeps fp32 master weights itself (ZeRO 1-3 in bf16/fp16), so 16-bit weights load in 16 bits,
+    at half the host memory. Without it, bf16/fp16 are AMP over fp32 weights: AdamW in pure bf16 would round
+    small updates away."""
+    return LOAD_DTYPES[precision_] if deepspeed is not None else "float32"
+
+
+def attn_implementation(run: RunConfig, gpus: dict[str, Any] | None, packages: dict[str, Any]) -> str:
+    asked = run.model.attn_implementation
+    if asked != "auto":
+        return asked
+    found = devices(gpus)
+    if found and packages.get("flash-attn") and not lacking(found, FLASH_MIN_CC):
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def liger_kernel(run: RunConfig, gpus: dict[str, Any] | None, packages: dict[str, Any]) -> bool:
+    """Liger's Triton kernels need a CUDA GPU."""
+    asked = run.training.liger_kernel
+    if asked == "auto":
+        return bool(devices(gpus)) and bool(packages.get("liger-kernel"))
+    return bool(asked)
+
+
+def generated_deepspeed(run: RunConfig) -> dict[str, Any]:
+    """A DeepSpeed JSON for [deepspeed] zero_stage, with the "auto" values transformers fills from the run
+    (integrations/deepspeed.py, 4.x-5.x)."""
+    section = run.deepspeed
+    stage = section.zero_stage
+    zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
+                            "reduce_bucket_size": "auto"}
+    if stage == 3:
+        zero.update(stage3_prefetch_bucket_size="auto", stage3_param_persistence_threshold="auto",
+                    stage3_gather_16bit_weights_on_model_save=True)
+    if section.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if section.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return {
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                 "hysteresis": 2, "min_loss_scale": 1},
+        "zero_optimization": zero,
+        "gradient_clipping": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto",
+    }
+
+
+def deepspeed_json(run: RunConfig, given: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str | None]:
+    """(the DeepSpeed JSON the run uses, where it came from). `given` is the deepspeed_config fact."""
+    if run.deepspeed.config is not None:
+        return (given or {}).get("config"), run.deepspeed.config
+    if run.deepspeed.zero_stage is None:
+        return None, None
+    return generated_deepspeed(run), "generated for [deepspeed] zero_stage"
+
+
+def zero_settings(ds: dict[str, Any] | None) -> tuple[int, bool, bool]:
+    """(stage, optimizer offloaded, parameters offloaded) of a DeepSpeed JSON; (0, False, False) without one."""
+    zero = (ds or {}).get("zero_optimization")
+    zero = zero if isinstance(zero, dict) else {}
+    stage = zero.get("stage", 0)
+    stage = stage if isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage <= 3 else 0
+
+    def offloaded(block: Any) -> bool:
+        return isinstance(block, dict) and block.get("device") in ("cpu", "nvme")
+
+    return stage, offloaded(zero.get("offload_optimizer")), offloaded(zero.get("offload_param"))
+
+
+def lr_scheduler_kwargs(run: RunConfig, features: dict[str, Any] | None) -> dict[str, float]:
+    """The cosine_with_min_lr floor as the installed stack takes it. transformers wants exactly one of min_lr /
+    min_lr_rate (both or neither raise when the scheduler is built, at train start); an absolute min_lr
+    reads `optimizer.defaults`, which DeepSpeed's ZeRO optimizer lacks (AttributeError at train start,
+    transformers 5.24 x DeepSpeed 0.19). The floor is known before the run, so it is passed as the rate."""
+    t = run.training
+    if t.lr_scheduler != "cosine_with_min_lr":
+        return {}
+    rate = t.min_lr / t.learning_rate if t.min_lr is not None else t.min_lr_rate
+    if features and features.get("min_lr_rate") is False:  # older transformers knew only min_lr
+        return {"min_lr": rate * t.learning_rate}
+    return {"min_lr_rate": rate}
+
+
+def total_steps(run: RunConfig, rows: int | None, global_batch: int) -> int | None:
+    if run.training.max_steps:
+        return run.training.max_steps
+    if not rows:
+        return None
+    return max(1, math.ceil(run.training.epochs * rows * (1 - run.data.eval_fraction) / global_batch))
+
+
+def warmup(run: RunConfig, features: dict[str, Any] | None, steps: int | None) -> tuple[dict[str, float], int | None]:
+    """({TrainingArguments key: value}, warmup steps when the run's length is known). transformers 4.x took
+    warmup_ratio; 5.x removed it and reads a warmup_steps below 1 as the ratio."""
+    t = run.training
+    if t.warmup_steps is not None:
+        return {"warmup_steps": int(t.warmup_steps)}, t.warmup_steps
+    said = math.ceil(t.warmup_ratio * steps) if steps else None
+    if features and features.get("warmup_ratio"):
+        return {"warmup_ratio": t.warmup_ratio}, said
+    return {"warmup_steps": t.warmup_ratio}, said
+
+
+def assistant_only_loss(shape: str | None, template: dict[str, Any] | None) -> bool:
+    """Loss on assistant turns needs {% generation %} markers in the chat template, present or patched in by
+    TRL (its bundled training templates, TRL 1.16)."""
+    return shape == "messages" and bool(template) and bool(template.get("generation_markers")
+                                                           or template.get("trl_patchable"))
+
+
+def master_port(run: RunConfig, rendezvous: dict[str, Any] | None) -> tuple[int, str]:
+    """The rendezvous port, and why. A port the user set is kept (a busy one is the nccl-env check's error);
+    on one node the default 29500, when taken, and "auto" become a free port."""
+    launch, seen = run.launch, rendezvous or {}
+    free = seen.get("free_port")
+    if launch.master_port == "auto":
+        return int(free or TORCHRUN_DEFAULT_PORT), "[launch].master_port = \"auto\": a free port"
+    if launch.is_given("master_port"):
+        return int(launch.master_port), "[launch].master_port in the run config"
+    busy = seen.get("master_port") == launch.master_port and seen.get("in_use")
+    if busy and launch.nnodes == 1 and free:
+        return int(free), f"the default {launch.master_port} is taken here: a free port"
+    return int(launch.master_port), "torchrun's default"
+
+
+def ddp_timeout(hang_timeout_s: float) -> int:
+    """The process group gives up only after our watchdog has named the rank behind, even while a checkpoint
+    saves (the watchdog then allows 4x hang_timeout_s)."""
+    return int(4 * hang_timeout_s + 120)
+
+
+# ---------------------------------------------------------------- the plan
+
+def resolve(run: RunConfig, facts: Any) -> Plan:
+    """Decide every setting of `run` on the machine `facts` describe (anything with `.get(fact name)`)."""
+    gpus, packages = facts.get("gpus"), facts.get("packages") or {}
+    features = facts.get("transformers_features")
+    t, data = run.training, facts.get("data") or {}
+    nproc, nnodes = world(run, gpus)
+    world_size = nproc * nnodes
+    per_device = t.per_device_batch_size
+    global_batch = t.global_batch_size or per_device * world_size
+    accum = accumulation(global_batch, per_device, world_size)
+    chosen, why_precision = precision(run, gpus)
+    ds, ds_source = deepspeed_json(run, facts.get("deepspeed_config") if run.deepspeed.config else None)
+    stage, offload_optimizer, offload_params = zero_settings(ds)
+    rows = (data.get("train") or {}).get("rows")
+    steps = total_steps(run, rows, global_batch)
+    warmup_args, warmup_steps = warmup(run, features, steps)
+    probe = facts.get("packing_probe") or {} if t.packing == "auto" else {}
+    port, why_port = master_port(run, facts.get("rendezvous"))
+    shape = (data.get("train") or {}).get("shape")
+    model_keys = (facts.get("model_config") or {}).get("raw_keys") or ()
+    return Plan(
+        nproc_per_node=nproc, nnodes=nnodes, node_rank=run.launch.node_rank, world_size=world_size,
+        cuda=bool(devices(gpus)),
+        per_device_batch_size=per_device, global_batch_size=global_batch, gradient_accumulation_steps=accum,
+        nearest_global_batch_sizes=() if accum else nearest_global_batches(global_batch, per_device, world_size),
+        model_path=run.model.path, tokenizer_path=run.model.tokenizer or run.model.path, weights=run.model.weights,
+        trust_remote_code=run.model.trust_remote_code,
+        precision=chosen, load_dtype=load_dtype(chosen, ds), attn_implementation=attn_implementation(run, gpus, packages),
+        liger_kernel=liger_kernel(run, gpus, packages), liger_available=bool(packages.get("liger-kernel")),
+        moe=any(k in model_keys for k in MOE_KEYS),
+        train_files=tuple(run.data.train), eval_files=tuple(run.data.eval), eval_fraction=run.data.eval_fraction,
+        data_shape=shape, data_rows=rows, max_length=run.data.max_length,
+        packing=bool(probe.get("isolated")) if t.packing == "auto" else bool(t.packing),
+        assistant_only_loss=assistant_only_loss(shape, facts.get("chat_template")),
+        learning_rate=t.learning_rate, lr_scheduler=t.lr_scheduler, lr_scheduler_kwargs=lr_scheduler_kwargs(run, features),
+        warmup=warmup_args, warmup_steps=warmup_steps, epochs=t.epochs, max_steps=t.max_steps, total_steps=steps,
+        weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm, checkpointing=t.gradient_checkpointing,
+        checkpointing_arg=(features or {}).get("checkpointing_arg") or "gradient_checkpointing",
+        seed=t.seed, logging_steps=t.logging_steps, save_steps=t.save_steps, save_total_limit=t.save_total_limit,
+        eval_steps=t.eval_steps or t.save_steps,
+        deepspeed=ds, deepspeed_source=ds_source, zero_stage=stage, offload_optimizer=offload_optimizer,
+        offload_params=offload_params,
+        master_addr=run.launch.master_addr, master_port=port, max_restarts=run.launch.max_restarts,
+        distributed_check=run.launch.distributed_check and world_size > 1,
+        distributed_check_bound_s=min(float(run.watch.hang_timeout_s), DISTRIBUTED_CHECK_MAX_S),
+        hang_timeout_s=float(run.watch.hang_timeout_s), ddp_timeout_s=ddp_timeout(run.watch.hang_timeout_s),
+        on_nan=run.watch.on_nan, max_skips=run.watch.max_skips, loss_spike_factor=run.watch.loss_spike_factor,
+        report_to=run.report.to, output_dir=t.output_dir,
+        reasons={"precision": why_precision, "master_port": why_port},
+    )
+
+
+def for_launch(plan: Plan, rehearsal: bool = False, drill: dict[str, Any] | None = None,
+               plugins: bool = True) -> Plan:
+    """The plan one launch follows: as resolved, or its rehearsal (`--smoke`): the same launcher, DeepSpeed
+    config, data path and scheduler for a few steps, in a run directory of its own, with a save and a resume."""
+    plan = dataclasses.replace(plan, drill=drill, plugins=plugins)
+    if not rehearsal:
+        return plan
+    return dataclasses.replace(
+        plan, rehearsal=True, max_steps=REHEARSAL_STEPS, total_steps=REHEARSAL_STEPS, save_steps=REHEARSAL_SAVE_AT,
+        logging_steps=1, data_limit=REHEARSAL_ROWS, gradient_accumulation_steps=1,
+        global_batch_size=plan.per_device_batch_size * plan.world_size,
+        output_dir=str(Path(plan.output_dir) / "smoke"))
+
+
+def memory_fit(plan: Plan, shape: Shape, gpu_memory: int) -> Fit:
+    """The plan's setting term by term against GPUs of `gpu_memory` bytes, and the fastest that fits."""
+    run = Run(shape, plan.world_size, plan.nproc_per_node, plan.max_length, plan.attn_implementation, plan.precision)
+    current = Setting(plan.zero_stage, plan.offload_optimizer, plan.checkpointing, plan.per_device_batch_size,
+                      plan.liger_kernel)
+    return fit(run, current, plan.global_batch_size, gpu_memory, plan.liger_available)

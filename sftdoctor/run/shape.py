@@ -1,0 +1,95 @@
+"""What the memory and time of a run depend on, read from a model's config.json.
+
+For the Llama/Qwen/Mistral families (gated MLP decoders) the parameter count is closed-form and exact:
+equal to the model transformers 5.24 builds on the meta device (tests/run/test_shape.py compares them on
+real configs). Other architectures are counted on the meta device in a child process (facts/model_shape.py),
+so no command that only checks ever imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Decoders whose layer is attention + gated MLP (gate, up, down) + two norms, as transformers builds them.
+GATED_MLP = {"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "olmo2", "granite", "cohere"}
+NEEDED = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "num_attention_heads")
+
+
+@dataclass(frozen=True)
+class Shape:
+    model_type: str
+    hidden: int  # h
+    layers: int  # L
+    intermediate: int  # I, the MLP's inner width
+    vocab: int  # V
+    heads: int  # attention heads
+    kv_heads: int  # key/value heads (GQA)
+    head_dim: int
+    parameters: int  # exact
+    largest_layer: int  # parameters of the largest single tensor (ZeRO-3 gathers it whole)
+    counted_by: str = "closed form"  # or "meta device"
+
+    @property
+    def q_size(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.kv_heads * self.head_dim
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a config (multimodal configs nest it under `text_config`)."""
+    nested = config.get("text_config")
+    return nested if isinstance(nested, dict) else config
+
+
+def _positive_ints(config: dict[str, Any], names: tuple[str, ...]) -> bool:
+    return all(isinstance(config.get(k), int) and not isinstance(config.get(k), bool) and config[k] > 0 for k in names)
+
+
+def dimensions(config: dict[str, Any]) -> dict[str, int] | None:
+    """h, L, I, V, heads, kv heads and head_dim, or None when config.json lacks them or they are not positive ints."""
+    text = text_config(config)
+    if not _positive_ints(text, ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")):
+        return None
+    hidden, heads = text["hidden_size"], text["num_attention_heads"]
+    kv = text.get("num_key_value_heads") or heads
+    head_dim = text.get("head_dim") or hidden // heads
+    inter = text.get("intermediate_size") or 4 * hidden
+    if not all(isinstance(v, int) and v > 0 for v in (kv, head_dim, inter)) or heads % kv:
+        return None
+    return {"hidden": hidden, "layers": text["num_hidden_layers"], "intermediate": inter, "vocab": text["vocab_size"],
+            "heads": heads, "kv_heads": kv, "head_dim": head_dim}
+
+
+def closed_form(config: dict[str, Any]) -> Shape | None:
+    """Exact shape of a gated-MLP decoder from config.json, without torch; None for other families.
+    Qwen2 has q/k/v biases, `attention_bias`/`mlp_bias` add the others, Qwen3 a q/k RMSNorm per layer."""
+    model_type = config.get("model_type")
+    dims = dimensions(config)
+    if model_type not in GATED_MLP or dims is None or not _positive_ints(config, NEEDED):
+        return None
+    h, layers, inter, vocab = dims["hidden"], dims["layers"], dims["intermediate"], dims["vocab"]
+    q, kv = dims["heads"] * dims["head_dim"], dims["kv_heads"] * dims["head_dim"]
+    attention = 2 * h * q + 2 * h * kv
+    if config.get("attention_bias"):
+        attention += q + 2 * kv + h
+    elif model_type == "qwen2":
+        attention += q + 2 * kv
+    if model_type == "qwen3":
+        attention += 2 * dims["head_dim"]
+    mlp = 3 * h * inter + ((2 * inter + h) if config.get("mlp_bias") else 0)
+    embeddings = vocab * h * (1 if config.get("tie_word_embeddings") else 2)
+    params = layers * (attention + mlp + 2 * h) + embeddings + h
+    return Shape(model_type=model_type, parameters=params, largest_layer=max(vocab * h, h * inter, h * q), **dims)
+
+
+def from_counts(config: dict[str, Any], parameters: int, largest: int) -> Shape | None:
+    """The shape with counts measured elsewhere (the meta-device model)."""
+    dims = dimensions(config)
+    if dims is None:
+        return None
+    return Shape(model_type=str(config.get("model_type", "?")), parameters=parameters, largest_layer=largest,
+                 counted_by="meta device", **dims)
