@@ -50,3 +50,40 @@ def run(registry):
 
 def severities(findings) -> list[str]:
     return [f.severity.value for f in findings]
+
+
+def make_run(tmp_path, **sections):
+    """A validated run config (sftdoctor.run.RunConfig) over a one-row text dataset, with these sections' keys."""
+    from sftdoctor.run import validate
+
+    (tmp_path / "d.jsonl").write_text('{"text": "a"}\n')
+    raw = {"model": {"path": "m"}, "data": {"train": "d.jsonl"}}
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    return validate(raw, tmp_path / "run.toml")
+
+
+def plan_of(run_config, **facts):
+    """The Plan resolve() makes of `run_config` on these recorded facts (anything not given is unknown)."""
+    from sftdoctor.run import resolve
+
+    return resolve(run_config, Facts.replay(facts))
+
+
+def meta_shape(config: dict):
+    """The shape with the parameter count of the model transformers builds on the meta device."""
+    from sftdoctor.facts.model_shape import count_on_meta_device
+    from sftdoctor.run.shape import from_counts
+
+    return from_counts(config, *count_on_meta_device(config))
+
+
+def run_of(**sections):
+    """A RunConfig built directly (no files checked): `run_of(model={"precision": "bf16"}, launch={"nnodes": 2})`."""
+    from sftdoctor.run.config import SECTIONS, RunConfig
+
+    values = {"model": {"path": "m"}, "data": {"train": ("d.jsonl",)}}
+    for name, given in sections.items():
+        values[name] = {**values.get(name, {}), **given}
+    return RunConfig(path="run.toml", **{name: kind(given=frozenset(values.get(name, {})), **values.get(name, {}))
+                                         for name, kind in SECTIONS.items()})

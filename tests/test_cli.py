@@ -114,9 +114,10 @@ def test_a_broken_run_config_lists_every_problem(tmp_path):
 
 def test_run_config_pulls_in_its_model_and_deepspeed_configs(tmp_path, v100_snapshot):
     config = tmp_path / "run.toml"
+    (tmp_path / "d.jsonl").write_text('{"text": "a"}\n')
     config.write_text(f'[model]\npath = "{MODELS / "Qwen2-0.5B.json"}"\nprecision = "fp16"\n'
                       f'[deepspeed]\nconfig = "{DS / "FastChat_deepspeed_config_s2.json"}"\n'
-                      f'[data]\ntrain = "{FIXTURES / "deepspeed" / "index.json"}"\n')
+                      '[data]\ntrain = "d.jsonl"\n')
     doc = json.loads(sftdoctor("check", "--json", "--facts", str(v100_snapshot), "--config", str(config)).stdout)
     ids = {f["id"] for f in doc["findings"]}
     assert {"model-dtype", "deepspeed-precision", "bf16-support"} <= ids

@@ -130,7 +130,8 @@ class Facts:
             if self._replayed.get(name) is not None:
                 self._values[name] = self._replayed[name]
             else:
-                self._missing[name] = probe.why_missing if probe.inputs else \
+                # a fact of the run's configs was not given; a machine's fact was not recorded
+                self._missing[name] = probe.why_missing if "config" in probe.inputs else \
                     f"not recorded in {self.inputs.facts or 'the replayed facts'}"
             return
         try:
@@ -201,8 +202,8 @@ def load_snapshot(path: Path, probes: dict[str, Probe]) -> tuple[dict[str, Any],
         if name not in probes:
             raise InputError(path, f"unknown fact{did_you_mean(name, probes)}; known facts: {', '.join(probes)}",
                              key=f"facts.{name}")
-        if probes[name].inputs and name != "topology":
-            continue  # derived from inputs: computed from what is given now
+        if "config" in probes[name].inputs:
+            continue  # derived from the run's configs: computed from what is given now
         if value is not None and name in OBJECT_FACTS and not isinstance(value, dict):
             raise InputError(path, f"expected an object, got {type(value).__name__}", key=f"facts.{name}")
         recorded[name] = value

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import FIXTURES, index, recorded_gpus, severities
+from conftest import FIXTURES, index, plan_of, recorded_gpus, run_of, severities
 from sftdoctor.facts.configs import read_json_object
 
 A100 = "a100_80g_pcie_4x_driver525_princeton.txt"
@@ -17,8 +17,9 @@ def ds(name):
     return {"path": name, "config": read_json_object(FIXTURES / "deepspeed" / name, "DeepSpeed config")}
 
 
-def run_config(precision, nnodes=1):
-    return {"model": {"path": "m", "precision": precision}, "launch": {"nnodes": nnodes}}
+def plan(precision, nnodes=1, gpus=None):
+    return plan_of(run_of(model={"precision": precision}, launch={"nnodes": nnodes}),
+                   gpus=recorded_gpus(gpus) if gpus else {"devices": []})
 
 
 def titles(findings, severity):
@@ -27,13 +28,13 @@ def titles(findings, severity):
 
 def test_auto_flags_follow_the_run_and_pass(run):
     findings = run("deepspeed-precision", deepspeed_config=ds("LLaMA-Factory_ds_z2_config.json"),
-                   run_config=run_config("bf16"), gpus=recorded_gpus(A100), deepspeed_defaults=DS_019)
+                   plan=plan("bf16", gpus=A100), gpus=recorded_gpus(A100), deepspeed_defaults=DS_019)
     assert severities(findings) == ["ok"] and "ZeRO-2, bf16" in findings[0].title
 
 
 def test_fp16_and_bf16_both_enabled_is_the_deepspeed_refusal(run):
     cfg = {"path": "both.json", "config": {"fp16": {"enabled": True}, "bf16": {"enabled": "auto"}, "gradient_clipping": 1.0}}
-    findings = run("deepspeed-precision", deepspeed_config=cfg, run_config=run_config("bf16"))
+    findings = run("deepspeed-precision", deepspeed_config=cfg, plan=plan("bf16"))
     assert titles(findings, "error") == ["both.json: fp16 and bf16 are both enabled"]
     assert "cannot be simultaneously enabled" in findings[0].detail
 
@@ -55,27 +56,27 @@ def test_hard_coded_fp16_on_v100_is_the_right_choice(run):
 
 def test_legacy_bfloat16_key_left_auto_is_not_filled_by_transformers(run):
     findings = run("deepspeed-precision", deepspeed_config=ds("transformers_ds_config_zero3_bf16.json"),
-                   run_config=run_config("bf16", nnodes=2), deepspeed_defaults=DS_019)
+                   plan=plan("bf16", nnodes=2), deepspeed_defaults=DS_019)
     assert any('legacy key "bfloat16"' in t for t in titles(findings, "warning"))
 
 
 def test_zero3_offload_on_one_node_is_slow(run):
     findings = run("deepspeed-precision", deepspeed_config=ds("axolotl_zero3_bf16_cpuoffload_all.json"),
-                   run_config=run_config("bf16"), deepspeed_defaults=DS_019)
+                   plan=plan("bf16"), deepspeed_defaults=DS_019)
     assert any("ZeRO-3 with offload_optimizer to cpu, offload_param to cpu on a single node" in t
                for t in titles(findings, "warning"))
     # Across several nodes offload may be the point: no warning.
     findings = run("deepspeed-precision", deepspeed_config=ds("axolotl_zero3_bf16_cpuoffload_all.json"),
-                   run_config=run_config("bf16", nnodes=4), deepspeed_defaults=DS_019)
+                   plan=plan("bf16", nnodes=4), deepspeed_defaults=DS_019)
     assert not any("single node" in t for t in titles(findings, "warning"))
 
 
 @pytest.mark.parametrize("name", ["FastChat_deepspeed_config_s2.json", "transformers_ds_config_zero3_61c7ec9.json"])
 def test_missing_gradient_clipping_depends_on_the_installed_deepspeed(run, name):
-    old = run("deepspeed-precision", deepspeed_config=ds(name), run_config=run_config("fp16", nnodes=2),
+    old = run("deepspeed-precision", deepspeed_config=ds(name), plan=plan("fp16", nnodes=2),
               gpus=recorded_gpus(V100), deepspeed_defaults=DS_OLD)
     assert any("no gradient_clipping: DeepSpeed 0.16.4 defaults to 0" in t for t in titles(old, "warning"))
-    new = run("deepspeed-precision", deepspeed_config=ds(name), run_config=run_config("fp16", nnodes=2),
+    new = run("deepspeed-precision", deepspeed_config=ds(name), plan=plan("fp16", nnodes=2),
               gpus=recorded_gpus(V100), deepspeed_defaults=DS_019)
     assert any("clips at 1.0 by default" in t for t in titles(new, "info"))
     assert '"gradient_clipping": "auto"' in next(f for f in new if "clips" in f.title).fix
@@ -96,14 +97,25 @@ def test_every_real_config_gets_a_verdict(run):
 
 def test_hard_coded_flags_that_disagree_with_the_run_precision_are_the_transformers_mismatch(run):
     findings = run("deepspeed-precision", deepspeed_config=ds("axolotl_zero3_bf16.json"),
-                   run_config=run_config("fp16", nnodes=2), deepspeed_defaults=DS_019)
-    assert titles(findings, "error") == ['axolotl_zero3_bf16.json: bf16.enabled=true disagree(s) with [model].precision = "fp16"']
+                   plan=plan("fp16", nnodes=2), deepspeed_defaults=DS_019)
+    assert titles(findings, "error") == [
+        "axolotl_zero3_bf16.json: bf16.enabled=true disagree(s) with the run's precision fp16 "
+        "([model].precision in the run config)"]
     findings = run("deepspeed-precision", deepspeed_config=ds("axolotl_zero3_bf16.json"),
-                   run_config=run_config("bf16", nnodes=2), deepspeed_defaults=DS_019)
+                   plan=plan("bf16", nnodes=2), deepspeed_defaults=DS_019)
     assert "error" not in severities(findings)
 
 
 def test_clipping_zero_is_an_error_under_the_trainer(run):
     findings = run("deepspeed-precision", deepspeed_config=ds("DeepSpeedExamples_ds_fp16_z1_config.json"),
-                   run_config=run_config("fp16"), gpus=recorded_gpus(V100), deepspeed_defaults=DS_019)
+                   plan=plan("fp16", gpus=V100), gpus=recorded_gpus(V100), deepspeed_defaults=DS_019)
     assert any("gradient_clipping is 0" in t for t in titles(findings, "error"))
+
+
+def test_hard_coded_fp16_beside_a_run_on_a_machine_without_gpus_is_the_same_error(run):
+    """precision = "auto" without GPUs is fp32 in the plan, so DeepSpeed's fp16=true is transformers'
+    'ds fp16.enabled=True vs hf fp16|fp16_full_eval=False' ValueError, on every machine alike."""
+    cfg = {"path": "ds.json", "config": {"fp16": {"enabled": True}, "zero_optimization": {"stage": 2}}}
+    findings = run("deepspeed-precision", deepspeed_config=cfg, plan=plan("auto"), deepspeed_defaults=DS_019)
+    assert titles(findings, "error") == ["ds.json: fp16.enabled=true disagree(s) with the run's precision fp32 "
+                                         "([model].precision = \"auto\" without a GPU: full precision on the CPU)"]

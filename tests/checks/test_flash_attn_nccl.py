@@ -1,6 +1,6 @@
 """flash-attn and nccl-env."""
 
-from conftest import NO_GPU, recorded_gpus, severities
+from conftest import NO_GPU, plan_of, recorded_gpus, run_of, severities
 from sftdoctor.checks import Skipped
 
 A100 = "a100_80g_pcie_4x_driver525_princeton.txt"
@@ -11,7 +11,7 @@ UNDEFINED = ("ImportError: /usr/local/lib/python3.10/dist-packages/flash_attn_2_
              "undefined symbol: _ZN3c104cuda9SetDeviceEi")
 FLASH_OK = {"installed": True, "version": "2.7.4.post1", "import_ok": True, "import_error": None}
 FLASH_BROKEN = {"installed": True, "version": "2.7.4.post1", "import_ok": False, "import_error": UNDEFINED}
-ASKED = {"model": {"path": "m", "attn_implementation": "flash_attention_2"}}
+ASKED = plan_of(run_of(model={"attn_implementation": "flash_attention_2"}))
 
 
 def test_flash_attn_importing_on_ampere_is_ok(run):
@@ -28,13 +28,13 @@ def test_abi_mismatch_is_an_error_that_names_the_symbol(run):
 def test_flash_attn_on_v100_warns_and_errors_when_requested(run):
     base = dict(packages={"flash-attn": "2.7.4.post1"}, flash_attn=FLASH_OK, gpus=recorded_gpus(V100))
     assert severities(run("flash-attn", **base)) == ["warning"]
-    findings = run("flash-attn", run_config=ASKED, **base)
+    findings = run("flash-attn", plan=ASKED, **base)
     assert severities(findings) == ["error"] and "Ampere" in findings[0].detail
 
 
 def test_requested_but_not_installed_is_an_error(run):
     findings = run("flash-attn", packages={"flash-attn": None}, flash_attn={"installed": False},
-                   gpus=recorded_gpus(A100), run_config=ASKED)
+                   gpus=recorded_gpus(A100), plan=ASKED)
     assert severities(findings) == ["error"] and "not installed" in findings[0].title
 
 
@@ -67,6 +67,16 @@ def test_busy_port_from_the_run_config_is_an_error(run):
     assert severities(findings) == ["error"] and "EADDRINUSE" in findings[0].detail
     assert severities(run("nccl-env", env={}, rendezvous={**busy, "source": "torchrun default"})) == ["warning"]
     assert severities(run("nccl-env", env={}, rendezvous={**busy, "in_use": False})) == ["ok"]
+
+
+def test_a_busy_default_port_is_information_when_the_plan_moved_the_run_elsewhere(run):
+    busy = {"master_addr": "127.0.0.1", "master_port": 29500, "source": "torchrun default", "in_use": True,
+            "local": True, "free_port": 40001}
+    two = plan_of(run_of(launch={"nproc_per_node": 2}), rendezvous=busy)
+    [moved] = run("nccl-env", env={}, rendezvous=busy, plan=two)
+    assert moved.severity.value == "info" and "uses port 40001" in moved.title
+    [one] = run("nccl-env", env={}, rendezvous=busy, plan=plan_of(run_of(), rendezvous=busy))
+    assert one.severity.value == "info" and "one process" in one.title
 
 
 def test_the_port_probe_sees_a_real_listener(tmp_path):

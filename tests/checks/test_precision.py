@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import FIXTURES, NO_GPU, index, recorded_gpus, severities
+from conftest import FIXTURES, NO_GPU, index, plan_of, recorded_gpus, run_of, severities
 from sftdoctor.checks import Skipped
 from sftdoctor.facts.configs import read_json_object, summarize_model_config
 
@@ -11,8 +11,8 @@ QUADRO_TURING = "quadro_rtx8000_10x_driver470_gengwg.txt"
 A100 = "a100_80g_pcie_4x_driver525_princeton.txt"
 
 
-def run_config(precision):
-    return {"model": {"path": "m", "precision": precision}, "launch": {"nnodes": 1}}
+def plan(precision, gpus=None):
+    return plan_of(run_of(model={"precision": precision}), gpus=recorded_gpus(gpus) if gpus else {"devices": []})
 
 
 def model(name):
@@ -22,7 +22,7 @@ def model(name):
 
 @pytest.mark.parametrize("gpus", [V100, QUADRO_TURING])
 def test_bf16_asked_of_pre_ampere_gpus_is_an_error_with_the_fp16_alternative(run, gpus):
-    findings = run("bf16-support", gpus=recorded_gpus(gpus), run_config=run_config("bf16"))
+    findings = run("bf16-support", gpus=recorded_gpus(gpus), plan=plan("bf16", gpus))
     assert severities(findings) == ["error"]
     assert "fp16" in findings[0].fix and "65504" in findings[0].detail
 
@@ -35,20 +35,20 @@ def test_bf16_from_a_deepspeed_json_counts_as_asked(run):
 
 def test_pre_ampere_without_a_request_is_advice(run):
     assert severities(run("bf16-support", gpus=recorded_gpus(V100))) == ["info"]
-    assert severities(run("bf16-support", gpus=recorded_gpus(V100), run_config=run_config("fp16"))) == ["ok"]
+    assert severities(run("bf16-support", gpus=recorded_gpus(V100), plan=plan("fp16", V100))) == ["ok"]
 
 
 def test_auto_precision_picks_fp16_on_v100_so_nothing_is_wrong(run):
-    assert severities(run("bf16-support", gpus=recorded_gpus(V100), run_config=run_config("auto"))) == ["ok"]
+    assert severities(run("bf16-support", gpus=recorded_gpus(V100), plan=plan("auto", V100))) == ["ok"]
 
 
 def test_ampere_supports_bf16(run):
-    findings = run("bf16-support", gpus=recorded_gpus(A100), run_config=run_config("bf16"))
+    findings = run("bf16-support", gpus=recorded_gpus(A100), plan=plan("bf16", A100))
     assert severities(findings) == ["ok"] and "A100" in findings[0].title
 
 
 def test_fp16_on_ampere_is_a_warning(run):
-    assert severities(run("bf16-support", gpus=recorded_gpus(A100), run_config=run_config("fp16"))) == ["warning"]
+    assert severities(run("bf16-support", gpus=recorded_gpus(A100), plan=plan("fp16", A100))) == ["warning"]
 
 
 def test_no_gpu_skips(run):
@@ -60,29 +60,29 @@ BF16_MODELS = [e["file"] for e in index("model_config") if e["dtype"] == "bfloat
 
 @pytest.mark.parametrize("name", BF16_MODELS)
 def test_bf16_pretrained_model_in_fp16_warns_of_overflow(run, name):
-    findings = run("model-dtype", model_config=model(name), run_config=run_config("fp16"))
+    findings = run("model-dtype", model_config=model(name), plan=plan("fp16"))
     assert severities(findings) == ["warning"] and "65504" in findings[0].detail
 
 
 def test_bf16_model_in_bf16_is_ok(run):
     findings = run("model-dtype", model_config=model("SmolLM2-135M_merged_transformers5_bfloat16.json"),
-                   run_config=run_config("bf16"))
+                   plan=plan("bf16"))
     assert severities(findings) == ["ok"] and '"dtype"' in findings[0].title
 
 
 def test_v4_configs_are_read_through_torch_dtype(run):
-    findings = run("model-dtype", model_config=model("Meta-Llama-3-8B.json"), run_config=run_config("fp16"))
+    findings = run("model-dtype", model_config=model("Meta-Llama-3-8B.json"), plan=plan("fp16"))
     assert severities(findings) == ["warning"] and '"torch_dtype"' in findings[0].title
 
 
 def test_float32_weights_are_flagged_for_their_memory(run):
-    findings = run("model-dtype", model_config=model("Llama-2-7b-hf_resaved_float32.json"), run_config=run_config("bf16"))
+    findings = run("model-dtype", model_config=model("Llama-2-7b-hf_resaved_float32.json"), plan=plan("bf16"))
     assert severities(findings) == ["info"] and "28 GB" in findings[0].detail
 
 
 def test_fp16_model_trained_in_bf16_is_fine(run):
     assert severities(run("model-dtype", model_config=model("Llama-2-7b-chat-hf.json"),
-                          run_config=run_config("bf16"))) == ["ok"]
+                          plan=plan("bf16"))) == ["ok"]
 
 
 def test_config_without_dtype_is_information(run):
@@ -91,7 +91,7 @@ def test_config_without_dtype_is_information(run):
 
 def test_auto_precision_follows_the_gpus(run):
     bf16_model = model("Qwen2-0.5B.json")
-    assert severities(run("model-dtype", model_config=bf16_model, run_config=run_config("auto"),
+    assert severities(run("model-dtype", model_config=bf16_model, plan=plan("auto", V100),
                           gpus=recorded_gpus(V100))) == ["warning"]
-    assert severities(run("model-dtype", model_config=bf16_model, run_config=run_config("auto"),
+    assert severities(run("model-dtype", model_config=bf16_model, plan=plan("auto", A100),
                           gpus=recorded_gpus(A100))) == ["ok"]

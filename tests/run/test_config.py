@@ -1,0 +1,96 @@
+"""The run config: typed, frozen, defaults in one place, provenance, every problem at once; fuzzed."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sftdoctor.errors import InputError, InputErrors
+from sftdoctor.run.config import RunConfig, load_run_config, validate
+
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
+                       lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+                       max_leaves=20)
+
+
+def write(tmp_path, text, name="run.toml"):
+    """A run config beside a one-row data file (data.jsonl), as `[data] train` needs an existing file."""
+    (tmp_path / "data.jsonl").write_text('{"text": "hello"}\n')
+    if "[data]" not in text:
+        text += '\n[data]\ntrain = "data.jsonl"\n'
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_run_config_fills_defaults_and_resolves_paths_next_to_the_file(tmp_path):
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "z2.json").write_text("{}")
+    path = write(tmp_path, '[model]\npath = "m"\n[deepspeed]\nconfig = "ds/z2.json"\n')
+    cfg = load_run_config(path)
+    assert cfg.data.train == (str(tmp_path / "data.jsonl"),)
+    assert cfg.training.output_dir == str(tmp_path / "runs" / "run") and not cfg.given("training", "output_dir")
+    assert cfg.model.precision == "auto" and not cfg.given("model", "precision")
+    assert cfg.deepspeed.config == str(tmp_path / "ds" / "z2.json") and cfg.given("deepspeed", "config")
+    assert cfg.launch.master_port == 29500 and not cfg.given("launch", "master_port")
+
+
+def test_run_config_reports_every_problem_at_once_with_did_you_mean(tmp_path):
+    path = write(tmp_path, '[model]\npath = "m"\nprecison = "bf16"\n[launch]\nnnodes = 0\n[trainig]\nx = 1\n')
+    with pytest.raises(InputErrors) as err:
+        load_run_config(path)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 3
+    assert any("[model].precison: unknown key (did you mean 'precision'?)" in l for l in lines)
+    assert any("[launch].nnodes: expected a positive integer, got 0" in l for l in lines)
+    assert any("[trainig]" in l for l in lines)
+    assert all(l.startswith(str(path)) for l in lines)
+
+
+def test_run_config_needs_the_model_path(tmp_path):
+    with pytest.raises(InputErrors, match=r"\[model\].path: missing"):
+        load_run_config(write(tmp_path, '[model]\nprecision = "bf16"\n'))
+
+
+def test_run_config_rejects_a_config_and_a_stage_together(tmp_path):
+    with pytest.raises(InputErrors, match="either config"):
+        load_run_config(write(tmp_path, '[model]\npath="m"\n[deepspeed]\nconfig="a.json"\nzero_stage=2\n'))
+
+
+def test_invalid_toml_is_one_line(tmp_path):
+    with pytest.raises(InputError, match="not valid TOML"):
+        load_run_config(write(tmp_path, "[model\npath = 1"))
+
+
+@given(st.dictionaries(st.sampled_from(["model", "launch", "deepspeed", "data"]),
+                       st.dictionaries(st.sampled_from(["path", "precision", "nnodes", "master_port", "zero_stage", "config"]),
+                                       JSONISH.filter(lambda v: v is not None), max_size=4), max_size=3))
+@settings(max_examples=200, deadline=None)
+def test_run_config_validation_never_crashes(raw):
+    try:
+        validate(raw, Path("run.toml"))
+    except InputErrors as exc:
+        assert all(str(e).startswith("run.toml") for e in exc.errors)
+
+
+def test_the_config_is_frozen_and_round_trips_through_json_with_its_provenance(tmp_path):
+    cfg = load_run_config(write(tmp_path, '[model]\npath = "m"\n[launch]\nmaster_port = 29500\n'))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.model.path = "other"
+    again = RunConfig.from_json(json.loads(json.dumps(cfg.to_json())))
+    assert again == cfg and again.given("launch", "master_port") and not again.given("launch", "nnodes")
+
+
+@pytest.mark.parametrize("text, says", [
+    ("[watch]\nhang_timeout_s = inf", "[watch].hang_timeout_s: expected a number of seconds from 5 to 86400, got inf"),
+    ("[training]\nepochs = nan", "[training].epochs: expected a number > 0, got nan"),
+    ("[training]\nwarmup_ratio = 1.0", "[training].warmup_ratio: expected a number from 0 up to (not including) 1"),
+    ("[launch]\nnode_rank = 2\nnnodes = 2", "[launch].node_rank: node_rank 2 must be below nnodes 2"),
+])
+def test_values_out_of_range_name_the_key_and_the_range(tmp_path, text, says):
+    with pytest.raises(InputErrors) as err:
+        load_run_config(write(tmp_path, '[model]\npath = "m"\n' + text + "\n"))
+    assert says in str(err.value)

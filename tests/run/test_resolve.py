@@ -1,0 +1,153 @@
+"""resolve(): every decision of the plan, from the run config and recorded facts."""
+
+import pytest
+
+from conftest import make_run, plan_of, recorded_gpus
+from sftdoctor.run import Plan, for_launch, resolve
+from sftdoctor.run.resolve import ddp_timeout
+from sftdoctor.run.resolve import accumulation, nearest_global_batches
+
+H100x8 = "h100_sxm_8x_driver550_modal_glossary.txt"
+V100x4 = "v100_pcie_4x_driver470_cuda114_princeton.txt"
+NEW = {"cosine_with_min_lr": True, "min_lr_rate": True, "min_lr": True, "checkpointing_arg": "activation_checkpointing",
+       "warmup_ratio": False}
+
+
+def test_global_batch_arithmetic_and_the_nearest_targets():
+    assert accumulation(528, 2, 8) == 33
+    assert accumulation(500, 2, 8) is None
+    assert nearest_global_batches(500, 2, 8) == (496, 512)
+    assert nearest_global_batches(10, 2, 8) == (16,)
+
+
+def test_world_size_auto_counts_visible_gpus(tmp_path):
+    run = make_run(tmp_path)
+    assert (plan_of(run, gpus=recorded_gpus(H100x8)).world_size, plan_of(run, gpus={"devices": []}).world_size) == (8, 1)
+    fixed = plan_of(make_run(tmp_path, launch={"nproc_per_node": 4, "nnodes": 2, "node_rank": 1}))
+    assert (fixed.nproc_per_node, fixed.nnodes, fixed.world_size, fixed.node_rank) == (4, 2, 8, 1)
+
+
+def test_an_unreachable_global_batch_has_no_accumulation_and_says_the_nearest(tmp_path):
+    plan = plan_of(make_run(tmp_path, training={"global_batch_size": 100}), gpus=recorded_gpus(H100x8))
+    assert plan.gradient_accumulation_steps is None and plan.nearest_global_batch_sizes == (96, 104)
+
+
+@pytest.mark.parametrize("asked", ["auto", "bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("gpus", [H100x8, V100x4, None])
+def test_precision_and_load_dtype_for_every_machine_and_request(tmp_path, asked, gpus):
+    facts = {"gpus": recorded_gpus(gpus) if gpus else {"devices": []}}
+    plan = plan_of(make_run(tmp_path, model={"precision": asked}), **facts)
+    auto = {H100x8: "bf16", V100x4: "fp16", None: "fp32"}[gpus]
+    assert plan.precision == (auto if asked == "auto" else asked)
+    assert plan.load_dtype == "float32"  # without DeepSpeed, AMP keeps fp32 weights
+    with_ds = plan_of(make_run(tmp_path, model={"precision": asked}, deepspeed={"zero_stage": 2}), **facts)
+    assert with_ds.load_dtype == {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[with_ds.precision]
+
+
+def test_unknown_compute_capability_assumes_bf16_and_says_so(tmp_path):
+    plan = plan_of(make_run(tmp_path), gpus={"devices": [{"memory_total_mib": 81920}]})
+    assert plan.precision == "bf16" and "assumed" in plan.reasons["precision"]
+
+
+def test_flash_attention_only_where_installed_and_ampere(tmp_path):
+    run = make_run(tmp_path)
+    assert plan_of(run, gpus=recorded_gpus(H100x8), packages={"flash-attn": "2.8.3"}).attn_implementation == "flash_attention_2"
+    assert plan_of(run, gpus=recorded_gpus(V100x4), packages={"flash-attn": "2.8.3"}).attn_implementation == "sdpa"
+    assert plan_of(run, gpus=recorded_gpus(H100x8), packages={}).attn_implementation == "sdpa"
+
+
+def test_generated_deepspeed_json_is_accepted_by_deepspeed(tmp_path):
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    plan = plan_of(make_run(tmp_path, deepspeed={"zero_stage": 3, "offload_optimizer": True, "offload_params": True}))
+    ds = plan.deepspeed
+    assert (plan.zero_stage, plan.offload_optimizer, plan.offload_params) == (3, True, True)
+    assert plan.deepspeed_source.startswith("generated")
+    # What transformers does with the "auto" values, then DeepSpeed's own parser.
+    filled = {**ds, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "train_batch_size": 8,
+              "gradient_clipping": 1.0, "bf16": {"enabled": True}, "fp16": {**ds["fp16"], "enabled": False},
+              "zero_optimization": {**ds["zero_optimization"], "reduce_bucket_size": 1e6,
+                                    "stage3_prefetch_bucket_size": 1e6, "stage3_param_persistence_threshold": 1e4}}
+    parsed = DeepSpeedConfig(filled)
+    assert parsed.zero_optimization_stage == 3 and parsed.bfloat16_config.enabled
+
+
+def test_a_given_deepspeed_json_is_the_plans_and_its_stage_is_read(tmp_path):
+    (tmp_path / "ds.json").write_text("{}")
+    run = make_run(tmp_path, deepspeed={"config": "ds.json"})
+    given = {"path": str(tmp_path / "ds.json"), "config": {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}}
+    plan = plan_of(run, deepspeed_config=given)
+    assert (plan.zero_stage, plan.offload_params, plan.deepspeed_source) == (3, True, str(tmp_path / "ds.json"))
+
+
+def test_the_lr_floor_is_always_passed_as_a_rate_where_transformers_takes_one(tmp_path):
+    """An absolute min_lr crashes under DeepSpeed ZeRO (transformers 5.24 reads optimizer.defaults)."""
+    absolute = make_run(tmp_path, training={"min_lr": 2e-6, "learning_rate": 2e-5})
+    assert plan_of(absolute, transformers_features=NEW).lr_scheduler_kwargs == {"min_lr_rate": pytest.approx(0.1)}
+    old = {**NEW, "min_lr_rate": False}
+    assert plan_of(make_run(tmp_path), transformers_features=old).lr_scheduler_kwargs == {"min_lr": pytest.approx(2e-6)}
+    assert plan_of(make_run(tmp_path, training={"lr_scheduler": "cosine"})).lr_scheduler_kwargs == {}
+
+
+def test_defaults_live_in_the_schema_and_provenance_is_kept(tmp_path):
+    run = make_run(tmp_path)
+    assert (run.training.warmup_ratio, run.training.min_lr_rate, run.launch.master_port) == (0.03, 0.1, 29500)
+    assert not run.given("launch", "master_port") and not run.given("training", "output_dir")
+    assert make_run(tmp_path, launch={"master_port": 29500}).given("launch", "master_port")
+
+
+def test_a_busy_default_port_becomes_a_free_one_but_a_chosen_port_is_kept(tmp_path):
+    busy = {"master_port": 29500, "in_use": True, "free_port": 41234}
+    assert plan_of(make_run(tmp_path), rendezvous=busy).master_port == 41234
+    assert plan_of(make_run(tmp_path, launch={"master_port": 29500}), rendezvous=busy).master_port == 29500
+    multi = make_run(tmp_path, launch={"nnodes": 2})
+    assert plan_of(multi, rendezvous=busy).master_port == 29500  # every node must agree on it
+    assert plan_of(make_run(tmp_path, launch={"master_port": "auto"}), rendezvous=busy).master_port == 41234
+
+
+def test_warmup_reaches_transformers_under_the_name_it_reads(tmp_path):
+    from transformers import TrainingArguments
+
+    from sftdoctor.facts import Facts
+
+    run = make_run(tmp_path, training={"warmup_ratio": 0.05, "max_steps": 200})
+    assert plan_of(run, transformers_features=NEW).warmup == {"warmup_steps": 0.05}
+    assert plan_of(run, transformers_features={**NEW, "warmup_ratio": True}).warmup == {"warmup_ratio": 0.05}
+    assert plan_of(make_run(tmp_path, training={"warmup_steps": 7}), transformers_features=NEW).warmup == {"warmup_steps": 7}
+    plan = plan_of(run, transformers_features=Facts().get("transformers_features"))
+    args = TrainingArguments(output_dir=str(tmp_path / "x"), report_to=[], **plan.warmup)
+    assert args.get_warmup_steps(200) == 10 == plan.warmup_steps
+
+
+def test_assistant_only_loss_needs_generation_markers_or_a_template_trl_patches(tmp_path):
+    run = make_run(tmp_path)
+    chat = {"train": {"shape": "messages", "rows": 10}}
+    assert plan_of(run, data=chat, chat_template={"generation_markers": True}).assistant_only_loss
+    assert plan_of(run, data=chat, chat_template={"generation_markers": False, "trl_patchable": True}).assistant_only_loss
+    assert not plan_of(run, data=chat, chat_template={"generation_markers": False, "trl_patchable": False}).assistant_only_loss
+    assert not plan_of(run, data={"train": {"shape": "text", "rows": 10}}, chat_template={"generation_markers": True}).assistant_only_loss
+
+
+def test_the_plan_round_trips_through_json_and_refuses_another_version(tmp_path):
+    import json
+
+    plan = for_launch(plan_of(make_run(tmp_path), gpus=recorded_gpus(H100x8)), drill={"kind": "hang", "step": 3, "rank": 1})
+    again = Plan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert again == plan
+    with pytest.raises(ValueError, match="version"):
+        Plan.from_json({**plan.to_json(), "version": 99})
+
+
+def test_the_rehearsal_is_short_saves_and_writes_elsewhere(tmp_path):
+    plan = plan_of(make_run(tmp_path, training={"global_batch_size": 64}), gpus=recorded_gpus(H100x8))
+    smoke = for_launch(plan, rehearsal=True)
+    assert (smoke.max_steps, smoke.save_steps, smoke.gradient_accumulation_steps) == (4, 2, 1)
+    assert smoke.global_batch_size == 8 and smoke.output_dir.endswith("smoke") and smoke.deepspeed == plan.deepspeed
+
+
+def test_resolve_reads_any_object_with_get(tmp_path):
+    class Recorded(dict):
+        pass
+
+    assert resolve(make_run(tmp_path), Recorded(gpus=recorded_gpus(V100x4))).precision == "fp16"
+    assert ddp_timeout(300) == 1320
