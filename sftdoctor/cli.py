@@ -74,9 +74,14 @@ def check(config, model_config, deepspeed, topology, facts_file, select, list_ch
                        "-m sftdoctor check --distributed", err=True)
             sys.exit(EXIT_BAD_INPUT)
         from sftdoctor.checks import plugins_enabled
+        from sftdoctor.errors import InputError, InputErrors
 
-        sys.exit(distributed_main(bound, seconds, out, str(facts_file) if facts_file else None, as_json, drill,
-                                  plugins=plugins_enabled(no_plugins)))
+        try:
+            code = distributed_main(bound, seconds, out, str(facts_file) if facts_file else None, as_json, drill,
+                                    plugins=plugins_enabled(no_plugins))
+        except (InputError, InputErrors) as exc:
+            _bad_input(exc)
+        sys.exit(code)
     from sftdoctor.checks import load_checks, plugins_enabled, run_checks
     from sftdoctor.errors import InputError, InputErrors, did_you_mean
     from sftdoctor.facts import Facts

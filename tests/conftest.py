@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,7 @@ from sftdoctor.facts.gpus import parse_nvidia_smi
 from sftdoctor.facts.topology import parse_topology
 
 FIXTURES = Path(__file__).parent / "fixtures"
+EXAMPLES = Path(__file__).parents[1] / "examples"
 
 
 def index(kind: str) -> list[dict]:
@@ -87,3 +91,24 @@ def run_of(**sections):
         values[name] = {**values.get(name, {}), **given}
     return RunConfig(path="run.toml", **{name: kind(given=frozenset(values.get(name, {})), **values.get(name, {}))
                                          for name, kind in SECTIONS.items()})
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """Data of each row shape, made by the example's own generator (and its tokenizer and model config)."""
+    out = {}
+    for shape in ("messages", "prompt_completion", "text"):
+        folder = tmp_path_factory.mktemp(shape)
+        subprocess.run([sys.executable, str(EXAMPLES / "make_tiny.py"), "--out", str(folder), "--shape", shape, "--rows", "160"], check=True, capture_output=True)
+        out[shape] = folder
+    return out
+
+
+def install_plugin(tmp_path, module_source, entry="mysite_checks"):
+    """A real installed distribution on sys.path: a module and a .dist-info with entry points."""
+    (tmp_path / f"{entry}.py").write_text(module_source)
+    info = tmp_path / f"{entry}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {entry}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[sftdoctor.checks]\nsite = {entry}\n")
+    return {**os.environ, "PYTHONPATH": str(tmp_path)}

@@ -3,6 +3,7 @@ tests/test_imports.py does it: run `python -X importtime` and read which modules
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,4 +34,32 @@ def test_no_heavy_imports(args):
     proc, modules = imported_modules(*args)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     assert "sftdoctor.cli" in proc.stderr  # importtime really recorded our imports
+    assert not modules & set(HEAVY), sorted(modules & set(HEAVY))
+
+
+@pytest.fixture(scope="module")
+def gpu_snapshot(tmp_path_factory):
+    """This machine's facts with 8 H100s recorded from a real `nvidia-smi` and their `nvidia-smi topo -m`."""
+    import json
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import recorded_gpus, recorded_topology
+
+    doc = json.loads(subprocess.run([sys.executable, "-m", "sftdoctor", "facts"], capture_output=True, text=True).stdout)
+    doc["facts"]["gpus"] = recorded_gpus("h100_sxm_8x_driver550_modal_glossary.txt")
+    doc["facts"]["topology"] = recorded_topology("h100_8x_nv18_no_nic_stas00_ml_engineering.txt")
+    path = tmp_path_factory.mktemp("gpu") / "facts.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_check_with_a_run_config_on_gpu_facts_imports_nothing_heavy(gpu_snapshot, tmp_path):
+    """The model's shape for memory-fit comes from the closed form in this process, not from torch."""
+    config = tmp_path / "run.toml"
+    (tmp_path / "d.jsonl").write_text('{"text": "a"}\n')
+    llama = Path(__file__).parent / "fixtures" / "model_config" / "Meta-Llama-3-8B.json"
+    config.write_text(f'[model]\npath = "{llama}"\n[data]\ntrain = "d.jsonl"\nmax_length = 4096\n'
+                      '[training]\npacking = false\n[deepspeed]\nzero_stage = 2\n')
+    proc, modules = imported_modules("check", "--facts", str(gpu_snapshot), "--config", str(config))
+    assert "memory-fit" in proc.stdout and "8.03B parameters on 8 GPUs" in proc.stdout, proc.stdout + proc.stderr
     assert not modules & set(HEAVY), sorted(modules & set(HEAVY))

@@ -353,10 +353,18 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
 
 
 def for_launch(plan: Plan, rehearsal: bool = False, drill: dict[str, Any] | None = None,
-               plugins: bool = True) -> Plan:
+               plugins: bool = True, forced: bool = False) -> Plan:
     """The plan one launch follows: as resolved, or its rehearsal (`--smoke`): the same launcher, DeepSpeed
-    config, data path and scheduler for a few steps, in a run directory of its own, with a save and a resume."""
+    config, data path and scheduler for a few steps, in a run directory of its own, with a save and a resume.
+    Forced past an unreachable global batch (`--force`), the run takes the nearest reachable one below it."""
     plan = dataclasses.replace(plan, drill=drill, plugins=plugins)
+    if forced and plan.gradient_accumulation_steps is None:
+        step = plan.per_device_batch_size * plan.world_size
+        accum = max(1, plan.global_batch_size // step)
+        plan = dataclasses.replace(
+            plan, gradient_accumulation_steps=accum, global_batch_size=accum * step, nearest_global_batch_sizes=(),
+            reasons={**plan.reasons, "global_batch_size": f"forced: {accum * step}, the nearest reachable global batch "
+                                                          f"to the {plan.global_batch_size} asked"})
     if not rehearsal:
         return plan
     return dataclasses.replace(

@@ -74,6 +74,10 @@ def describe(plan: Plan) -> str:
         f"deepspeed       {'off' if plan.deepspeed is None else f'ZeRO-{plan.zero_stage} ({plan.deepspeed_source})'}",
         f"run directory   {os.path.normpath(plan.output_dir)}",
     ]
+    if "global_batch_size" in plan.reasons:
+        lines.insert(1, f"                {plan.reasons['global_batch_size']}")
+    if plan.deepspeed is not None:
+        lines.append("deepspeed json  " + json.dumps(plan.deepspeed))
     if plan.world_size > 1:
         lines.insert(1, f"rendezvous      {plan.master_addr}:{plan.master_port} ({plan.reasons.get('master_port')})")
     return "\n".join(lines)
@@ -156,7 +160,7 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
     run: RunConfig = facts.get("run")
     facts.get("data")  # bad data files are bad input: exit 2 before anything runs
     findings, blocked = gate(facts, plugins)
-    plan = for_launch(facts.get("plan"), rehearsal=smoke, drill=drill, plugins=plugins)
+    plan = for_launch(facts.get("plan"), rehearsal=smoke, drill=drill, plugins=plugins, forced=force)
     print("\n" + describe(plan), flush=True)
     if dry_run:
         print(memory_summary(plan, facts))

@@ -276,7 +276,7 @@ class Guard(TrainerCallback):
         self.skips = 0
         self.skip_next = False
         self.losses: collections.deque = collections.deque(maxlen=50)
-        self.spike_reported = self.scale_reported = -SPIKE_QUIET
+        self.quiet_since: dict[str, int] = {}  # check id -> step of its last published finding
         self.overflows: collections.deque = collections.deque(maxlen=100)
         self.watchdog = Watchdog(plan.hang_timeout_s, self.reporter, run_dir)
         compat.wrap_grad_norm(trainer, self._capture)  # once per optimizer step, before clipping
@@ -392,18 +392,23 @@ class Guard(TrainerCallback):
                 "step": state.global_step, "loss": loss, "history": list(self.losses),
                 "factor": self.plan.loss_spike_factor, "grad_norm": logs.get("grad_norm"),
                 "lr": logs.get("learning_rate")})
-            if findings and state.global_step - self.spike_reported >= SPIKE_QUIET:
-                self.spike_reported = state.global_step
-                self.reporter.publish(findings, state.global_step)
+            self._publish(findings, state.global_step, "loss-spike")
             self.losses.append(loss)
-        if self.plan.precision == "fp16" and state.global_step - self.scale_reported >= SPIKE_QUIET:
+        if self.plan.precision == "fp16":
             min_scale = ((self.plan.deepspeed or {}).get("fp16") or {}).get("min_loss_scale", 1.0)
             findings = self.reporter.check(scale_stats={
                 "step": state.global_step, "scale": compat.loss_scale(self.trainer), "skipped": sum(self.overflows),
                 "window": len(self.overflows), "min_scale": float(min_scale)})
-            if findings:
-                self.scale_reported = state.global_step
-                self.reporter.publish(findings, state.global_step)
+            self._publish(findings, state.global_step, "fp16-loss-scale")
+
+    def _publish(self, findings: list[Finding], step: int, quiet_id: str) -> None:
+        """One divergence or one stuck scale is one event: `quiet_id`'s findings wait SPIKE_QUIET steps after
+        the last one; every other check's findings (third-party ones included) are published as they come."""
+        last = self.quiet_since.get(quiet_id, -SPIKE_QUIET)
+        loud = [f for f in findings if f.id != quiet_id or step - last >= SPIKE_QUIET]
+        if any(f.id == quiet_id for f in loud):
+            self.quiet_since[quiet_id] = step
+        self.reporter.publish(loud, step)
 
 
 # ---------------------------------------------------------------- drills

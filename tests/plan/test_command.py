@@ -8,6 +8,8 @@ import pytest
 
 from conftest import FIXTURES
 
+pytestmark = pytest.mark.slow  # end-to-end: every test launches sftdoctor for real
+
 LLAMA8B = FIXTURES / "model_config" / "Meta-Llama-3-8B.json"
 
 

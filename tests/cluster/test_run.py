@@ -17,6 +17,8 @@ import pytest
 
 from conftest import recorded_gpus
 
+pytestmark = pytest.mark.slow  # end-to-end: every test launches sftdoctor for real
+
 A100x4 = "a100_80g_pcie_4x_driver525_princeton.txt"
 
 
@@ -46,7 +48,7 @@ def snapshot(path, torch_version="2.13.0+cpu", gpus=None):
                           "deepspeed": "0.19.8", "accelerate": "1.15.0"},
              "torch_build": {"version": torch_version, "cuda": None, "hip": None},
              "gpus": gpus or {"source": None, "driver_version": None, "cuda_version": None, "devices": []}}
-    path.write_text(json.dumps({"facts": facts}))
+    path.write_text(json.dumps({"schema": 2, "facts": facts}))
 
 
 def test_two_ranks_agree_measure_gloo_bandwidth_and_verify_every_sum(tmp_path):

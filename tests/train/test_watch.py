@@ -10,7 +10,9 @@ import time
 import psutil
 import pytest
 
-from test_training import complete, config, metrics, tiny_data, train  # noqa: F401  (tiny_data is a fixture)
+from conftest import install_plugin
+from sftdoctor.train.watch import TRAINING_PHASE, attribute, behind
+from trainrun import complete, config, metrics, train
 
 NAN_EXIT, HANG_EXIT = 86, 87
 
@@ -38,6 +40,7 @@ def triage(proc):
     return diagnose(io.BytesIO((proc.stdout + proc.stderr).encode()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_nan_drill_stops_every_rank_before_the_poisoned_step_is_saved(tmp_path, tiny_data, ranks):
     cfg = config(tmp_path, tiny_data["messages"], launch={"nproc_per_node": ranks},
@@ -58,6 +61,7 @@ def test_nan_drill_stops_every_rank_before_the_poisoned_step_is_saved(tmp_path, 
     assert root.id == "nan-loss" and root.title.startswith("sftdoctor: non-finite loss at step 5: stopped")
 
 
+@pytest.mark.slow
 def test_skip_policy_drops_the_update_and_finishes(tmp_path, tiny_data):
     cfg = config(tmp_path, tiny_data["text"], training={"max_steps": 6, "save_steps": 3},
                  extra={"watch": {"on_nan": "skip", "max_skips": 2}})
@@ -70,6 +74,7 @@ def test_skip_policy_drops_the_update_and_finishes(tmp_path, tiny_data):
     assert (tmp_path / "out" / "final").is_dir()
 
 
+@pytest.mark.slow
 def test_hang_drill_names_the_rank_behind_and_leaves_no_process(tmp_path, tiny_data):
     cfg = config(tmp_path, tiny_data["messages"], launch={"nproc_per_node": 2},
                  training={"max_steps": 8, "save_steps": 100}, extra={"watch": {"hang_timeout_s": 8}})
@@ -113,6 +118,7 @@ def kill_rank_1_after_first_checkpoint(cfg, run_dir):
 @pytest.mark.skipif(not os.environ.get("SFTDOCTOR_TEST_RESTARTS"),
                     reason="opt-in (SFTDOCTOR_TEST_RESTARTS=1): torchrun's restart of a gloo group on one host "
                            "stalls or fails to reconnect in about 1 run of 4 here, which would make CI flaky")
+@pytest.mark.slow
 def test_a_killed_rank_is_restarted_and_the_run_resumes(tmp_path, tiny_data):
     # torchrun's restart of a gloo group on one host sometimes fails to reconnect ("Gloo connectFullMesh
     # failed ... Connection refused") or stalls in the new round (outside sftdoctor's code); the run is then
@@ -132,6 +138,7 @@ def test_a_killed_rank_is_restarted_and_the_run_resumes(tmp_path, tiny_data):
     assert job_processes(run_dir) == []
 
 
+@pytest.mark.slow
 def test_an_absurd_learning_rate_is_caught_without_a_drill(tmp_path, tiny_data):
     cfg = config(tmp_path, tiny_data["messages"], training={"learning_rate": 1.0, "warmup_steps": 0, "max_steps": 10,
                                                             "save_steps": 100, "max_grad_norm": 0.0})
@@ -139,3 +146,66 @@ def test_an_absurd_learning_rate_is_caught_without_a_drill(tmp_path, tiny_data):
     findings = runtime_findings(tmp_path / "out")
     assert {f["id"] for f in findings} & {"loss-spike", "nan-loss"}, proc.stdout[-3000:]
     assert "sftdoctor explain loss-spike" in proc.stdout or "sftdoctor explain nan-loss" in proc.stdout
+
+
+def report(step, phase=TRAINING_PHASE, where="graph.py:829 _engine_run_backward"):
+    return {"step": step, "phase": phase, "stalled_s": 300.0, "where": where}
+
+
+def tiny_model():
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from sftdoctor.facts.packing_probe import shrink
+
+    config = Qwen2Config()
+    shrink(config)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+
+
+def test_the_rank_behind_a_hang():
+    assert behind({0: report(7), 2: report(7), 3: report(7)}, 4) == [1]  # never reported: dead or frozen
+    assert behind({0: report(7), 1: report(6), 2: report(7)}, 3) == [1]  # still on an earlier step
+    assert behind({0: report(7), 1: report(7, "drill: blocked")}, 2) == [1]  # a different phase breaks a tie
+    assert behind({0: report(7), 1: report(7, where="dataset.py:12 __getitem__"), 2: report(7)}, 3) == [1]
+    assert behind({0: report(7), 1: report(7)}, 2) == []  # nothing tells them apart
+
+
+def test_attribution_names_the_first_module_that_went_non_finite():
+    import torch
+
+    model = tiny_model()
+    inputs = {"input_ids": torch.tensor([[5, 6, 7, 8]]), "labels": torch.tensor([[5, 6, 7, 8]])}
+    assert "every module's output and the loss were finite" in attribute(model, inputs)
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight[0, 0] = float("inf")
+    said = attribute(model, inputs)
+    assert "model.layers.1.mlp.up_proj (Linear)" in said
+    assert "Weights already non-finite: model.layers.1.mlp.up_proj.weight" in said
+
+
+RUNTIME_PLUGIN = '''
+from sftdoctor.checks import check
+from sftdoctor.findings import warning
+
+@check("site-loss-log", "a third-party runtime check", phase="runtime")
+def site_loss_log(log_stats):
+    return warning(f"plugin saw the loss at step {log_stats['step']}")
+'''
+
+
+@pytest.mark.slow
+def test_a_third_party_runtime_check_runs_during_training(tmp_path, tiny_data):
+    site = tmp_path / "site"
+    site.mkdir()
+    env = install_plugin(site, RUNTIME_PLUGIN)
+    for folder, switch in (("on", {}), ("off", {"SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"})):
+        (tmp_path / folder).mkdir()
+        cfg = config(tmp_path / folder, tiny_data["text"], training={"packing": False, "max_steps": 2, "logging_steps": 1})
+        proc = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(cfg)], capture_output=True, text=True,
+                              env={**env, **switch}, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        seen = [r["step"] for r in runtime_findings(tmp_path / folder / "out") if r["id"] == "site-loss-log"]
+        assert seen == ([1, 2] if folder == "on" else []), folder
+        assert ("plugin saw the loss at step 2" in proc.stdout) is (folder == "on")

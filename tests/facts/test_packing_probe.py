@@ -8,6 +8,7 @@ from conftest import FIXTURES
 from sftdoctor.facts.packing_probe import TOLERANCE, max_packed_diff, run, shrink
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["Meta-Llama-3-8B.json", "Qwen2-0.5B.json"])
 def test_packed_samples_stay_isolated_with_sdpa_on_this_stack(tmp_path, config):
     path = tmp_path / "config.json"

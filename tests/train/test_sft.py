@@ -8,70 +8,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples"
+from trainrun import EXAMPLES, complete, config, metrics, train
 
-
-def toml_value(value):
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    return repr(value)
-
-
-def write_config(folder: Path, sections: dict) -> Path:
-    lines = []
-    for section, values in sections.items():
-        lines.append(f"[{section}]")
-        lines += [f"{key} = {toml_value(value)}" for key, value in values.items()]
-    path = folder / "run.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory):
-    """Data of each row shape, made by the example's own generator (and its tokenizer and model config)."""
-    out = {}
-    for shape in ("messages", "prompt_completion", "text"):
-        folder = tmp_path_factory.mktemp(shape)
-        subprocess.run([sys.executable, str(EXAMPLES / "make_tiny.py"), "--out", str(folder), "--shape", shape,
-                        "--rows", "160"], check=True, capture_output=True)
-        out[shape] = folder
-    return out
-
-
-def config(folder: Path, data: Path, training=None, launch=None, deepspeed=None, extra=None) -> Path:
-    sections = {
-        "model": {"path": str(data / "model"), "weights": "random"},
-        "data": {"train": str(data / "data" / "train.jsonl"), "eval": str(data / "data" / "eval.jsonl"),
-                 "max_length": 128},
-        "training": {"per_device_batch_size": 4, "learning_rate": 3e-3, "max_steps": 4, "save_steps": 2,
-                     "logging_steps": 1, "gradient_checkpointing": False, "seed": 0, "output_dir": "out",
-                     **(training or {})},
-        "launch": {"master_port": "auto", **(launch or {})},
-    }
-    if deepspeed:
-        sections["deepspeed"] = deepspeed
-    sections.update(extra or {})
-    return write_config(folder, sections)
-
-
-def train(cfg: Path, *flags, timeout=600):
-    return subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(cfg), *flags],
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    """The training-step records (metrics.jsonl also holds eval and end-of-run records)."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in records if "loss" in r]
-
-
-def complete(run_dir: Path) -> list[str]:
-    names = [p.parent.name for p in run_dir.glob("checkpoint-*/sftdoctor-complete")]
-    return sorted(names, key=lambda name: int(name.split("-")[1]))
+pytestmark = pytest.mark.slow  # end-to-end: every test launches sftdoctor for real
 
 
 def test_the_bundled_example_trains_and_the_loss_falls(tmp_path):
@@ -87,15 +26,15 @@ def test_the_bundled_example_trains_and_the_loss_falls(tmp_path):
     assert complete(run_dir) == ["checkpoint-30", "checkpoint-60"]
     gate = [json.loads(line) for line in (run_dir / "findings.jsonl").read_text().splitlines()]
     assert {"batch-size", "packing", "lr-scheduler"} <= {f["id"] for f in gate}
-    assert json.loads((run_dir / "resolved.json").read_text())["plan"]["packing"] is True
+    assert json.loads((run_dir / "resolved.json").read_text())["packing"] is True
 
 
 @pytest.mark.parametrize("shape, packing", [("messages", "auto"), ("prompt_completion", "auto"), ("text", False)])
 def test_each_row_shape_trains(tmp_path, tiny_data, shape, packing):
     proc = train(config(tmp_path, tiny_data[shape], training={"packing": packing}))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    plan = json.loads((tmp_path / "out" / "resolved.json").read_text())["plan"]
-    assert plan["shape"] == shape and plan["packing"] is (packing == "auto")
+    plan = json.loads((tmp_path / "out" / "resolved.json").read_text())
+    assert plan["data_shape"] == shape and plan["packing"] is (packing == "auto")
     assert [m["step"] for m in metrics(tmp_path / "out")] == [1, 2, 3, 4]
 
 
@@ -166,6 +105,8 @@ def test_the_gate_refuses_an_error_and_force_records_it(tmp_path, tiny_data):
     assert refused.returncode == 1 and "not starting" in refused.stdout and "batch-size" in refused.stdout
     assert not (tmp_path / "out").exists()
     forced = train(cfg, "--force")
-    assert forced.returncode != 1 or "not starting" not in forced.stdout
+    assert forced.returncode == 0, forced.stdout[-2000:] + forced.stderr[-2000:]
+    assert "forced: 4, the nearest reachable global batch to the 6 asked" in forced.stdout
+    assert (tmp_path / "out" / "final" / "config.json").is_file() and "step 1/1" in forced.stdout
     records = [json.loads(line) for line in (tmp_path / "out" / "findings.jsonl").read_text().splitlines()]
     assert any(r["id"] == "batch-size" and r["severity"] == "error" and r["forced"] for r in records)

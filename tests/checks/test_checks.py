@@ -1,4 +1,4 @@
-"""The check registry: injection by name, skips, crashes, and third-party plugins."""
+"""The check registry and runner: injection by name, skips, isolation of a broken check, and plugins."""
 
 import json
 import os
@@ -6,6 +6,9 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+from conftest import install_plugin
 from sftdoctor.checks import BUILTIN_MODULES, NotApplicable, Registry, check, load_checks, run_check
 from sftdoctor.facts import Facts
 from sftdoctor.findings import ok
@@ -60,6 +63,25 @@ def test_a_crashing_check_becomes_an_error_finding_naming_it():
     assert "boom crashed: ZeroDivisionError" in findings[0].title
 
 
+def test_a_generator_check_that_raises_midway_is_one_error_finding():
+    @check("halfway", "x")
+    def halfway(env):
+        yield ok("first")
+        raise KeyError("gpus")
+
+    findings = run_check(spec_of(halfway), Facts.replay({"env": {}}))
+    assert [f.severity.value for f in findings] == ["error"] and "halfway crashed: KeyError" in findings[0].title
+
+
+def test_a_check_returning_something_that_is_not_a_finding_is_one_error_finding():
+    @check("stringly", "x")
+    def stringly(env):
+        return ["all good"]
+
+    [finding] = run_check(spec_of(stringly), Facts.replay({"env": {}}))
+    assert finding.severity.value == "error" and "returned str 'all good', not a Finding" in finding.title
+
+
 def test_duplicate_ids_keep_the_first_and_report_the_second():
     @check("same", "x")
     def first(env):
@@ -101,16 +123,6 @@ def site_broken(env):
 '''
 
 
-def install_plugin(tmp_path, module_source, entry="mysite_checks"):
-    """A real installed distribution on sys.path: a module and a .dist-info with entry points."""
-    (tmp_path / f"{entry}.py").write_text(module_source)
-    info = tmp_path / f"{entry}-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {entry}\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[sftdoctor.checks]\nsite = {entry}\n")
-    return {**os.environ, "PYTHONPATH": str(tmp_path)}
-
-
 def check_json(env, *args):
     proc = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--json", "--select", *args],
                           capture_output=True, text=True, env=env)
@@ -134,6 +146,47 @@ def test_no_plugins_turns_them_off(tmp_path):
     assert "site-quota" not in proc.stdout and "torch-cuda-match" in proc.stdout
     proc = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--list"], capture_output=True, text=True, env=env)
     assert "site-quota" in proc.stdout and "[plugin site (mysite_checks)]" in proc.stdout
+
+
+STRINGLY = '''
+from sftdoctor.checks import check
+
+@check("site-text", "a plugin check that returns a string")
+def site_text(env):
+    return "all fine"
+'''
+
+
+def test_a_plugin_returning_a_string_is_an_error_finding_and_the_rest_still_run(tmp_path):
+    env = install_plugin(tmp_path, STRINGLY)
+    code, doc = check_json(env, "site-text,nccl-env")
+    by_id = {f["id"]: f for f in doc["findings"]}
+    assert by_id["site-text"]["severity"] == "error" and "not a Finding" in by_id["site-text"]["title"]
+    assert by_id["nccl-env"]["severity"] == "ok" and code == 1
+
+
+def test_the_environment_switch_turns_plugins_off_for_every_command(tmp_path):
+    env = {**install_plugin(tmp_path, PLUGIN), "SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    listed = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--list"], capture_output=True, text=True, env=env)
+    assert "site-quota" not in listed.stdout and "torch-cuda-match" in listed.stdout
+    code, doc = check_json(env, "site-quota")
+    assert code == 2 and "no check 'site-quota'" in doc
+
+
+@pytest.mark.parametrize("value, on", [(None, True), ("", True), ("0", True), ("1", False), ("yes", False)])
+def test_plugins_load_unless_switched_off(monkeypatch, value, on):
+    from sftdoctor.checks import plugins_enabled
+
+    if value is None:
+        monkeypatch.delenv("SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    else:
+        monkeypatch.setenv("SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD", value)
+    assert plugins_enabled() is on and plugins_enabled(no_plugins=True) is False
+
+
+def test_an_empty_select_is_bad_input():
+    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--select", ","], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--select: expected check ids" in proc.stderr
 
 
 def test_a_plugin_that_fails_to_import_is_a_warning(tmp_path):

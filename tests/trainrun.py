@@ -1,0 +1,60 @@
+"""Helpers of the end-to-end training tests: write a run config over the tiny example's data, run
+`sftdoctor train` as a user would, read what the run left."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+def toml_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def write_config(folder: Path, sections: dict) -> Path:
+    lines = []
+    for section, values in sections.items():
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {toml_value(value)}" for key, value in values.items()]
+    path = folder / "run.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def config(folder: Path, data: Path, training=None, launch=None, deepspeed=None, extra=None) -> Path:
+    sections = {
+        "model": {"path": str(data / "model"), "weights": "random"},
+        "data": {"train": str(data / "data" / "train.jsonl"), "eval": str(data / "data" / "eval.jsonl"),
+                 "max_length": 128},
+        "training": {"per_device_batch_size": 4, "learning_rate": 3e-3, "max_steps": 4, "save_steps": 2,
+                     "logging_steps": 1, "gradient_checkpointing": False, "seed": 0, "output_dir": "out",
+                     **(training or {})},
+        "launch": {"master_port": "auto", **(launch or {})},
+    }
+    if deepspeed:
+        sections["deepspeed"] = deepspeed
+    sections.update(extra or {})
+    return write_config(folder, sections)
+
+
+def train(cfg: Path, *flags, timeout=600):
+    return subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(cfg), *flags],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    """The training-step records (metrics.jsonl also holds eval and end-of-run records)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if "loss" in r]
+
+
+def complete(run_dir: Path) -> list[str]:
+    names = [p.parent.name for p in run_dir.glob("checkpoint-*/sftdoctor-complete")]
+    return sorted(names, key=lambda name: int(name.split("-")[1]))
