@@ -56,7 +56,7 @@ def render_table(findings: list[Finding], skipped: list, verbose: bool = False, 
     width = shutil.get_terminal_size().columns if out.isatty() else None
 
     def block(text: str, code: str | None = None) -> list[str]:
-        lines = textwrap.wrap(text, width - len(indent), break_on_hyphens=False) if width else [text]
+        lines = textwrap.wrap(text, max(width - len(indent), 20), break_on_hyphens=False) if width else [text]
         return [style(line, code) if code else line for line in lines]
 
     for f in findings:

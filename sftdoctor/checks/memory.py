@@ -36,6 +36,8 @@ def change(current: Candidate, better: Candidate) -> str:
 def memory_fit(plan, model_shape: dict[str, Any], gpus: dict[str, Any]):
     if not devices(gpus):
         raise NotApplicable("no NVIDIA GPU visible")
+    if not smallest_memory(gpus):
+        raise NotApplicable("the GPUs' memory is unknown")
     if "error" in model_shape:
         raise NotApplicable(f"the model's size is unknown: {model_shape['error']}")
     found = fit_of(plan, Shape(**model_shape), smallest_memory(gpus))

@@ -60,7 +60,9 @@ def render(planned: Fit, timing_: dict[str, Any]) -> str:
              f"this run's setting: {planned.current.describe()} — {'fits' if planned.current.fits else 'does NOT fit'}",
              *_terms(planned.current), ""]
     best = planned.recommended
-    if best is None:
+    if best is None and not planned.candidates:
+        lines.append("recommended: none: no setting reaches the global batch on these ranks (see the batch-size check)")
+    elif best is None:
         lines.append("recommended: none fits these GPUs; more GPUs, a shorter max_length, or ZeRO-3 with offload_params")
     elif best.setting == planned.current.setting:
         lines.append("recommended: this run's setting (the fastest that fits)")

@@ -8,6 +8,8 @@ Korthikanti et al., 2022), which the MFU convention does not count, so it length
 
 from __future__ import annotations
 
+import re
+
 # Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOPS per GPU; fp16 for the
 # GPUs without bf16. Matched on the name NVML reports, most specific first.
 PEAK_TFLOPS = [
@@ -19,8 +21,9 @@ DEFAULT_MFU = 0.4  # a well-tuned dense SFT run on A100/H100 reaches 0.35-0.5
 
 
 def peak_tflops(gpu_name: str | None) -> float | None:
+    """The first key found in the name as a whole word: "A100" is not the "RTX A1000", "T4" not the "T400"."""
     for key, tflops in PEAK_TFLOPS:
-        if gpu_name and key in gpu_name:
+        if gpu_name and re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", gpu_name):
             return float(tflops)
     return None
 

@@ -51,8 +51,8 @@ def memory_summary(plan: Plan, facts: Facts) -> str:
     from sftdoctor.run.shape import Shape
 
     shape, gpus = facts.get("model_shape"), facts.get("gpus")
-    if not devices(gpus):
-        return "memory          not planned: no GPU here (sftdoctor plan --gpu-memory plans for another machine)"
+    if not devices(gpus) or not smallest_memory(gpus):
+        return "memory          not planned: no GPU of known memory here (sftdoctor plan --gpu-memory plans for another machine)"
     if shape is None or "error" in shape:
         return f"memory          not planned: {(shape or {}).get('error') or facts.why_missing('model_shape')}"
     return summary(memory_fit(plan, Shape(**shape), smallest_memory(gpus)))

@@ -90,6 +90,23 @@ def load_model(plan: Plan):
     return net
 
 
+def partitioned_at_load(plan: Plan) -> bool:
+    """Whether the model will be built under deepspeed.zero.Init: with ZeRO-3 once the SFTConfig exists (its
+    HfTrainerDeepSpeedConfig is the weak reference transformers 5.24 reads). On GPUs accelerate initialises
+    deepspeed.comm itself; on CPUs (use_cpu) it starts a plain gloo group, so zero.Init would see a world of
+    one and refuse the batch sizes: DeepSpeed's communicator is started here, over that group."""
+    from sftdoctor.train.compat import zero3_enabled
+
+    if not zero3_enabled():
+        return False
+    if not plan.cuda:
+        import deepspeed
+
+        if not deepspeed.comm.is_initialized():
+            deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    return True
+
+
 def sft_config(plan: Plan, has_eval: bool):
     from trl import SFTConfig
 
@@ -193,8 +210,14 @@ def main(argv: list[str]) -> int:
     set_seed(plan.seed)
     tokenizer = load_tokenizer(plan)
     train, evaluation = load_data(plan)
-    args = sft_config(plan, evaluation is not None)  # first: with ZeRO-3, the model then loads partitioned
+    args = sft_config(plan, evaluation is not None)  # first, and kept: with ZeRO-3 the model loads partitioned
+    partitioned = partitioned_at_load(plan)
     model = load_model(plan)
+    if partitioned and rank() == 0:
+        held = sum(getattr(p, "ds_tensor", p).numel() for p in model.parameters())  # p itself is empty now
+        total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+        print(f"sftdoctor: ZeRO-3 partitioned the weights at load (zero.Init): rank 0 holds {held:,} of {total:,} "
+              "parameters until DeepSpeed starts", flush=True)
     if plan.data_shape == "messages" and not plan.assistant_only_loss and rank() == 0:
         print("sftdoctor: the chat template has no {% generation %} markers and TRL cannot patch it: the loss "
               "covers every turn, not only the assistant's", flush=True)

@@ -64,6 +64,26 @@ def test_two_processes_deepspeed_zero2_with_the_recommended_schedule(tmp_path, t
     assert json.loads((run_dir / "deepspeed.json").read_text())["zero_optimization"]["stage"] == 2
 
 
+def test_zero3_partitions_at_load_and_an_absolute_lr_floor_trains(tmp_path, tiny_data):
+    """ZeRO-3 on 2 processes: the weights are partitioned as they load (zero.Init), an absolute min_lr (which
+    transformers 5.24 reads from optimizer.defaults, absent under DeepSpeed) reaches it as a rate, and the final
+    model is whole and loads with plain from_pretrained."""
+    import re
+
+    from transformers import AutoModelForCausalLM
+
+    cfg = config(tmp_path, tiny_data["text"], launch={"nproc_per_node": 2}, deepspeed={"zero_stage": 3},
+                 training={"packing": False, "min_lr": 0.0, "max_steps": 2, "save_steps": 2})
+    proc = train(cfg)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    held, total = (int(n.replace(",", "")) for n in re.search(r"rank 0 holds ([\d,]+) of ([\d,]+) parameters",
+                                                               proc.stdout).groups())
+    assert 0 < held <= total // 2 + 1000, (held, total)
+    assert json.loads((tmp_path / "out" / "resolved.json").read_text())["lr_scheduler_kwargs"] == {"min_lr_rate": 0.0}
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "final")
+    assert sum(p.numel() for p in model.parameters()) == total
+
+
 def test_resume_continues_from_the_newest_complete_checkpoint(tmp_path, tiny_data):
     cfg = config(tmp_path, tiny_data["text"])
     assert train(cfg).returncode == 0

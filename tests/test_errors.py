@@ -1,0 +1,50 @@
+"""sftdoctor.errors: InputError's one-line "file: key: message", InputErrors' one line per problem, did_you_mean."""
+
+from pathlib import Path
+
+import pytest
+
+from conftest import make_run
+from sftdoctor.errors import InputError, InputErrors, did_you_mean
+
+
+def test_input_error_names_the_file_the_key_and_the_problem():
+    err = InputError("run.toml", "expected a number > 0, got 'x'", key="[training].epochs")
+    assert str(err) == "run.toml: [training].epochs: expected a number > 0, got 'x'"
+    assert (err.source, err.key, err.message) == ("run.toml", "[training].epochs", "expected a number > 0, got 'x'")
+
+
+def test_input_error_without_a_key_names_only_the_file():
+    assert str(InputError("plan", "no NVIDIA GPU found here")) == "plan: no NVIDIA GPU found here"
+
+
+def test_input_error_accepts_a_path_as_its_source():
+    err = InputError(Path("configs") / "ds.json", "not valid JSON", key="line 3")
+    assert err.source == str(Path("configs") / "ds.json")
+    assert str(err) == f"{Path('configs') / 'ds.json'}: line 3: not valid JSON"
+
+
+def test_input_errors_print_one_line_per_problem():
+    errors = [InputError("run.toml", "unknown key", key="[data].trian"), InputError("run.toml", "required", key="[model].path")]
+    combined = InputErrors(errors)
+    assert str(combined).splitlines() == ["run.toml: [data].trian: unknown key", "run.toml: [model].path: required"]
+    assert combined.errors == errors
+
+
+def test_did_you_mean_suggests_the_closest_choice():
+    assert did_you_mean("learning_rat", ["epochs", "learning_rate", "seed"]) == " (did you mean 'learning_rate'?)"
+    assert did_you_mean("nproc_per_nod", (k for k in ("nnodes", "nproc_per_node"))) == " (did you mean 'nproc_per_node'?)"
+
+
+@pytest.mark.parametrize("word, choices", [("zzz", ["epochs", "learning_rate"]), ("epochs", [])])
+def test_did_you_mean_stays_silent_without_a_close_choice(word, choices):
+    assert did_you_mean(word, choices) == ""
+
+
+def test_a_run_config_with_a_typo_reports_every_problem_with_a_suggestion(tmp_path):
+    with pytest.raises(InputErrors) as caught:
+        make_run(tmp_path, training={"learning_rat": 1e-5, "epochs": "x"})
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith(f"{tmp_path / 'run.toml'}: [training].learning_rat: unknown key (did you mean 'learning_rate'?)")
+    assert lines[1] == f"{tmp_path / 'run.toml'}: [training].epochs: expected a number > 0, got 'x'"
