@@ -52,7 +52,11 @@ def shape_in_child(path: str) -> tuple[Shape | None, str | None]:
     if "error" in counts:
         return None, counts["error"]
     config = json.loads(Path(path).read_text(encoding="utf-8"))
-    return from_counts(config, counts["parameters"], counts["largest"]), None
+    shape = from_counts(config, counts["parameters"], counts["largest"])
+    if shape is None:
+        return None, ("config.json lacks positive integer hidden_size, num_hidden_layers, vocab_size or "
+                      "num_attention_heads (or their aliases)")
+    return shape, None
 
 
 def probe_model_shape(facts) -> dict[str, Any] | None:

@@ -16,7 +16,11 @@ def row_text(row: dict[str, Any], tokenizer) -> str:
             return tokenizer.apply_chat_template(row["messages"], tokenize=False)
         return "\n".join(str(m.get("content", "")) for m in row["messages"])
     if "prompt" in row:
-        return f"{row['prompt']}{row.get('completion', '')}"
+        prompt, completion = row["prompt"], row.get("completion", "")
+        if isinstance(prompt, list):  # TRL's conversational prompt-completion: lists of messages
+            turns = prompt + (completion if isinstance(completion, list) else [])
+            return row_text({"messages": turns}, tokenizer)
+        return f"{prompt}{completion}"
     return str(row.get("text", ""))
 
 
@@ -36,7 +40,7 @@ def dataset_tokens(plan, sample: int = SAMPLE) -> dict[str, Any] | None:
         rows += count
         lengths += [min(len(tokenizer(row_text(r, tokenizer), add_special_tokens=False)["input_ids"]), plan.max_length)
                     for r in head if isinstance(r, dict)]
-    if not lengths:
+    if not lengths or not any(lengths):  # transformers 5 builds an empty tokenizer from a bare config.json
         return None
     mean = sum(lengths) / len(lengths)
     return {"rows": rows, "sampled_rows": len(lengths), "mean_tokens": mean, "tokens": int(mean * rows)}

@@ -45,13 +45,27 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
     return nested if isinstance(nested, dict) else config
 
 
+# Older and non-Llama configs name the same dimensions differently (GPT-2: n_embd, n_layer, n_head, n_inner;
+# T5/OPT-style: d_model, num_layers, num_heads, ffn_dim), as their transformers classes' attribute_map says.
+ALIASES = {"hidden_size": ("n_embd", "d_model"), "num_hidden_layers": ("n_layer", "num_layers"),
+           "num_attention_heads": ("n_head", "num_heads"), "intermediate_size": ("n_inner", "ffn_dim")}
+
+
+def _canonical(config: dict[str, Any]) -> dict[str, Any]:
+    out = dict(config)
+    for name, aliases in ALIASES.items():
+        if out.get(name) is None:
+            out[name] = next((config[a] for a in aliases if config.get(a) is not None), None)
+    return out
+
+
 def _positive_ints(config: dict[str, Any], names: tuple[str, ...]) -> bool:
     return all(isinstance(config.get(k), int) and not isinstance(config.get(k), bool) and config[k] > 0 for k in names)
 
 
 def dimensions(config: dict[str, Any]) -> dict[str, int] | None:
     """h, L, I, V, heads, kv heads and head_dim, or None when config.json lacks them or they are not positive ints."""
-    text = text_config(config)
+    text = _canonical(text_config(config))
     if not _positive_ints(text, ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")):
         return None
     hidden, heads = text["hidden_size"], text["num_attention_heads"]

@@ -13,7 +13,7 @@ from sftdoctor.triage import Diagnosis
 
 def render_diagnosis(diagnosis: Diagnosis, out=None) -> None:
     out = out or sys.stdout
-    out.write(f"{diagnosis.source}: {diagnosis.lines:,} lines, {diagnosis.bytes / 2**20:.1f} MiB\n")
+    out.write(f"{diagnosis.source}: {diagnosis.lines:,} line{'' if diagnosis.lines == 1 else 's'}, {diagnosis.bytes / 2**20:.1f} MiB\n")
     if diagnosis.root is not None:
         root = diagnosis.root
         rank = root.finding.evidence.get("rank")

@@ -1,0 +1,57 @@
+"""What several triage test modules share: the cited real-log corpus (tests/fixtures/logs/index.json)
+and how to diagnose one of its files."""
+
+import io
+
+from conftest import FIXTURES, index
+from sftdoctor.findings import Severity
+from sftdoctor.triage import diagnose
+
+LOGS = index("logs")
+POSITIVE = [entry for entry in LOGS if entry["expect"]]
+
+
+def by_file(entries):
+    """pytest ids for parametrizing over corpus entries."""
+    return [entry["file"] for entry in entries]
+
+
+def log_bytes(name: str) -> bytes:
+    return (FIXTURES / "logs" / name).read_bytes()
+
+
+def diagnosis_of(name: str, chunk: int = 1 << 20):
+    with open(FIXTURES / "logs" / name, "rb") as handle:
+        return diagnose(handle, name, chunk=chunk)
+
+
+def problems(diagnosis) -> dict[str, dict]:
+    """topic -> the evidence of its first warning/error finding."""
+    found = {}
+    for loc in diagnosis.findings:
+        if loc.finding.severity.rank >= Severity.WARNING.rank:
+            found.setdefault(loc.finding.id, loc.finding.evidence)
+    return found
+
+
+def topics(data: bytes, chunk: int = 1 << 20) -> list[str]:
+    return [loc.finding.id for loc in diagnose(io.BytesIO(data), chunk=chunk).findings if loc.role != "context"]
+
+
+def located(diagnosis) -> list:
+    """(line, finding) of every finding, in the order the report shows them."""
+    return [(loc.line, loc.finding) for loc in diagnosis.findings]
+
+
+def oom_then_cascade() -> bytes:
+    """Slurm-style interleaving: a Trainer dict, rank 7 runs out of memory, the others time out in NCCL,
+    then torchrun's teardown repeats ChildFailedError 100 times."""
+    oom = log_bytes("gpu-oom-new-format-llamafactory-multirank-rank7.log")
+    timeouts = log_bytes("dist-nccl-timeout-allreduce-linenumbered-llamafactory.log")
+    cascade = b"".join(b"[rank0]: torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n" for _ in range(100))
+    return b"{'loss': 1.25, 'grad_norm': 0.5, 'learning_rate': 1e-05, 'epoch': 0.1}\n" + oom + timeouts + cascade
+
+
+def line_of(log: bytes, needle: bytes) -> int:
+    """The 1-based line number of the first line holding `needle`, counted independently of the scanner."""
+    return log[:log.index(needle)].count(b"\n") + 1
