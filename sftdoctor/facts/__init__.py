@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sftdoctor import __version__
-from sftdoctor.errors import InputError, InputErrors, did_you_mean
+from sftdoctor.errors import InputError, InputErrors, did_you_mean, read_text
 
 SCHEMA = 2
 READS = (1, 2)  # schema 1 named the run config "run_config"; it is derived from the inputs, so ignored
@@ -177,15 +177,10 @@ def load_snapshot(path: Path, probes: dict[str, Probe]) -> tuple[dict[str, Any],
     """(recorded machine facts, host) from `sftdoctor facts` output, or from `check --json` output (whose
     "facts" holds the snapshot). Facts derived from inputs are dropped: they are computed from the inputs
     given now. The schema and every fact's name and type are checked: a bad snapshot is bad input."""
+    text = read_text(path, "facts snapshot")
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(path, "facts snapshot not found") from None
-    except IsADirectoryError:
-        raise InputError(path, "expected a facts snapshot file, got a directory") from None
-    except OSError as exc:
-        raise InputError(path, f"cannot read facts snapshot: {exc.strerror}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise InputError(path, f"expected a JSON facts snapshot (from `sftdoctor facts`): {exc}") from None
     if isinstance(doc, dict) and "findings" in doc and isinstance(doc.get("facts"), dict):
         doc = doc["facts"]  # a `check --json` document

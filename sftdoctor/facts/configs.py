@@ -8,22 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.errors import InputError
+from sftdoctor.errors import InputError, read_text
 
 
 def read_json_object(path: Path, what: str) -> dict[str, Any]:
     """A JSON object from a file, strictly: duplicate keys and comments are errors, as for
     transformers/accelerate, which read DeepSpeed and model configs with `json.load`."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(path, f"{what} not found") from None
-    except IsADirectoryError:
-        raise InputError(path, f"expected a {what} file, got a directory") from None
-    except OSError as exc:
-        raise InputError(path, f"cannot read {what}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise InputError(path, f"expected a UTF-8 JSON {what}, got binary data") from None
+    text = read_text(path, what)
 
     def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         keys = [k for k, _ in pairs]

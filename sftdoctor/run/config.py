@@ -21,7 +21,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from sftdoctor.errors import InputError, InputErrors, did_you_mean
+from sftdoctor.errors import InputError, InputErrors, did_you_mean, read_text
 
 
 @dataclass(frozen=True)
@@ -242,16 +242,9 @@ def _plain(value: Any) -> Any:
 
 def load_run_config(path: Path) -> RunConfig:
     path = Path(path)
+    text = read_text(path, "TOML run config")
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(path, "run config not found") from None
-    except IsADirectoryError:
-        raise InputError(path, "expected a TOML run config file, got a directory") from None
-    except OSError as exc:
-        raise InputError(path, f"cannot read run config: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise InputError(path, "expected a UTF-8 TOML run config, got binary data") from None
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(path, f"not valid TOML: {exc}") from None
     return validate(raw, path)

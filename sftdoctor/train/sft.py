@@ -97,7 +97,7 @@ def partitioned_at_load(plan: Plan) -> bool:
     one and refuse the batch sizes: DeepSpeed's communicator is started here, over that group."""
     from sftdoctor.train.compat import zero3_enabled
 
-    if not zero3_enabled():
+    if plan.zero_stage != 3 or not zero3_enabled():  # no import of DeepSpeed's integration otherwise
         return False
     if not plan.cuda:
         import deepspeed
