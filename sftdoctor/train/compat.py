@@ -187,20 +187,3 @@ def loss_scale(trainer) -> float | None:
             return float(scale)
     return None
 
-
-# ---------------------------------------------------------------- TRL
-
-def padding_free_collator(pad_token_id: int):
-    """TRL's `trl.trainer.sft_trainer.DataCollatorForLanguageModeling(pad_token_id=..., padding_free=True)`:
-    the samples of a batch concatenated into one row, `position_ids` restarting at 0 for each sample, no
-    `attention_mask`, the first label of each sample -100, plus `cu_seq_lens_q/k`, `max_length_q/k` and
-    `seq_idx` for the varlen kernels.
-
-    Verified with TRL 1.16.0, where the class is importable only from `trl.trainer.sft_trainer` (neither `trl`
-    nor `trl.trainer` exports it). Fallback: none. If the class is gone, this raises RuntimeError."""
-    try:
-        from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
-    except ImportError as error:
-        raise _missing("trl", "trl.trainer.sft_trainer.DataCollatorForLanguageModeling", "1.16.0",
-                       "the packing probe") from error
-    return DataCollatorForLanguageModeling(pad_token_id=pad_token_id, padding_free=True)

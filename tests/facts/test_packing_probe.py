@@ -41,3 +41,16 @@ def test_flash_attention_cannot_be_probed_without_a_gpu(tmp_path):
     result = run({"config": str(path), "attn_implementation": "flash_attention_2"})
     assert result["isolated"] is None and "CUDA" in result["error"]
     json.dumps(result)
+
+
+def test_trls_padding_free_collator_packs_as_the_probe_assumes():
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
+    assert sorted(batch) == ["cu_seq_lens_k", "cu_seq_lens_q", "input_ids", "labels", "max_length_k",
+                             "max_length_q", "position_ids", "seq_idx"]
+    assert "attention_mask" not in batch  # with one, attention would ignore the restarting positions
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
+    assert batch["labels"].tolist() == [[-100, 6, 7, -100, 9]]
+    assert batch["cu_seq_lens_q"].tolist() == [0, 3, 5] and batch["max_length_q"] == 3

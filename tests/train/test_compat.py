@@ -210,19 +210,6 @@ def test_apply_liger_kernels_patches_qwen2_on_cpu_and_its_forward_needs_a_gpu():
     assert re.search(r"forward RuntimeError .*active drivers", out), out
 
 
-# ---------------------------------------------------------------- TRL padding-free collator
-
-def test_padding_free_collator_packs_two_samples_into_one_row():
-    batch = compat.padding_free_collator(0)([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
-    assert sorted(batch) == ["cu_seq_lens_k", "cu_seq_lens_q", "input_ids", "labels", "max_length_k",
-                             "max_length_q", "position_ids", "seq_idx"]
-    assert "attention_mask" not in batch  # with one, attention would ignore the restarting positions
-    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9]]
-    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
-    assert batch["labels"].tolist() == [[-100, 6, 7, -100, 9]]
-    assert batch["cu_seq_lens_q"].tolist() == [0, 3, 5] and batch["max_length_q"] == 3
-
-
 # ---------------------------------------------------------------- torch.distributed
 
 @pytest.fixture
