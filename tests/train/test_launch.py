@@ -66,3 +66,30 @@ def test_dry_run_shows_the_memory_plan_when_there_are_gpus(tmp_path):
 def test_a_drill_that_means_nothing_is_bad_input(text):
     with pytest.raises(InputError, match="--drill"):
         parse_drill(text)
+
+
+def test_a_busy_default_port_does_not_block_train(tmp_path, tiny_data):
+    """Something on the host holds 29500: a one-node run moves to a free port instead of refusing to start."""
+    import socket
+    import subprocess
+    import sys
+
+    from trainrun import config
+
+    cfg = config(tmp_path, tiny_data["text"], training={"packing": False}, launch={"nproc_per_node": 2})
+    cfg.write_text(cfg.read_text().replace('master_port = "auto"\n', ""))  # the default, not a choice
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        holder.bind(("", 29500))
+        holder.listen()
+    except OSError:
+        pass  # already held by something else on this host: the same situation
+    try:
+        proc = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(cfg), "--dry-run"],
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        holder.close()
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "the default 29500 is taken here: a free port" in proc.stdout
+    assert "sftdoctor train uses port" in proc.stdout and "rendezvous      127.0.0.1:29500" not in proc.stdout
