@@ -93,3 +93,30 @@ def test_a_busy_default_port_does_not_block_train(tmp_path, tiny_data):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "the default 29500 is taken here: a free port" in proc.stdout
     assert "sftdoctor train uses port" in proc.stdout and "rendezvous      127.0.0.1:29500" not in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("asked", ["auto", "bf16", "fp16", "fp32"])
+def test_check_dry_run_and_the_worker_agree_on_the_precision(tmp_path, tiny_data, asked):
+    """One decision read three ways: `check --json` (its plan fact), `train --dry-run`, and
+    the resolved.json the workers read (written by a rehearsal)."""
+    import subprocess
+    import sys
+
+    from sftdoctor.run import Plan
+    from trainrun import config
+
+    cfg = config(tmp_path, tiny_data["text"], training={"packing": False}, extra={"model": {
+        "path": str(tiny_data["text"] / "model"), "weights": "random", "precision": asked}})
+    doc = json.loads(subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--json", "--config", str(cfg)],
+                                    capture_output=True, text=True).stdout)
+    decided = doc["facts"]["facts"]["plan"]["precision"]
+    assert decided == ("fp32" if asked == "auto" else asked)  # no GPU here
+    dry = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(cfg), "--dry-run"], capture_output=True, text=True)
+    assert f"precision       {decided} " in dry.stdout
+    if asked in ("auto", "fp32"):  # the CPU trains these; the rehearsal writes what the workers read
+        smoke = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(cfg), "--smoke", "--force"],
+                               capture_output=True, text=True, timeout=600)
+        assert smoke.returncode == 0, smoke.stdout[-2000:] + smoke.stderr[-2000:]
+        plan = Plan.from_json(json.loads((tmp_path / "out" / "smoke" / "resolved-smoke.json").read_text()))
+        assert plan.precision == decided and plan.load_dtype == "float32"
