@@ -14,6 +14,18 @@ from sftdoctor import __version__
 EXIT_BAD_INPUT = 2
 
 
+class Finite(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (click's comparisons let nan through)."""
+
+    def convert(self, value, param, ctx):
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 def _input_options(func):
     options = [
         click.option("--config", "config", type=click.Path(path_type=Path), help="The run config (TOML) of `sftdoctor train`."),
@@ -56,9 +68,9 @@ def main():
 @click.option("-v", "--verbose", is_flag=True, help="Show detail and fix for every finding, not only problems.")
 @click.option("--distributed", is_flag=True, help="Run on every rank under torchrun: one verdict for the whole job, "
               "with all-reduce bandwidth and correctness. --facts may name one snapshot per rank ({rank}, {node}).")
-@click.option("--seconds", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+@click.option("--seconds", type=Finite(min=0.1), default=10.0, show_default=True,
               help="With --distributed: time budget of the all-reduce sweep.")
-@click.option("--bound", type=click.FloatRange(min=1.0), default=60.0, show_default=True,
+@click.option("--bound", type=Finite(min=1.0), default=60.0, show_default=True,
               help="With --distributed: seconds to wait for a rank to join, or a collective to finish.")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("sftdoctor-distributed"), show_default=True,
               help="With --distributed: where each rank's record and the findings are written.")
@@ -169,7 +181,10 @@ class Size(click.ParamType):
         unit = match.group(2).upper() if match else None
         if not match or unit not in self.UNITS:
             self.fail(f"{value!r} is not a size like 80GiB, 80GB or 81920MiB", param, ctx)
-        return int(float(match.group(1)) * self.UNITS[unit])
+        size = int(float(match.group(1)) * self.UNITS[unit])
+        if size < 2**20:
+            self.fail(f"{value!r} is less than 1 MiB of GPU memory", param, ctx)
+        return size
 
 
 @main.command()
@@ -177,9 +192,9 @@ class Size(click.ParamType):
 @click.option("--gpu-memory", type=Size(), help="Plan for GPUs of this memory (e.g. 80GiB) instead of the ones found.")
 @click.option("--gpus", "gpus_per_node", type=click.IntRange(min=1), help="GPUs per node to plan for (default: the run's).")
 @click.option("--nodes", type=click.IntRange(min=1), help="Nodes to plan for (default: the run's).")
-@click.option("--mfu", type=click.FloatRange(0.01, 1.0), default=0.4, show_default=True, help="Assumed model-FLOPs utilisation.")
-@click.option("--peak-tflops", type=click.FloatRange(min=1), help="The GPU's dense bf16 peak, if sftdoctor does not know it.")
-@click.option("--tokens-per-second", type=click.FloatRange(min=1), help="Measured throughput (e.g. of a --smoke run) instead of MFU.")
+@click.option("--mfu", type=Finite(0.01, 1.0), default=0.4, show_default=True, help="Assumed model-FLOPs utilisation.")
+@click.option("--peak-tflops", type=Finite(min=1), help="The GPU's dense bf16 peak, if sftdoctor does not know it.")
+@click.option("--tokens-per-second", type=Finite(min=1), help="Measured throughput (e.g. of a --smoke run) instead of MFU.")
 @click.option("--json", "as_json", is_flag=True, help="Every term of every candidate as one JSON document.")
 def plan(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second, as_json):
     """Will CONFIG fit, what is the fastest setting that does, and how long will it take."""

@@ -30,7 +30,7 @@ def summary_line(findings: list[Finding], skipped: list) -> str:
     checks = len({f.id for f in findings}) + len(skipped)
     plural = {"error": "errors", "warning": "warnings"}
     parts = [f"{counts[s]} {plural.get(s, s) if counts[s] != 1 else s}" for s in ("error", "warning", "info", "ok", "skipped")]
-    return f"{checks} checks: " + ", ".join(parts)
+    return f"{checks} check{'' if checks == 1 else 's'}: " + ", ".join(parts)
 
 
 def exit_code(findings: list[Finding]) -> int:

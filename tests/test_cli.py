@@ -178,3 +178,36 @@ def test_explain_log_of_a_healthy_run_exits_0_and_says_nothing_was_recognised():
     proc = sftdoctor("explain", "--log", str(LOGS / "gpu-negative-healthy-trl-dpo-logs.log"))
     assert proc.returncode == 0
     assert "nothing recognised" in proc.stdout
+
+
+def test_gpu_memory_sizes_parse_or_fail_cleanly():
+    import click
+    from hypothesis import given, settings, strategies as st
+
+    from sftdoctor.cli import Size
+
+    assert Size().convert("80GiB", None, None) == 80 * 2**30
+    assert Size().convert("40 GB", None, None) == 40 * 10**9
+    assert Size().convert("81920MiB", None, None) == 80 * 2**30
+    for nothing in ("0", "0GiB", "512KiB"):
+        with pytest.raises(click.BadParameter, match="less than 1 MiB"):
+            Size().convert(nothing, None, None)
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.text(max_size=20))
+    def anything(text):
+        try:
+            assert Size().convert(text, None, None) >= 2**20
+        except click.BadParameter:
+            pass
+
+    anything()
+
+
+@pytest.mark.parametrize("option, value", [("--mfu", "nan"), ("--peak-tflops", "inf"), ("--tokens-per-second", "nan"),
+                                           ("--gpu-memory", "0")])
+def test_plan_refuses_numbers_that_mean_nothing(tmp_path, option, value):
+    (tmp_path / "d.jsonl").write_text('{"text": "a"}\n')
+    (tmp_path / "run.toml").write_text(f'[model]\npath = "{MODELS / "Meta-Llama-3-8B.json"}"\n[data]\ntrain = "d.jsonl"\n')
+    proc = sftdoctor("plan", str(tmp_path / "run.toml"), "--gpu-memory", "80GiB", option, value)
+    assert proc.returncode == 2 and option in proc.stderr and "Traceback" not in proc.stderr

@@ -135,7 +135,7 @@ def test_a_terminal_narrower_than_the_id_column_still_gets_the_table(monkeypatch
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("!  gradient-checkpointing  gradient")
     assert " ".join(line.strip() for line in lines[:-1]).endswith("gradient checkpointing is off → sftdoctor explain x")
-    assert lines[-1].startswith("1 checks: 0 errors, 1 warning")
+    assert lines[-1].startswith("1 check: 0 errors, 1 warning")
 
 
 def test_render_json_is_one_document_with_summary_exit_code_findings_skipped_and_facts(capsys):

@@ -34,12 +34,15 @@ def nan_loss(step_stats: dict[str, Any]):
     checkpoint = step_stats.get("checkpoint")
     parts.append(f"Last good checkpoint: {checkpoint or 'none yet'}.")
     action = step_stats.get("action", "stopped")
+    # bf16 over fp16 is advice only for an fp16 run; fp32 and bf16 runs have no loss-scale overflow to blame.
+    precision = "; use bf16 rather than fp16" if step_stats.get("precision") == "fp16" else ""
+    fix = (f"resume from {checkpoint} with `sftdoctor train RUN.toml --resume` after lowering learning_rate or "
+           f"raising warmup{precision}; see which module went non-finite above") if checkpoint else \
+        f"lower learning_rate or lengthen warmup{precision}"
     return error(
         f"non-finite loss at step {step}: {action}",
         detail=" ".join(parts),
-        fix=(f"resume from {checkpoint} with `sftdoctor train RUN.toml --resume` after lowering learning_rate or "
-             "raising warmup; use bf16 rather than fp16; see which module went non-finite above")
-        if checkpoint else "lower learning_rate or lengthen warmup; prefer bf16 to fp16",
+        fix=fix,
         evidence={k: v for k, v in step_stats.items() if k != "attribution"})
 
 

@@ -69,9 +69,12 @@ def render(planned: Fit, timing_: dict[str, Any]) -> str:
     else:
         lines += [f"recommended: {best.describe()} — {best.estimate.gpu_peak / GIB:.1f} GiB per GPU", *_terms(best)]
     fitting = [c for c in planned.candidates if c.fits]
-    lines += ["", f"settings that fit, fastest first ({min(SHOWN, len(fitting))} of {len(fitting)} that fit, "
-              f"{len(planned.candidates)} tried; all in --json):",
-              "  ZeRO offload ckpt  micro accum liger  peak GiB  fits  compute comm"]
+    if fitting:
+        lines += ["", f"settings that fit, fastest first ({min(SHOWN, len(fitting))} of {len(fitting)} that fit, "
+                  f"{len(planned.candidates)} tried; all in --json):",
+                  "  ZeRO offload ckpt  micro accum liger  peak GiB  fits  compute comm"]
+    else:
+        lines += ["", f"no setting fits ({len(planned.candidates)} tried; all in --json)"]
     for c in fitting[:SHOWN]:
         s = c.setting
         lines.append(f"  {s.zero_stage:>4} {'yes' if s.offload_optimizer else 'no':>7} {'on' if s.checkpointing else 'off':>4} "

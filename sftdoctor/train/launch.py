@@ -37,6 +37,30 @@ def parse_drill(text: str) -> dict[str, Any]:
     return {"kind": kind, "step": int(step), "rank": int(rank) if rank else None}
 
 
+def check_drill(drill: dict[str, Any] | None, plan: Plan) -> None:
+    """A drill that can never fire is bad input: a rank the run does not have, a step after its end."""
+    if drill is None:
+        return
+    if drill["rank"] is not None and drill["rank"] >= plan.world_size:
+        raise InputError("--drill", f"rank {drill['rank']} does not exist: the run has {plan.world_size} "
+                                    f"process{'es' if plan.world_size > 1 else ''} (ranks 0-{plan.world_size - 1})")
+    if plan.total_steps and drill["step"] > plan.total_steps:
+        raise InputError("--drill", f"step {drill['step']} comes after the run's last step ({plan.total_steps})")
+
+
+def finished(run_dir: Path) -> str | None:
+    """"step N of N" when the newest complete checkpoint is the run's last step and final/ was written."""
+    checkpoint = newest_complete(run_dir)
+    if checkpoint is None or not (run_dir / "final").is_dir():
+        return None
+    try:
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    step, last = state.get("global_step"), state.get("max_steps")
+    return f"step {step} of {last}" if isinstance(step, int) and isinstance(last, int) and step >= last else None
+
+
 def schedule(plan: Plan) -> str:
     floor = ", ".join(f"{k}={v:g}" for k, v in plan.lr_scheduler_kwargs.items()) or "no floor"
     (key, value), = plan.warmup.items()
@@ -161,6 +185,7 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
     facts.get("data")  # bad data files are bad input: exit 2 before anything runs
     findings, blocked = gate(facts, plugins)
     plan = for_launch(facts.get("plan"), rehearsal=smoke, drill=drill, plugins=plugins, forced=force)
+    check_drill(drill, plan)
     print("\n" + describe(plan), flush=True)
     if dry_run:
         print(memory_summary(plan, facts))
@@ -176,6 +201,10 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
         raise InputError(run_dir, "already holds checkpoints; add --resume to continue, or set another "
                                   "[training] output_dir", key="[training].output_dir")
     run_dir.mkdir(parents=True, exist_ok=True)
+    done = finished(run_dir) if resume and not smoke else None
+    if done:
+        print(f"sftdoctor: the run is complete ({done}); the final model is in {os.path.normpath(run_dir / 'final')}")
+        return 0
     if resume:
         remove_incomplete(run_dir)
         print(f"sftdoctor: resuming from {newest_complete(run_dir) or 'scratch: no complete checkpoint'}")

@@ -62,6 +62,17 @@ def test_dry_run_shows_the_memory_plan_when_there_are_gpus(tmp_path):
     assert "does NOT fit" in text and "fastest that fits: ZeRO-2" in text and "sftdoctor plan RUN.toml" in text
 
 
+def test_a_drill_that_can_never_fire_is_bad_input(tmp_path):
+    from sftdoctor.train.launch import check_drill
+
+    one = plan_of(make_run(tmp_path, training={"max_steps": 10}))
+    with pytest.raises(InputError, match="rank 5 does not exist: the run has 1 process"):
+        check_drill(parse_drill("hang@3:5"), one)
+    with pytest.raises(InputError, match="step 11 comes after the run's last step"):
+        check_drill(parse_drill("nan-loss@11"), one)
+    check_drill(parse_drill("hang@3:0"), one)  # fires
+
+
 @pytest.mark.parametrize("text", ["nan-loss@0", "hang", "boom@3", "hang@x", "nan-loss@3:y"])
 def test_a_drill_that_means_nothing_is_bad_input(text):
     with pytest.raises(InputError, match="--drill"):

@@ -99,6 +99,9 @@ def test_resume_continues_from_the_newest_complete_checkpoint(tmp_path, tiny_dat
     assert [m["step"] for m in resumed] == [3, 4]
     assert resumed[-1]["loss"] == pytest.approx(first[-1]["loss"], rel=1e-4)  # same data order, same result
     assert complete(run_dir) == ["checkpoint-2", "checkpoint-4"]
+    finished = train(cfg, "--resume")  # nothing left to do: it says so and trains nothing
+    assert finished.returncode == 0 and "the run is complete (step 4 of 4)" in finished.stdout
+    assert len(metrics(run_dir)) == len(first) + 2 and complete(run_dir) == ["checkpoint-2", "checkpoint-4"]
 
 
 def test_smoke_rehearses_save_and_resume_on_a_shrunk_model(tmp_path, tiny_data):
