@@ -110,15 +110,15 @@ class Data(Section):
                                doc="hold out this share of train as the eval split (instead of `eval`)")
     format: str = key("one of auto, messages, prompt_completion, text",
                       _choice("auto", "messages", "prompt_completion", "text"), "auto")
-    max_length: int = key("an integer >= 16", _int(16), 2048, doc="tokens per sample (per packed row)")
+    max_length: int = key("an integer from 16 to 1048576", _int(16, 2**20), 2048, doc="tokens per sample (per packed row)")
 
 
 @dataclass(frozen=True)
 class Training(Section):
-    global_batch_size: int | None = key("a positive integer", _int(1),
+    global_batch_size: int | None = key("an integer from 1 to 16777216", _int(1, 2**24),
                                         doc="sequences per optimizer step over all GPUs = per_device x accumulation x "
                                             "world size (default: per_device x world size)")
-    per_device_batch_size: int = key("a positive integer", _int(1), 1)
+    per_device_batch_size: int = key("an integer from 1 to 65536", _int(1, 2**16), 1)
     learning_rate: float = key("a number > 0 and <= 1", _float(0.0, 1.0, low_open=True), 2e-5)
     lr_scheduler: str = key("one of cosine_with_min_lr, cosine, linear, constant_with_warmup",
                             _choice("cosine_with_min_lr", "cosine", "linear", "constant_with_warmup"),
@@ -128,20 +128,20 @@ class Training(Section):
     min_lr: float | None = key("a number >= 0", _float(0.0), doc="cosine_with_min_lr floor as an absolute rate")
     warmup_ratio: float = key("a number from 0 up to (not including) 1", _float(0.0, 1.0, high_open=True), 0.03,
                               doc="share of the run spent warming up (unless warmup_steps)")
-    warmup_steps: int | None = key("an integer >= 0", _int(0))
+    warmup_steps: int | None = key("an integer from 0 to 1000000000", _int(0, 10**9))
     weight_decay: float = key("a number >= 0", _float(0.0), 0.0)
     max_grad_norm: float = key("a number >= 0", _float(0.0), 1.0, doc="0 turns clipping off")
-    epochs: float = key("a number > 0", _float(0.0, low_open=True), 1)
-    max_steps: int | None = key("a positive integer", _int(1), doc="overrides epochs")
+    epochs: float = key("a number > 0 and <= 10000", _float(0.0, 1e4, low_open=True), 1)
+    max_steps: int | None = key("an integer from 1 to 1000000000", _int(1, 10**9), doc="overrides epochs")
     gradient_checkpointing: bool = key("true or false", _bool, True, doc="non-reentrant activation checkpointing")
     packing: bool | str = key('true, false or "auto"', _auto_or_bool, "auto",
                               doc="auto = on when a probe proves packed samples stay isolated on this stack")
     liger_kernel: bool | str = key('true, false or "auto"', _auto_or_bool, "auto", doc="auto = on CUDA when installed")
-    seed: int = key("an integer", _int(), 42)
-    logging_steps: int = key("a positive integer", _int(1), 10)
-    save_steps: int = key("a positive integer", _int(1), 500)
-    save_total_limit: int = key("a positive integer", _int(1), 2)
-    eval_steps: int | None = key("a positive integer", _int(1), doc="default: save_steps")
+    seed: int = key("an integer from 0 to 4294967295", _int(0, 2**32 - 1), 42)
+    logging_steps: int = key("an integer from 1 to 1000000000", _int(1, 10**9), 10)
+    save_steps: int = key("an integer from 1 to 1000000000", _int(1, 10**9), 500)
+    save_total_limit: int = key("an integer from 1 to 1000000000", _int(1, 10**9), 2)
+    eval_steps: int | None = key("an integer from 1 to 1000000000", _int(1, 10**9), doc="default: save_steps")
     output_dir: str = key("a folder path", _str, "", path="dir", doc="the run directory (default runs/<config name>)")
 
 
@@ -156,14 +156,14 @@ class DeepSpeed(Section):
 
 @dataclass(frozen=True)
 class Launch(Section):
-    nproc_per_node: int | str = key('a positive integer or "auto"', _int(1, auto=True), "auto",
+    nproc_per_node: int | str = key('an integer from 1 to 1024 or "auto"', _int(1, 1024, auto=True), "auto",
                                     doc="auto = every visible GPU (1 on a CPU-only machine)")
-    nnodes: int = key("a positive integer", _int(1), 1)
+    nnodes: int = key("an integer from 1 to 65536", _int(1, 2**16), 1)
     node_rank: int = key("an integer >= 0", _int(0), 0, doc="this node's rank: node 0 hosts the rendezvous")
     master_addr: str = key("a host name or address", _str, "127.0.0.1")
     master_port: int | str = key('a port 1-65535 or "auto"', _int(1, 65535, auto=True), 29500,
                                  doc="default 29500, or a free port when 29500 is taken on a single node")
-    max_restarts: int = key("an integer >= 0", _int(0), 0)
+    max_restarts: int = key("an integer from 0 to 1000", _int(0, 1000), 0)
     distributed_check: bool = key("true or false", _bool, True,
                                   doc="with 2+ processes, every rank runs `check --distributed` before training")
 
@@ -177,7 +177,7 @@ class Report(Section):
 class Watch(Section):
     on_nan: str = key("one of stop, skip", _choice("stop", "skip"), "stop",
                       doc="stop: every rank stops, no checkpoint of poisoned weights; skip: drop that update")
-    max_skips: int = key("an integer >= 1", _int(1), 10, doc="with on_nan = skip: stop after this many")
+    max_skips: int = key("an integer from 1 to 1000000", _int(1, 10**6), 10, doc="with on_nan = skip: stop after this many")
     hang_timeout_s: float = key("a number of seconds from 5 to 86400", _float(5.0, 86400.0), 300,
                                 doc="no progress for this long is a hang (NCCL's own timeout is 10 minutes)")
     loss_spike_factor: float = key("a number > 0", _float(0.0, low_open=True), 6.0,

@@ -45,7 +45,7 @@ def test_run_config_reports_every_problem_at_once_with_did_you_mean(tmp_path):
     lines = str(err.value).splitlines()
     assert len(lines) == 3
     assert any("[model].precison: unknown key (did you mean 'precision'?)" in l for l in lines)
-    assert any("[launch].nnodes: expected a positive integer, got 0" in l for l in lines)
+    assert any("[launch].nnodes: expected an integer from 1 to 65536, got 0" in l for l in lines)
     assert any("[trainig]" in l for l in lines)
     assert all(l.startswith(str(path)) for l in lines)
 
@@ -86,9 +86,14 @@ def test_the_config_is_frozen_and_round_trips_through_json_with_its_provenance(t
 
 @pytest.mark.parametrize("text, says", [
     ("[watch]\nhang_timeout_s = inf", "[watch].hang_timeout_s: expected a number of seconds from 5 to 86400, got inf"),
-    ("[training]\nepochs = nan", "[training].epochs: expected a number > 0, got nan"),
+    ("[training]\nepochs = nan", "[training].epochs: expected a number > 0 and <= 10000, got nan"),
     ("[training]\nwarmup_ratio = 1.0", "[training].warmup_ratio: expected a number from 0 up to (not including) 1"),
     ("[launch]\nnode_rank = 2\nnnodes = 2", "[launch].node_rank: node_rank 2 must be below nnodes 2"),
+    ("[data]\ntrain = \"data.jsonl\"\nmax_length = 1e12", "[data].max_length: expected an integer from 16 to 1048576"),
+    ("[data]\ntrain = \"data.jsonl\"\nmax_length = 1000000000000", "[data].max_length: expected an integer from 16 to 1048576"),
+    ("[training]\nepochs = inf", "[training].epochs: expected a number > 0 and <= 10000, got inf"),
+    ("[launch]\nnproc_per_node = 100000", "[launch].nproc_per_node: expected an integer from 1 to 1024"),
+    ("[training]\nseed = -1", "[training].seed: expected an integer from 0 to 4294967295"),
 ])
 def test_values_out_of_range_name_the_key_and_the_range(tmp_path, text, says):
     with pytest.raises(InputErrors) as err:
