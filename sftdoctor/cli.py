@@ -164,6 +164,9 @@ def train(config, resume, dry_run, smoke, force, drill, no_plugins):
                             plugins=plugins_enabled(no_plugins))
     except (InputError, InputErrors) as exc:
         _bad_input(exc)
+    except KeyboardInterrupt:  # during the checks, before any worker started: nothing to stop
+        click.echo("\nsftdoctor: interrupted before training started", err=True)
+        sys.exit(130)
     sys.exit(code)
 
 

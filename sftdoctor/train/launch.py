@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -26,6 +27,8 @@ from sftdoctor.train.checkpoints import checkpoints, newest_complete, remove_inc
 from sftdoctor.train.compat import flight_recorder_env
 
 STOPPED = "stopped.json"  # written by sftdoctor.train.watch (kept in step with watch.STOPPED)
+SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's 128 + signal number
+GRACE_S = 10.0  # after SIGTERM, what the ranks get to finish before SIGKILL
 
 
 def parse_drill(text: str) -> dict[str, Any]:
@@ -156,12 +159,109 @@ def worker_env(plan: Plan, config: Path, run_dir: Path) -> dict[str, str]:
     return env
 
 
-def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_after: int | None = None) -> int:
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the launcher dies, even by SIGKILL (Linux PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))
+    except (OSError, AttributeError):
+        pass
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, read from /proc (torchrun starts each rank in a session of its own, so no
+    process group holds them all)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            out.append(pid)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            out.append(pid)
+    return out
+
+
+def stop_workers(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
+    """Stop the launcher's child and every process under it; returns once none is left. torchrun goes first, by
+    SIGKILL (on SIGTERM it prints a traceback, and it could restart ranks); then SIGTERM to the ranks, SIGKILL
+    to those still there after the grace period."""
+    ranks = descendants(proc.pid)
+    proc.kill()
+    proc.wait()
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for pid in _alive(ranks):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while _alive(ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not _alive(ranks):
+            return
+
+
+def run_workers(argv: list[str], env: dict[str, str]) -> tuple[int, int | None]:
+    """(exit code, the signal that stopped the run or None). The workers start in a session of their own, so
+    a Ctrl-C reaches the launcher alone, which then stops every process it started instead of orphaning them."""
+    received: list[int] = []
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in SIGNAL_EXIT}
+    try:
+        while proc.poll() is None and not received:
+            time.sleep(0.2)
+        if received:
+            stop_workers(proc)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return proc.wait(), received[0] if received else None
+
+
+def last_step(run_dir: Path) -> int | None:
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        return int(json.loads(lines[-1])["step"]) if lines else None
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_after: int | None = None,
+          config: Path | None = None) -> int:
     resolved_path = run_dir / ("resolved-smoke.json" if plan.rehearsal else "resolved.json")
     write_json(resolved_path, plan.to_json())
     stopped = run_dir / STOPPED
     stopped.unlink(missing_ok=True)
-    code = subprocess.run(command(resolved_path, plan, resume, stop_after), env=env).returncode
+    code, sig = run_workers(command(resolved_path, plan, resume, stop_after), env)
+    if sig is not None:
+        step = last_step(run_dir)
+        checkpoint = newest_complete(run_dir)
+        print(f"\nsftdoctor: stopped by {signal.Signals(sig).name}"
+              + (f" after step {step}" if step is not None else "")
+              + f"; newest complete checkpoint: {os.path.normpath(checkpoint) if checkpoint else 'none yet'}"
+              + (f"; resume with: sftdoctor train {config} --resume" if config and not plan.rehearsal else ""),
+              flush=True)
+        return SIGNAL_EXIT[sig]
     if code and stopped.exists():  # a watcher stopped the run: its own exit code, whatever torchrun says
         record = json.loads(stopped.read_text())
         print(f"sftdoctor: stopped by {record['id']}: {record['title']} (exit {record['exit_code']})", flush=True)
@@ -215,7 +315,7 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
             log.write(json.dumps({"phase": "preflight", "time": time.time(), "forced": force and blocked,
                                   **finding.to_json()}, default=str) + "\n")
     if not smoke:
-        return start(plan, run_dir, env, resume)
+        return start(plan, run_dir, env, resume, config=config)
     began = time.perf_counter()
     code = start(plan, run_dir, env, resume=False, stop_after=REHEARSAL_SAVE_AT)
     if code == 0:

@@ -4,6 +4,7 @@ import io
 import json
 import os
 import subprocess
+import signal
 import sys
 import time
 
@@ -209,3 +210,28 @@ def test_a_third_party_runtime_check_runs_during_training(tmp_path, tiny_data):
         seen = [r["step"] for r in runtime_findings(tmp_path / folder / "out") if r["id"] == "site-loss-log"]
         assert seen == ([1, 2] if folder == "on" else []), folder
         assert ("plugin saw the loss at step 2" in proc.stdout) is (folder == "on")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_stops_every_rank_and_says_how_to_resume(tmp_path, tiny_data, sig, code):
+    cfg = config(tmp_path, tiny_data["text"], launch={"nproc_per_node": 2},
+                 training={"packing": False, "max_steps": 400, "save_steps": 2, "logging_steps": 1})
+    run_dir = tmp_path / "out"
+    launcher = subprocess.Popen([sys.executable, "-m", "sftdoctor", "train", str(cfg)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not complete(run_dir) and launcher.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert complete(run_dir), launcher.communicate()[0][-3000:] if launcher.poll() is not None else "no checkpoint"
+    sent = time.monotonic()
+    launcher.send_signal(sig)
+    out, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == code, out[-2000:] + err[-2000:]
+    assert time.monotonic() - sent < 30
+    assert not job_processes(run_dir)  # no rank left training, no torchrun
+    last = [line for line in out.splitlines() if line.startswith("sftdoctor: stopped by")]
+    assert last and f"resume with: sftdoctor train {cfg} --resume" in last[0] and "checkpoint-" in last[0]
+    newest = complete(run_dir)[-1]
+    assert (run_dir / newest / "trainer_state.json").is_file()  # intact: marked complete only when whole
+    assert not (run_dir / "final").exists()
