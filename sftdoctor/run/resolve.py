@@ -356,8 +356,11 @@ def for_launch(plan: Plan, rehearsal: bool = False, drill: dict[str, Any] | None
                plugins: bool = True, forced: bool = False) -> Plan:
     """The plan one launch follows: as resolved, or its rehearsal (`--smoke`): the same launcher, DeepSpeed
     config, data path and scheduler for a few steps, in a run directory of its own, with a save and a resume.
-    Forced past an unreachable global batch (`--force`), the run takes the nearest reachable one below it."""
+    Forced past an unreachable global batch (`--force`), the run takes the nearest reachable one below it.
+    A drill runs in a directory of its own (RUN_DIR/drill-KIND), so it never mixes with the run's checkpoints."""
     plan = dataclasses.replace(plan, drill=drill, plugins=plugins)
+    if drill is not None:
+        plan = dataclasses.replace(plan, output_dir=str(Path(plan.output_dir) / f"drill-{drill['kind']}"))
     if forced and plan.gradient_accumulation_steps is None:
         step = plan.per_device_batch_size * plan.world_size
         accum = max(1, plan.global_batch_size // step)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,6 +63,23 @@ def finished(run_dir: Path) -> str | None:
         return None
     step, last = state.get("global_step"), state.get("max_steps")
     return f"step {step} of {last}" if isinstance(step, int) and isinstance(last, int) and step >= last else None
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(path.name.rsplit("-", 1)[1])
+
+
+def forget_metrics_after(run_dir: Path, step: int) -> None:
+    """A resumed run logs the steps after its checkpoint again: drop their earlier records, so that
+    metrics.jsonl holds each step once."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines(keepends=True)
+            if json.loads(line).get("step", 0) <= step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
 
 
 def schedule(plan: Plan) -> str:
@@ -297,7 +315,9 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
     if run_dir.exists() and not run_dir.is_dir():
         raise InputError(config, f"{run_dir} exists and is not a folder", key="[training].output_dir")
     env = worker_env(plan, config, run_dir)
-    if checkpoints(run_dir) and not resume and not smoke:
+    if plan.rehearsal or plan.drill:  # each rehearsal and drill starts clean: no stale checkpoint to resume
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if checkpoints(run_dir) and not resume:
         raise InputError(run_dir, "already holds checkpoints; add --resume to continue, or set another "
                                   "[training] output_dir", key="[training].output_dir")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -307,7 +327,9 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
         return 0
     if resume:
         remove_incomplete(run_dir)
-        print(f"sftdoctor: resuming from {newest_complete(run_dir) or 'scratch: no complete checkpoint'}")
+        checkpoint = newest_complete(run_dir)
+        forget_metrics_after(run_dir, checkpoint_step(checkpoint) if checkpoint else 0)
+        print(f"sftdoctor: resuming from {checkpoint or 'scratch: no complete checkpoint'}")
     if plan.deepspeed is not None:
         write_json(run_dir / "deepspeed.json", plan.deepspeed)  # for the reader; the workers take it from the plan
     with open(run_dir / "findings.jsonl", "a", encoding="utf-8") as log:

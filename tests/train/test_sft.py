@@ -95,13 +95,16 @@ def test_resume_continues_from_the_newest_complete_checkpoint(tmp_path, tiny_dat
     proc = train(cfg, "--resume")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resuming from" in proc.stdout and "checkpoint-2" in proc.stdout
-    resumed = metrics(run_dir)[len(first):]
-    assert [m["step"] for m in resumed] == [3, 4]
-    assert resumed[-1]["loss"] == pytest.approx(first[-1]["loss"], rel=1e-4)  # same data order, same result
+    after = metrics(run_dir)
+    assert [m["step"] for m in after] == [1, 2, 3, 4]  # steps 3 and 4 logged once: the resumed run's
+    assert after[-1]["loss"] == pytest.approx(first[-1]["loss"], rel=1e-4)  # same data order, same result
     assert complete(run_dir) == ["checkpoint-2", "checkpoint-4"]
     finished = train(cfg, "--resume")  # nothing left to do: it says so and trains nothing
     assert finished.returncode == 0 and "the run is complete (step 4 of 4)" in finished.stdout
-    assert len(metrics(run_dir)) == len(first) + 2 and complete(run_dir) == ["checkpoint-2", "checkpoint-4"]
+    assert len(metrics(run_dir)) == len(first) and complete(run_dir) == ["checkpoint-2", "checkpoint-4"]
+    drill = train(cfg, "--drill", "nan-loss@2")  # right after a run: the drill has a directory of its own
+    assert drill.returncode == 86 and (run_dir / "drill-nan-loss" / "findings.jsonl").is_file()
+    assert complete(run_dir) == ["checkpoint-2", "checkpoint-4"]
 
 
 def test_smoke_rehearses_save_and_resume_on_a_shrunk_model(tmp_path, tiny_data):
@@ -110,6 +113,11 @@ def test_smoke_rehearses_save_and_resume_on_a_shrunk_model(tmp_path, tiny_data):
     assert "smoke test passed" in proc.stdout
     smoke = tmp_path / "out" / "smoke"
     assert complete(smoke) == ["checkpoint-2", "checkpoint-4"] and (smoke / "final").is_dir()
+    assert [m["step"] for m in metrics(smoke)] == [1, 2, 3, 4]
+    (smoke / "checkpoint-4" / "stale").write_text("from the first rehearsal")
+    again = train(config(tmp_path, tiny_data["messages"], training={"max_steps": 500}), "--smoke")
+    assert again.returncode == 0 and "smoke test passed" in again.stdout
+    assert not (smoke / "checkpoint-4" / "stale").exists()  # each rehearsal starts clean, earns its own pass
     assert [m["step"] for m in metrics(smoke)] == [1, 2, 3, 4]
 
 

@@ -48,7 +48,7 @@ def test_nan_drill_stops_every_rank_before_the_poisoned_step_is_saved(tmp_path, 
                  training={"max_steps": 8, "save_steps": 2})
     proc = train(cfg, "--drill", "nan-loss@5")
     assert proc.returncode == NAN_EXIT, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run_dir = tmp_path / "out"
+    run_dir = tmp_path / "out" / "drill-nan-loss"  # a drill runs in a directory of its own
     [finding] = runtime_findings(run_dir)
     assert finding["id"] == "nan-loss" and finding["step"] == 5 and finding["severity"] == "error"
     assert "Re-running the batch" in finding["detail"] and "checkpoint-4" in finding["detail"]
@@ -68,11 +68,11 @@ def test_skip_policy_drops_the_update_and_finishes(tmp_path, tiny_data):
                  extra={"watch": {"on_nan": "skip", "max_skips": 2}})
     proc = train(cfg, "--drill", "nan-loss@3")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    [finding] = runtime_findings(tmp_path / "out")
+    [finding] = runtime_findings(tmp_path / "out" / "drill-nan-loss")
     assert finding["step"] == 3 and "update skipped (1 of at most 2)" in finding["title"]
-    steps = metrics(tmp_path / "out")
+    steps = metrics(tmp_path / "out" / "drill-nan-loss")
     assert [m["step"] for m in steps] == [1, 2, 3, 4, 5, 6] and all(m["loss"] == m["loss"] for m in steps[3:])
-    assert (tmp_path / "out" / "final").is_dir()
+    assert (tmp_path / "out" / "drill-nan-loss" / "final").is_dir()
 
 
 @pytest.mark.slow
@@ -83,7 +83,7 @@ def test_hang_drill_names_the_rank_behind_and_leaves_no_process(tmp_path, tiny_d
     proc = train(cfg, "--drill", "hang@3:1")
     took = time.monotonic() - began
     assert proc.returncode == HANG_EXIT, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run_dir = tmp_path / "out"
+    run_dir = tmp_path / "out" / "drill-hang"
     [finding] = runtime_findings(run_dir)
     assert finding["id"] == "nccl-timeout" and "behind: rank 1" in finding["title"]
     assert "rank 1: step 3, drill" in finding["detail"]
