@@ -45,6 +45,18 @@ def _inputs(config, model_config, deepspeed, topology, facts_file):
     return Inputs(config=config, model_config=model_config, deepspeed=deepspeed, topology=topology, facts=facts_file)
 
 
+STACK = {"torch", "transformers", "trl", "accelerate", "datasets", "deepspeed", "liger_kernel"}
+
+
+def _missing_stack(exc: ModuleNotFoundError, command: str) -> None:
+    """A light install (`pip install -e .`) checks a box; `train` needs the training stack."""
+    if (exc.name or "").split(".")[0] not in STACK:
+        raise exc
+    click.echo(f"sftdoctor: error: `sftdoctor {command}` needs {exc.name}, which is not installed: install the training "
+               "stack with pip install 'sftdoctor[train]' (torch first, the build for your driver)", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
 def _bad_input(exc: Exception) -> None:
     """One line per problem, exit 2, no traceback."""
     for line in str(exc).splitlines():
@@ -164,6 +176,8 @@ def train(config, resume, dry_run, smoke, force, drill, no_plugins):
                             plugins=plugins_enabled(no_plugins))
     except (InputError, InputErrors) as exc:
         _bad_input(exc)
+    except ModuleNotFoundError as exc:
+        _missing_stack(exc, "train")
     except KeyboardInterrupt:  # during the checks, before any worker started: nothing to stop
         click.echo("\nsftdoctor: interrupted before training started", err=True)
         sys.exit(130)
@@ -210,6 +224,7 @@ def plan(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_
         _, fitted, timing = command.make(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second)
     except (InputError, InputErrors) as exc:
         _bad_input(exc)
+
     if as_json:
         click.echo(json.dumps(report.to_json(fitted, timing), indent=2))
     else:

@@ -4,6 +4,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -211,3 +212,21 @@ def test_plan_refuses_numbers_that_mean_nothing(tmp_path, option, value):
     (tmp_path / "run.toml").write_text(f'[model]\npath = "{MODELS / "Meta-Llama-3-8B.json"}"\n[data]\ntrain = "d.jsonl"\n')
     proc = sftdoctor("plan", str(tmp_path / "run.toml"), "--gpu-memory", "80GiB", option, value)
     assert proc.returncode == 2 and option in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_light_install_names_the_extra_to_install(tmp_path):
+    """As after `pip install -e .`: only sftdoctor and its light dependencies on the path."""
+    import importlib.util
+
+    for module in ("sftdoctor", "click", "pynvml"):
+        origin = Path(importlib.util.find_spec(module).origin)
+        source = origin.parent if origin.name == "__init__.py" else origin
+        (tmp_path / source.name).symlink_to(source)
+    (tmp_path / "d.jsonl").write_text('{"text": "a"}\n')
+    (tmp_path / "run.toml").write_text(f'[model]\npath = "{MODELS / "gpt2.json"}"\n[data]\ntrain = "d.jsonl"\n')
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from sftdoctor.cli import main; main()"
+    proc = subprocess.run([sys.executable, "-S", "-c", code, "train", "run.toml"], capture_output=True, text=True,
+                          cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "needs torch, which is not installed" in proc.stderr and "pip install 'sftdoctor[train]'" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()

@@ -296,8 +296,19 @@ def gate(facts: Facts, plugins: bool) -> tuple[list, bool]:
     return findings, report.exit_code(findings) == 1
 
 
+TRAINING_STACK = ("torch", "transformers", "trl", "accelerate", "datasets")
+
+
+def require_training_stack() -> None:
+    """Before any check runs: a light install (`pip install -e .`) has none of the stack the workers import."""
+    for module in TRAINING_STACK:
+        if find_spec(module) is None:
+            raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+
+
 def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool = False, force: bool = False,
           drill: dict[str, Any] | None = None, plugins: bool = True) -> int:
+    require_training_stack()
     facts = Facts(Inputs(config=config))
     run: RunConfig = facts.get("run")
     facts.get("data")  # bad data files are bad input: exit 2 before anything runs
