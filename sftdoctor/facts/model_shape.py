@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sftdoctor.run.gpus import devices
-from sftdoctor.run.shape import Shape, closed_form, from_counts
+from sftdoctor.run.shape import GATED_MLP, Shape, closed_form, dimension_problem, from_counts
 
 TIMEOUT_S = 300
 
@@ -40,6 +40,14 @@ def count_on_meta_device(config: dict[str, Any]) -> tuple[int, int]:
 def shape_in_child(path: str) -> tuple[Shape | None, str | None]:
     """(shape, why not) with the meta-device count run by a child process."""
     try:
+        config = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    if not isinstance(config, dict):
+        return None, "config.json is not a JSON object"
+    if config.get("model_type") in GATED_MLP and dimension_problem(config):  # a family we size: say which key
+        return None, dimension_problem(config)
+    try:
         proc = subprocess.run([sys.executable, "-m", "sftdoctor.facts.model_shape", path],
                               capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -51,12 +59,8 @@ def shape_in_child(path: str) -> tuple[Shape | None, str | None]:
         return None, f"counting parameters on the meta device failed: {tail}"
     if "error" in counts:
         return None, counts["error"]
-    config = json.loads(Path(path).read_text(encoding="utf-8"))
     shape = from_counts(config, counts["parameters"], counts["largest"])
-    if shape is None:
-        return None, ("config.json lacks positive integer hidden_size, num_hidden_layers, vocab_size or "
-                      "num_attention_heads (or their aliases)")
-    return shape, None
+    return (shape, None) if shape else (None, dimension_problem(config))
 
 
 def probe_model_shape(facts) -> dict[str, Any] | None:
@@ -76,4 +80,5 @@ if __name__ == "__main__":
         params, largest = count_on_meta_device(json.loads(Path(sys.argv[1]).read_text(encoding="utf-8")))
         print(json.dumps({"parameters": params, "largest": largest}))
     except Exception as exc:  # reported as a fact, never a crash of the caller
-        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+        first = (str(exc).strip().splitlines() or [""])[0]  # transformers' validation errors run over many lines
+        print(json.dumps({"error": f"{type(exc).__name__}: {first[:300]}"}))

@@ -63,19 +63,35 @@ def _positive_ints(config: dict[str, Any], names: tuple[str, ...]) -> bool:
     return all(isinstance(config.get(k), int) and not isinstance(config.get(k), bool) and config[k] > 0 for k in names)
 
 
-def dimensions(config: dict[str, Any]) -> dict[str, int] | None:
-    """h, L, I, V, heads, kv heads and head_dim, or None when config.json lacks them or they are not positive ints."""
+def dimension_problem(config: dict[str, Any]) -> str | None:
+    """What makes config.json describe no model sftdoctor can size, naming the key; None when it is fine."""
     text = _canonical(text_config(config))
-    if not _positive_ints(text, ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads")):
-        return None
+    for name in ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads"):
+        value = text.get(name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            return f"{name} is {value!r}; expected a positive integer"
     hidden, heads = text["hidden_size"], text["num_attention_heads"]
+    for name in ("num_key_value_heads", "head_dim", "intermediate_size"):
+        value = text.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            return f"{name} is {value!r}; expected a positive integer"
     kv = text.get("num_key_value_heads") or heads
-    head_dim = text.get("head_dim") or hidden // heads
-    inter = text.get("intermediate_size") or 4 * hidden
-    if not all(isinstance(v, int) and v > 0 for v in (kv, head_dim, inter)) or heads % kv:
+    if heads % kv:
+        return f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}"
+    if not text.get("head_dim") and hidden % heads:
+        return f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} (and no head_dim is given)"
+    return None
+
+
+def dimensions(config: dict[str, Any]) -> dict[str, int] | None:
+    """h, L, I, V, heads, kv heads and head_dim, or None when config.json lacks them (see dimension_problem)."""
+    if dimension_problem(config) is not None:
         return None
-    return {"hidden": hidden, "layers": text["num_hidden_layers"], "intermediate": inter, "vocab": text["vocab_size"],
-            "heads": heads, "kv_heads": kv, "head_dim": head_dim}
+    text = _canonical(text_config(config))
+    hidden, heads = text["hidden_size"], text["num_attention_heads"]
+    return {"hidden": hidden, "layers": text["num_hidden_layers"], "intermediate": text.get("intermediate_size") or 4 * hidden,
+            "vocab": text["vocab_size"], "heads": heads, "kv_heads": text.get("num_key_value_heads") or heads,
+            "head_dim": text.get("head_dim") or hidden // heads}
 
 
 def closed_form(config: dict[str, Any]) -> Shape | None:

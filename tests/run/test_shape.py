@@ -5,7 +5,7 @@ import json
 import pytest
 
 from conftest import FIXTURES, index, meta_shape
-from sftdoctor.run.shape import closed_form, dimensions
+from sftdoctor.run.shape import closed_form, dimension_problem, dimensions
 
 MODELS = FIXTURES / "model_config"
 
@@ -36,3 +36,27 @@ def test_the_closed_form_equals_the_meta_device_wherever_it_answers(entry):
 def test_a_config_with_impossible_dimensions_has_no_shape(broken):
     cfg = {**config("Meta-Llama-3-8B.json"), **broken}
     assert closed_form(cfg) is None
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+VALUES = st.none() | st.booleans() | st.integers(-3, 10**7) | st.floats(allow_nan=True) | st.text(max_size=6)
+KEYS = ["model_type", "hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "tie_word_embeddings", "attention_bias", "n_embd", "text_config"]
+
+
+@given(st.dictionaries(st.sampled_from(KEYS), VALUES | st.sampled_from(["llama", "qwen2", "qwen3", "gpt2"]), max_size=10))
+@settings(max_examples=400, deadline=None)
+def test_any_config_gives_a_shape_or_a_named_problem_never_a_crash(config):
+    problem = dimension_problem(config)
+    shape = closed_form(config)
+    assert problem is None or any(key in problem for key in KEYS)
+    if shape is not None:
+        assert problem is None and shape.parameters > 0 and shape.largest_layer > 0
+
+
+def test_a_named_problem_says_which_key(tmp_path):
+    cfg = {**config("Meta-Llama-3-8B.json"), "hidden_size": "4096"}
+    assert dimension_problem(cfg) == "hidden_size is '4096'; expected a positive integer"
+    assert dimension_problem(config("Meta-Llama-3-8B.json")) is None
