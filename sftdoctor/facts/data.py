@@ -1,80 +1,167 @@
-"""The run's data files: rows and shape, read without the datasets library.
+"""The run's data files, every row read and checked before launch, without the datasets library.
 
-Shapes (as TRL's SFTTrainer takes them): `messages` (chat, rendered with the chat template),
-`prompt` + `completion`, or plain `text`.
+Formats, as TRL's SFTTrainer takes them (`messages`, `prompt_completion`, `text`) and as most public SFT
+data comes (`sharegpt`: `conversations` of `from`/`value` turns; `alpaca`: `instruction`, `input`,
+`output`, optional `system`), which the recipe maps to `messages` as LLaMA-Factory and axolotl do. A row
+that does not fit its file's format is bad input naming the file, the line (JSON Lines) or row, and what
+is wrong; nothing is launched. JSON Lines are streamed line by line, Parquet batch by batch.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from sftdoctor.errors import InputError
 
-SHAPES = {"messages": ("messages",), "prompt_completion": ("prompt", "completion"), "text": ("text",)}
+# format -> the keys that identify it (in this order of detection) and the shape the trainer gets
+FORMATS = {
+    "messages": ("messages",),
+    "sharegpt": ("conversations",),
+    "prompt_completion": ("prompt", "completion"),
+    "alpaca": ("instruction", "output"),
+    "text": ("text",),
+}
+SHAPE = {"messages": "messages", "sharegpt": "messages", "alpaca": "messages",
+         "prompt_completion": "prompt_completion", "text": "text"}
+ROLES = ("system", "user", "assistant", "tool")
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                  "tool": "tool", "function_call": "assistant", "observation": "tool"}
 
 
-def shape_of(row: Any) -> str | None:
+def format_of(row: Any) -> str | None:
     if not isinstance(row, dict):
         return None
-    for shape, keys in SHAPES.items():
-        if all(k in row for k in keys):
-            return shape
+    return next((name for name, keys in FORMATS.items() if all(k in row for k in keys)), None)
+
+
+def _messages_problem(turns: Any, role_key: str, content_key: str, roles) -> str | None:
+    if not isinstance(turns, list) or not turns:
+        return f"expected a non-empty list of turns, got {type(turns).__name__}"
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            return f"turn {i} is {type(turn).__name__}, expected an object with {role_key!r} and {content_key!r}"
+        if turn.get(role_key) not in roles:
+            return f"turn {i}: {role_key} is {turn.get(role_key)!r}, expected one of {', '.join(roles)}"
+        if not isinstance(turn.get(content_key), str):
+            return f"turn {i}: {content_key} is {type(turn.get(content_key)).__name__}, expected a string"
     return None
 
 
-def first_rows_and_count(path: Path, first: int = 5) -> tuple[list[Any], int]:
+def row_problem(row: Any, fmt: str) -> str | None:
+    """What is wrong with one row of format `fmt`, or None."""
+    if not isinstance(row, dict):
+        return f"expected a JSON object, got {type(row).__name__}"
+    if fmt == "messages":
+        return _messages_problem(row.get("messages"), "role", "content", ROLES)
+    if fmt == "sharegpt":
+        return _messages_problem(row.get("conversations"), "from", "value", tuple(SHAREGPT_ROLES))
+    if fmt == "prompt_completion":
+        for key in ("prompt", "completion"):
+            value = row.get(key)
+            if not isinstance(value, str) and _messages_problem(value, "role", "content", ROLES):
+                return f"{key} is {type(value).__name__}, expected a string or a list of messages"
+        return None
+    keys = ("instruction", "output") if fmt == "alpaca" else ("text",)
+    for key in keys + tuple(k for k in ("input", "system") if fmt == "alpaca" and row.get(k) is not None):
+        if not isinstance(row.get(key), str):
+            return f"{key} is {type(row.get(key)).__name__}, expected a string"
+    if fmt == "text" and not row["text"].strip():
+        return "text is empty"
+    return None
+
+
+def to_messages(row: dict[str, Any], fmt: str) -> list[dict[str, str]]:
+    """A ShareGPT or Alpaca row as chat messages (what the recipe trains on)."""
+    if fmt == "sharegpt":
+        return [{"role": SHAREGPT_ROLES[t["from"]], "content": t["value"]} for t in row["conversations"]]
+    prompt = row["instruction"] + (f"\n\n{row['input']}" if row.get("input") else "")
+    system = [{"role": "system", "content": row["system"]}] if row.get("system") else []
+    return system + [{"role": "user", "content": prompt}, {"role": "assistant", "content": row["output"]}]
+
+
+def rows(path: Path) -> Iterator[tuple[str, Any]]:
+    """(where, row) for every row of a JSON Lines, JSON array or Parquet file; "line N" or "row N"."""
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        import pyarrow.parquet as pq  # only for Parquet input
-
-        try:
-            table = pq.ParquetFile(path)
-        except Exception as exc:
-            raise InputError(path, f"not a readable Parquet file: {exc}") from None
-        first = table.read_row_group(0).slice(0, first).to_pylist() if table.num_row_groups else []
-        return first, table.metadata.num_rows
+        yield from _parquet_rows(path)
+        return
     try:
         with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+            first = handle.read(1)
+            while first.isspace():
+                first = handle.read(1)
+            handle.seek(0)
+            if suffix == ".json" and first == "[":
+                try:
+                    data = json.load(handle)
+                except json.JSONDecodeError as exc:
+                    raise InputError(path, f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
+                for i, row in enumerate(data, start=1):
+                    yield f"row {i}", row
+                return
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield f"line {number}", json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise InputError(path, f"line {number}: not a JSON object ({exc.msg}); expected one JSON "
+                                           "object a line") from None
     except UnicodeDecodeError:
         raise InputError(path, "expected UTF-8 JSON Lines, JSON or Parquet data") from None
-    if suffix == ".json" and text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(path, f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        return rows[:first], len(rows)
-    lines = [line for line in text.splitlines() if line.strip()]
-    head = []
-    for number, line in enumerate(lines[:first], start=1):
-        try:
-            head.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise InputError(path, f"line {number}: not a JSON object ({exc.msg}); expected one JSON object a line") from None
-    return head, len(lines)
+    except OSError as exc:
+        raise InputError(path, f"cannot read the data file: {exc.strerror or exc}") from None
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    import pyarrow.parquet as pq  # only for Parquet input
+
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as exc:
+        raise InputError(path, f"not a readable Parquet file: {exc}") from None
+    number = 0
+    for batch in table.iter_batches(batch_size=4096):
+        for row in batch.to_pylist():
+            number += 1
+            yield f"row {number}", row
+
+
+def first_rows_and_count(path: Path, first: int = 5) -> tuple[list[Any], int]:
+    """The first rows and the count (the plan's token sample)."""
+    head, count = [], 0
+    for _, row in rows(path):
+        if count < first:
+            head.append(row)
+        count += 1
+    return head, count
 
 
 def describe(files: list[str], wanted: str = "auto") -> dict[str, Any]:
-    rows, shapes = 0, set()
+    """Every row of every file checked against one format: the files' `wanted` one, or the first row's."""
+    count, fmt = 0, None if wanted == "auto" else wanted
     for name in files:
         path = Path(name)
-        first, count = first_rows_and_count(path)
-        found = {shape_of(row) for row in first}
-        if None in found or not found:
-            keys = sorted(first[0]) if first and isinstance(first[0], dict) else []
-            raise InputError(path, f"rows need `messages`, `prompt` and `completion`, or `text`; found keys {keys}")
-        if len(found) > 1:
-            raise InputError(path, f"mixed row shapes {sorted(found)}; use one shape per dataset")
-        shapes |= found
-        rows += count
-    if len(shapes) > 1:
-        raise InputError(files[0], f"the files mix row shapes {sorted(shapes)}; use one shape per dataset")
-    shape = shapes.pop() if shapes else None
-    if wanted != "auto" and shape != wanted:
-        raise InputError(files[0], f"[data].format is {wanted!r} but the rows are {shape!r}")
-    return {"files": files, "rows": rows, "shape": shape}
+        for where, row in rows(path):
+            if fmt is None:
+                fmt = format_of(row)
+                if fmt is None:
+                    keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+                    raise InputError(path, f"{where}: no known format; found {keys}; expected one of: "
+                                           + "; ".join(f"{n} ({' + '.join(k)})" for n, k in FORMATS.items()))
+            problem = row_problem(row, fmt)
+            if problem:
+                found = format_of(row)
+                also = f" (this row looks like {found})" if found and found != fmt else ""
+                raise InputError(path, f"{where}: {problem}; the rows are {fmt}{also}"
+                                       + ("" if wanted == "auto" else " ([data].format)"))
+            count += 1
+    if count == 0:
+        raise InputError(files[0], "no rows")
+    return {"files": files, "rows": count, "format": fmt, "shape": SHAPE[fmt]}
 
 
 def probe_data(facts) -> dict[str, Any] | None:
@@ -83,5 +170,5 @@ def probe_data(facts) -> dict[str, Any] | None:
         return None
     out = {"train": describe(list(run.data.train), run.data.format)}
     if run.data.eval:
-        out["eval"] = describe(list(run.data.eval), out["train"]["shape"])
+        out["eval"] = describe(list(run.data.eval), out["train"]["format"])
     return out

@@ -26,7 +26,7 @@ def row_text(row: dict[str, Any], tokenizer) -> str:
 
 def dataset_tokens(plan, sample: int = SAMPLE) -> dict[str, Any] | None:
     """{'rows', 'mean_tokens', 'tokens'} over the train files, or None when no tokenizer can be loaded."""
-    from sftdoctor.facts.data import first_rows_and_count
+    from sftdoctor.facts.data import first_rows_and_count, to_messages
 
     try:
         from transformers import AutoTokenizer
@@ -37,6 +37,8 @@ def dataset_tokens(plan, sample: int = SAMPLE) -> dict[str, Any] | None:
     lengths, rows = [], 0
     for path in plan.train_files:
         head, count = first_rows_and_count(Path(path), sample)
+        if plan.data_format in ("sharegpt", "alpaca"):  # trained as messages: counted as messages
+            head = [{"messages": to_messages(r, plan.data_format)} for r in head]
         rows += count
         lengths += [min(len(tokenizer(row_text(r, tokenizer), add_special_tokens=False)["input_ids"]), plan.max_length)
                     for r in head if isinstance(r, dict)]

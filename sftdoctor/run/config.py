@@ -108,8 +108,9 @@ class Data(Section):
     eval: tuple[str, ...] = key("a JSONL/JSON/Parquet file or a list of them", _strs, (), path="files")
     eval_fraction: float = key("a number from 0 to 0.5", _float(0.0, 0.5), 0.0,
                                doc="hold out this share of train as the eval split (instead of `eval`)")
-    format: str = key("one of auto, messages, prompt_completion, text",
-                      _choice("auto", "messages", "prompt_completion", "text"), "auto")
+    format: str = key("one of auto, messages, sharegpt, alpaca, prompt_completion, text",
+                      _choice("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text"), "auto",
+                      doc="auto = recognised from the first row; sharegpt and alpaca rows train as messages")
     max_length: int = key("an integer from 16 to 1048576", _int(16, 2**20), 2048, doc="tokens per sample (per packed row)")
 
 

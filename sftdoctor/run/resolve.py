@@ -57,7 +57,8 @@ class Plan:
     train_files: tuple[str, ...]
     eval_files: tuple[str, ...]
     eval_fraction: float
-    data_shape: str | None  # messages | prompt_completion | text
+    data_shape: str | None  # messages | prompt_completion | text: what the trainer gets
+    data_format: str | None  # the files' own: messages, sharegpt, alpaca, prompt_completion, text
     data_rows: int | None
     max_length: int
     packing: bool
@@ -331,7 +332,7 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
         liger_kernel=liger_kernel(run, gpus, packages), liger_available=bool(packages.get("liger-kernel")),
         moe=any(k in model_keys for k in MOE_KEYS),
         train_files=tuple(run.data.train), eval_files=tuple(run.data.eval), eval_fraction=run.data.eval_fraction,
-        data_shape=shape, data_rows=rows, max_length=run.data.max_length,
+        data_shape=shape, data_format=(data.get("train") or {}).get("format"), data_rows=rows, max_length=run.data.max_length,
         packing=bool(probe.get("isolated")) if t.packing == "auto" else bool(t.packing),
         assistant_only_loss=assistant_only_loss(shape, facts.get("chat_template")),
         learning_rate=t.learning_rate, lr_scheduler=t.lr_scheduler, lr_scheduler_kwargs=lr_scheduler_kwargs(run, features),

@@ -43,15 +43,22 @@ def _load_files(files: tuple[str, ...]):
 KEEP = {"messages": ["messages"], "prompt_completion": ["prompt", "completion"], "text": ["text"]}
 
 
-def load_data(plan: Plan):
-    """(train, eval or None) with only the columns of the row shape SFTTrainer reads."""
+def as_trained(dataset, plan: Plan):
+    """Only the columns SFTTrainer reads; ShareGPT and Alpaca rows mapped to messages first."""
+    if plan.data_format in ("sharegpt", "alpaca"):
+        from sftdoctor.facts.data import to_messages
+
+        dataset = dataset.map(lambda row: {"messages": to_messages(row, plan.data_format)})
     keep = KEEP[plan.data_shape]
-    train = _load_files(plan.train_files)
-    train = train.remove_columns([c for c in train.column_names if c not in keep])
+    return dataset.remove_columns([c for c in dataset.column_names if c not in keep])
+
+
+def load_data(plan: Plan):
+    """(train, eval or None) as the trainer takes them."""
+    train = as_trained(_load_files(plan.train_files), plan)
     evaluation = None
     if plan.eval_files:
-        evaluation = _load_files(plan.eval_files)
-        evaluation = evaluation.remove_columns([c for c in evaluation.column_names if c not in keep])
+        evaluation = as_trained(_load_files(plan.eval_files), plan)
     elif plan.eval_fraction:
         split = train.train_test_split(test_size=plan.eval_fraction, seed=plan.seed)
         train, evaluation = split["train"], split["test"]

@@ -141,3 +141,25 @@ def test_the_gate_refuses_an_error_and_force_records_it(tmp_path, tiny_data):
     assert (tmp_path / "out" / "final" / "config.json").is_file() and "step 1/1" in forced.stdout
     records = [json.loads(line) for line in (tmp_path / "out" / "findings.jsonl").read_text().splitlines()]
     assert any(r["id"] == "batch-size" and r["severity"] == "error" and r["forced"] for r in records)
+
+
+@pytest.mark.parametrize("fmt", ["sharegpt", "alpaca"])
+def test_sharegpt_and_alpaca_rows_train_as_chat(tmp_path, tiny_data, fmt):
+    """The two formats most public SFT data comes in, recognised from the rows and trained as messages."""
+    source = tiny_data["messages"]
+    rows = [json.loads(line) for line in (source / "data" / "train.jsonl").read_text().splitlines()]
+    turns = [r["messages"] for r in rows]
+    if fmt == "sharegpt":
+        converted = [{"conversations": [{"from": {"user": "human", "assistant": "gpt"}.get(m["role"], m["role"]),
+                                         "value": m["content"]} for m in t]} for t in turns]
+    else:
+        converted = [{"instruction": t[0]["content"], "input": "", "output": t[-1]["content"]} for t in turns]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in converted))
+    cfg = config(tmp_path, source, training={"packing": False, "max_steps": 2},
+                 extra={"data": {"train": str(data), "max_length": 128}})
+    proc = train(cfg)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    plan = json.loads((tmp_path / "out" / "resolved.json").read_text())
+    assert (plan["data_format"], plan["data_shape"]) == (fmt, "messages") and plan["assistant_only_loss"]
+    assert [m["step"] for m in metrics(tmp_path / "out")] == [1, 2]
