@@ -164,7 +164,8 @@ def facts(config, model_config, deepspeed, topology, facts_file):
 @click.option("--force", is_flag=True, help="Start even when a check finds an error (recorded in the run directory).")
 @click.option("--drill", help="Inject a fault to prove the alarms work: nan-loss@STEP[:RANK] or hang@STEP[:RANK].")
 @click.option("--no-plugins", is_flag=True, help="Do not load third-party checks (or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1).")
-def train(config, resume, dry_run, smoke, force, drill, no_plugins):
+@click.option("--no-rehearse", is_flag=True, help="Skip the rehearsal before a multi-process or DeepSpeed run.")
+def train(config, resume, dry_run, smoke, force, drill, no_plugins, no_rehearse):
     """Fine-tune with the settings in CONFIG (TOML), after the checks pass."""
     from sftdoctor.checks import plugins_enabled
     from sftdoctor.errors import InputError, InputErrors
@@ -173,7 +174,7 @@ def train(config, resume, dry_run, smoke, force, drill, no_plugins):
     try:
         fault = parse_drill(drill) if drill else None
         code = run_training(config, resume=resume, dry_run=dry_run, smoke=smoke, force=force, drill=fault,
-                            plugins=plugins_enabled(no_plugins))
+                            plugins=plugins_enabled(no_plugins), rehearse_first=not no_rehearse)
     except (InputError, InputErrors) as exc:
         _bad_input(exc)
     except ModuleNotFoundError as exc:

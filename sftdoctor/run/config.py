@@ -167,6 +167,8 @@ class Launch(Section):
     max_restarts: int = key("an integer from 0 to 1000", _int(0, 1000), 0)
     distributed_check: bool = key("true or false", _bool, True,
                                   doc="with 2+ processes, every rank runs `check --distributed` before training")
+    rehearse: bool = key("true or false", _bool, True,
+                         doc="before a multi-process or DeepSpeed run, rehearse it on the shrunk model (--no-rehearse)")
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,7 @@ class Plan:
     max_restarts: int
     distributed_check: bool
     distributed_check_bound_s: float
+    rehearse: bool  # rehearse before launching: several processes or DeepSpeed, where failures hide
     hang_timeout_s: float
     ddp_timeout_s: int
     # watch
@@ -345,6 +346,7 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
         offload_params=offload_params,
         master_addr=run.launch.master_addr, master_port=port, max_restarts=run.launch.max_restarts,
         distributed_check=run.launch.distributed_check and world_size > 1,
+        rehearse=run.launch.rehearse and (world_size > 1 or ds is not None),
         distributed_check_bound_s=min(float(run.watch.hang_timeout_s), DISTRIBUTED_CHECK_MAX_S),
         hang_timeout_s=float(run.watch.hang_timeout_s), ddp_timeout_s=ddp_timeout(run.watch.hang_timeout_s),
         on_nan=run.watch.on_nan, max_skips=run.watch.max_skips, loss_spike_factor=run.watch.loss_spike_factor,
@@ -354,12 +356,13 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
 
 
 def for_launch(plan: Plan, rehearsal: bool = False, drill: dict[str, Any] | None = None,
-               plugins: bool = True, forced: bool = False) -> Plan:
+               plugins: bool = True, forced: bool = False, rehearse: bool = True) -> Plan:
     """The plan one launch follows: as resolved, or its rehearsal (`--smoke`): the same launcher, DeepSpeed
     config, data path and scheduler for a few steps, in a run directory of its own, with a save and a resume.
     Forced past an unreachable global batch (`--force`), the run takes the nearest reachable one below it.
     A drill runs in a directory of its own (RUN_DIR/drill-KIND), so it never mixes with the run's checkpoints."""
-    plan = dataclasses.replace(plan, drill=drill, plugins=plugins)
+    plan = dataclasses.replace(plan, drill=drill, plugins=plugins,
+                               rehearse=plan.rehearse and rehearse and not rehearsal and drill is None)
     if drill is not None:
         plan = dataclasses.replace(plan, output_dir=str(Path(plan.output_dir) / f"drill-{drill['kind']}"))
     if forced and plan.gradient_accumulation_steps is None:
@@ -372,7 +375,7 @@ def for_launch(plan: Plan, rehearsal: bool = False, drill: dict[str, Any] | None
     if not rehearsal:
         return plan
     return dataclasses.replace(
-        plan, rehearsal=True, max_steps=REHEARSAL_STEPS, total_steps=REHEARSAL_STEPS, save_steps=REHEARSAL_SAVE_AT,
+        plan, rehearsal=True, rehearse=False, max_steps=REHEARSAL_STEPS, total_steps=REHEARSAL_STEPS, save_steps=REHEARSAL_SAVE_AT,
         logging_steps=1, data_limit=REHEARSAL_ROWS, gradient_accumulation_steps=1,
         global_batch_size=plan.per_device_batch_size * plan.world_size,
         output_dir=str(Path(plan.output_dir) / "smoke"))

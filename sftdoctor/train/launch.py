@@ -239,11 +239,13 @@ def stop_workers(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
             return
 
 
-def run_workers(argv: list[str], env: dict[str, str]) -> tuple[int, int | None]:
+def run_workers(argv: list[str], env: dict[str, str], log: Path | None = None) -> tuple[int, int | None]:
     """(exit code, the signal that stopped the run or None). The workers start in a session of their own, so
     a Ctrl-C reaches the launcher alone, which then stops every process it started instead of orphaning them."""
     received: list[int] = []
-    proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+    out = open(log, "ab") if log else None  # a rehearsal's output goes to its log, triaged if it fails
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent, stdout=out,
+                            stderr=subprocess.STDOUT if out else None)
     previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in SIGNAL_EXIT}
     try:
         while proc.poll() is None and not received:
@@ -253,6 +255,8 @@ def run_workers(argv: list[str], env: dict[str, str]) -> tuple[int, int | None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if out:
+            out.close()
     return proc.wait(), received[0] if received else None
 
 
@@ -265,12 +269,12 @@ def last_step(run_dir: Path) -> int | None:
 
 
 def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_after: int | None = None,
-          config: Path | None = None) -> int:
+          config: Path | None = None, log: Path | None = None) -> int:
     resolved_path = run_dir / ("resolved-smoke.json" if plan.rehearsal else "resolved.json")
     write_json(resolved_path, plan.to_json())
     stopped = run_dir / STOPPED
     stopped.unlink(missing_ok=True)
-    code, sig = run_workers(command(resolved_path, plan, resume, stop_after), env)
+    code, sig = run_workers(command(resolved_path, plan, resume, stop_after), env, log)
     if sig is not None:
         step = last_step(run_dir)
         checkpoint = newest_complete(run_dir)
@@ -285,6 +289,33 @@ def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_aft
         print(f"sftdoctor: stopped by {record['id']}: {record['title']} (exit {record['exit_code']})", flush=True)
         return int(record["exit_code"])
     return code
+
+
+def rehearse(plan: Plan, env: dict[str, str], log: Path | None = None) -> int:
+    """The plan's rehearsal (`for_launch(..., rehearsal=True)`): 4 steps on the shrunk model with the same
+    launcher, DeepSpeed config, data path and scheduler, a save at step 2 and a resume; exit code."""
+    run_dir = Path(plan.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    code = start(plan, run_dir, env, resume=False, stop_after=REHEARSAL_SAVE_AT, log=log)
+    return start(plan, run_dir, env, resume=True, log=log) if code == 0 else code
+
+
+def rehearsal_failure(log: Path) -> str:
+    """The root cause of a failed rehearsal, as `sftdoctor explain --log` finds it, else its last words."""
+    from sftdoctor.triage import diagnose
+
+    with open(log, "rb") as stream:
+        found = diagnose(stream, str(log))
+    where = f"(line {{}} of {os.path.normpath(log)}; `sftdoctor explain --log {os.path.normpath(log)}`)"
+    if found.root is not None:
+        return f"{found.root.finding.title} {where.format(found.root.line)}"
+    quoted = next((loc for loc in found.findings if loc.finding.evidence.get("text")), None)
+    if quoted is not None:  # no known signature: the first exception, quoted, with the line after it
+        lines = log.read_text(errors="replace").splitlines()
+        following = lines[quoted.line].split("]: ")[-1].strip() if quoted.line < len(lines) else ""
+        return f"{quoted.finding.evidence['text']} {following} {where.format(quoted.line)}".replace("  ", " ")
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no output"
 
 
 def gate(facts: Facts, plugins: bool) -> tuple[list, bool]:
@@ -307,13 +338,14 @@ def require_training_stack() -> None:
 
 
 def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool = False, force: bool = False,
-          drill: dict[str, Any] | None = None, plugins: bool = True) -> int:
+          drill: dict[str, Any] | None = None, plugins: bool = True, rehearse_first: bool = True) -> int:
     require_training_stack()
     facts = Facts(Inputs(config=config))
     run: RunConfig = facts.get("run")
     facts.get("data")  # bad data files are bad input: exit 2 before anything runs
     findings, blocked = gate(facts, plugins)
-    plan = for_launch(facts.get("plan"), rehearsal=smoke, drill=drill, plugins=plugins, forced=force)
+    plan = for_launch(facts.get("plan"), rehearsal=smoke, drill=drill, plugins=plugins, forced=force,
+                      rehearse=rehearse_first)
     check_drill(drill, plan)
     print("\n" + describe(plan), flush=True)
     if dry_run:
@@ -347,12 +379,24 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
         for finding in findings:
             log.write(json.dumps({"phase": "preflight", "time": time.time(), "forced": force and blocked,
                                   **finding.to_json()}, default=str) + "\n")
+    if plan.rehearse:
+        began, log = time.perf_counter(), run_dir / "rehearsal.log"
+        log.unlink(missing_ok=True)
+        print("sftdoctor: rehearsing on the shrunk model (4 steps, a save and a resume; --no-rehearse skips it)",
+              flush=True)
+        rehearsal = for_launch(facts.get("plan"), rehearsal=True, plugins=plugins, forced=force)
+        shutil.rmtree(rehearsal.output_dir, ignore_errors=True)  # each rehearsal starts clean
+        code = rehearse(rehearsal, env, log)
+        if code in SIGNAL_EXIT.values():
+            return code
+        if code:
+            print(f"sftdoctor: not starting: the rehearsal failed (exit {code}): {rehearsal_failure(log)}", flush=True)
+            return 1
+        print(f"sftdoctor: rehearsal passed in {time.perf_counter() - began:.0f} s", flush=True)
     if not smoke:
         return start(plan, run_dir, env, resume, config=config)
     began = time.perf_counter()
-    code = start(plan, run_dir, env, resume=False, stop_after=REHEARSAL_SAVE_AT)
-    if code == 0:
-        code = start(plan, run_dir, env, resume=True)
+    code = rehearse(plan, env)
     verdict = "passed" if code == 0 else f"FAILED (exit {code})"
     print(f"\nsftdoctor: smoke test {verdict}: {REHEARSAL_STEPS} steps with a save at step {REHEARSAL_SAVE_AT} and a "
           f"resume, in {time.perf_counter() - began:.0f} s ({run_dir})")

@@ -22,6 +22,7 @@ def test_the_bundled_example_trains_and_the_loss_falls(tmp_path):
     losses = [m["loss"] for m in metrics(run_dir)]
     assert len(losses) == 6 and losses[-1] < 0.7 * losses[0], losses
     assert "step 60/60" in proc.stdout and "tok/s" in proc.stdout
+    assert "rehearsing" not in proc.stdout  # one process, no DeepSpeed: nothing the gate cannot see
     assert (run_dir / "final" / "model.safetensors").exists()
     assert complete(run_dir) == ["checkpoint-30", "checkpoint-60"]
     gate = [json.loads(line) for line in (run_dir / "findings.jsonl").read_text().splitlines()]
@@ -47,6 +48,23 @@ def test_two_processes_ddp_over_gloo(tmp_path, tiny_data):
     # before the model loaded, every rank ran `check --distributed`
     assert "cluster-consistency     2 ranks on 1 node agree" in proc.stdout
     assert sorted(p.name for p in (tmp_path / "out" / "distributed").iterdir()) == ["findings.json", "rank-0.json", "rank-1.json"]
+    assert "rehearsal passed in" in proc.stdout  # several processes: rehearsed first, by default
+    assert complete(tmp_path / "out" / "smoke") == ["checkpoint-2", "checkpoint-4"]
+
+
+def test_a_failing_rehearsal_stops_the_run_with_its_root_cause(tmp_path, tiny_data):
+    """A DeepSpeed key transformers rejects only when the trainer starts: the rehearsal meets it, the run never starts."""
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}, "train_batch_size": 999,
+                                                  "train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto",
+                                                  "gradient_accumulation_steps": "auto"}))
+    cfg = config(tmp_path, tiny_data["text"], launch={"nproc_per_node": 2}, deepspeed={"config": str(tmp_path / "ds.json")})
+    proc = train(cfg)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [line] = [l for l in proc.stdout.splitlines() if l.startswith("sftdoctor: not starting: the rehearsal failed")]
+    assert "ds train_batch_size=999 vs hf train_batch_size" in line and "rehearsal.log" in line
+    assert not complete(tmp_path / "out") and not (tmp_path / "out" / "final").exists()
+    skipped = train(cfg, "--no-rehearse")  # the same run without it dies in every rank instead
+    assert skipped.returncode != 0 and "rehearsing" not in skipped.stdout
 
 
 def test_two_processes_deepspeed_zero2_with_the_recommended_schedule(tmp_path, tiny_data):
