@@ -103,3 +103,15 @@ def test_transformers_names_a_missing_flash_attn_as_the_check_quotes():
     import transformers.modeling_utils as mu
 
     assert "doesn't seem to be installed." in inspect.getsource(mu)
+
+
+def test_an_absolute_min_lr_reads_optimizer_defaults_which_deepspeeds_zero_optimizer_lacks():
+    """Why the plan passes the floor as min_lr_rate (transformers 5.24, DeepSpeed 0.19)."""
+    import inspect
+
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+    from transformers import optimization
+
+    source = inspect.getsource(optimization.get_cosine_with_min_lr_schedule_with_warmup)
+    assert 'min_lr_rate = min_lr / optimizer.defaults["lr"]' in source
+    assert not any("defaults" in vars(cls) for cls in DeepSpeedZeroOptimizer.__mro__)

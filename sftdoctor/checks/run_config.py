@@ -56,6 +56,13 @@ def lr_scheduler(plan, transformers_features: dict[str, Any] | None = None):
     if kind == "cosine_with_min_lr" and transformers_features and not transformers_features.get("cosine_with_min_lr"):
         return error("the installed transformers has no cosine_with_min_lr schedule (added in 4.38)",
                      fix="pip install -U 'transformers>=4.38', or lr_scheduler = \"cosine\"", evidence=evidence)
+    if "min_lr" in kwargs and plan.deepspeed is not None:
+        return error(
+            "an absolute min_lr under DeepSpeed crashes at train start with this transformers",
+            detail="transformers' get_cosine_with_min_lr_schedule_with_warmup reads optimizer.defaults['lr'] for an "
+                   "absolute floor; DeepSpeed's ZeRO optimizer has no defaults: both ranks die with AttributeError "
+                   "(transformers 5.24 x DeepSpeed 0.19). This transformers has no min_lr_rate to pass instead.",
+            fix="pip install -U 'transformers>=4.38' (min_lr_rate), or lr_scheduler = \"cosine\"", evidence=evidence)
     if total is not None and warmup is not None and warmup >= total:
         return error(f"warmup of {warmup} steps is as long as the whole run ({total} steps)",
                      detail="The learning rate would never reach its peak, and the schedule never decays.",

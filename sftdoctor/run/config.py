@@ -255,7 +255,13 @@ def load_run_config(path: Path) -> RunConfig:
 
 def _resolve_path(spec: Key, value: Any, folder: Path, errors: list[InputError], path: Path, where: str) -> Any:
     if spec.local_or_hub:
-        return str(folder / value) if (folder / value).exists() else value
+        local = folder / Path(value).expanduser()
+        if local.exists():
+            return str(local)
+        if value.startswith((".", "/", "~")) or value.count("/") > 1:  # a path, not an org/name hub id
+            errors.append(InputError(path, f"folder not found: {value} (looked for {local}); expected a "
+                                           "local folder or a hub id (org/name)", key=where))
+        return value
     if spec.path == "dir":
         return str(folder / value)
     if spec.path in ("file", "files"):

@@ -56,3 +56,13 @@ def test_gradient_checkpointing_check(run, tmp_path):
     off = plan_of(make_run(tmp_path, training={"gradient_checkpointing": False}, deepspeed={"config": "ds.json"}),
                   deepspeed_config=ds)
     assert severities(run("gradient-checkpointing", plan=off)) == ["info", "warning"]
+
+
+def test_an_absolute_floor_is_an_error_only_where_the_stack_cannot_take_a_rate_under_deepspeed(run, tmp_path):
+    old = {**NEW, "min_lr_rate": False}  # a transformers that knows only min_lr
+    ds = make_run(tmp_path, deepspeed={"zero_stage": 2})
+    [crash] = run("lr-scheduler", plan=plan_of(ds, transformers_features=old), transformers_features=old)
+    assert crash.severity.value == "error" and "no attribute" not in crash.title and "optimizer.defaults" in crash.detail
+    assert severities(run("lr-scheduler", plan=plan_of(ds, transformers_features=NEW), transformers_features=NEW)) == ["ok"]
+    assert severities(run("lr-scheduler", plan=plan_of(make_run(tmp_path), transformers_features=old),
+                          transformers_features=old)) == ["ok"]  # without DeepSpeed the optimizer has its defaults

@@ -99,3 +99,10 @@ def test_values_out_of_range_name_the_key_and_the_range(tmp_path, text, says):
     with pytest.raises(InputErrors) as err:
         load_run_config(write(tmp_path, '[model]\npath = "m"\n' + text + "\n"))
     assert says in str(err.value)
+
+
+@pytest.mark.parametrize("model", ["./models/llama-3-8b", "/data/models/llama", "models/llama/8b", "~/llama"])
+def test_a_missing_local_model_folder_is_bad_input_but_a_hub_id_is_kept(tmp_path, model):
+    with pytest.raises(InputErrors, match=r"\[model\].path: folder not found"):
+        load_run_config(write(tmp_path, f'[model]\npath = "{model}"\n'))
+    assert load_run_config(write(tmp_path, '[model]\npath = "Qwen/Qwen2.5-7B"\n')).model.path == "Qwen/Qwen2.5-7B"
