@@ -173,6 +173,30 @@ OBJECT_FACTS = {"packages", "torch_build", "deepspeed_defaults", "flash_attn", "
                 "env", "rendezvous", "transformers_features", "cluster"}
 
 
+def _malformed(name: str, value: Any) -> tuple[str, str] | None:
+    """(where inside the fact, what is wrong) for the facts whose inner shape the checks rely on."""
+    if not isinstance(value, dict):
+        return None
+    if name == "gpus":
+        devices = value.get("devices", [])
+        if not isinstance(devices, list):
+            return ".devices", f"expected a list of GPUs, got {type(devices).__name__}"
+        for i, device in enumerate(devices):
+            if not isinstance(device, dict):
+                return f".devices[{i}]", f"expected an object, got {type(device).__name__}"
+            memory = device.get("memory_total_mib")
+            if memory is not None and (not isinstance(memory, int) or isinstance(memory, bool) or memory < 0):
+                return f".devices[{i}].memory_total_mib", f"expected a number of MiB, got {memory!r}"
+            for key in ("name", "compute_capability", "uuid"):
+                if device.get(key) is not None and not isinstance(device[key], str):
+                    return f".devices[{i}].{key}", f"expected a string, got {device[key]!r}"
+    if name in ("env", "packages"):
+        for key, item in value.items():
+            if item is not None and not isinstance(item, str):
+                return f".{key}", f"expected a string, got {type(item).__name__}"
+    return None
+
+
 def load_snapshot(path: Path, probes: dict[str, Probe]) -> tuple[dict[str, Any], str]:
     """(recorded machine facts, host) from `sftdoctor facts` output, or from `check --json` output (whose
     "facts" holds the snapshot). Facts derived from inputs are dropped: they are computed from the inputs
@@ -201,6 +225,9 @@ def load_snapshot(path: Path, probes: dict[str, Probe]) -> tuple[dict[str, Any],
             continue  # derived from the run's configs: computed from what is given now
         if value is not None and name in OBJECT_FACTS and not isinstance(value, dict):
             raise InputError(path, f"expected an object, got {type(value).__name__}", key=f"facts.{name}")
+        problem = _malformed(name, value)
+        if problem:
+            raise InputError(path, problem[1], key=f"facts.{name}{problem[0]}")
         recorded[name] = value
     return recorded, str(doc.get("host", "replayed"))
 

@@ -94,6 +94,13 @@ def test_a_check_json_document_is_accepted_as_a_snapshot(tmp_path):
     ({"schema": SCHEMA, "facts": {"gpus": ["A100"]}}, "facts.gpus: expected an object, got list"),
     ({"schema": SCHEMA, "facts": {"env": "CUDA_VISIBLE_DEVICES=0"}}, "facts.env: expected an object, got str"),
     ({"schema": SCHEMA}, "expected a JSON object with a 'facts' object"),
+    ({"schema": SCHEMA, "facts": {"gpus": {"devices": "8x A100"}}}, "facts.gpus.devices: expected a list of GPUs"),
+    ({"schema": SCHEMA, "facts": {"gpus": {"devices": [{"memory_total_mib": "80GB"}]}}},
+     "facts.gpus.devices[0].memory_total_mib: expected a number of MiB, got '80GB'"),
+    ({"schema": SCHEMA, "facts": {"gpus": {"devices": [{"compute_capability": 8.0}]}}},
+     "facts.gpus.devices[0].compute_capability: expected a string, got 8.0"),
+    ({"schema": SCHEMA, "facts": {"env": {"NCCL_IB_TIMEOUT": 22}}}, "facts.env.NCCL_IB_TIMEOUT: expected a string, got int"),
+    ({"schema": SCHEMA, "facts": {"packages": {"torch": 2.4}}}, "facts.packages.torch: expected a string, got float"),
     ([1, 2], "expected a JSON object with a 'facts' object"),
 ])
 def test_a_malformed_snapshot_is_bad_input_naming_what_is_wrong(tmp_path, doc, says):
@@ -136,3 +143,37 @@ def test_probes_run_once_and_only_for_what_is_asked(monkeypatch):
     monkeypatch.setitem(facts.probes, "env", type(original)(lambda f: calls.append(1) or {"A": "1"}))
     assert facts.get("env") == facts.get("env") == {"A": "1"} and calls == [1]
     assert "gpus" not in facts.collected()["facts"]
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-5, 10**6) | st.floats(allow_nan=False) | st.text(max_size=8),
+                    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3), max_leaves=10)
+DEVICE = st.fixed_dictionaries({}, optional={"index": JSON, "name": JSON, "compute_capability": JSON,
+                                             "memory_total_mib": JSON, "nvlink_links_up": JSON, "uuid": JSON})
+FACT = st.fixed_dictionaries({}, optional={
+    "gpus": st.fixed_dictionaries({}, optional={"devices": st.lists(DEVICE, max_size=3), "cuda_version": JSON,
+                                                "driver_version": JSON, "error": JSON}),
+    "torch_build": st.dictionaries(st.sampled_from(["version", "cuda", "hip"]), JSON, max_size=3),
+    "env": st.dictionaries(st.sampled_from(["NCCL_IB_TIMEOUT", "CUDA_VISIBLE_DEVICES", "NCCL_P2P_DISABLE"]), JSON),
+    "packages": st.dictionaries(st.sampled_from(["torch", "flash-attn", "deepspeed"]), JSON),
+    "toolkit": st.dictionaries(st.sampled_from(["nvcc_version", "cuda_home"]), JSON),
+    "flash_attn": st.dictionaries(st.sampled_from(["installed", "import_ok", "import_error", "version"]), JSON),
+    "rendezvous": st.dictionaries(st.sampled_from(["master_port", "in_use", "source", "error"]), JSON),
+})
+
+
+@given(FACT)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_snapshot_is_refused_cleanly_or_judged_without_a_crashed_check(tmp_path, facts):
+    path = tmp_path / "facts.json"
+    path.write_text(json.dumps({"schema": SCHEMA, "facts": facts}))
+    try:
+        loaded = Facts(Inputs(facts=path))
+    except InputError as exc:
+        assert str(exc).startswith(str(path)) and "\n" not in str(exc)
+        return
+    findings, _ = verdicts(loaded)
+    crashed = [f for f in findings if "crashed" in f[2] or "not a Finding" in f[2]]
+    assert not crashed, crashed
