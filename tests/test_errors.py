@@ -47,4 +47,4 @@ def test_a_run_config_with_a_typo_reports_every_problem_with_a_suggestion(tmp_pa
     lines = str(caught.value).splitlines()
     assert len(lines) == 2
     assert lines[0].startswith(f"{tmp_path / 'run.toml'}: [training].learning_rat: unknown key (did you mean 'learning_rate'?)")
-    assert lines[1] == f"{tmp_path / 'run.toml'}: [training].epochs: expected a number > 0, got 'x'"
+    assert lines[1] == f"{tmp_path / 'run.toml'}: [training].epochs: expected a number > 0 and <= 10000, got 'x'"

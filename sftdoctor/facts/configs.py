@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.errors import InputError, read_text
+from sftdoctor.errors import InputError, InputErrors, read_text
+from sftdoctor.facts.packages import module_file
 
 
 def read_json_object(path: Path, what: str) -> dict[str, Any]:
@@ -133,4 +134,11 @@ def probe_deepspeed_config(facts) -> dict[str, Any] | None:
         path = run.deepspeed.config if run is not None else None
         if not path:
             return None
-    return {"path": str(path), "config": read_json_object(Path(path), "DeepSpeed config")}
+    config = read_json_object(Path(path), "DeepSpeed config")
+    if module_file("deepspeed", "__init__.py") is not None:  # asked of the installed DeepSpeed itself
+        from sftdoctor.facts.deepspeed_probe import problems_in_child
+
+        problems = problems_in_child(Path(path))
+        if problems:
+            raise InputErrors([InputError(path, problem, key=key or None) for key, problem in problems])
+    return {"path": str(path), "config": config}

@@ -34,7 +34,7 @@ BROKEN = [
     ("auto port on several nodes", GOOD + "[launch]\nnnodes = 2\nmaster_port = \"auto\"\n", "[launch].master_port: master_port = \"auto\" works on one node only"),
     ("node rank past nnodes", GOOD + "[launch]\nnnodes = 2\nnode_rank = 2\n", "[launch].node_rank: node_rank 2 must be below nnodes 2"),
     ("not TOML", "[model\npath = 1\n", "not valid TOML"),
-    ("data rows of no known shape", None, "rows need `messages`, `prompt` and `completion`, or `text`; found keys ['question']"),
+    ("data rows of no known shape", None, "line 1: no known format; found ['question']; expected one of: messages (messages); sharegpt"),
 ]
 
 
