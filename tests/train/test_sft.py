@@ -71,7 +71,7 @@ def test_two_processes_deepspeed_zero2_with_the_recommended_schedule(tmp_path, t
     cfg = config(tmp_path, tiny_data["messages"], launch={"nproc_per_node": 2}, deepspeed={"zero_stage": 2},
                  training={"lr_scheduler": "cosine_with_min_lr", "min_lr_rate": 0.0, "warmup_steps": 1,
                            "max_steps": 6, "save_steps": 3})
-    proc = train(cfg)
+    proc = train(cfg, "--no-rehearse")  # rehearsals have tests of their own
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = tmp_path / "out"
     assert complete(run_dir) == ["checkpoint-3", "checkpoint-6"]
@@ -92,7 +92,7 @@ def test_zero3_partitions_at_load_and_an_absolute_lr_floor_trains(tmp_path, tiny
 
     cfg = config(tmp_path, tiny_data["text"], launch={"nproc_per_node": 2}, deepspeed={"zero_stage": 3},
                  training={"packing": False, "min_lr": 0.0, "max_steps": 2, "save_steps": 2})
-    proc = train(cfg)
+    proc = train(cfg, "--no-rehearse")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     held, total = (int(n.replace(",", "")) for n in re.search(r"rank 0 holds ([\d,]+) of ([\d,]+) parameters",
                                                                proc.stdout).groups())
