@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path

@@ -21,7 +21,7 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
         keys = [k for k, _ in pairs]
         for key in keys:
             if keys.count(key) > 1:
-                raise InputError(path, f"duplicate key (DeepSpeed rejects duplicate keys)", key=key)
+                raise InputError(path, "duplicate key (DeepSpeed rejects duplicate keys)", key=key)
         return dict(pairs)
 
     try:

@@ -22,7 +22,7 @@ from sftdoctor.checks import load_checks, run_checks
 from sftdoctor.errors import InputError
 from sftdoctor.facts import Facts, Inputs
 from sftdoctor.facts.configs import hub_cache_config
-from sftdoctor.run import Plan, RunConfig, for_launch
+from sftdoctor.run import Plan, for_launch
 from sftdoctor.run.resolve import REHEARSAL_SAVE_AT, REHEARSAL_STEPS
 from sftdoctor.train.checkpoints import checkpoints, newest_complete, remove_incomplete
 from sftdoctor.train.compat import flight_recorder_env
@@ -341,8 +341,8 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
           drill: dict[str, Any] | None = None, plugins: bool = True, rehearse_first: bool = True) -> int:
     require_training_stack()
     facts = Facts(Inputs(config=config))
-    run: RunConfig = facts.get("run")
-    facts.get("data")  # bad data files are bad input: exit 2 before anything runs
+    facts.get("run")  # a bad run config or data file is bad input: exit 2 before anything runs
+    facts.get("data")
     findings, blocked = gate(facts, plugins)
     plan = for_launch(facts.get("plan"), rehearsal=smoke, drill=drill, plugins=plugins, forced=force,
                       rehearse=rehearse_first)

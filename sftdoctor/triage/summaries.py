@@ -6,7 +6,6 @@ log of any length is summarised in constant memory.
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field

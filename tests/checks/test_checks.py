@@ -1,10 +1,8 @@
 """The check registry and runner: injection by name, skips, isolation of a broken check, and plugins."""
 
 import json
-import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
