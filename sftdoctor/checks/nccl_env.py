@@ -80,10 +80,10 @@ def _port(rendezvous: dict[str, Any] | None, plan) -> list:
     if not rendezvous:
         return []
     if rendezvous.get("error"):
-        return [error(rendezvous["error"], fix="MASTER_PORT must be a port number 1-65535", evidence=rendezvous)]
+        return [error(str(rendezvous["error"]), fix="MASTER_PORT must be a port number 1-65535", evidence=rendezvous)]
     if not rendezvous.get("in_use"):
         return []
-    port, source = rendezvous["master_port"], rendezvous["source"]
+    port, source = rendezvous.get("master_port"), rendezvous.get("source", "recorded")
     if plan is not None and (plan.world_size == 1 or plan.master_port != port):
         used = "no rendezvous: one process" if plan.world_size == 1 else f"sftdoctor train uses port {plan.master_port}"
         return [info(f"rendezvous port {port} ({source}) is taken on this host; {used}",
@@ -103,6 +103,6 @@ def nccl_env(env: dict[str, str], rendezvous: dict[str, Any] | None = None, plan
     if findings:
         return findings
     nccl = sorted(k for k in env if k.startswith(("NCCL_", "TORCH_NCCL_")))
-    port = f"; rendezvous port {rendezvous['master_port']} free" if rendezvous and rendezvous.get("in_use") is False else ""
+    port = f"; rendezvous port {rendezvous.get('master_port')} free" if rendezvous and rendezvous.get("in_use") is False else ""
     return ok(f"{len(nccl)} NCCL variable(s) set, none deprecated or risky{port}",
               evidence={name: env[name] for name in nccl})

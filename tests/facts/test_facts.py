@@ -165,7 +165,7 @@ FACT = st.fixed_dictionaries({}, optional={
 
 
 @given(FACT)
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_any_snapshot_is_refused_cleanly_or_judged_without_a_crashed_check(tmp_path, facts):
     path = tmp_path / "facts.json"
     path.write_text(json.dumps({"schema": SCHEMA, "facts": facts}))
