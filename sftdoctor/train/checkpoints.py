@@ -25,6 +25,11 @@ def checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def step_of(path: Path) -> int:
+    """The step of a checkpoint-N folder."""
+    return int(_CHECKPOINT.match(path.name)[1])
+
+
 def is_complete(path: Path) -> bool:
     return (path / MARKER).is_file()
 

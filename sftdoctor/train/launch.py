@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from importlib.util import find_spec
@@ -24,12 +23,11 @@ from sftdoctor.facts import Facts, Inputs
 from sftdoctor.facts.configs import hub_cache_config
 from sftdoctor.run import Plan, for_launch
 from sftdoctor.run.resolve import REHEARSAL_SAVE_AT, REHEARSAL_STEPS
-from sftdoctor.train.checkpoints import checkpoints, newest_complete, remove_incomplete
+from sftdoctor.train.checkpoints import checkpoints, newest_complete, remove_incomplete, step_of
+from sftdoctor.train.processes import SIGNAL_EXIT, run_workers
 from sftdoctor.train.compat import flight_recorder_env
 
 STOPPED = "stopped.json"  # written by sftdoctor.train.watch (kept in step with watch.STOPPED)
-SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's 128 + signal number
-GRACE_S = 10.0  # after SIGTERM, what the ranks get to finish before SIGKILL
 
 
 def parse_drill(text: str) -> dict[str, Any]:
@@ -63,10 +61,6 @@ def finished(run_dir: Path) -> str | None:
         return None
     step, last = state.get("global_step"), state.get("max_steps")
     return f"step {step} of {last}" if isinstance(step, int) and isinstance(last, int) and step >= last else None
-
-
-def checkpoint_step(path: Path) -> int:
-    return int(path.name.rsplit("-", 1)[1])
 
 
 def forget_metrics_after(run_dir: Path, step: int) -> None:
@@ -175,89 +169,6 @@ def worker_env(plan: Plan, config: Path, run_dir: Path) -> dict[str, str]:
     for name, value in flight_recorder_env(run_dir).items():
         env.setdefault(name, value)
     return env
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the launcher dies, even by SIGKILL (Linux PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))
-    except (OSError, AttributeError):
-        pass
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, read from /proc (torchrun starts each rank in a session of its own, so no
-    process group holds them all)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-            out.append(pid)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            out.append(pid)
-    return out
-
-
-def stop_workers(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
-    """Stop the launcher's child and every process under it; returns once none is left. torchrun goes first, by
-    SIGKILL (on SIGTERM it prints a traceback, and it could restart ranks); then SIGTERM to the ranks, SIGKILL
-    to those still there after the grace period."""
-    ranks = descendants(proc.pid)
-    proc.kill()
-    proc.wait()
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        for pid in _alive(ranks):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait
-        while _alive(ranks) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not _alive(ranks):
-            return
-
-
-def run_workers(argv: list[str], env: dict[str, str], log: Path | None = None) -> tuple[int, int | None]:
-    """(exit code, the signal that stopped the run or None). The workers start in a session of their own, so
-    a Ctrl-C reaches the launcher alone, which then stops every process it started instead of orphaning them."""
-    received: list[int] = []
-    out = open(log, "ab") if log else None  # a rehearsal's output goes to its log, triaged if it fails
-    proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent, stdout=out,
-                            stderr=subprocess.STDOUT if out else None)
-    previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in SIGNAL_EXIT}
-    try:
-        while proc.poll() is None and not received:
-            time.sleep(0.2)
-        if received:
-            stop_workers(proc)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if out:
-            out.close()
-    return proc.wait(), received[0] if received else None
 
 
 def last_step(run_dir: Path) -> int | None:
@@ -371,7 +282,7 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
     if resume:
         remove_incomplete(run_dir)
         checkpoint = newest_complete(run_dir)
-        forget_metrics_after(run_dir, checkpoint_step(checkpoint) if checkpoint else 0)
+        forget_metrics_after(run_dir, step_of(checkpoint) if checkpoint else 0)
         print(f"sftdoctor: resuming from {checkpoint or 'scratch: no complete checkpoint'}")
     if plan.deepspeed is not None:
         write_json(run_dir / "deepspeed.json", plan.deepspeed)  # for the reader; the workers take it from the plan
