@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from sftdoctor.checks import check
-from sftdoctor.checks.common import bf16_capable, ds_precision_flags, requested_precision
+from sftdoctor.checks.common import BATCH_KEYS, bf16_capable, ds_precision_flags, requested_precision, trainer_mismatches
 from sftdoctor.findings import error, info, ok, warning
 
 BF16_FIX = '{"fp16": {"enabled": false}, "bf16": {"enabled": true}}  (or both "auto" with [model] precision = "bf16")'
@@ -126,6 +126,8 @@ def deepspeed_precision(deepspeed_config: dict[str, Any], plan=None, model_confi
                 "almost does (`sftdoctor explain zero-stage`)", evidence=evidence))
 
     findings += _gradient_clipping(path, cfg, deepspeed_defaults, plan is not None, evidence)
+    if plan is not None:
+        findings += _fixed_values(path, cfg, plan, evidence)
     if not findings or all(f.severity.rank <= 1 for f in findings):
         mode = "bf16" if bf16 is True else "fp16" if fp16 is True else (
             f"fp16={json.dumps(flags['fp16'])}, bf16={json.dumps(flags['bf16'])}")
@@ -159,3 +161,19 @@ def _gradient_clipping(path: str, cfg: dict[str, Any], defaults: dict[str, Any] 
     said = f"DeepSpeed {installed} defaults to 0" if installed else "DeepSpeed releases before PR #8068 (2026) default to 0"
     return [warning(f"{path}: no gradient_clipping: {said}, so gradients are never clipped",
                     detail="transformers does not fill an absent key from max_grad_norm.", fix=fix, evidence=evidence)]
+
+
+def _fixed_values(path: str, cfg: dict[str, Any], plan, evidence) -> list:
+    """Optimizer, scheduler and clipping values the JSON fixes that transformers will refuse (the batch keys are
+    batch-size's; a clipping of 0 is judged above)."""
+    fixed = {key: pair for key, pair in trainer_mismatches(cfg, plan).items()
+             if key not in BATCH_KEYS and not (key == "gradient_clipping" and pair[0] == 0)}
+    if not fixed:
+        return []
+    said = ", ".join(f"{key} = {json.dumps(value)} (the run: {json.dumps(expected)})" for key, (value, expected) in fixed.items())
+    return [error(f"{path}: {said}: transformers refuses values that differ from the run's",
+                  detail="transformers fills these keys where they are \"auto\" and compares any other value with "
+                         "TrainingArguments at trainer.train(), once the model has loaded: 'Please correct the "
+                         "following DeepSpeed config values that mismatch TrainingArguments values'.",
+                  fix=f"set {', '.join(fixed)} to \"auto\" and keep the values in the run config ([training])",
+                  evidence={**evidence, "mismatches": {k: v for k, (v, _) in fixed.items()}})]

@@ -4,9 +4,11 @@ every number they judge."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sftdoctor.checks import check
+from sftdoctor.checks.common import BATCH_KEYS, trainer_mismatches
 from sftdoctor.findings import error, info, ok, warning
 
 BIG_ACCUMULATION = 64
@@ -32,6 +34,16 @@ def batch_size(plan):
                    f"that work are {' or '.join(map(str, nearest))}.",
             fix=", or ".join(fixes), evidence=evidence)
     line = f"global batch {target} = {per_device} per device x {accum} accumulation x {processes}"
+    fixed = trainer_mismatches(plan.deepspeed or {}, plan, BATCH_KEYS)
+    if fixed:
+        said = ", ".join(f"{key} = {json.dumps(value)} (the run: {expected})" for key, (value, expected) in fixed.items())
+        return error(
+            f"the DeepSpeed JSON ({plan.deepspeed_source}) hard-codes {said}; {line}",
+            detail="transformers fills these keys only where they are \"auto\" and refuses any other value that "
+                   "differs, at trainer.train() once the model has loaded: 'Please correct the following DeepSpeed "
+                   "config values that mismatch TrainingArguments values'.",
+            fix=f"set {', '.join(fixed)} to \"auto\" in the DeepSpeed JSON; the run config decides the batch",
+            evidence={**evidence, "deepspeed": {k: v for k, (v, _) in fixed.items()}})
     if per_device == 1 and accum > BIG_ACCUMULATION:
         return warning(
             f"{line}: {accum} sequential micro-steps per optimizer step",

@@ -94,6 +94,31 @@ def summarize_model_config(path: Path, config: dict[str, Any]) -> dict[str, Any]
     }
 
 
+def is_hub_id(path: str) -> bool:
+    """"org/name" that is not a local path: transformers looks it up on the Hugging Face hub."""
+    return not Path(path).exists() and path.count("/") == 1 and not path.startswith((".", "/", "~"))
+
+
+def hub_unreachable(model_id: str, timeout_s: float = 10.0) -> str | None:
+    """Why the ranks could not download `model_id` (not cached here), or None when the hub has it for us.
+    Asked once, in the launcher, instead of every rank finding out after its imports."""
+    try:
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    except ImportError:
+        return None  # transformers brings huggingface_hub; without it the workers say what is missing
+    try:
+        HfApi().model_info(model_id, timeout=timeout_s)
+    except GatedRepoError:
+        return "it is gated: accept its licence on huggingface.co and log in (hf auth login), or give a local folder"
+    except RepositoryNotFoundError:
+        return "the hub has no such model (or it is private: log in with hf auth login)"
+    except Exception as exc:  # noqa: BLE001 - any network failure (httpx, requests, OSError) means the same here
+        return (f"the Hugging Face hub cannot be reached ({type(exc).__name__}: {str(exc)[:120]}): download it where "
+                "there is network (hf download ID) and copy the cache, or give a local folder")
+    return None
+
+
 def hub_cache_config(model_id: str) -> Path | None:
     """config.json of a hub model already in the local Hugging Face cache, if any."""
     hub = os.environ.get("HF_HUB_CACHE") or os.path.join(

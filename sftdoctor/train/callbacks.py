@@ -100,10 +100,14 @@ class StepLines(TrainerCallback):
 
 
 class ProgressBar(StepLines, ProgressCallback):
-    """On a terminal: transformers' progress bar, with the concise lines written above it."""
+    """On a terminal: transformers' progress bar (steps, elapsed and ETA), the last loss and tokens/s at its end,
+    with the concise lines written above it."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         StepLines.on_log(self, args, state, control, logs=logs, **kwargs)
+        if self.training_bar is not None and logs and "loss" in logs:
+            speed = f", {logs['tokens_per_second']:,.0f} tok/s" if "tokens_per_second" in logs else ""
+            self.training_bar.set_postfix_str(f"loss {logs['loss']:.4f}{speed}")
 
 
 def progress() -> TrainerCallback:

@@ -20,11 +20,13 @@ from sftdoctor import report
 from sftdoctor.checks import load_checks, run_checks
 from sftdoctor.errors import InputError
 from sftdoctor.facts import Facts, Inputs
-from sftdoctor.facts.configs import hub_cache_config
+from sftdoctor.facts.configs import hub_cache_config, hub_unreachable, is_hub_id
 from sftdoctor.run import Plan, for_launch
 from sftdoctor.run.resolve import REHEARSAL_SAVE_AT, REHEARSAL_STEPS
 from sftdoctor.train.checkpoints import checkpoints, newest_complete, remove_incomplete, step_of
 from sftdoctor.train.processes import SIGNAL_EXIT, run_workers
+from sftdoctor.train.summary import line_count, read_records, summary
+from sftdoctor.train import noise
 from sftdoctor.train.compat import flight_recorder_env
 
 STOPPED = "stopped.json"  # written by sftdoctor.train.watch (kept in step with watch.STOPPED)
@@ -144,10 +146,6 @@ def command(resolved_path: Path, plan: Plan, resume: bool, stop_after: int | Non
             f"--rdzv-id=sftdoctor-{Path(plan.output_dir).name}-{plan.master_port}", *worker]
 
 
-def is_hub_id(path: str) -> bool:
-    return not Path(path).exists() and path.count("/") == 1 and not path.startswith((".", "/", "~"))
-
-
 def worker_env(plan: Plan, config: Path, run_dir: Path) -> dict[str, str]:
     """The workers' environment: offline-safe model loading and reporting."""
     env = dict(os.environ)
@@ -156,6 +154,10 @@ def worker_env(plan: Plan, config: Path, run_dir: Path) -> dict[str, str]:
     if missing and env.get("HF_HUB_OFFLINE") == "1":
         raise InputError(config, f"{missing[0]} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1",
                          key="[model].path")
+    for model_id in missing:
+        if why := hub_unreachable(model_id):
+            key = "[model].path" if model_id == plan.model_path else "[model].tokenizer"
+            raise InputError(config, f"{model_id} is not in the local Hugging Face cache, and {why}", key=key)
     if hub_ids and not missing:
         env.setdefault("HF_HUB_OFFLINE", "1")  # everything is cached: never wait on a hub that may be unreachable
     to = plan.report_to
@@ -165,40 +167,59 @@ def worker_env(plan: Plan, config: Path, run_dir: Path) -> dict[str, str]:
         env.setdefault("WANDB_DIR", str(run_dir))
         if "WANDB_API_KEY" not in env:
             env.setdefault("WANDB_MODE", "offline")  # no credentials: log locally, `wandb sync` later
-    # NCCL runs: PyTorch's flight recorder on, its dumps in the run directory.
-    for name, value in flight_recorder_env(run_dir).items():
+    # NCCL runs: PyTorch's flight recorder on, its dumps in the run directory; the stack's noise silenced.
+    for name, value in {**flight_recorder_env(run_dir), **noise.worker_env(plan.cuda, plan.world_size)}.items():
         env.setdefault(name, value)
     return env
 
 
 def last_step(run_dir: Path) -> int | None:
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-        return int(json.loads(lines[-1])["step"]) if lines else None
-    except (OSError, ValueError, KeyError):
-        return None
+    records = read_records(run_dir / "metrics.jsonl")
+    return records[-1].get("step") if records else None
+
+
+LOG = "train.log"  # every byte the workers wrote, every launch, appended
 
 
 def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_after: int | None = None,
           config: Path | None = None, log: Path | None = None) -> int:
+    """One launch of the workers. With no `log` of its own (a rehearsal has one) it is the run: its output shows
+    on the terminal and goes to train.log, and it ends with one line (stopped, failed) or the summary block."""
     resolved_path = run_dir / ("resolved-smoke.json" if plan.rehearsal else "resolved.json")
     write_json(resolved_path, plan.to_json())
     stopped = run_dir / STOPPED
     stopped.unlink(missing_ok=True)
-    code, sig = run_workers(command(resolved_path, plan, resume, stop_after), env, log)
+    echo, log = log is None, log or run_dir / LOG
+    began, log_from = time.perf_counter(), log.stat().st_size if log.exists() else 0
+    records_from = line_count(run_dir / "metrics.jsonl")
+    resumed_from = newest_complete(run_dir) if resume else None
+    first_step = step_of(resumed_from) if resumed_from else 0
+    code, sig = run_workers(command(resolved_path, plan, resume, stop_after), env, log, echo=echo)
     if sig is not None:
         step = last_step(run_dir)
         checkpoint = newest_complete(run_dir)
         print(f"\nsftdoctor: stopped by {signal.Signals(sig).name}"
               + (f" after step {step}" if step is not None else "")
               + f"; newest complete checkpoint: {os.path.normpath(checkpoint) if checkpoint else 'none yet'}"
-              + (f"; resume with: sftdoctor train {config} --resume" if config and not plan.rehearsal else ""),
-              flush=True)
+              + (f"; resume with: sftdoctor train {os.path.normpath(config)} --resume"
+                 if config and not plan.rehearsal else ""), flush=True)
         return SIGNAL_EXIT[sig]
     if code and stopped.exists():  # a watcher stopped the run: its own exit code, whatever torchrun says
         record = json.loads(stopped.read_text())
         print(f"sftdoctor: stopped by {record['id']}: {record['title']} (exit {record['exit_code']})", flush=True)
         return int(record["exit_code"])
+    if not echo:
+        return code
+    if code:
+        step = last_step(run_dir)
+        print(f"\nsftdoctor: the run failed (exit {code}"
+              + (f", after step {step}" if step is not None and step > first_step else ", before its first step")
+              + f"): {failure_cause(log, log_from)}", flush=True)
+    elif not stop_after and not plan.rehearsal:
+        final = os.path.normpath(run_dir / "final")
+        print("\n" + summary(run_dir, read_records(run_dir / "metrics.jsonl", records_from), time.perf_counter() - began,
+                             first_step, newest_complete(run_dir),
+                             [f"load it: AutoModelForCausalLM.from_pretrained({final!r})"]), flush=True)
     return code
 
 
@@ -211,22 +232,21 @@ def rehearse(plan: Plan, env: dict[str, str], log: Path | None = None) -> int:
     return start(plan, run_dir, env, resume=True, log=log) if code == 0 else code
 
 
-def rehearsal_failure(log: Path) -> str:
-    """The root cause of a failed rehearsal, as `sftdoctor explain --log` finds it, else its last words."""
+def failure_cause(log: Path, offset: int = 0) -> str:
+    """The root cause of a failed launch, found as `sftdoctor explain --log` finds it in what the launch wrote
+    to `log` (from byte `offset`), else its last words."""
     from sftdoctor.triage import diagnose
 
     with open(log, "rb") as stream:
+        before = stream.read(offset).count(b"\n")
         found = diagnose(stream, str(log))
-    where = f"(line {{}} of {os.path.normpath(log)}; `sftdoctor explain --log {os.path.normpath(log)}`)"
-    if found.root is not None:
-        return f"{found.root.finding.title} {where.format(found.root.line)}"
-    quoted = next((loc for loc in found.findings if loc.finding.evidence.get("text")), None)
-    if quoted is not None:  # no known signature: the first exception, quoted, with the line after it
-        lines = log.read_text(errors="replace").splitlines()
-        following = lines[quoted.line].split("]: ")[-1].strip() if quoted.line < len(lines) else ""
-        return f"{quoted.finding.evidence['text']} {following} {where.format(quoted.line)}".replace("  ", " ")
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "no output"
+        stream.seek(offset)
+        tail = [line for line in stream.read()[-4096:].decode(errors="replace").splitlines() if line.strip()]
+    shown = os.path.normpath(log)
+    lead = found.root or next(iter(found.findings), None)
+    if lead is not None:
+        return f"{lead.finding.title} (line {before + lead.line} of {shown}; `sftdoctor explain --log {shown}`)"
+    return tail[-1].strip() if tail else "it printed nothing"
 
 
 def gate(facts: Facts, plugins: bool) -> tuple[list, bool]:
@@ -301,7 +321,7 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
         if code in SIGNAL_EXIT.values():
             return code
         if code:
-            print(f"sftdoctor: not starting: the rehearsal failed (exit {code}): {rehearsal_failure(log)}", flush=True)
+            print(f"sftdoctor: not starting: the rehearsal failed (exit {code}): {failure_cause(log)}", flush=True)
             return 1
         print(f"sftdoctor: rehearsal passed in {time.perf_counter() - began:.0f} s", flush=True)
     if not smoke:

@@ -159,12 +159,37 @@ def sft_config(plan: Plan, has_eval: bool):
     return SFTConfig(**args)  # no silent filtering: an argument the installed version lacks must fail loudly
 
 
+def model_card(plan: Plan) -> str:
+    """README.md of the run directory and of final/: what it was trained from, on what, and how to load it."""
+    from sftdoctor.facts.configs import is_hub_id
+
+    base = (f"initialised at random from the config of `{plan.model_path}`" if plan.weights == "random"
+            else f"fine-tuned from `{plan.model_path}`")
+    front = ["---", "library_name: transformers", "tags: [trl, sft, sftdoctor]"]
+    if plan.weights != "random" and is_hub_id(plan.model_path):
+        front.append(f"base_model: {plan.model_path}")
+    final = os.path.join(os.path.normpath(plan.output_dir), "final")
+    return "\n".join([
+        *front, "---", "", f"# {Path(plan.output_dir).name}", "",
+        f"A causal LM {base} by supervised fine-tuning (TRL SFTTrainer, run by sftdoctor): "
+        f"{plan.precision}, global batch {plan.global_batch_size}, learning rate {plan.learning_rate:g} "
+        f"({plan.lr_scheduler}), max_length {plan.max_length}, on {', '.join(f'`{f}`' for f in plan.train_files)}.",
+        "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+        f"model = AutoModelForCausalLM.from_pretrained({final!r})",
+        f"tokenizer = AutoTokenizer.from_pretrained({final!r})", "```", ""])
+
+
 def watched_trainer_class(drill: dict | None):
     """SFTTrainer that keeps the last micro-batch's loss and inputs (no sync: references only) for the
     watchers, and injects a nan-loss drill."""
     from trl import SFTTrainer
 
     class WatchedSFTTrainer(SFTTrainer):
+        def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+            # TRL 1.16 names a local or randomly initialised base "[None](https://huggingface.co/None)".
+            if self.is_world_process_zero():
+                Path(self.args.output_dir, "README.md").write_text(model_card(self.sftdoctor_plan), encoding="utf-8")
+
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             result = super().compute_loss(model, inputs, return_outputs=return_outputs,
                                           num_items_in_batch=num_items_in_batch)
@@ -194,7 +219,8 @@ def main(argv: list[str]) -> int:
     options = parser.parse_args(argv)
     plan = Plan.from_json(json.loads(options.resolved.read_text()))
     run_dir = Path(plan.output_dir)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and plan.distributed_check:
+    # The rehearsal's resume skips it: its first launch checked the same ranks seconds before.
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and plan.distributed_check and not (plan.rehearsal and options.resume):
         from sftdoctor.cluster.run import main as distributed_check
 
         # Every rank, before the model loads: the same stack, a GPU each, all joined, exact all-reduces.
@@ -211,7 +237,7 @@ def main(argv: list[str]) -> int:
     from transformers import set_seed
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from sftdoctor.train import callbacks, watch
+    from sftdoctor.train import callbacks, noise, watch
     from sftdoctor.train.checkpoints import newest_complete
 
     set_seed(plan.seed)
@@ -220,6 +246,7 @@ def main(argv: list[str]) -> int:
     args = sft_config(plan, evaluation is not None)  # first, and kept: with ZeRO-3 the model loads partitioned
     partitioned = partitioned_at_load(plan)
     model = load_model(plan)
+    noise.quiet_worker(model)
     if partitioned and rank() == 0:
         held = sum(getattr(p, "ds_tensor", p).numel() for p in model.parameters())  # p itself is empty now
         total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
@@ -230,7 +257,7 @@ def main(argv: list[str]) -> int:
               "covers every turn, not only the assistant's", flush=True)
     trainer = watched_trainer_class(plan.drill)(
         model=model, args=args, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
-    trainer.sftdoctor_tokens = callbacks.TokenCounter()
+    trainer.sftdoctor_tokens, trainer.sftdoctor_plan = callbacks.TokenCounter(), plan
     trainer.add_callback(callbacks.Metrics(trainer.sftdoctor_tokens, run_dir / "metrics.jsonl"))
     trainer.remove_callback(PrinterCallback)  # prints raw log dicts; ours print one line instead
     trainer.remove_callback(ProgressCallback)
@@ -258,6 +285,7 @@ def main(argv: list[str]) -> int:
         trainer.save_model(str(run_dir / "final"))
         if rank() == 0:
             tokenizer.save_pretrained(str(run_dir / "final"))
+            (run_dir / "final" / "README.md").write_text(model_card(plan), encoding="utf-8")
     shut_down()
     return 0
 

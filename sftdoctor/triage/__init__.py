@@ -162,7 +162,10 @@ def _order(diagnosis: Diagnosis, first_exception) -> Diagnosis:
 
 
 def _unrecognised(line: Line) -> Located:
-    finding = Finding(Severity.INFO, f"no known failure signature; the first exception is at {where(line)}",
-                      clip(line.text), "", "crash-log", {"line": line.number, "rank": line.rank, "text": clip(line.text)},
-                      "crash-log")
+    """The first exception, quoted (with its next line when the message goes on there), as a warning: the log
+    shows a crash that no signature explains."""
+    quote = clip(line.joined(1) if line.text.rstrip().endswith(":") else line.text)
+    finding = Finding(Severity.WARNING, f"{quote} (the first exception, at {where(line)}; no known failure signature)",
+                      "", "read the traceback above that line; `sftdoctor explain crash-log` says how to read a "
+                      "multi-rank log", "crash-log", {"line": line.number, "rank": line.rank, "text": quote}, "crash-log")
     return Located(line.number, "context", finding)

@@ -28,6 +28,16 @@ def test_workers_load_a_cached_hub_model_offline_and_refuse_a_missing_one(tmp_pa
         worker_env(plan_of(make_run(tmp_path, model={"path": "meta-llama/Llama-3.1-8B"})), tmp_path / "run.toml", tmp_path)
 
 
+def test_an_uncached_hub_model_the_hub_cannot_give_is_bad_input_before_any_rank_starts(tmp_path, monkeypatch):
+    """Without HF_HUB_OFFLINE the launcher asks the hub once: unreachable here (no network) or no such model."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    plan = plan_of(make_run(tmp_path, model={"path": "sftdoctor-tests/no-such-model-7f3a"}))
+    with pytest.raises(InputError, match=r"\[model\]\.path.*not in the local Hugging Face cache, and (the Hugging Face hub "
+                                         r"cannot be reached|the hub has no such model)"):
+        worker_env(plan, tmp_path / "run.toml", tmp_path)
+
+
 def test_a_report_backend_that_is_not_installed_is_bad_input(tmp_path):
     missing = next(b for b in ("wandb", "tensorboard") if find_spec(b) is None)
     with pytest.raises(InputError, match=rf"\[report\].to: {missing} is not installed"):

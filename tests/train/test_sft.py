@@ -49,19 +49,45 @@ def test_two_processes_ddp_over_gloo(tmp_path, tiny_data):
     assert complete(tmp_path / "out" / "smoke") == ["checkpoint-2", "checkpoint-4"]
 
 
-def test_a_failing_rehearsal_stops_the_run_with_its_root_cause(tmp_path, tiny_data):
-    """A DeepSpeed key transformers rejects only when the trainer starts: the rehearsal meets it, the run never starts."""
+def test_a_failing_rehearsal_stops_the_run_and_a_failed_run_ends_with_its_root_cause(tmp_path, tiny_data):
+    """A DeepSpeed batch size transformers rejects only once the trainer starts. batch-size sees it at the gate;
+    forced past it, the rehearsal meets it and the run never starts; without a rehearsal every rank dies, and
+    the last thing printed is one line with the root cause, not torchrun's report."""
     (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}, "train_batch_size": 999,
                                                   "train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto",
                                                   "gradient_accumulation_steps": "auto"}))
     cfg = config(tmp_path, tiny_data["text"], launch={"nproc_per_node": 2}, deepspeed={"config": str(tmp_path / "ds.json")})
-    proc = train(cfg)
+    gated = train(cfg)
+    assert gated.returncode == 1 and "hard-codes train_batch_size = 999 (the run: 8)" in gated.stdout
+    proc = train(cfg, "--force")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     [line] = [l for l in proc.stdout.splitlines() if l.startswith("sftdoctor: not starting: the rehearsal failed")]
     assert "ds train_batch_size=999 vs hf train_batch_size" in line and "rehearsal.log" in line
     assert not complete(tmp_path / "out") and not (tmp_path / "out" / "final").exists()
-    skipped = train(cfg, "--no-rehearse")  # the same run without it dies in every rank instead
-    assert skipped.returncode != 0 and "rehearsing" not in skipped.stdout
+    skipped = train(cfg, "--no-rehearse", "--force")
+    assert skipped.returncode == 1 and "rehearsing" not in skipped.stdout
+    last = skipped.stdout.rstrip().splitlines()[-1]
+    assert last.startswith("sftdoctor: the run failed (exit 1, before its first step): ValueError: Please correct"), last
+    assert "ds train_batch_size=999" in last and f"{tmp_path / 'out' / 'train.log'}" in last
+    assert "ChildFailedError" not in skipped.stdout + skipped.stderr and "[rank1]: [rank1]:" not in skipped.stdout
+    log = (tmp_path / "out" / "train.log").read_text()
+    assert "ChildFailedError" in log and "[rank1]: [rank1]:" in log  # the log keeps every byte
+
+
+def test_on_a_terminal_rank_0_draws_a_progress_bar_and_the_run_ends_with_its_summary(tmp_path, tiny_data):
+    """In a real pseudo-terminal (`script`, 120 columns): tqdm frames with steps, ETA, loss and tokens/s."""
+    import subprocess
+    import sys
+
+    cfg = config(tmp_path, tiny_data["messages"], training={"max_steps": 6, "logging_steps": 2, "save_steps": 6})
+    command = f"stty cols 120 rows 40; {sys.executable} -m sftdoctor train {cfg}"
+    proc = subprocess.run(["script", "-qfec", command, "/dev/null"], capture_output=True, timeout=600, cwd=tmp_path)
+    screen = proc.stdout.decode(errors="replace")
+    assert proc.returncode == 0, screen[-3000:]
+    frames = [f for f in screen.replace("\n", "\r").split("\r") if "6/6 [" in f]
+    assert frames and "it/s, loss " in frames[-1] and " tok/s]" in frames[-1], frames[-3:]
+    assert "step 6/6  loss" in screen  # the lines are written above the bar
+    assert "sftdoctor: run complete: 6 steps in" in screen and f"final model  {tmp_path / 'out' / 'final'}" in screen
 
 
 def test_two_processes_deepspeed_zero2_with_the_recommended_schedule(tmp_path, tiny_data):
@@ -77,6 +103,13 @@ def test_two_processes_deepspeed_zero2_with_the_recommended_schedule(tmp_path, t
     # Logged before each update: 0 at step 1, the peak after the one warmup step, then down towards the floor of 0.
     assert rates[0] == 0.0 and rates[1] == pytest.approx(3e-3) and rates[-1] < 0.1 * rates[1]
     assert json.loads((run_dir / "deepspeed.json").read_text())["zero_optimization"]["stage"] == 2
+    said = proc.stdout + proc.stderr
+    for noise in ("Setting accelerator to CPU", "all_gather_into_tensor` is deprecated", "built successfully",
+                  "Setting OMP_NUM_THREADS"):
+        assert noise not in said, noise
+    assert "sftdoctor: run complete: 6 steps" in said
+    card = (run_dir / "final" / "README.md").read_text()
+    assert "huggingface.co/None" not in card and f"from_pretrained('{run_dir / 'final'}')" in card
 
 
 def test_zero3_partitions_at_load_and_an_absolute_lr_floor_trains(tmp_path, tiny_data):
@@ -110,6 +143,8 @@ def test_resume_continues_from_the_newest_complete_checkpoint(tmp_path, tiny_dat
     proc = train(cfg, "--resume")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resuming from" in proc.stdout and "checkpoint-2" in proc.stdout
+    assert "missing keys" not in proc.stdout + proc.stderr  # lm_head.weight is tied to the embeddings: stored once
+    assert "run complete: 2 steps (steps 3-4, resumed)" in proc.stdout
     after = metrics(run_dir)
     assert [m["step"] for m in after] == [1, 2, 3, 4]  # steps 3 and 4 logged once: the resumed run's
     assert after[-1]["loss"] == pytest.approx(first[-1]["loss"], rel=1e-4)  # same data order, same result

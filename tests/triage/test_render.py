@@ -82,7 +82,8 @@ def test_a_single_cascade_line_is_counted_in_the_singular_and_nothing_else_is_cl
 def test_an_unrecognised_crash_prints_where_its_first_exception_is(capsys):
     out = printed(diagnose(io.BytesIO(b"step 1\nTraceback (most recent call last):\nValueError: bad shape\n"), "x.log"),
                   capsys)
-    assert out == ["x.log: 3 lines, 0.0 MiB", "i  crash-log  no known failure signature; the first exception is at line 3"]
+    assert out[:2] == ["x.log: 3 lines, 0.0 MiB",
+                       "!  crash-log  ValueError: bad shape (the first exception, at line 3; no known failure signature)"]
 
 
 def test_the_size_is_printed_in_mib(capsys):

@@ -64,14 +64,23 @@ def test_a_root_cause_logged_after_a_symptom_still_comes_first_but_the_symptom_i
     assert "consequence" not in diagnosis.findings[1].finding.detail
 
 
-def test_an_unrecognised_crash_points_at_its_first_exception_and_is_not_a_problem():
+def test_an_unrecognised_crash_is_a_problem_that_quotes_its_first_exception():
     log = b"step 1\nTraceback (most recent call last):\n  File \"train.py\", line 3\nValueError: bad shape (3, 4)\n"
     diagnosis = diagnose(io.BytesIO(log))
-    assert diagnosis.root is None and not diagnosis.problems
+    assert diagnosis.root is None and diagnosis.problems  # `explain --log` exits 1
     [only] = diagnosis.findings
-    assert only.finding.severity is Severity.INFO and only.finding.id == "crash-log"
-    assert only.finding.title == "no known failure signature; the first exception is at line 4"
+    assert only.finding.severity is Severity.WARNING and only.finding.id == "crash-log"
+    assert only.finding.title == "ValueError: bad shape (3, 4) (the first exception, at line 4; no known failure signature)"
     assert only.finding.evidence["text"] == "ValueError: bad shape (3, 4)"
+
+
+def test_an_exception_message_that_goes_on_to_the_next_line_is_quoted_with_it():
+    """transformers' DeepSpeed mismatch (integrations/deepspeed.py 5.24), as two ranks printed it under torchrun."""
+    log = (b"[rank0]: [rank0]: ValueError: Please correct the following DeepSpeed config values that mismatch "
+           b"TrainingArguments values:\n[rank0]: [rank0]: - ds train_batch_size=999 vs hf train_batch_size (calculated)=8\n")
+    [only] = diagnose(io.BytesIO(log)).findings
+    assert only.finding.evidence["text"].endswith("values: - ds train_batch_size=999 vs hf train_batch_size (calculated)=8")
+    assert only.finding.evidence["rank"] == 0
 
 
 def test_a_recognised_failure_gets_no_pointer_to_the_first_exception():
