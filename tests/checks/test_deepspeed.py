@@ -119,3 +119,20 @@ def test_hard_coded_fp16_beside_a_run_on_a_machine_without_gpus_is_the_same_erro
     findings = run("deepspeed-precision", deepspeed_config=cfg, plan=plan("auto"), deepspeed_defaults=DS_019)
     assert titles(findings, "error") == ["ds.json: fp16.enabled=true disagree(s) with the run's precision fp32 "
                                          "([model].precision = \"auto\" without a GPU: full precision on the CPU)"]
+
+
+def test_fixed_optimizer_and_clipping_values_that_differ_from_the_run_are_the_transformers_refusal(run):
+    """DeepSpeedExamples' BERT Lamb config fixes lr 11e-3 and weight decay 0.01; openfold's fixes clipping 0.1:
+    under the Trainer each must equal the run's ([training] learning_rate 2e-5, weight_decay 0, max_grad_norm 1)."""
+    lamb = run("deepspeed-precision", deepspeed_config=ds("DeepSpeedExamples_deepspeed_bsz64k_lamb_config_seq128.json"),
+               plan=plan("fp16", gpus=V100), gpus=recorded_gpus(V100), deepspeed_defaults=DS_019)
+    [refused] = [f for f in lamb if "transformers refuses values" in f.title]
+    assert "optimizer.params.lr = 0.011 (the run: 2e-05)" in refused.title
+    assert "optimizer.params.weight_decay = 0.01 (the run: 0.0)" in refused.title and "gradient_clipping" not in refused.title
+    [clip] = [f for f in run("deepspeed-precision", deepspeed_config=ds("openfold_deepspeed_config.json"),
+                             plan=plan("bf16", gpus=A100), gpus=recorded_gpus(A100), deepspeed_defaults=DS_019)
+              if "transformers refuses" in f.title]
+    assert "gradient_clipping = 0.1 (the run: 1.0)" in clip.title
+    every_auto = run("deepspeed-precision", deepspeed_config=ds("stanford_alpaca_default_offload_opt_param.json"),
+                     plan=plan("bf16", gpus=A100), gpus=recorded_gpus(A100), deepspeed_defaults=DS_019)
+    assert not [f for f in every_auto if "transformers refuses" in f.title]

@@ -66,3 +66,22 @@ def test_an_absolute_floor_is_an_error_only_where_the_stack_cannot_take_a_rate_u
     assert severities(run("lr-scheduler", plan=plan_of(ds, transformers_features=NEW), transformers_features=NEW)) == ["ok"]
     assert severities(run("lr-scheduler", plan=plan_of(make_run(tmp_path), transformers_features=old),
                           transformers_features=old)) == ["ok"]  # without DeepSpeed the optimizer has its defaults
+
+
+def test_batch_sizes_a_deepspeed_json_hard_codes_are_judged_against_the_run(run, tmp_path):
+    """A JSON copied from another cluster: transformers would refuse it once the model has loaded."""
+    (tmp_path / "ds.json").write_text("{}")
+    gpus = recorded_gpus(H100x8)
+
+    def plan(ds):
+        return plan_of(make_run(tmp_path, training={"global_batch_size": 64, "per_device_batch_size": 2},
+                                deepspeed={"config": "ds.json"}),
+                       gpus=gpus, deepspeed_config={"path": "ds.json", "config": {"zero_optimization": {"stage": 2}, **ds}})
+
+    [bad] = run("batch-size", plan=plan({"train_batch_size": 128, "train_micro_batch_size_per_gpu": 2,
+                                         "gradient_accumulation_steps": 8}))
+    assert bad.severity.value == "error"
+    assert "gradient_accumulation_steps = 8 (the run: 4), train_batch_size = 128 (the run: 64)" in bad.title
+    assert "micro" not in bad.title and 'to "auto"' in bad.fix
+    same = run("batch-size", plan=plan({"train_batch_size": 64.0, "train_micro_batch_size_per_gpu": "auto"}))
+    assert severities(same) == ["ok"]
