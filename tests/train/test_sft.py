@@ -62,13 +62,14 @@ def test_a_failing_rehearsal_stops_the_run_and_a_failed_run_ends_with_its_root_c
     proc = train(cfg, "--force")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     [line] = [l for l in proc.stdout.splitlines() if l.startswith("sftdoctor: not starting: the rehearsal failed")]
-    assert "ds train_batch_size=999 vs hf train_batch_size" in line and "rehearsal.log" in line
+    assert "fixes train_batch_size=999 but the run has train_batch_size (calculated)=8" in line and "rehearsal.log" in line
     assert not complete(tmp_path / "out") and not (tmp_path / "out" / "final").exists()
     skipped = train(cfg, "--no-rehearse", "--force")
     assert skipped.returncode == 1 and "rehearsing" not in skipped.stdout
     last = skipped.stdout.rstrip().splitlines()[-1]
-    assert last.startswith("sftdoctor: the run failed (exit 1, before its first step): ValueError: Please correct"), last
-    assert "ds train_batch_size=999" in last and f"{tmp_path / 'out' / 'train.log'}" in last
+    assert last.startswith("sftdoctor: the run failed (exit 1, before its first step): the DeepSpeed JSON fixes "
+                           "train_batch_size=999 but the run has train_batch_size (calculated)=8"), last
+    assert f"{tmp_path / 'out' / 'train.log'}" in last
     assert "ChildFailedError" not in skipped.stdout + skipped.stderr and "[rank1]: [rank1]:" not in skipped.stdout
     log = (tmp_path / "out" / "train.log").read_text()
     assert "ChildFailedError" in log and "[rank1]: [rank1]:" in log  # the log keeps every byte

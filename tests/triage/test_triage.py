@@ -75,12 +75,14 @@ def test_an_unrecognised_crash_is_a_problem_that_quotes_its_first_exception():
 
 
 def test_an_exception_message_that_goes_on_to_the_next_line_is_quoted_with_it():
-    """transformers' DeepSpeed mismatch (integrations/deepspeed.py 5.24), as two ranks printed it under torchrun."""
-    log = (b"[rank0]: [rank0]: ValueError: Please correct the following DeepSpeed config values that mismatch "
-           b"TrainingArguments values:\n[rank0]: [rank0]: - ds train_batch_size=999 vs hf train_batch_size (calculated)=8\n")
+    """torch's load_state_dict error (nn/modules/module.py), as a rank printed it under torchrun >= 2.2."""
+    log = (b"[rank0]: [rank0]: RuntimeError: Error(s) in loading state_dict for Qwen2ForCausalLM:\n"
+           b"[rank0]: [rank0]: \tsize mismatch for lm_head.weight: copying a param with shape torch.Size([64, 16]) "
+           b"from checkpoint, the shape in current model is torch.Size([128, 16]).\n")
     [only] = diagnose(io.BytesIO(log)).findings
-    assert only.finding.evidence["text"].endswith("values: - ds train_batch_size=999 vs hf train_batch_size (calculated)=8")
-    assert only.finding.evidence["rank"] == 0
+    assert only.finding.id == "crash-log" and only.finding.evidence["rank"] == 0
+    assert only.finding.evidence["text"].startswith("RuntimeError: Error(s) in loading state_dict for Qwen2ForCausalLM: "
+                                                    "size mismatch for lm_head.weight")
 
 
 def test_a_recognised_failure_gets_no_pointer_to_the_first_exception():
@@ -91,3 +93,15 @@ def test_a_recognised_failure_gets_no_pointer_to_the_first_exception():
 
 def test_a_healthy_log_repeated_is_still_healthy():
     assert topics(HEALTHY * 50) == []
+
+
+def test_a_deepspeed_value_transformers_refuses_is_the_root_cause_with_its_key():
+    """sftdoctor's own 2-rank run (tests/fixtures/train): every rank raises the same ValueError."""
+    from pathlib import Path
+
+    log = Path(__file__).resolve().parents[1] / "fixtures" / "train" / "torchrun-ds-batch-mismatch-2ranks.log"
+    with open(log, "rb") as stream:
+        diagnosis = diagnose(stream)
+    assert diagnosis.root.finding.id == "batch-size" and diagnosis.root.finding.evidence["ranks"] == [0, 1]
+    assert diagnosis.root.finding.title == ("the DeepSpeed JSON fixes train_batch_size=999 but the run has "
+                                            "train_batch_size (calculated)=8: transformers refuses it")
