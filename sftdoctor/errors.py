@@ -10,11 +10,30 @@ class InputError(Exception):
     """A file or option the user gave cannot be used. `str()` is the one-line message."""
 
     def __init__(self, source: str, message: str, key: str | None = None):
-        self.source = str(source)
-        self.key = key
-        self.message = message
-        where = f"{self.source}: {key}" if key else self.source
-        super().__init__(f"{where}: {message}")
+        self.source = one_line(str(source))
+        self.key = one_line(key) if key else key
+        self.message = one_line(message)
+        where = f"{self.source}: {self.key}" if self.key else self.source
+        super().__init__(f"{where}: {self.message}")
+
+
+def one_line(text: str) -> str:
+    """Line breaks and other unprintable characters of a name or value the user wrote, escaped: an error
+    stays one line that names its file (a key "a\nb" or a path with U+2028 in it)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def parse_problem(exc: Exception) -> str:
+    """What a JSON or TOML parser's exception means (every one of them is a ValueError or a RecursionError)."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    lineno, colno = getattr(exc, "lineno", None), getattr(exc, "colno", None)
+    message = getattr(exc, "msg", None) or str(exc)
+    if "integer string conversion" in message:
+        return "a number of more than 4300 digits"
+    return f"{message} at line {lineno}, column {colno}" if lineno and "line" not in message else message.splitlines()[0]
 
 
 class InputErrors(Exception):

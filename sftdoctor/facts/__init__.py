@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sftdoctor import __version__
-from sftdoctor.errors import InputError, InputErrors, did_you_mean, read_text
+from sftdoctor.errors import InputError, InputErrors, did_you_mean, parse_problem, read_text
 
 SCHEMA = 2
 READS = (1, 2)  # schema 1 named the run config "run_config"; it is derived from the inputs, so ignored
@@ -173,39 +173,17 @@ OBJECT_FACTS = {"packages", "torch_build", "deepspeed_defaults", "flash_attn", "
                 "env", "rendezvous", "transformers_features", "cluster"}
 
 
-def _malformed(name: str, value: Any) -> tuple[str, str] | None:
-    """(where inside the fact, what is wrong) for the facts whose inner shape the checks rely on."""
-    if not isinstance(value, dict):
-        return None
-    if name == "gpus":
-        devices = value.get("devices", [])
-        if not isinstance(devices, list):
-            return ".devices", f"expected a list of GPUs, got {type(devices).__name__}"
-        for i, device in enumerate(devices):
-            if not isinstance(device, dict):
-                return f".devices[{i}]", f"expected an object, got {type(device).__name__}"
-            memory = device.get("memory_total_mib")
-            if memory is not None and (not isinstance(memory, int) or isinstance(memory, bool) or memory < 0):
-                return f".devices[{i}].memory_total_mib", f"expected a number of MiB, got {memory!r}"
-            for key in ("name", "compute_capability", "uuid"):
-                if device.get(key) is not None and not isinstance(device[key], str):
-                    return f".devices[{i}].{key}", f"expected a string, got {device[key]!r}"
-    if name in ("env", "packages"):
-        for key, item in value.items():
-            if item is not None and not isinstance(item, str):
-                return f".{key}", f"expected a string, got {type(item).__name__}"
-    return None
-
-
 def load_snapshot(path: Path, probes: dict[str, Probe]) -> tuple[dict[str, Any], str]:
+    from sftdoctor.facts.shapes import fact_problem
+
     """(recorded machine facts, host) from `sftdoctor facts` output, or from `check --json` output (whose
     "facts" holds the snapshot). Facts derived from inputs are dropped: they are computed from the inputs
     given now. The schema and every fact's name and type are checked: a bad snapshot is bad input."""
     text = read_text(path, "facts snapshot")
     try:
         doc = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise InputError(path, f"expected a JSON facts snapshot (from `sftdoctor facts`): {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise InputError(path, f"expected a JSON facts snapshot (from `sftdoctor facts`): {parse_problem(exc)}") from None
     if isinstance(doc, dict) and "findings" in doc and isinstance(doc.get("facts"), dict):
         doc = doc["facts"]  # a `check --json` document
     if not isinstance(doc, dict) or not isinstance(doc.get("facts"), dict):
@@ -225,9 +203,9 @@ def load_snapshot(path: Path, probes: dict[str, Probe]) -> tuple[dict[str, Any],
             continue  # derived from the run's configs: computed from what is given now
         if value is not None and name in OBJECT_FACTS and not isinstance(value, dict):
             raise InputError(path, f"expected an object, got {type(value).__name__}", key=f"facts.{name}")
-        problem = _malformed(name, value)
-        if problem:
-            raise InputError(path, problem[1], key=f"facts.{name}{problem[0]}")
+        found = fact_problem(name, value) if value is not None else None
+        if found:
+            raise InputError(path, found[1], key=f"facts.{name}{found[0]}")
         recorded[name] = value
     return recorded, str(doc.get("host", "replayed"))
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.errors import InputError, InputErrors, read_text
+from sftdoctor.errors import InputError, InputErrors, parse_problem, read_text
 from sftdoctor.facts.packages import module_file
 
 
@@ -21,15 +21,13 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
         keys = [k for k, _ in pairs]
         for key in keys:
             if keys.count(key) > 1:
-                raise InputError(path, "duplicate key (DeepSpeed rejects duplicate keys)", key=key)
+                raise InputError(path, f"duplicate key: {what}s are read with json.load, which keeps only the last", key=key)
         return dict(pairs)
 
     try:
         data = json.loads(text, object_pairs_hook=no_duplicates)
-    except json.JSONDecodeError as exc:
-        raise InputError(path, f"not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); expected a {what}") from None
-    except RecursionError:
-        raise InputError(path, f"JSON nested too deeply; expected a {what}") from None
+    except (ValueError, RecursionError) as exc:
+        raise InputError(path, f"not valid JSON ({parse_problem(exc)}); expected a {what}") from None
     if not isinstance(data, dict):
         raise InputError(path, f"expected a JSON object ({what}), got {type(data).__name__}")
     return data

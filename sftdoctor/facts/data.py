@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.errors import InputError
+from sftdoctor.errors import InputError, parse_problem
+from sftdoctor.facts.packages import module_file
 
 # format -> the keys that identify it (in this order of detection) and the shape the trainer gets
 FORMATS = {
@@ -97,23 +98,39 @@ def rows(path: Path) -> Iterator[tuple[str, Any]]:
             if suffix == ".json" and first == "[":
                 try:
                     data = json.load(handle)
-                except json.JSONDecodeError as exc:
-                    raise InputError(path, f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
+                except (ValueError, RecursionError) as exc:
+                    raise InputError(path, f"not valid JSON ({parse_problem(exc)})") from None
                 for i, row in enumerate(data, start=1):
+                    _check_unicode(row, path, f"row {i}")
                     yield f"row {i}", row
                 return
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
                 try:
-                    yield f"line {number}", json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputError(path, f"line {number}: not a JSON object ({exc.msg}); expected one JSON "
-                                           "object a line") from None
+                    row = json.loads(line)
+                except (ValueError, RecursionError) as exc:
+                    raise InputError(path, f"line {number}: not a JSON object ({parse_problem(exc)}); expected one "
+                                           "JSON object a line") from None
+                if "\\ud" in line.lower():  # an escaped UTF-16 surrogate: valid JSON, but paired or not?
+                    _check_unicode(row, path, f"line {number}")
+                yield f"line {number}", row
     except UnicodeDecodeError:
         raise InputError(path, "expected UTF-8 JSON Lines, JSON or Parquet data") from None
     except OSError as exc:
         raise InputError(path, f"cannot read the data file: {exc.strerror or exc}") from None
+
+
+def _check_unicode(row: Any, path: Path, where: str) -> None:
+    """JSON may escape half of a surrogate pair (\\udb3f); no tokenizer can encode the string that makes."""
+    try:
+        json.dumps(row, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start:exc.end].encode("unicode_escape").decode("ascii")
+        raise InputError(path, f"{where}: a string holds an unpaired UTF-16 surrogate ({bad}): not valid Unicode "
+                               "text") from None
+    except (ValueError, RecursionError):
+        pass  # nested too deeply: the format check names it
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
@@ -140,9 +157,31 @@ def first_rows_and_count(path: Path, first: int = 5) -> tuple[list[Any], int]:
     return head, count
 
 
-def describe(files: list[str], wanted: str = "auto") -> dict[str, Any]:
-    """Every row of every file checked against one format: the files' `wanted` one, or the first row's."""
+def kind(value: Any) -> str | None:
+    """The JSON type of a value as an Arrow column holds it (int and float are one), None for null."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "a boolean"
+    return {int: "a number", float: "a number", str: "a string", list: "a list", dict: "an object"}.get(type(value), "other")
+
+
+def mixed_columns_load() -> bool:
+    """Whether the installed datasets loads a key whose JSON type changes between rows: 5.x stores such a
+    column as its `Json` feature; older releases stop with "JSON parse error: Column(/tags) changed from
+    array to number"."""
+    features = module_file("datasets", "features", "features.py")
+    try:
+        return features is None or "class Json" in features.read_text(encoding="utf-8")
+    except OSError:
+        return True
+
+
+def describe(files: list[str], wanted: str = "auto", one_type_per_key: bool = False) -> dict[str, Any]:
+    """Every row of every file checked against one format: the files' `wanted` one, or the first row's.
+    With `one_type_per_key` (a datasets release that needs it), a key's JSON type must not change."""
     count, fmt = 0, None if wanted == "auto" else wanted
+    columns: dict[str, tuple[str, str]] = {}  # key -> (its type, where it was first seen)
     for name in files:
         path = Path(name)
         for where, row in rows(path):
@@ -158,6 +197,12 @@ def describe(files: list[str], wanted: str = "auto") -> dict[str, Any]:
                 also = f" (this row looks like {found})" if found and found != fmt else ""
                 raise InputError(path, f"{where}: {problem}; the rows are {fmt}{also}"
                                        + ("" if wanted == "auto" else " ([data].format)"))
+            for key, value in (row.items() if one_type_per_key and isinstance(row, dict) else ()):
+                if (found := kind(value)) is not None:
+                    first = columns.setdefault(key, (found, f"{path.name} {where}"))
+                    if first[0] != found:
+                        raise InputError(path, f"{where}: {key} is {found}, but it is {first[0]} at {first[1]}: the "
+                                               "datasets library stores each key as one column of one type")
             count += 1
     if count == 0:
         raise InputError(files[0], "no rows")
@@ -168,7 +213,8 @@ def probe_data(facts) -> dict[str, Any] | None:
     run = facts.get("run")
     if run is None:
         return None
-    out = {"train": describe(list(run.data.train), run.data.format)}
+    strict = not mixed_columns_load()
+    out = {"train": describe(list(run.data.train), run.data.format, strict)}
     if run.data.eval:
-        out["eval"] = describe(list(run.data.eval), out["train"]["format"])
+        out["eval"] = describe(list(run.data.eval), out["train"]["format"], strict)
     return out

@@ -16,13 +16,34 @@ from pathlib import Path
 from typing import Any
 
 from sftdoctor.run.gpus import devices
-from sftdoctor.run.shape import GATED_MLP, Shape, closed_form, dimension_problem, from_counts
+from sftdoctor.run.shape import ALIASES, GATED_MLP, Shape, closed_form, dimension_problem, from_counts
 
 TIMEOUT_S = 300
 
 
+MAX_BUILT_LAYERS = 256  # beyond this (no real model has as many), count 1 and 2 layers and extrapolate
+
+
 def count_on_meta_device(config: dict[str, Any]) -> tuple[int, int]:
-    """(all parameters, the largest single parameter tensor) of the model `config` describes."""
+    """(all parameters, the largest single parameter tensor) of the model `config` describes. A config of
+    more layers than MAX_BUILT_LAYERS is counted from one and two layers (every layer of such a stack is
+    the same; 10^7 layers would otherwise take minutes and gigabytes even on the meta device)."""
+    layers_key = next((k for k in ("num_hidden_layers", *ALIASES["num_hidden_layers"]) if k in config), None)
+    layers = config.get(layers_key) if layers_key else None
+    if isinstance(layers, int) and not isinstance(layers, bool) and layers > MAX_BUILT_LAYERS:
+        (one, largest), (two, _) = (_count(_with_layers(config, layers_key, n)) for n in (1, 2))
+        return one + (layers - 1) * (two - one), largest
+    return _count(config)
+
+
+def _with_layers(config: dict[str, Any], key: str, layers: int) -> dict[str, Any]:
+    out = {**config, key: layers}
+    if isinstance(config.get("layer_types"), list):
+        out["layer_types"] = config["layer_types"][:layers]
+    return out
+
+
+def _count(config: dict[str, Any]) -> tuple[int, int]:
     import torch
     import transformers
 
@@ -30,6 +51,8 @@ def count_on_meta_device(config: dict[str, Any]) -> tuple[int, int]:
     model_type = fields.pop("model_type", None)
     if not model_type:
         raise ValueError("config.json has no model_type")
+    if not isinstance(model_type, str):
+        raise ValueError(f"config.json's model_type is {model_type!r}; expected a string naming the architecture")
     cfg = transformers.AutoConfig.for_model(model_type, **fields)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg)
@@ -45,8 +68,10 @@ def shape_in_child(path: str) -> tuple[Shape | None, str | None]:
         return None, f"{type(exc).__name__}: {exc}"
     if not isinstance(config, dict):
         return None, "config.json is not a JSON object"
-    if config.get("model_type") in GATED_MLP and dimension_problem(config):  # a family we size: say which key
-        return None, dimension_problem(config)
+    if config.get("model_type") is None:
+        return None, "config.json has no model_type"
+    if not isinstance(config["model_type"], str) or (config["model_type"] in GATED_MLP and dimension_problem(config)):
+        return None, dimension_problem(config)  # a family we size (or no family at all): say which key
     try:
         proc = subprocess.run([sys.executable, "-m", "sftdoctor.facts.model_shape", path],
                               capture_output=True, text=True, timeout=TIMEOUT_S)

@@ -10,16 +10,17 @@ from typing import Any
 SAMPLE = 256
 
 
-def row_text(row: dict[str, Any], tokenizer) -> str:
-    if "messages" in row:
+def row_text(row: dict[str, Any], tokenizer, shape: str) -> str:
+    """The text the trainer tokenizes of a row of `shape` (the plan's): other keys of the row are not trained."""
+    if shape == "messages":
         if getattr(tokenizer, "chat_template", None):
             return tokenizer.apply_chat_template(row["messages"], tokenize=False)
         return "\n".join(str(m.get("content", "")) for m in row["messages"])
-    if "prompt" in row:
+    if shape == "prompt_completion":
         prompt, completion = row["prompt"], row.get("completion", "")
         if isinstance(prompt, list):  # TRL's conversational prompt-completion: lists of messages
             turns = prompt + (completion if isinstance(completion, list) else [])
-            return row_text({"messages": turns}, tokenizer)
+            return row_text({"messages": turns}, tokenizer, "messages")
         return f"{prompt}{completion}"
     return str(row.get("text", ""))
 
@@ -40,7 +41,7 @@ def dataset_tokens(plan, sample: int = SAMPLE) -> dict[str, Any] | None:
         if plan.data_format in ("sharegpt", "alpaca"):  # trained as messages: counted as messages
             head = [{"messages": to_messages(r, plan.data_format)} for r in head]
         rows += count
-        lengths += [min(len(tokenizer(row_text(r, tokenizer), add_special_tokens=False)["input_ids"]), plan.max_length)
+        lengths += [min(len(tokenizer(row_text(r, tokenizer, plan.data_shape), add_special_tokens=False)["input_ids"]), plan.max_length)
                     for r in head if isinstance(r, dict)]
     if not lengths or not any(lengths):  # transformers 5 builds an empty tokenizer from a bare config.json
         return None

@@ -21,7 +21,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from sftdoctor.errors import InputError, InputErrors, did_you_mean, read_text
+from sftdoctor.errors import InputError, InputErrors, did_you_mean, parse_problem, read_text
 
 
 @dataclass(frozen=True)
@@ -248,15 +248,27 @@ def load_run_config(path: Path) -> RunConfig:
     text = read_text(path, "TOML run config")
     try:
         raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(path, f"not valid TOML: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # TOMLDecodeError is a ValueError, as is a 5000-digit integer
+        raise InputError(path, f"not valid TOML: {parse_problem(exc)}") from None
     return validate(raw, path)
+
+
+def _probe_path(full: Path, test) -> bool | str:
+    """`test(full)` (exists, is_file), or why the path cannot even be looked at (a name over 255 bytes)."""
+    try:
+        return test(full)
+    except (OSError, ValueError) as exc:  # ValueError: an embedded NUL
+        return getattr(exc, "strerror", None) or str(exc)
 
 
 def _resolve_path(spec: Key, value: Any, folder: Path, errors: list[InputError], path: Path, where: str) -> Any:
     if spec.local_or_hub:
         local = folder / Path(value).expanduser()
-        if local.exists():
+        found = _probe_path(local, Path.exists)
+        if isinstance(found, str):
+            errors.append(InputError(path, f"not a usable path: {value} ({found})", key=where))
+            return value
+        if found:
             return str(local)
         if value.startswith((".", "/", "~")) or value.count("/") > 1:  # a path, not an org/name hub id
             errors.append(InputError(path, f"folder not found: {value} (looked for {local}); expected a "
@@ -268,7 +280,10 @@ def _resolve_path(spec: Key, value: Any, folder: Path, errors: list[InputError],
         files = [value] if isinstance(value, str) else value
         resolved = [folder / f for f in files]
         for given, full in zip(files, resolved):
-            if not full.is_file():
+            found = _probe_path(full, Path.is_file)
+            if isinstance(found, str):
+                errors.append(InputError(path, f"not a usable path: {given} ({found})", key=where))
+            elif not found:
                 errors.append(InputError(path, f"file not found: {given} (looked for {full})", key=where))
         out = [str(f) for f in resolved]
         return out[0] if spec.path == "file" else tuple(out)

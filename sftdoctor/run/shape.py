@@ -65,6 +65,8 @@ def _positive_ints(config: dict[str, Any], names: tuple[str, ...]) -> bool:
 
 def dimension_problem(config: dict[str, Any]) -> str | None:
     """What makes config.json describe no model sftdoctor can size, naming the key; None when it is fine."""
+    if not isinstance(config.get("model_type"), (str, type(None))):
+        return f"model_type is {config['model_type']!r}; expected a string naming the architecture"
     text = _canonical(text_config(config))
     for name in ("hidden_size", "num_hidden_layers", "vocab_size", "num_attention_heads"):
         value = text.get(name)
@@ -99,7 +101,7 @@ def closed_form(config: dict[str, Any]) -> Shape | None:
     Qwen2 has q/k/v biases, `attention_bias`/`mlp_bias` add the others, Qwen3 a q/k RMSNorm per layer."""
     model_type = config.get("model_type")
     dims = dimensions(config)
-    if model_type not in GATED_MLP or dims is None or not _positive_ints(config, NEEDED):
+    if not isinstance(model_type, str) or model_type not in GATED_MLP or dims is None or not _positive_ints(config, NEEDED):
         return None
     h, layers, inter, vocab = dims["hidden"], dims["layers"], dims["intermediate"], dims["vocab"]
     q, kv = dims["heads"] * dims["head_dim"], dims["kv_heads"] * dims["head_dim"]

@@ -275,6 +275,8 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
     facts.get("run")  # a bad run config or data file is bad input: exit 2 before anything runs
     facts.get("data")
     findings, blocked = gate(facts, plugins)
+    if facts.get("plan") is None:  # a probe of the run's inputs failed: nothing to launch
+        raise InputError(config, f"the run cannot be planned: {facts.why_missing('plan') or facts.why_missing('run')}")
     plan = for_launch(facts.get("plan"), rehearsal=smoke, drill=drill, plugins=plugins, forced=force,
                       rehearse=rehearse_first)
     check_drill(drill, plan)

@@ -119,3 +119,35 @@ def test_any_rows_give_a_description_or_one_clean_input_error(tmp_path_factory, 
         assert str(exc).startswith(str(path)) and "\n" not in str(exc)
     else:
         assert described["rows"] == len(rows) and described["shape"] in ("messages", "prompt_completion", "text")
+
+
+def test_a_key_that_changes_type_between_rows_is_named_where_datasets_cannot_load_it(tmp_path):
+    """datasets 4.x: 'Column(/tags) changed from array to number'; 5.x loads it as a Json column."""
+    from datasets import load_dataset
+
+    from sftdoctor.facts.data import describe, mixed_columns_load
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "a", "tags": ["x"]}\n{"text": "b"}\n{"text": "c", "tags": 5}\n')
+    with pytest.raises(InputError, match=r"line 3: tags is a number, but it is a list at d.jsonl line 1"):
+        describe([str(path)], one_type_per_key=True)
+    assert describe([str(path)])["rows"] == 3
+    try:  # what the installed datasets does is what the probe says it does
+        load_dataset("json", data_files=str(path), split="train", cache_dir=str(tmp_path / "cache"))
+        loads = True
+    except Exception:
+        loads = False
+    assert mixed_columns_load() is loads
+    path.write_text('{"text": "a", "score": 1}\n{"text": "b", "score": 0.5}\n{"text": "c", "score": null}\n')
+    assert describe([str(path)], one_type_per_key=True)["rows"] == 3  # int and float are one column; null fits any
+
+
+def test_half_a_surrogate_pair_is_bad_input_and_a_whole_pair_is_text(tmp_path):
+    from sftdoctor.facts.data import describe
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "ok \\ud83d\\ude00"}\n{"text": "a\\udb3fb"}\n')
+    with pytest.raises(InputError, match=r"line 2: a string holds an unpaired UTF-16 surrogate \(\\udb3f\)"):
+        describe([str(path)])
+    path.write_text('{"text": "ok \\ud83d\\ude00"}\n')
+    assert describe([str(path)])["rows"] == 1

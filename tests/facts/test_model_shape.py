@@ -161,3 +161,28 @@ def test_a_missing_config_json_gives_an_error_string():
     assert shape is None and why.startswith("FileNotFoundError")
     proc = child_command(missing)
     assert proc.returncode == 0 and set(json.loads(proc.stdout)) == {"error"}
+
+
+def test_ten_million_layers_are_counted_from_two_in_a_moment_and_exactly(monkeypatch):
+    """Found by tests/test_cli_fuzz.py: a non-gated family (GPT-2) of 10^7 layers took 300 s and 4 GB."""
+    import time
+
+    from sftdoctor.facts import model_shape
+
+    gpt2 = {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "vocab_size": 128, "n_positions": 64}
+    deep = {**gpt2, "n_layer": 9}
+    built = model_shape._count(deep)
+    monkeypatch.setattr(model_shape, "MAX_BUILT_LAYERS", 8)
+    assert count_on_meta_device(deep) == built  # the extrapolation is exact for a uniform stack
+    began = time.perf_counter()
+    params, _ = count_on_meta_device({**gpt2, "n_layer": 10**7})
+    assert time.perf_counter() - began < 30 and params > 10**7 * 4 * 64 * 64
+
+
+def test_a_model_type_that_is_not_a_string_is_named():
+    from sftdoctor.run.shape import closed_form, dimension_problem
+
+    config = {"model_type": ["llama"], "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100,
+              "num_attention_heads": 4, "intermediate_size": 128}
+    assert dimension_problem(config) == "model_type is ['llama']; expected a string naming the architecture"
+    assert closed_form(config) is None

@@ -56,27 +56,28 @@ def tiny_rows(n=None):
 # ---------------------------------------------------------------- row_text
 
 def test_messages_are_rendered_with_the_chat_template(tokenizer):
-    assert row_text({"messages": CHAT}, tokenizer) == \
+    assert row_text({"messages": CHAT}, tokenizer, "messages") == \
         "<|im_start|>user\nsort: b a<|im_end|>\n<|im_start|>assistant\na b<|im_end|>\n"
 
 
 def test_messages_without_a_chat_template_are_their_contents_a_line_each(plain_tokenizer):
-    assert row_text({"messages": CHAT}, plain_tokenizer) == "sort: b a\na b"
+    assert row_text({"messages": CHAT}, plain_tokenizer, "messages") == "sort: b a\na b"
 
 
 def test_prompt_and_completion_are_joined_as_the_trainer_joins_them(tokenizer):
-    assert row_text({"prompt": "2+2=", "completion": "4"}, tokenizer) == "2+2=4"
-    assert row_text({"prompt": "only a prompt"}, tokenizer) == "only a prompt"
+    assert row_text({"prompt": "2+2=", "completion": "4"}, tokenizer, "prompt_completion") == "2+2=4"
+    assert row_text({"prompt": "only a prompt"}, tokenizer, "prompt_completion") == "only a prompt"
 
 
 def test_text_rows_are_their_text(tokenizer):
-    assert row_text({"text": "hello world"}, tokenizer) == "hello world"
-    assert row_text({"other": 1}, tokenizer) == ""
+    assert row_text({"text": "hello world"}, tokenizer, "text") == "hello world"
+    # a text row's other keys are not trained, whatever they look like
+    assert row_text({"text": "a", "messages": 5, "prompt": [1]}, tokenizer, "text") == "a"
 
 
 def test_conversational_prompt_and_completion_are_rendered_with_the_chat_template(tokenizer):
     row = {"prompt": CHAT[:1], "completion": CHAT[1:]}
-    assert row_text(row, tokenizer) == tokenizer.apply_chat_template(CHAT, tokenize=False)
+    assert row_text(row, tokenizer, "prompt_completion") == tokenizer.apply_chat_template(CHAT, tokenize=False)
 
 
 # ---------------------------------------------------------------- dataset_tokens on the tiny example
