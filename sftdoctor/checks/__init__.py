@@ -36,6 +36,7 @@ BUILTIN_MODULES = (
     "sftdoctor.checks.run_config",
     "sftdoctor.checks.memory",
     "sftdoctor.checks.packing",
+    "sftdoctor.checks.targets",
     "sftdoctor.checks.runtime",
     "sftdoctor.checks.cluster",
 )

@@ -45,7 +45,7 @@ class Probe:
 
 def _probes() -> dict[str, Probe]:
     from sftdoctor.facts import (configs, data, gpus, model_shape, nics, packages, packing_probe, stack, system,
-                                 tokenizer, topology)
+                                 targets_probe, tokenizer, topology)
 
     config, model, ds = ("config",), ("config", "model_config"), ("config", "deepspeed")
     return {
@@ -73,6 +73,8 @@ def _probes() -> dict[str, Probe]:
         "model_shape": Probe(model_shape.probe_model_shape, model,
                              "no model config, or an architecture sftdoctor counts only where there are GPUs"),
         "plan": Probe(_probe_plan, config, "no run config given (--config)"),
+        "training_targets": Probe(targets_probe.probe_training_targets, config,
+                                  "the run's model has no config.json and tokenizer files here to build its trainer from"),
         "cluster": Probe(lambda facts: None,
                          why_missing="only under `sftdoctor check --distributed` (every rank of a job)"),
     }

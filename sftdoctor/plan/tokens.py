@@ -7,22 +7,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.trainer_inputs import row_text
+
 SAMPLE = 256
-
-
-def row_text(row: dict[str, Any], tokenizer, shape: str) -> str:
-    """The text the trainer tokenizes of a row of `shape` (the plan's): other keys of the row are not trained."""
-    if shape == "messages":
-        if getattr(tokenizer, "chat_template", None):
-            return tokenizer.apply_chat_template(row["messages"], tokenize=False)
-        return "\n".join(str(m.get("content", "")) for m in row["messages"])
-    if shape == "prompt_completion":
-        prompt, completion = row["prompt"], row.get("completion", "")
-        if isinstance(prompt, list):  # TRL's conversational prompt-completion: lists of messages
-            turns = prompt + (completion if isinstance(completion, list) else [])
-            return row_text({"messages": turns}, tokenizer, "messages")
-        return f"{prompt}{completion}"
-    return str(row.get("text", ""))
 
 
 def dataset_tokens(plan, sample: int = SAMPLE) -> dict[str, Any] | None:

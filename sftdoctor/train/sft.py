@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from sftdoctor.facts.trainer_inputs import load_data, load_tokenizer, sft_config
 from sftdoctor.run import Plan
 
 
@@ -23,51 +24,6 @@ def rank() -> int:
 
 
 # ---------------------------------------------------------------- setup
-
-def load_tokenizer(plan: Plan):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(plan.tokenizer_path, trust_remote_code=plan.trust_remote_code)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def _load_files(files: tuple[str, ...]):
-    from datasets import load_dataset
-
-    kind = "parquet" if all(f.endswith(".parquet") for f in files) else "json"
-    return load_dataset(kind, data_files=list(files), split="train")
-
-
-KEEP = {"messages": ["messages"], "prompt_completion": ["prompt", "completion"], "text": ["text"]}
-
-
-def as_trained(dataset, plan: Plan):
-    """Only the columns SFTTrainer reads; ShareGPT and Alpaca rows mapped to messages first."""
-    if plan.data_format in ("sharegpt", "alpaca"):
-        from sftdoctor.facts.data import to_messages
-
-        dataset = dataset.map(lambda row: {"messages": to_messages(row, plan.data_format)})
-    keep = KEEP[plan.data_shape]
-    return dataset.remove_columns([c for c in dataset.column_names if c not in keep])
-
-
-def load_data(plan: Plan):
-    """(train, eval or None) as the trainer takes them."""
-    train = as_trained(_load_files(plan.train_files), plan)
-    evaluation = None
-    if plan.eval_files:
-        evaluation = as_trained(_load_files(plan.eval_files), plan)
-    elif plan.eval_fraction:
-        split = train.train_test_split(test_size=plan.eval_fraction, seed=plan.seed)
-        train, evaluation = split["train"], split["test"]
-    if plan.data_limit:
-        limit = plan.data_limit
-        train = train.select(range(min(limit, len(train))))
-        evaluation = evaluation.select(range(min(max(2, limit // 8), len(evaluation)))) if evaluation else None
-    return train, evaluation
-
 
 def load_model(plan: Plan):
     """The model in the plan's load dtype. Called after the SFTConfig exists: with ZeRO-3 in it, transformers
@@ -112,51 +68,6 @@ def partitioned_at_load(plan: Plan) -> bool:
         if not deepspeed.comm.is_initialized():
             deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     return True
-
-
-def sft_config(plan: Plan, has_eval: bool):
-    from trl import SFTConfig
-
-    steps = {"max_steps": plan.max_steps} if plan.max_steps else {"num_train_epochs": plan.epochs}
-    arg = plan.checkpointing_arg
-    args = {
-        "output_dir": plan.output_dir,
-        "per_device_train_batch_size": plan.per_device_batch_size,
-        "per_device_eval_batch_size": plan.per_device_batch_size,
-        "gradient_accumulation_steps": plan.gradient_accumulation_steps,
-        "learning_rate": plan.learning_rate,
-        "lr_scheduler_type": plan.lr_scheduler,
-        "lr_scheduler_kwargs": plan.lr_scheduler_kwargs,
-        **plan.warmup,
-        "weight_decay": plan.weight_decay,
-        "max_grad_norm": plan.max_grad_norm,
-        **steps,
-        "bf16": plan.precision == "bf16",
-        "fp16": plan.precision == "fp16",
-        arg: plan.checkpointing,
-        f"{arg}_kwargs": {"use_reentrant": False} if plan.checkpointing else None,
-        "packing": plan.packing,
-        "packing_strategy": "bfd",
-        "max_length": plan.max_length,
-        "assistant_only_loss": plan.assistant_only_loss,
-        "seed": plan.seed,
-        "data_seed": plan.seed,
-        "logging_steps": plan.logging_steps,
-        "save_strategy": "steps",
-        "save_steps": plan.save_steps,
-        "save_total_limit": plan.save_total_limit,
-        "eval_strategy": "steps" if has_eval else "no",
-        "eval_steps": plan.eval_steps if has_eval else None,
-        "report_to": [] if plan.report_to == "none" else [plan.report_to],
-        "deepspeed": plan.deepspeed,
-        "ddp_timeout": plan.ddp_timeout_s,
-        # Dense decoders use every parameter in every step; only mixture-of-experts models can skip some.
-        "ddp_find_unused_parameters": plan.moe,
-        "disable_tqdm": True,  # callbacks.progress() draws the bar on rank 0
-        "dataloader_num_workers": 0,
-        "use_cpu": not plan.cuda,
-    }
-    return SFTConfig(**args)  # no silent filtering: an argument the installed version lacks must fail loudly
 
 
 def model_card(plan: Plan) -> str:
@@ -282,12 +193,28 @@ def main(argv: list[str]) -> int:
 
     # ------------------------------------------------------------ cleanup
     if not options.stop_after:
+        stop_at_end_of_turn(model, trainer.processing_class)
         trainer.save_model(str(run_dir / "final"))
         if rank() == 0:
             tokenizer.save_pretrained(str(run_dir / "final"))
             (run_dir / "final" / "README.md").write_text(model_card(plan), encoding="utf-8")
     shut_down()
     return 0
+
+
+def stop_at_end_of_turn(model, tokenizer) -> None:
+    """generate() stops where training taught the model to: the chat template's end-of-turn token joins
+    generation_config's eos_token_id (a base model's is often <|endoftext|> while its turns end <|im_end|>)."""
+    from sftdoctor.facts.targets_probe import end_of_turn
+
+    config = getattr(model, "generation_config", None)
+    eot = end_of_turn(tokenizer)
+    if config is None or eot is None:
+        return
+    ids = config.eos_token_id if isinstance(config.eos_token_id, list) else \
+        [config.eos_token_id] if config.eos_token_id is not None else []
+    if eot not in ids:
+        config.eos_token_id = [*ids, eot]
 
 
 def shut_down() -> None:

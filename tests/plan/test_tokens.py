@@ -11,7 +11,8 @@ import pytest
 
 from conftest import make_run, plan_of
 from sftdoctor.facts import Facts, Inputs
-from sftdoctor.plan.tokens import SAMPLE, dataset_tokens, row_text, steps_and_tokens
+from sftdoctor.facts.trainer_inputs import row_text
+from sftdoctor.plan.tokens import SAMPLE, dataset_tokens, steps_and_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_MODEL = ROOT / "examples" / "tiny" / "model"

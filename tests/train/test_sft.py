@@ -25,6 +25,20 @@ def test_the_bundled_example_trains_and_the_loss_falls(tmp_path):
     gate = [json.loads(line) for line in (run_dir / "findings.jsonl").read_text().splitlines()]
     assert {"batch-size", "packing", "lr-scheduler"} <= {f["id"] for f in gate}
     assert json.loads((run_dir / "resolved.json").read_text())["packing"] is True
+    # What training-targets proved before the run: the model learned to stop. Greedy answers to training
+    # prompts end with the end-of-turn token on their own, well before max_new_tokens.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
+    model = AutoModelForCausalLM.from_pretrained(run_dir / "final")
+    eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert eot in (model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list)
+                   else [model.generation_config.eos_token_id])
+    rows = [json.loads(line)["messages"] for line in (tmp_path / "tiny" / "data" / "train.jsonl").read_text().splitlines()]
+    for messages in rows[:5]:
+        prompt = tokenizer.apply_chat_template(messages[:1], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        answer = model.generate(**prompt, max_new_tokens=64, do_sample=False)[0, prompt["input_ids"].shape[1]:].tolist()
+        assert eot in answer and len(answer) < 64, tokenizer.decode(answer)
 
 
 @pytest.mark.parametrize("shape, packing", [("messages", "auto"), ("prompt_completion", "auto"), ("text", False)])

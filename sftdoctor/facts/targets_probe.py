@@ -1,0 +1,202 @@
+"""What the trainer will optimise: a sample of the run's own rows put through the very tokenizer, chat template,
+masks, packing and collator the run uses (a real SFTTrainer over a shrunk model of the run's architecture,
+built from the same Plan as the workers' by facts.trainer_inputs), read back token by token.
+
+Runs in a child process, so `check` imports none of the training stack. Reports per sample whether its last
+target is a stop token (the end-of-sequence token, or the one the chat template closes an assistant turn
+with), whether a stop token is there but masked out, how many BOS tokens it starts with, how many of its tokens
+are targets and whether it was cut at max_length; and the first sample decoded with its targets marked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SAMPLE_ROWS = 64  # per data file: the first ones, plus its longest and shortest rows
+SHOWN_CHARS = 1200
+TIMEOUT_S = 600
+
+
+def probe_training_targets(facts) -> dict[str, Any] | None:
+    from sftdoctor.facts.tokenizer import tokenizer_folder
+
+    plan = facts.get("plan")
+    if plan is None or facts.get("data") is None or not facts.get("model_config"):
+        return None
+    folder = tokenizer_folder(plan.tokenizer_path)
+    if folder is None or not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return None  # no tokenizer here to tokenize with: nothing to prove (the worker would fail to load it)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "sftdoctor.facts.targets_probe"], input=json.dumps(plan.to_json()),
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the probe took over {TIMEOUT_S} s"}
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": f"the probe failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}"}
+
+
+def sample_rows(files: tuple[str, ...]) -> list[Any]:
+    """The first SAMPLE_ROWS rows of each file, and its longest and shortest (by their JSON text)."""
+    from sftdoctor.facts.data import rows
+
+    picked = []
+    for name in files:
+        first, longest, shortest = [], None, None
+        for _, row in rows(Path(name)):
+            size = len(json.dumps(row, default=str))
+            if len(first) < SAMPLE_ROWS:
+                first.append(row)
+            if longest is None or size > longest[0]:
+                longest = (size, row)
+            if shortest is None or size < shortest[0]:
+                shortest = (size, row)
+        picked += first + [r for _, r in (longest, shortest) if r is not None and all(r is not f for f in first)]
+    return picked
+
+
+def end_of_turn(tokenizer) -> int | None:
+    """The token the chat template closes an assistant turn with: the first special token after its content."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    content = "sftdoctor-probe-answer"
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "q"}, {"role": "assistant", "content": content}],
+                                             tokenize=False)
+    except Exception:  # a template that needs other roles or keys: no answer here
+        return None
+    after = text[text.rfind(content) + len(content):] if content in text else ""
+    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    return next((i for i in ids if i in special), None)
+
+
+def probe_plan(plan, folder: str):
+    """The run's plan as the probe runs it: on this CPU, for one step, writing only into `folder`."""
+    return dataclasses.replace(plan, output_dir=folder, deepspeed=None, cuda=False, precision="fp32",
+                               report_to="none", max_steps=1, checkpointing=False, liger_kernel=False, data_limit=None,
+                               attn_implementation="sdpa" if plan.attn_implementation.startswith("flash") else
+                               plan.attn_implementation)
+
+
+def samples(batch) -> list[tuple[list[int], list[int]]]:
+    """(input ids, labels) of each sample of a collated batch: one per row, or split at the position ids'
+    restarts when the rows are packed padding-free."""
+    ids, labels = batch["input_ids"].tolist(), batch["labels"].tolist()
+    out = []
+    if "position_ids" in batch and "attention_mask" not in batch:
+        for row_ids, row_labels, positions in zip(ids, labels, batch["position_ids"].tolist()):
+            starts = [i for i, p in enumerate(positions) if p == 0] + [len(positions)]
+            out += [(row_ids[a:b], row_labels[a:b]) for a, b in zip(starts, starts[1:]) if b > a]
+        return out
+    masks = batch["attention_mask"].tolist()
+    for row_ids, row_labels, mask in zip(ids, labels, masks):
+        n = sum(mask)
+        out.append((row_ids[:n], row_labels[:n]))
+    return out
+
+
+def marked(tokenizer, ids: list[int], labels: list[int]) -> str:
+    """The sample decoded with its target spans in [[ ]]."""
+    parts, span, target = [], [], None
+    for token, label in zip(ids, labels):
+        is_target = label != -100
+        if target is not None and is_target != target:
+            text = tokenizer.decode(span)
+            parts.append(f"[[{text}]]" if target else text)
+            span = []
+        span.append(token)
+        target = is_target
+    if span:
+        text = tokenizer.decode(span)
+        parts.append(f"[[{text}]]" if target else text)
+    return "".join(parts)[:SHOWN_CHARS]
+
+
+def full_length(tokenizer, row: dict[str, Any], shape: str) -> int:
+    """Tokens of a row before truncation (what max_length cuts)."""
+    from sftdoctor.facts.trainer_inputs import row_text
+
+    return len(tokenizer(row_text(row, tokenizer, shape), add_special_tokens=False)["input_ids"]) + 1
+
+
+def run(plan_json: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from trl import SFTTrainer
+
+    from sftdoctor.facts.packing_probe import shrink
+    from sftdoctor.facts.trainer_inputs import as_trained, load_tokenizer, sft_config
+    from sftdoctor.run import Plan
+
+    plan = Plan.from_json(plan_json)
+    tokenizer = load_tokenizer(plan)
+    rows = as_trained(Dataset.from_list(sample_rows(plan.train_files)), plan)
+    lengths = [full_length(tokenizer, row, plan.data_shape) for row in rows]
+    config = AutoConfig.from_pretrained(plan.model_path, trust_remote_code=plan.trust_remote_code)
+    shrink(config, vocab_size=None)
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as folder:
+        probe = probe_plan(plan, folder)
+        args = sft_config(probe, has_eval=False)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=probe.attn_implementation)
+        trainer = SFTTrainer(model=model, args=args, train_dataset=rows, processing_class=tokenizer)
+        processed = trainer.train_dataset
+        batch = trainer.data_collator([processed[i] for i in range(len(processed))])
+    tokenizer = trainer.processing_class  # TRL may have patched its template (assistant-only loss)
+    eot, eos = end_of_turn(tokenizer), tokenizer.eos_token_id
+    stops = sorted({i for i in (eos, eot) if i is not None})
+    found = []
+    for ids, labels in samples(batch):
+        targets = [i for i, label in enumerate(labels) if label != -100]
+        last = targets[-1] if targets else -1
+        found.append({"tokens": len(ids), "targets": len(targets),
+                      "last_target_is_stop": last >= 0 and ids[last] in stops,
+                      # a stop token after the answer that is not a target: masked (pad = eos masked by id)
+                      "stop_masked": any(token in stops for token in ids[last + 1:]),
+                      "leading_bos": _leading(ids, tokenizer.bos_token_id)})
+    first_ids, first_labels = samples(batch)[0] if found else ([], [])
+    return {
+        "samples": found, "rows": len(rows), "max_length": plan.max_length, "packed": plan.packing,
+        "shape": plan.data_shape, "assistant_only_loss": plan.assistant_only_loss,
+        "eos_token": tokenizer.eos_token, "eos_token_id": eos, "pad_token_id": tokenizer.pad_token_id,
+        "end_of_turn_id": eot, "end_of_turn": tokenizer.convert_ids_to_tokens(eot) if eot is not None else None,
+        "bos_token_id": tokenizer.bos_token_id, "full_lengths": lengths,
+        "generation_eos": _generation_eos(plan.model_path),
+        "first_sample": marked(tokenizer, first_ids, first_labels),
+    }
+
+
+def _leading(ids: list[int], bos: int | None) -> int:
+    count = 0
+    while bos is not None and count < len(ids) and ids[count] == bos:
+        count += 1
+    return count
+
+
+def _generation_eos(model_path: str) -> list[int] | None:
+    """eos_token_id of the model's generation_config.json, as generate() reads it (an int or a list)."""
+    from sftdoctor.facts.tokenizer import tokenizer_folder
+
+    folder = tokenizer_folder(model_path)
+    try:
+        value = json.loads((folder / "generation_config.json").read_text(encoding="utf-8")).get("eos_token_id")
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    return [value] if isinstance(value, int) else value if isinstance(value, list) else None
+
+
+if __name__ == "__main__":
+    try:
+        result = run(json.loads(sys.stdin.read()))
+    except Exception as exc:  # reported as a fact, never a crash of the caller
+        result = {"error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"}
+    print(json.dumps(result))

@@ -1,0 +1,118 @@
+"""training-targets on the installed stack: the tiny example's rows through a real SFTTrainer, and tokenizers
+built to reproduce each trap (a template without EOS, no generation markers, two BOS, pad = eos, rows cut at
+max_length). Each probe is a child process of seconds: end-to-end, so slow."""
+
+import json
+import shutil
+
+import pytest
+
+from conftest import EXAMPLES
+from sftdoctor.checks import load_checks, run_checks
+from sftdoctor.facts import Facts, Inputs
+from trainrun import write_config
+
+pytestmark = pytest.mark.slow
+
+GENERATION = ("{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}")
+
+
+def example(tmp_path, template=None, tokenizer_changes=None, text=None, max_length=256, packing=False,
+            post_processor=None):
+    """A copy of the tiny example with its tokenizer changed; the run's findings of training-targets."""
+    model = tmp_path / "model"
+    shutil.copytree(EXAMPLES / "tiny" / "model", model)
+    if post_processor is not None:
+        fast = json.loads((model / "tokenizer.json").read_text())
+        fast["post_processor"] = post_processor
+        (model / "tokenizer.json").write_text(json.dumps(fast))
+    config_path = model / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    if template is not None:
+        config["chat_template"] = template(config["chat_template"])
+    config.update(tokenizer_changes or {})
+    config_path.write_text(json.dumps(config))
+    data = EXAMPLES / "tiny" / "data" / "train.jsonl"
+    if text is not None:
+        data = tmp_path / "text.jsonl"
+        rows = [json.loads(line)["messages"] for line in (EXAMPLES / "tiny" / "data" / "train.jsonl").read_text().splitlines()]
+        data.write_text("".join(json.dumps({"text": text(m)}) + "\n" for m in rows[:40]))
+    cfg = write_config(tmp_path, {"model": {"path": str(model), "weights": "random"},
+                                  "data": {"train": str(data), "max_length": max_length},
+                                  "training": {"packing": packing, "max_steps": 4, "output_dir": "out"}})
+    registry = load_checks(plugins=False)
+    findings, _ = run_checks(registry.select(["training-targets"]), Facts(Inputs(config=cfg)))
+    return findings
+
+
+def by_severity(findings):
+    return {f.severity.value: [x.title for x in findings if x.severity == f.severity] for f in findings}
+
+
+@pytest.mark.parametrize("packing", [False, "auto"])
+def test_the_tiny_example_trains_its_end_of_turn_token_packed_or_not(tmp_path, packing):
+    [finding] = example(tmp_path, packing=packing)
+    assert finding.severity.value == "ok", finding.title
+    assert finding.title.startswith("<|im_end|> is the last target of ")
+    assert "(assistant turns only)" in finding.title and "0 of " in finding.title
+    assert "[[" in finding.evidence["first_sample"] and "<|im_end|>]]" in finding.evidence["first_sample"]
+
+
+def test_a_template_that_never_closes_the_answer_is_an_error(tmp_path):
+    findings = example(tmp_path, template=lambda t: t.replace(GENERATION, "{% generation %}{{ message['content'] }}{% endgeneration %}"))
+    errors = by_severity(findings).get("error", [])
+    assert any("end their targets without <|im_end|>" in t for t in errors), [f.title for f in findings]
+
+
+def test_a_template_without_generation_markers_trains_every_turn(tmp_path):
+    findings = example(tmp_path, template=lambda t: t.replace("{% generation %}", "").replace("{% endgeneration %}", ""))
+    warnings = by_severity(findings).get("warning", [])
+    assert any("the loss covers every turn" in t and "100% of the tokens are targets" in t for t in warnings), warnings
+
+
+def test_pad_equal_to_eos_still_trains_eos_with_trls_collator(tmp_path):
+    """TRL 1.16 pads labels by position, so pad = eos (what sftdoctor sets without a pad token) keeps EOS a target."""
+    [finding] = example(tmp_path, tokenizer_changes={"pad_token": None})
+    assert finding.severity.value == "ok", finding.title
+    assert finding.evidence["pad_token_id"] == finding.evidence["eos_token_id"] == 2
+
+
+def test_a_bos_the_text_already_has_is_doubled_by_the_tokenizer(tmp_path):
+    """Text rows rendered with a BOS, and a tokenizer that adds one: every sample starts with two."""
+    def text(messages):
+        return "<|im_start|>" + messages[0]["content"] + " " + messages[1]["content"] + "<|im_end|>"
+
+    adds_bos = {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+                "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}}}
+    findings = example(tmp_path, text=text, tokenizer_changes={"bos_token": "<|im_start|>"}, post_processor=adds_bos)
+    errors = by_severity(findings).get("error", [])
+    assert any("start with 2 BOS tokens" in t for t in errors), [f.title for f in findings]
+
+
+def test_rows_longer_than_max_length_lose_their_end_and_the_length_that_keeps_them_is_named(tmp_path):
+    findings = example(tmp_path, max_length=24)
+    [cut] = [f for f in findings if "longer than max_length 24" in f.title]
+    assert cut.severity.value == "warning" and "[data] max_length = " in cut.fix
+    keep = int(cut.fix.split("= ")[1].split()[0])
+    lengths = sorted(cut.evidence["full_lengths"])
+    assert sum(n <= keep for n in lengths) >= 0.99 * len(lengths) and keep > 24
+
+
+def test_the_end_of_turn_token_joins_what_generate_stops_at():
+    """A base model's generation_config stops at <|endoftext|>; its chat turns end with <|im_end|>."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+
+    from sftdoctor.facts.targets_probe import end_of_turn
+    from sftdoctor.train.sft import stop_at_end_of_turn
+
+    tokenizer = AutoTokenizer.from_pretrained(EXAMPLES / "tiny" / "model")
+    model = AutoModelForCausalLM.from_config(Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    model.generation_config.eos_token_id = 0  # <|endoftext|>
+    assert end_of_turn(tokenizer) == 2
+    stop_at_end_of_turn(model, tokenizer)
+    assert model.generation_config.eos_token_id == [0, 2]
+    stop_at_end_of_turn(model, tokenizer)  # once
+    assert model.generation_config.eos_token_id == [0, 2]
