@@ -71,6 +71,16 @@ def training_targets(plan, training_targets: dict[str, Any]):
                    "turns are trained as if the model should write them. " + shown,
             fix="use a chat template with {% generation %} ... {% endgeneration %} around the assistant turn "
                 "(TRL bundles training templates for Qwen, Llama and others)", evidence=evidence))
+    stray = [s for s in samples if s.get("stray_targets")]
+    if stray and share < 0.999 and (probe["assistant_only_loss"] or probe["shape"] == "prompt_completion"):
+        findings.append(error(
+            f"{len(stray)} of {len(samples)} samples train on text outside the answers, e.g. "
+            f"{stray[0]['stray_targets'][0]!r}",
+            detail="The loss mask should cover the assistant turns (or the completion) and nothing else; these target "
+                   "spans appear in no answer of the sampled rows: the template's generation markers are misplaced. "
+                   + shown,
+            fix="put {% generation %} ... {% endgeneration %} around the assistant content and its end-of-turn token "
+                "only", evidence=evidence))
     if cut:
         keep = _length_keeping(lengths)
         findings.append(warning(

@@ -152,6 +152,7 @@ def run(plan_json: dict[str, Any]) -> dict[str, Any]:
         processed = trainer.train_dataset
         batch = trainer.data_collator([processed[i] for i in range(len(processed))])
     tokenizer = trainer.processing_class  # TRL may have patched its template (assistant-only loss)
+    answers = _answers(rows, plan.data_shape)
     eot, eos = end_of_turn(tokenizer), tokenizer.eos_token_id
     stops = sorted({i for i in (eos, eot) if i is not None})
     found = []
@@ -162,7 +163,8 @@ def run(plan_json: dict[str, Any]) -> dict[str, Any]:
                       "last_target_is_stop": last >= 0 and ids[last] in stops,
                       # a stop token after the answer that is not a target: masked (pad = eos masked by id)
                       "stop_masked": any(token in stops for token in ids[last + 1:]),
-                      "leading_bos": _leading(ids, tokenizer.bos_token_id)})
+                      "leading_bos": _leading(ids, tokenizer.bos_token_id),
+                      "stray_targets": _stray(tokenizer, ids, labels, answers) if answers else []})
     first_ids, first_labels = samples(batch)[0] if found else ([], [])
     return {
         "samples": found, "rows": len(rows), "max_length": plan.max_length, "packed": plan.packing,
@@ -173,6 +175,35 @@ def run(plan_json: dict[str, Any]) -> dict[str, Any]:
         "generation_eos": _generation_eos(plan.model_path),
         "first_sample": marked(tokenizer, first_ids, first_labels),
     }
+
+
+def _answers(rows, shape: str) -> list[str]:
+    """What the loss should cover, as text: the assistant turns (messages) or the completions."""
+    out = []
+    for row in rows:
+        turns = row.get("messages") or (row.get("completion") if isinstance(row.get("completion"), list) else None)
+        if turns:
+            out += [t.get("content") or "" for t in turns if t.get("role") == "assistant"]
+        elif shape == "prompt_completion" and isinstance(row.get("completion"), str):
+            out.append(row["completion"])
+    return out if shape != "text" else []
+
+
+def _stray(tokenizer, ids: list[int], labels: list[int], answers: list[str]) -> list[str]:
+    """Target spans (special tokens left out) found in no answer: the loss covers text it should not."""
+    spans, span = [], []
+    for token, label in zip(ids + [None], labels + [-100]):
+        if label != -100:
+            span.append(token)
+        elif span:
+            spans.append(span)
+            span = []
+    stray = []
+    for span in spans:
+        text = tokenizer.decode(span, skip_special_tokens=True).strip()
+        if text and not any(text in answer for answer in answers):
+            stray.append(text[:80])
+    return stray[:3]
 
 
 def _leading(ids: list[int], bos: int | None) -> int:

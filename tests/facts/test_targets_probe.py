@@ -116,3 +116,15 @@ def test_the_end_of_turn_token_joins_what_generate_stops_at():
     assert model.generation_config.eos_token_id == [0, 2]
     stop_at_end_of_turn(model, tokenizer)  # once
     assert model.generation_config.eos_token_id == [0, 2]
+
+
+def test_generation_markers_around_the_user_turn_too_train_text_outside_the_answers(tmp_path):
+    """A template that marks every turn for the loss: the check names a target span that is in no answer."""
+    def every_turn(template):
+        user = "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+        assert user in template
+        return template.replace(user, "{% generation %}" + user + "{% endgeneration %}")
+
+    findings = example(tmp_path, template=every_turn)
+    errors = [f for f in findings if "train on text outside the answers" in f.title]
+    assert errors and errors[0].severity.value == "error", [f.title for f in findings]
