@@ -62,22 +62,6 @@ def sample_rows(files: tuple[str, ...]) -> list[Any]:
     return picked
 
 
-def end_of_turn(tokenizer) -> int | None:
-    """The token the chat template closes an assistant turn with: the first special token after its content."""
-    if not getattr(tokenizer, "chat_template", None):
-        return None
-    content = "sftdoctor-probe-answer"
-    try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "q"}, {"role": "assistant", "content": content}],
-                                             tokenize=False)
-    except Exception:  # a template that needs other roles or keys: no answer here
-        return None
-    after = text[text.rfind(content) + len(content):] if content in text else ""
-    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
-    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
-    return next((i for i in ids if i in special), None)
-
-
 def probe_plan(plan, folder: str):
     """The run's plan as the probe runs it: on this CPU, for one step, writing only into `folder`."""
     return dataclasses.replace(plan, output_dir=folder, deepspeed=None, cuda=False, precision="fp32",
@@ -134,7 +118,7 @@ def run(plan_json: dict[str, Any]) -> dict[str, Any]:
     from trl import SFTTrainer
 
     from sftdoctor.facts.packing_probe import shrink
-    from sftdoctor.facts.trainer_inputs import as_trained, load_tokenizer, sft_config
+    from sftdoctor.facts.trainer_inputs import as_trained, end_of_turn, load_tokenizer, sft_config
     from sftdoctor.run import Plan
 
     plan = Plan.from_json(plan_json)
@@ -155,8 +139,8 @@ def run(plan_json: dict[str, Any]) -> dict[str, Any]:
     answers = _answers(rows, plan.data_shape)
     eot, eos = end_of_turn(tokenizer), tokenizer.eos_token_id
     stops = sorted({i for i in (eos, eot) if i is not None})
-    found = []
-    for ids, labels in samples(batch):
+    found, collated = [], samples(batch)
+    for ids, labels in collated:
         targets = [i for i, label in enumerate(labels) if label != -100]
         last = targets[-1] if targets else -1
         found.append({"tokens": len(ids), "targets": len(targets),
@@ -165,7 +149,7 @@ def run(plan_json: dict[str, Any]) -> dict[str, Any]:
                       "stop_masked": any(token in stops for token in ids[last + 1:]),
                       "leading_bos": _leading(ids, tokenizer.bos_token_id),
                       "stray_targets": _stray(tokenizer, ids, labels, answers) if answers else []})
-    first_ids, first_labels = samples(batch)[0] if found else ([], [])
+    first_ids, first_labels = collated[0] if collated else ([], [])
     return {
         "samples": found, "rows": len(rows), "max_length": plan.max_length, "packed": plan.packing,
         "shape": plan.data_shape, "assistant_only_loss": plan.assistant_only_loss,

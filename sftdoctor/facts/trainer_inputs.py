@@ -113,3 +113,19 @@ def row_text(row: dict[str, Any], tokenizer, shape: str) -> str:
             return row_text({"messages": turns}, tokenizer, "messages")
         return f"{prompt}{completion}"
     return str(row.get("text", ""))
+
+
+def end_of_turn(tokenizer) -> int | None:
+    """The token the chat template closes an assistant turn with: the first special token after its content."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    content = "sftdoctor-probe-answer"
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "q"}, {"role": "assistant", "content": content}],
+                                             tokenize=False)
+    except Exception:  # a template that needs other roles or keys: no answer here
+        return None
+    after = text[text.rfind(content) + len(content):] if content in text else ""
+    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    return next((i for i in ids if i in special), None)

@@ -205,7 +205,7 @@ def main(argv: list[str]) -> int:
 def stop_at_end_of_turn(model, tokenizer) -> None:
     """generate() stops where training taught the model to: the chat template's end-of-turn token joins
     generation_config's eos_token_id (a base model's is often <|endoftext|> while its turns end <|im_end|>)."""
-    from sftdoctor.facts.targets_probe import end_of_turn
+    from sftdoctor.facts.trainer_inputs import end_of_turn
 
     config = getattr(model, "generation_config", None)
     eot = end_of_turn(tokenizer)

@@ -45,7 +45,7 @@ def summary(run_dir: Path, records: list[dict[str, Any]], wall_s: float, first_s
             checkpoint: Path | None, next_steps: list[str]) -> str:
     """`records`: this launch's metrics.jsonl records; `first_step`: the step it started after (0, or the
     checkpoint it resumed from)."""
-    path = lambda p: os.path.normpath(p)  # noqa: E731
+    path = os.path.normpath
     train, evaluation, end = _last(records, "loss"), _last(records, "eval_loss"), _last(records, "train_runtime")
     last_step = max((r.get("step", 0) for r in records), default=first_step)
     steps = last_step - first_step

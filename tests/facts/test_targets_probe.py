@@ -104,7 +104,7 @@ def test_the_end_of_turn_token_joins_what_generate_stops_at():
     """A base model's generation_config stops at <|endoftext|>; its chat turns end with <|im_end|>."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
-    from sftdoctor.facts.targets_probe import end_of_turn
+    from sftdoctor.facts.trainer_inputs import end_of_turn
     from sftdoctor.train.sft import stop_at_end_of_turn
 
     tokenizer = AutoTokenizer.from_pretrained(EXAMPLES / "tiny" / "model")
