@@ -1,7 +1,9 @@
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,19 @@ from sftdoctor.facts.topology import parse_topology
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLES = Path(__file__).parents[1] / "examples"
+
+
+def pytest_configure(config):
+    """The model-building probes' cache (facts.probe_cache) lives for one test session: a run starts cold,
+    never reads ~/.cache, and tests sharing the tiny example's files share its probe results."""
+    if "SFTDOCTOR_CACHE" not in os.environ:
+        os.environ["SFTDOCTOR_CACHE"] = tempfile.mkdtemp(prefix="sftdoctor-test-cache-")
+        config._sftdoctor_cache = os.environ["SFTDOCTOR_CACHE"]
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_sftdoctor_cache", None):
+        shutil.rmtree(config._sftdoctor_cache, ignore_errors=True)
 
 
 def index(kind: str) -> list[dict]:

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.probe_cache import cached, folder_files
+
 TOLERANCE = 1e-4  # float32 logits of a 2-layer model: equal up to kernel rounding when isolated
 
 
@@ -26,6 +28,13 @@ def probe_packing(facts) -> dict[str, Any] | None:
         return None
     attn = attn_implementation(run, facts.get("gpus"), facts.get("packages") or {})
     request = {"config": model["path"], "attn_implementation": attn, "trust_remote_code": run.model.trust_remote_code}
+    path = Path(model["path"])
+    folder = path.parent if path.name == "config.json" else path
+    return cached("packing", {**request, "config": None}, folder_files(folder), lambda: _child(request))
+
+
+def _child(request: dict[str, Any]) -> dict[str, Any]:
+    attn = request["attn_implementation"]
     try:
         proc = subprocess.run([sys.executable, "-m", "sftdoctor.facts.packing_probe", json.dumps(request)],
                               capture_output=True, text=True, timeout=600)

@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.probe_cache import cached, folder_files
+
 SAMPLE_ROWS = 64  # per data file: the first ones, plus its longest and shortest rows
 SHOWN_CHARS = 1200
 TIMEOUT_S = 600
@@ -32,6 +34,15 @@ def probe_training_targets(facts) -> dict[str, Any] | None:
     folder = tokenizer_folder(plan.tokenizer_path)
     if folder is None or not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
         return None  # no tokenizer here to tokenize with: nothing to prove (the worker would fail to load it)
+    request = probe_plan(plan, "").to_json()
+    files = [Path(name) for name in plan.train_files] + folder_files(tokenizer_folder(plan.model_path)) + \
+        folder_files(folder)
+    keyed = {k: v for k, v in request.items() if k not in ("train_files", "eval_files", "model_path",
+                                                          "tokenizer_path", "reasons")}
+    return cached("targets", keyed, files, lambda: _child(plan))
+
+
+def _child(plan) -> dict[str, Any]:
     try:
         proc = subprocess.run([sys.executable, "-m", "sftdoctor.facts.targets_probe"], input=json.dumps(plan.to_json()),
                               capture_output=True, text=True, timeout=TIMEOUT_S)

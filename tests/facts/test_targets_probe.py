@@ -128,3 +128,15 @@ def test_generation_markers_around_the_user_turn_too_train_text_outside_the_answ
     findings = example(tmp_path, template=every_turn)
     errors = [f for f in findings if "train on text outside the answers" in f.title]
     assert errors and errors[0].severity.value == "error", [f.title for f in findings]
+
+
+def test_a_copy_of_the_same_run_reads_the_probe_back_and_a_changed_template_probes_again(tmp_path, monkeypatch):
+    """What `train`'s gate and `check` ask again and again: answered from the cache when the files are the same."""
+    monkeypatch.setenv("SFTDOCTOR_CACHE", str(tmp_path / "cache"))
+    first = example(tmp_path / "a")
+    again = example(tmp_path / "b")  # another folder, the same files
+    assert [f.title for f in again] == [f.title for f in first]
+    assert len(list((tmp_path / "cache" / "probes").glob("targets-*.json"))) == 1
+    changed = example(tmp_path / "c", template=lambda t: t.replace("{% generation %}", "").replace("{% endgeneration %}", ""))
+    assert [f.title for f in changed] != [f.title for f in first]
+    assert len(list((tmp_path / "cache" / "probes").glob("targets-*.json"))) == 2

@@ -1,0 +1,108 @@
+"""Results of the probes that build a model in a child process (packing, training targets), kept on disk.
+
+Such a probe costs a few seconds of imports and gives the same answer for the same inputs, and `check`,
+`plan` and every `train` gate ask it again. The key is what the answer depends on: the request, the
+content of every file the probe reads (a model folder's configs and tokenizer files, the data; weights are
+never read), the installed stack's versions and sftdoctor's own code. A result with an "error" is not kept,
+so a probe that failed runs again.
+
+Where: $SFTDOCTOR_CACHE (a folder, or "off"), else $XDG_CACHE_HOME/sftdoctor, else ~/.cache/sftdoctor.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+STACK = ("torch", "transformers", "trl", "datasets", "accelerate", "tokenizers", "peft", "liger-kernel")
+WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt", ".onnx", ".pkl")
+HASHED_BYTES = 64 << 20  # a larger file is keyed by its path, size and mtime instead of its content
+
+
+def cache_dir() -> Path | None:
+    chosen = os.environ.get("SFTDOCTOR_CACHE")
+    if chosen == "off":
+        return None
+    if chosen:
+        return Path(chosen)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sftdoctor"
+
+
+def cached(kind: str, request: Any, files: Iterable[Path], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """compute(), or its answer for the same request, files, stack and sftdoctor from an earlier call."""
+    folder = cache_dir()
+    if folder is None:
+        return compute()
+    path = folder / "probes" / f"{kind}-{_key(request, files)}.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    result = compute()
+    if isinstance(result, dict) and "error" not in result:
+        _store(path, result)
+    return result
+
+
+def folder_files(folder: Path | None) -> list[Path]:
+    """A model or tokenizer folder's files a probe reads: everything but the weights."""
+    if folder is None or not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.endswith(WEIGHTS))
+
+
+def _key(request: Any, files: Iterable[Path]) -> str:
+    digest = hashlib.sha256(json.dumps([request, _stack(), _own_code()], sort_keys=True, default=str).encode())
+    for path in files:
+        digest.update(_file_digest(Path(path)).encode())
+    return digest.hexdigest()[:32]
+
+
+def _file_digest(path: Path) -> str:
+    try:
+        stat = path.stat()
+        if stat.st_size > HASHED_BYTES:
+            return f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return f"{path}:missing"
+
+
+@functools.lru_cache(maxsize=1)
+def _stack() -> dict[str, str | None]:
+    versions = {}
+    for name in STACK:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+@functools.lru_cache(maxsize=1)
+def _own_code() -> str:
+    digest = hashlib.sha256()
+    package = Path(__file__).parents[1]
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _store(path: Path, result: dict[str, Any]) -> None:
+    """Written whole or not at all (a temporary file renamed), and never a reason for the probe to fail."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8") as f:
+            json.dump(result, f)
+        os.replace(f.name, path)
+    except OSError:
+        try:
+            os.unlink(f.name)
+        except (OSError, UnboundLocalError):
+            pass
