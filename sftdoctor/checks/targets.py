@@ -22,7 +22,7 @@ def _length_keeping(lengths: list[int], share: float = KEEP_WHOLE) -> int:
 
 
 @check("training-targets", "EOS trained, BOS once, loss only where intended, what generate() stops at: proven on the run's rows")
-def training_targets(plan, training_targets: dict[str, Any]):
+def training_targets(plan, training_targets: dict[str, Any], chat_template: dict[str, Any] | None = None):
     probe = training_targets
     if "error" in probe:
         return warning(f"what the trainer will optimise could not be read back ({probe['error']})",
@@ -69,8 +69,30 @@ def training_targets(plan, training_targets: dict[str, Any]):
             f"the loss covers every turn ({share:.0%} of the tokens are targets), not only the assistant's",
             detail="The chat template has no {% generation %} markers and TRL cannot patch it, so user and system "
                    "turns are trained as if the model should write them. " + shown,
-            fix="use a chat template with {% generation %} ... {% endgeneration %} around the assistant turn "
-                "(TRL bundles training templates for Qwen, Llama and others)", evidence=evidence))
+            fix="[model] chat_template = a .jinja copy of the template with {% generation %} ... {% endgeneration %} "
+                "around the assistant's content and its end-of-turn token (none of sftdoctor's or TRL's bundled "
+                "templates renders this one's text)", evidence=evidence))
+    rows = probe["rows"]
+    if probe.get("saved_template_differs"):
+        findings.append(warning(
+            f"the chat template saved with the model renders {probe['saved_template_differs']} of {rows} sampled "
+            "rows differently from how they were trained",
+            detail="generate() and serving stacks format prompts with the saved template, so the model would be "
+                   "prompted in a format it was not trained on. TRL tokenizes with its own training template when "
+                   "the tokenizer's has no {% generation %} markers, but saves the tokenizer's. " + shown,
+            fix="train and save with one template: [model] chat_template = "
+                + (f'"{probe["trained_template"]}"' if probe.get("trained_template") else
+                   "a template with {% generation %} markers that formats every turn as inference will"),
+            evidence=evidence))
+    drop_in = plan.chat_template and not (chat_template or {}).get("given")  # chosen by sftdoctor, not the user
+    if probe.get("own_template_differs") and drop_in:
+        findings.append(warning(
+            f"the drop-in template {probe['chat_template']} renders {probe['own_template_differs']} of {rows} "
+            "sampled rows differently from the tokenizer's own",
+            detail="sftdoctor chose it because it renders its probe conversations the same; your rows use something "
+                   "those lack (tools, other roles or keys).",
+            fix="[model] chat_template = a copy of the tokenizer's template with {% generation %} markers added",
+            evidence=evidence))
     stray = [s for s in samples if s.get("stray_targets")]
     if stray and share < 0.999 and (probe["assistant_only_loss"] or probe["shape"] == "prompt_completion"):
         findings.append(error(
@@ -97,9 +119,10 @@ def training_targets(plan, training_targets: dict[str, Any]):
     if not [f for f in findings if f.severity.rank >= 2]:
         where = "assistant turns only" if probe["assistant_only_loss"] else (
             "completions only" if probe["shape"] == "prompt_completion" else "every token")
+        template = plan.reasons.get("chat_template")
         findings.insert(0, ok(
             f"{stop} is the last target of {len(samples) - len(missing)} of {_plural(len(samples), 'sample')}"
             f"{' (packed)' if probe['packed'] else ''}; {share:.0%} of tokens are targets ({where}); "
             f"{cut} of {len(lengths)} rows cut at max_length {max_length}",
-            detail=shown, evidence=evidence))
+            detail=(f"Chat template: {template}.\n" if template else "") + shown, evidence=evidence))
     return findings

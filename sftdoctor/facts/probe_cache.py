@@ -1,4 +1,5 @@
-"""Results of the probes that build a model in a child process (packing, training targets), kept on disk.
+"""Results of the probes that cost seconds (building a model in a child process for packing and training
+targets, comparing a chat template with every drop-in), kept on disk.
 
 Such a probe costs a few seconds of imports and gives the same answer for the same inputs, and `check`,
 `plan` and every `train` gate ask it again. The key is what the answer depends on: the request, the

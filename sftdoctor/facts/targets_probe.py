@@ -129,6 +129,7 @@ def run(plan_json: dict[str, Any]) -> dict[str, Any]:
     from trl import SFTTrainer
 
     from sftdoctor.facts.packing_probe import shrink
+    from sftdoctor.facts.tokenizer import read_template
     from sftdoctor.facts.trainer_inputs import as_trained, end_of_turn, load_tokenizer, sft_config
     from sftdoctor.run import Plan
 
@@ -146,14 +147,18 @@ def run(plan_json: dict[str, Any]) -> dict[str, Any]:
         trainer = SFTTrainer(model=model, args=args, train_dataset=rows, processing_class=tokenizer)
         processed = trainer.train_dataset
         batch = trainer.data_collator([processed[i] for i in range(len(processed))])
-    tokenizer = trainer.processing_class  # TRL may have patched its template (assistant-only loss)
+        tokenizer = trainer.processing_class
+        tokenizer.save_pretrained(Path(folder) / "saved")  # as sft.py saves it into final/
+        saved = read_template(Path(folder) / "saved")
+    templates = _templates(plan, tokenizer, rows, saved)
     answers = _answers(rows, plan.data_shape)
     eot, eos = end_of_turn(tokenizer), tokenizer.eos_token_id
     stops = sorted({i for i in (eos, eot) if i is not None})
     found, collated = [], samples(batch)
     for ids, labels in collated:
         targets = [i for i, label in enumerate(labels) if label != -100]
-        last = targets[-1] if targets else -1
+        # the last target that is not whitespace: a template may train the newline after its end-of-turn token
+        last = next((i for i in reversed(targets) if ids[i] in stops or tokenizer.decode([ids[i]]).strip()), -1)
         found.append({"tokens": len(ids), "targets": len(targets),
                       "last_target_is_stop": last >= 0 and ids[last] in stops,
                       # a stop token after the answer that is not a target: masked (pad = eos masked by id)
@@ -169,7 +174,39 @@ def run(plan_json: dict[str, Any]) -> dict[str, Any]:
         "bos_token_id": tokenizer.bos_token_id, "full_lengths": lengths,
         "generation_eos": _generation_eos(plan.model_path),
         "first_sample": marked(tokenizer, first_ids, first_labels),
+        "chat_template": plan.chat_template, **templates,
     }
+
+
+def _templates(plan, tokenizer, rows, saved: str | None) -> dict[str, Any]:
+    """Chat rows rendered with the template the trainer tokenized them with, against the one saved with the
+    model (what inference will use) and, when the plan trains with another template, the tokenizer's own:
+    how many rows differ."""
+    if plan.data_shape != "messages" or not tokenizer.chat_template:
+        return {}
+    from trl.chat_template_utils import get_training_chat_template  # public API (TRL 1.16)
+
+    from sftdoctor.facts.tokenizer import GENERATION, marked_templates, read_template, tokenizer_folder
+
+    trained = tokenizer.chat_template
+    if plan.assistant_only_loss and not GENERATION.search(trained):
+        trained = get_training_chat_template(tokenizer) or trained  # what TRL tokenizes with instead
+
+    def differ(template: str | None) -> int:
+        if template is None:
+            return len(rows)
+        return sum(tokenizer.apply_chat_template(row["messages"], chat_template=template, tokenize=False)
+                   != tokenizer.apply_chat_template(row["messages"], chat_template=trained, tokenize=False)
+                   for row in rows)
+
+    found = {"saved_template_differs": differ(saved)}
+    if trained != tokenizer.chat_template:  # the training template's file, for the fix to name
+        found["trained_template"] = next((str(path) for _, _, path in marked_templates()
+                                          if path.read_text(encoding="utf-8") == trained), None)
+    if plan.chat_template:
+        folder = tokenizer_folder(plan.tokenizer_path)
+        found["own_template_differs"] = differ(read_template(folder) if folder else None)
+    return found
 
 
 def _answers(rows, shape: str) -> list[str]:
@@ -185,7 +222,9 @@ def _answers(rows, shape: str) -> list[str]:
 
 
 def _stray(tokenizer, ids: list[int], labels: list[int], answers: list[str]) -> list[str]:
-    """Target spans (special tokens left out) found in no answer: the loss covers text it should not."""
+    """Target spans (special tokens left out) that neither lie in an answer nor hold one (a reasoning scaffold
+    around the answer, like Qwen3's empty <think></think>, is the assistant's to write): text the loss should
+    not cover."""
     spans, span = [], []
     for token, label in zip(ids + [None], labels + [-100]):
         if label != -100:
@@ -196,7 +235,7 @@ def _stray(tokenizer, ids: list[int], labels: list[int], answers: list[str]) -> 
     stray = []
     for span in spans:
         text = tokenizer.decode(span, skip_special_tokens=True).strip()
-        if text and not any(text in answer for answer in answers):
+        if text and not any(text in answer or answer in text for answer in answers if answer):
             stray.append(text[:80])
     return stray[:3]
 

@@ -5,6 +5,7 @@ Imports the training stack only inside its functions."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sftdoctor.run import Plan
@@ -14,6 +15,8 @@ def load_tokenizer(plan: Plan):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(plan.tokenizer_path, trust_remote_code=plan.trust_remote_code)
+    if plan.chat_template:  # saved with the model too: final/ formats prompts as training did
+        tokenizer.chat_template = Path(plan.chat_template).read_text(encoding="utf-8")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -99,6 +99,10 @@ class Model(Section):
                                    _choice("auto", "flash_attention_2", "sdpa", "eager"), "auto",
                                    doc="auto = flash_attention_2 where installed and every GPU is Ampere or newer, else sdpa")
     trust_remote_code: bool = key("true or false", _bool, False)
+    chat_template: str | None = key("a path to a Jinja chat template (.jinja)", _str, path="file",
+                                    doc="train (and save the model) with this template instead of the tokenizer's "
+                                        "own; default: the tokenizer's, or a copy with {% generation %} markers "
+                                        "that renders the same")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from sftdoctor.run.gpus import FLASH_MIN_CC, bf16_capable, devices, lacking
 from sftdoctor.run.memory import Fit, Run, Setting, fit
 from sftdoctor.run.shape import Shape
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2  # 2: chat_template
 TORCHRUN_DEFAULT_PORT = 29500
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 DISTRIBUTED_CHECK_MAX_S = 120.0
@@ -63,6 +63,7 @@ class Plan:
     max_length: int
     packing: bool
     assistant_only_loss: bool
+    chat_template: str | None  # the template file the tokenizer trains with; None: the tokenizer's own
     # optimisation
     learning_rate: float
     lr_scheduler: str
@@ -273,10 +274,24 @@ def warmup(run: RunConfig, features: dict[str, Any] | None, steps: int | None) -
 
 
 def assistant_only_loss(shape: str | None, template: dict[str, Any] | None) -> bool:
-    """Loss on assistant turns needs {% generation %} markers in the chat template, present or patched in by
-    TRL (its bundled training templates, TRL 1.16)."""
-    return shape == "messages" and bool(template) and bool(template.get("generation_markers")
-                                                           or template.get("trl_patchable"))
+    """Loss on assistant turns needs {% generation %} markers in the chat template: present, patched in by
+    TRL (its bundled training templates, TRL 1.16), or in the drop-in chat_template() chooses."""
+    return shape == "messages" and bool(template) and bool(
+        template.get("generation_markers") or template.get("trl_patchable") or template.get("marked_equivalent"))
+
+
+def chat_template(run: RunConfig, shape: str | None, template: dict[str, Any] | None) -> tuple[str | None, str | None]:
+    """(the template file the tokenizer trains with, why), or (None, None) for the tokenizer's own: the one the
+    run config gives, or, for chat rows whose template has no generation markers, a marked template that renders
+    every probed conversation exactly as the tokenizer's own (facts/tokenizer.py), so only the loss mask changes
+    and the model saved in final/ formats prompts as before."""
+    if run.model.chat_template:
+        return run.model.chat_template, "[model].chat_template in the run config"
+    found = (template or {}).get("marked_equivalent")
+    if shape != "messages" or not found:
+        return None, None
+    return found["path"], (f"{found['source']}'s {found['name']}.jinja: the tokenizer's template with {{% generation %}} "
+                           "markers (renders the same text), so the loss covers the assistant turns only")
 
 
 def master_port(run: RunConfig, rendezvous: dict[str, Any] | None) -> tuple[int, str]:
@@ -322,6 +337,7 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
     port, why_port = master_port(run, facts.get("rendezvous"))
     shape = (data.get("train") or {}).get("shape")
     model_keys = (facts.get("model_config") or {}).get("raw_keys") or ()
+    template, why_template = chat_template(run, shape, facts.get("chat_template"))
     return Plan(
         nproc_per_node=nproc, nnodes=nnodes, node_rank=run.launch.node_rank, world_size=world_size,
         cuda=bool(devices(gpus)),
@@ -335,7 +351,7 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
         train_files=tuple(run.data.train), eval_files=tuple(run.data.eval), eval_fraction=run.data.eval_fraction,
         data_shape=shape, data_format=(data.get("train") or {}).get("format"), data_rows=rows, max_length=run.data.max_length,
         packing=bool(probe.get("isolated")) if t.packing == "auto" else bool(t.packing),
-        assistant_only_loss=assistant_only_loss(shape, facts.get("chat_template")),
+        assistant_only_loss=assistant_only_loss(shape, facts.get("chat_template")), chat_template=template,
         learning_rate=t.learning_rate, lr_scheduler=t.lr_scheduler, lr_scheduler_kwargs=lr_scheduler_kwargs(run, features),
         warmup=warmup_args, warmup_steps=warmup_steps, epochs=t.epochs, max_steps=t.max_steps, total_steps=steps,
         weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm, checkpointing=t.gradient_checkpointing,
@@ -351,7 +367,8 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
         hang_timeout_s=float(run.watch.hang_timeout_s), ddp_timeout_s=ddp_timeout(run.watch.hang_timeout_s),
         on_nan=run.watch.on_nan, max_skips=run.watch.max_skips, loss_spike_factor=run.watch.loss_spike_factor,
         report_to=run.report.to, output_dir=t.output_dir,
-        reasons={"precision": why_precision, "master_port": why_port},
+        reasons={"precision": why_precision, "master_port": why_port,
+                 **({"chat_template": why_template} if why_template else {})},
     )
 
 

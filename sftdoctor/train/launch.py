@@ -111,7 +111,8 @@ def describe(plan: Plan) -> str:
         f"precision       {plan.precision} (weights loaded in {plan.load_dtype}); attention {plan.attn_implementation}; "
         f"liger-kernel {'on' if plan.liger_kernel else 'off'}",
         f"schedule        {schedule(plan)}",
-        f"loss            {'assistant turns only' if plan.assistant_only_loss else 'completions only' if plan.data_shape == 'prompt_completion' else 'every token'}",
+        f"loss            {'assistant turns only' if plan.assistant_only_loss else 'completions only' if plan.data_shape == 'prompt_completion' else 'every token'}"
+        + (f"; chat template {Path(plan.chat_template).name}" if plan.chat_template else ""),
         f"deepspeed       {'off' if plan.deepspeed is None else f'ZeRO-{plan.zero_stage} ({plan.deepspeed_source})'}",
         f"run directory   {os.path.normpath(plan.output_dir)}",
     ]

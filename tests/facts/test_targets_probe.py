@@ -4,6 +4,7 @@ max_length). Each probe is a child process of seconds: end-to-end, so slow."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ GENERATION = ("{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgene
 
 
 def example(tmp_path, template=None, tokenizer_changes=None, text=None, max_length=256, packing=False,
-            post_processor=None):
+            post_processor=None, conversations=None, model_keys=None):
     """A copy of the tiny example with its tokenizer changed; the run's findings of training-targets."""
     model = tmp_path / "model"
     shutil.copytree(EXAMPLES / "tiny" / "model", model)
@@ -37,7 +38,11 @@ def example(tmp_path, template=None, tokenizer_changes=None, text=None, max_leng
         data = tmp_path / "text.jsonl"
         rows = [json.loads(line)["messages"] for line in (EXAMPLES / "tiny" / "data" / "train.jsonl").read_text().splitlines()]
         data.write_text("".join(json.dumps({"text": text(m)}) + "\n" for m in rows[:40]))
-    cfg = write_config(tmp_path, {"model": {"path": str(model), "weights": "random"},
+    if conversations is not None:
+        data = tmp_path / "chats.jsonl"
+        rows = [json.loads(line)["messages"] for line in (EXAMPLES / "tiny" / "data" / "train.jsonl").read_text().splitlines()]
+        data.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations(rows)))
+    cfg = write_config(tmp_path, {"model": {"path": str(model), "weights": "random", **(model_keys or {})},
                                   "data": {"train": str(data), "max_length": max_length},
                                   "training": {"packing": packing, "max_steps": 4, "output_dir": "out"}})
     registry = load_checks(plugins=False)
@@ -64,10 +69,47 @@ def test_a_template_that_never_closes_the_answer_is_an_error(tmp_path):
     assert any("end their targets without <|im_end|>" in t for t in errors), [f.title for f in findings]
 
 
-def test_a_template_without_generation_markers_trains_every_turn(tmp_path):
-    findings = example(tmp_path, template=lambda t: t.replace("{% generation %}", "").replace("{% endgeneration %}", ""))
-    warnings = by_severity(findings).get("warning", [])
-    assert any("the loss covers every turn" in t and "100% of the tokens are targets" in t for t in warnings), warnings
+def unmarked(template):
+    return template.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+
+
+def test_a_template_without_generation_markers_trains_with_sftdoctors_drop_in(tmp_path):
+    """The tiny ChatML template stripped of its markers: sftdoctor's chatml.jinja renders it exactly, so the
+    loss still covers the assistant turns only, and the finding names the template."""
+    [finding] = example(tmp_path, template=unmarked)
+    assert finding.severity.value == "ok" and "(assistant turns only)" in finding.title, finding.title
+    assert "Chat template: sftdoctor's chatml.jinja" in finding.detail
+    assert finding.evidence["own_template_differs"] == 0 == finding.evidence["saved_template_differs"]
+
+
+def test_a_template_without_markers_and_no_drop_in_trains_every_turn(tmp_path):
+    """No newline after the last turn (a real Qwen1.5 fine-tuning template): no bundled template renders it."""
+    def no_last_newline(template):
+        return unmarked(template).replace("'<|im_end|>' }}{{ '\\n' }}", "'<|im_end|>' }}{% if not loop.last %}{{ '\\n' }}{% endif %}")
+
+    findings = example(tmp_path, template=no_last_newline)
+    warnings = [f for f in findings if f.severity.value == "warning"]
+    assert any("the loss covers every turn" in f.title and "100% of the tokens are targets" in f.title
+               and f.fix.startswith("[model] chat_template = ") for f in warnings), [f.title for f in findings]
+
+
+def test_trls_training_template_saved_as_the_tokenizers_own_is_named_and_its_fix_is_quiet(tmp_path):
+    """Qwen3's template (TRL's bundled copy) drops <think> from earlier turns, TRL's training copy keeps it:
+    multi-turn rows train in one format and the saved model is prompted in another."""
+    import trl
+
+    folder = Path(trl.__file__).parent / "chat_templates"
+
+    def pairs(rows):
+        return [a + b for a, b in zip(rows[::2], rows[1::2])]
+
+    findings = example(tmp_path / "a", template=lambda _: (folder / "qwen3.jinja").read_text(), conversations=pairs,
+                       max_length=1024)
+    [saved] = [f for f in findings if "saved with the model renders" in f.title]
+    assert saved.severity.value == "warning" and str(folder / "qwen3_training.jinja") in saved.fix
+    fixed = example(tmp_path / "b", template=lambda _: (folder / "qwen3.jinja").read_text(), conversations=pairs,
+                    max_length=1024, model_keys={"chat_template": str(folder / "qwen3_training.jinja")})
+    assert [f.severity.value for f in fixed] == ["ok"], [f.title for f in fixed]
 
 
 def test_pad_equal_to_eos_still_trains_eos_with_trls_collator(tmp_path):
@@ -137,6 +179,6 @@ def test_a_copy_of_the_same_run_reads_the_probe_back_and_a_changed_template_prob
     again = example(tmp_path / "b")  # another folder, the same files
     assert [f.title for f in again] == [f.title for f in first]
     assert len(list((tmp_path / "cache" / "probes").glob("targets-*.json"))) == 1
-    changed = example(tmp_path / "c", template=lambda t: t.replace("{% generation %}", "").replace("{% endgeneration %}", ""))
+    changed = example(tmp_path / "c", max_length=24)
     assert [f.title for f in changed] != [f.title for f in first]
     assert len(list((tmp_path / "cache" / "probes").glob("targets-*.json"))) == 2

@@ -227,3 +227,70 @@ def test_the_probe_agrees_with_trl_on_every_bundled_template(tiny_tokenizer, nam
         assert probe_verdict(template) == trl_trains_assistant_only(tokenizer)
     finally:
         tokenizer.chat_template = saved
+
+
+# ---------------------------------------------------------------- drop-in templates with generation markers
+
+from sftdoctor.facts.tokenizer import CONVERSATIONS, marked_equivalent, marked_templates, render  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures" / "chat_templates"
+RECORDED = json.loads((FIXTURES / "index.json").read_text())
+
+
+def transformers_render(tokenizer, template: str, messages, prompt: bool) -> str | None:
+    from jinja2 import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=prompt)
+    except (TemplateError, TypeError, KeyError, ValueError):
+        return None
+
+
+@pytest.mark.parametrize("entry", RECORDED, ids=[e["file"] for e in RECORDED])
+def test_a_recorded_template_gets_the_drop_in_that_renders_it(entry):
+    template = (FIXTURES / entry["file"]).read_text(encoding="utf-8")
+    found = marked_equivalent(template, entry["tokens"])
+    assert (found and found["name"]) == entry["drop_in"], found
+    if found:
+        marked = Path(found["path"]).read_text(encoding="utf-8")
+        assert GENERATION.search(marked)
+        for messages, prompt in CONVERSATIONS:
+            assert render(marked, entry["tokens"], messages, prompt) == render(template, entry["tokens"], messages, prompt)
+
+
+@pytest.mark.parametrize("path", [p for _, _, p in marked_templates()] + bundled(), ids=lambda p: p.name)
+def test_the_comparison_renders_exactly_as_transformers(tiny_tokenizer, path):
+    """Every template sftdoctor may compare, rendered by render() and by transformers' apply_chat_template
+    (tiny tokenizer's special tokens): the same text, or both refuse the conversation."""
+    template = path.read_text(encoding="utf-8")
+    tokens = {k: v for k, v in tiny_tokenizer.special_tokens_map.items() if isinstance(v, str)}
+    for messages, prompt in CONVERSATIONS:
+        assert render(template, tokens, messages, prompt) == transformers_render(tiny_tokenizer, template, messages, prompt)
+
+
+def test_a_drop_in_with_the_generation_prompt_trains_only_the_answer(tiny_tokenizer):
+    """transformers' own assistant mask over sftdoctor's chatml drop-in: the answer and its <|im_end|>."""
+    template = next(p for n, _, p in marked_templates() if n == "chatml").read_text(encoding="utf-8")
+    messages = CONVERSATIONS[0][0]
+    out = tiny_tokenizer.apply_chat_template(messages, chat_template=template, return_dict=True,
+                                             return_assistant_tokens_mask=True)
+    trained = [t for t, m in zip(out["input_ids"], out["assistant_masks"]) if m]
+    assert tiny_tokenizer.decode(trained) == messages[1]["content"] + "<|im_end|>"
+
+
+def test_a_template_that_refuses_every_conversation_has_no_drop_in():
+    assert marked_equivalent("{{ raise_exception('no') }}", {}) is None
+    assert marked_equivalent("{% for %}", {}) is None  # does not compile
+
+
+def test_a_run_config_template_is_the_one_probed(tmp_path):
+    tokenizer_files(tmp_path / "model", chat_template=TINY_TEMPLATE.replace("{% generation %}", "").replace(
+        "{% endgeneration %}", ""))
+    given = tmp_path / "mine.jinja"
+    given.write_text(TINY_TEMPLATE)
+    path = run_toml(tmp_path, "model")
+    plain = Facts(Inputs(config=path)).get("chat_template")
+    assert not plain["generation_markers"] and plain["marked_equivalent"]["name"] == "chatml"
+    path.write_text(path.read_text().replace("[model]\n", '[model]\nchat_template = "mine.jinja"\n'))
+    fact = Facts(Inputs(config=path)).get("chat_template")
+    assert fact["generation_markers"] and fact["given"] == str(given.resolve()) and "marked_equivalent" not in fact

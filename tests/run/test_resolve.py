@@ -128,6 +128,21 @@ def test_assistant_only_loss_needs_generation_markers_or_a_template_trl_patches(
     assert not plan_of(run, data={"train": {"shape": "text", "rows": 10}}, chat_template={"generation_markers": True}).assistant_only_loss
 
 
+def test_a_template_without_markers_trains_with_the_drop_in_that_renders_it_and_a_given_one_wins(tmp_path):
+    chat = {"train": {"shape": "messages", "rows": 10}}
+    drop_in = {"generation_markers": False, "trl_patchable": False,
+               "marked_equivalent": {"name": "chatml", "source": "sftdoctor", "path": "/x/chatml.jinja"}}
+    plan = plan_of(make_run(tmp_path), data=chat, chat_template=drop_in)
+    assert plan.assistant_only_loss and plan.chat_template == "/x/chatml.jinja"
+    assert plan.reasons["chat_template"].startswith("sftdoctor's chatml.jinja")
+    text = plan_of(make_run(tmp_path), data={"train": {"shape": "text", "rows": 10}}, chat_template=drop_in)
+    assert text.chat_template is None and "chat_template" not in text.reasons  # text rows have no template
+    (tmp_path / "mine.jinja").write_text("{{ messages }}")
+    given = plan_of(make_run(tmp_path, model={"chat_template": "mine.jinja"}), data=chat,
+                    chat_template={"generation_markers": False, "trl_patchable": False, "given": "mine.jinja"})
+    assert given.chat_template == str(tmp_path / "mine.jinja") and not given.assistant_only_loss
+
+
 def test_the_plan_round_trips_through_json_and_refuses_another_version(tmp_path):
     import json
 
