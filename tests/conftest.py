@@ -99,13 +99,13 @@ def meta_shape(config: dict):
 
 def run_of(**sections):
     """A RunConfig built directly (no files checked): `run_of(model={"precision": "bf16"}, launch={"nnodes": 2})`."""
-    from sftdoctor.run.config import SECTIONS, RunConfig
+    from sftdoctor.run.config import OPTIONAL, SECTIONS, RunConfig
 
     values = {"model": {"path": "m"}, "data": {"train": ("d.jsonl",)}}
     for name, given in sections.items():
         values[name] = {**values.get(name, {}), **given}
     return RunConfig(path="run.toml", **{name: kind(given=frozenset(values.get(name, {})), **values.get(name, {}))
-                                         for name, kind in SECTIONS.items()})
+                                         for name, kind in SECTIONS.items() if name not in OPTIONAL or name in values})
 
 
 @pytest.fixture(scope="session")

@@ -37,6 +37,7 @@ BUILTIN_MODULES = (
     "sftdoctor.checks.memory",
     "sftdoctor.checks.packing",
     "sftdoctor.checks.targets",
+    "sftdoctor.checks.lora",
     "sftdoctor.checks.runtime",
     "sftdoctor.checks.cluster",
 )

@@ -92,11 +92,21 @@ def gradient_checkpointing(plan):
     ds = plan.deepspeed or {}
     findings = []
     if plan.checkpointing:
+        kind = "reentrant (use_reentrant=True)" if plan.checkpointing_reentrant else "non-reentrant (use_reentrant=False)"
+        adapters = ""
+        if plan.lora is not None:
+            adapters = (" With frozen embeddings, reentrant checkpointing alone sees inputs that need no gradient "
+                        "(\"None of the inputs have requires_grad=True. Gradients will be None\") and the adapters "
+                        "never learn: TRL 1.16 calls enable_input_require_grads() for PEFT with checkpointing, so "
+                        "gradients reach them.")
+            if plan.checkpointing_reentrant:
+                adapters += " Under ZeRO-3 TRL forces reentrant checkpointing for PEFT, and sftdoctor asks for it."
         findings.append(ok(
-            f"on, non-reentrant (use_reentrant=False), passed as TrainingArguments.{plan.checkpointing_arg}",
+            f"on, {kind}, passed as TrainingArguments.{plan.checkpointing_arg}"
+            + ("; gradients reach the adapters (enable_input_require_grads)" if plan.lora is not None else ""),
             detail="transformers 5 renamed gradient_checkpointing to activation_checkpointing (the old name is a "
-                   "deprecated alias); sftdoctor passes the name the installed version reads.",
-            evidence={"argument": plan.checkpointing_arg}))
+                   "deprecated alias); sftdoctor passes the name the installed version reads." + adapters,
+            evidence={"argument": plan.checkpointing_arg, "use_reentrant": plan.checkpointing_reentrant}))
     else:
         findings.append(info("off: every layer's activations stay in memory (fastest, most memory)",
                              fix="[training] gradient_checkpointing = true if memory runs short"))

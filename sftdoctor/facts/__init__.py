@@ -44,8 +44,8 @@ class Probe:
 
 
 def _probes() -> dict[str, Probe]:
-    from sftdoctor.facts import (configs, data, gpus, model_shape, nics, packages, packing_probe, stack, system,
-                                 targets_probe, tokenizer, topology)
+    from sftdoctor.facts import (configs, data, gpus, lora_modules, model_shape, nics, packages, packing_probe, stack,
+                                 system, targets_probe, tokenizer, topology)
 
     config, model, ds = ("config",), ("config", "model_config"), ("config", "deepspeed")
     return {
@@ -53,6 +53,7 @@ def _probes() -> dict[str, Probe]:
         "torch_build": Probe(packages.probe_torch_build, why_missing="torch is not installed"),
         "deepspeed_defaults": Probe(packages.probe_deepspeed_defaults, why_missing="deepspeed is not installed"),
         "flash_attn": Probe(packages.probe_flash_attn),
+        "bitsandbytes": Probe(packages.probe_bitsandbytes),
         "gpus": Probe(gpus.probe_gpus),
         "topology": Probe(topology.probe_topology, ("topology",),
                           "no `nvidia-smi topo -m` available (give a saved one with --topology)"),
@@ -72,6 +73,8 @@ def _probes() -> dict[str, Probe]:
                                "packing is off, or no run config / model config to probe"),
         "model_shape": Probe(model_shape.probe_model_shape, model,
                              "no model config, or an architecture sftdoctor counts only where there are GPUs"),
+        "lora_modules": Probe(lora_modules.probe_lora_modules, model,
+                              "no [lora] in the run config, or no model config.json to list its layers from"),
         "plan": Probe(_probe_plan, config, "no run config given (--config)"),
         "training_targets": Probe(targets_probe.probe_training_targets, config,
                                   "the run's model has no config.json and tokenizer files here to build its trainer from"),

@@ -22,6 +22,7 @@ PACKAGES = (
     "flash-attn",
     "liger-kernel",
     "peft",
+    "bitsandbytes",
     "triton",
     "nvidia-ml-py",
     "pynvml",
@@ -100,18 +101,27 @@ def probe_deepspeed_defaults(facts) -> dict[str, Any] | None:
 
 
 _FLASH_IMPORT = "import torch, flash_attn; from flash_attn import flash_attn_func; print(flash_attn.__version__)"
+# bitsandbytes 0.4x-0.50 loads its CUDA library on import and says which one failed on stderr.
+_BNB_IMPORT = "import torch, bitsandbytes; from bitsandbytes.nn import Linear4bit; print(bitsandbytes.__version__)"
 
 
 def probe_flash_attn(facts) -> dict[str, Any]:
     """Whether flash-attn imports against this torch. Runs in a child process: importing it
     loads torch and CUDA, and an ABI mismatch only shows as an ImportError there."""
-    version = _version("flash-attn")
+    return _imports("flash-attn", _FLASH_IMPORT)
+
+
+def probe_bitsandbytes(facts) -> dict[str, Any]:
+    """Whether bitsandbytes (QLoRA's 4- and 8-bit layers) imports against this torch, in a child process."""
+    return _imports("bitsandbytes", _BNB_IMPORT)
+
+
+def _imports(package: str, code: str) -> dict[str, Any]:
+    version = _version(package)
     if version is None:
         return {"installed": False}
     try:
-        proc = subprocess.run(
-            [sys.executable, "-c", _FLASH_IMPORT], capture_output=True, text=True, timeout=120
-        )
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
         return {"installed": True, "version": version, "import_ok": False, "import_error": "import timed out after 120 s"}
     error_lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]

@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-STACK = ("torch", "transformers", "trl", "datasets", "accelerate", "tokenizers", "peft", "liger-kernel")
+STACK = ("torch", "transformers", "trl", "datasets", "accelerate", "tokenizers", "peft", "liger-kernel", "bitsandbytes")
 WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt", ".onnx", ".pkl")
 HASHED_BYTES = 64 << 20  # a larger file is keyed by its path, size and mtime instead of its content
 

@@ -78,7 +78,7 @@ def sft_config(plan: Plan, has_eval: bool):
         "bf16": plan.precision == "bf16",
         "fp16": plan.precision == "fp16",
         arg: plan.checkpointing,
-        f"{arg}_kwargs": {"use_reentrant": False} if plan.checkpointing else None,
+        f"{arg}_kwargs": {"use_reentrant": plan.checkpointing_reentrant} if plan.checkpointing else None,
         "packing": plan.packing,
         "packing_strategy": "bfd",
         "max_length": plan.max_length,
@@ -132,3 +132,33 @@ def end_of_turn(tokenizer) -> int | None:
     special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
     ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
     return next((i for i in ids if i in special), None)
+
+
+def peft_config(plan: Plan):
+    """peft's LoraConfig for the plan's adapters (None: a full fine-tune), handed to SFTTrainer, which wraps the
+    model with get_peft_model and, with checkpointing on, enable_input_require_grads (TRL 1.16), so gradients
+    reach the adapters through the frozen embeddings."""
+    if plan.lora is None:
+        return None
+    from peft import LoraConfig
+
+    lora = plan.lora
+    return LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                      target_modules=lora["target_modules"], modules_to_save=lora["modules_to_save"] or None,
+                      use_rslora=lora["use_rslora"], use_dora=lora["use_dora"], bias="none", task_type="CAUSAL_LM")
+
+
+def quantization_config(plan: Plan):
+    """bitsandbytes' config for QLoRA's frozen base (None without quantize): NF4 with double quantisation,
+    computing in the run's precision (Dettmers et al., 2023), or LLM.int8()."""
+    quantize = (plan.lora or {}).get("quantize", "none")
+    if quantize == "none":
+        return None
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if quantize == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=getattr(torch, plan.lora["compute_dtype"]),
+                              bnb_4bit_quant_storage=getattr(torch, plan.lora["quant_storage"]))

@@ -191,8 +191,36 @@ class Watch(Section):
                                    doc="a logged loss this many robust deviations above the recent median is a spike")
 
 
+def _modules(v: Any) -> bool:
+    return v == "all-linear" or (isinstance(v, list) and len(v) > 0 and all(_str(x) for x in v))
+
+
+def _names(v: Any) -> bool:
+    return isinstance(v, list) and all(_str(x) for x in v)
+
+
+@dataclass(frozen=True)
+class Lora(Section):
+    """[lora]: present = train adapters (peft's LoRA) instead of every weight; absent = full fine-tune."""
+
+    r: int = key("an integer from 1 to 4096", _int(1, 4096), 16, doc="the adapters' rank")
+    alpha: float = key("a number > 0", _float(0.0, low_open=True), 32, doc="scaling: alpha / r (alpha / sqrt(r) with rslora)")
+    dropout: float = key("a number from 0 up to (not including) 1", _float(0.0, 1.0, high_open=True), 0.05)
+    target_modules: str | tuple[str, ...] = key('"all-linear" or a list of module names', _modules, "all-linear",
+                                                doc="all-linear = every linear layer but the output head (peft's rule)")
+    modules_to_save: tuple[str, ...] = key("a list of module names", _names, (),
+                                           doc="trained in full and saved with the adapter (e.g. embed_tokens, lm_head)")
+    use_rslora: bool = key("true or false", _bool, False, doc="rank-stabilised scaling, alpha / sqrt(r)")
+    use_dora: bool = key("true or false", _bool, False, doc="weight-decomposed LoRA (DoRA)")
+    quantize: str = key("one of none, 4bit, 8bit", _choice("none", "4bit", "8bit"), "none",
+                        doc="QLoRA: the frozen base in 4-bit NF4 (double quantisation) or 8-bit, with bitsandbytes on CUDA")
+    merge: bool = key("true or false", _bool, False,
+                      doc="also write base + adapter merged into one 16-bit model in final-merged/")
+
+
 SECTIONS: dict[str, type[Section]] = {"model": Model, "data": Data, "training": Training, "deepspeed": DeepSpeed,
-                                      "launch": Launch, "report": Report, "watch": Watch}
+                                      "launch": Launch, "report": Report, "watch": Watch, "lora": Lora}
+OPTIONAL = {"lora"}  # absent from the TOML: None in the RunConfig (a full fine-tune), not a section of defaults
 
 # Pairs of keys of which at most one may be given.
 EXCLUSIVE = (
@@ -216,6 +244,7 @@ class RunConfig:
     launch: Launch = Launch()
     report: Report = Report()
     watch: Watch = Watch()
+    lora: Lora | None = None
 
     def given(self, section: str, name: str) -> bool:
         return getattr(self, section).is_given(name)
@@ -227,10 +256,11 @@ class RunConfig:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"path": self.path}
-        for name in SECTIONS:
+        present = [name for name in SECTIONS if getattr(self, name) is not None]
+        for name in present:
             sec = getattr(self, name)
             out[name] = {k: _plain(getattr(sec, k)) for k in keys(type(sec))}
-        out["given"] = {name: sorted(getattr(self, name).given) for name in SECTIONS}
+        out["given"] = {name: sorted(getattr(self, name).given) for name in present}
         return out
 
     @classmethod
@@ -238,6 +268,8 @@ class RunConfig:
         given = doc.get("given") or {}
         sections = {}
         for name, kind in SECTIONS.items():
+            if name in OPTIONAL and name not in doc:
+                continue
             values = {k: tuple(v) if isinstance(v, list) else v for k, v in (doc.get(name) or {}).items()}
             sections[name] = kind(given=frozenset(given.get(name, ())), **values)
         return cls(path=doc["path"], **sections)
@@ -291,7 +323,7 @@ def _resolve_path(spec: Key, value: Any, folder: Path, errors: list[InputError],
                 errors.append(InputError(path, f"file not found: {given} (looked for {full})", key=where))
         out = [str(f) for f in resolved]
         return out[0] if spec.path == "file" else tuple(out)
-    return value
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _section(kind: type[Section], name: str, given: dict[str, Any], path: Path, errors: list[InputError]) -> Section:
@@ -322,9 +354,9 @@ def validate(raw: dict[str, Any], path: Path) -> RunConfig:
         elif not isinstance(value, dict):
             errors.append(InputError(path, "expected a table ([section] with keys)", key=name))
     sections = {name: _section(kind, name, raw[name] if isinstance(raw.get(name), dict) else {}, path, errors)
-                for name, kind in SECTIONS.items()}
+                for name, kind in SECTIONS.items() if name not in OPTIONAL or name in raw}
     for name, a, b in EXCLUSIVE:
-        if sections[name].is_given(a) and sections[name].is_given(b):
+        if name in sections and sections[name].is_given(a) and sections[name].is_given(b):
             errors.append(InputError(path, f"give either {a} or {b}, not both", key=f"[{name}]"))
     errors += _cross_checks(sections, path)
     if errors:

@@ -19,7 +19,7 @@ from sftdoctor.run.gpus import FLASH_MIN_CC, bf16_capable, devices, lacking
 from sftdoctor.run.memory import Fit, Run, Setting, fit
 from sftdoctor.run.shape import Shape
 
-PLAN_VERSION = 2  # 2: chat_template
+PLAN_VERSION = 3  # 2: chat_template; 3: lora, checkpointing_reentrant
 TORCHRUN_DEFAULT_PORT = 29500
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 DISTRIBUTED_CHECK_MAX_S = 120.0
@@ -77,6 +77,10 @@ class Plan:
     max_grad_norm: float
     checkpointing: bool
     checkpointing_arg: str  # activation_checkpointing (transformers 5.x) | gradient_checkpointing
+    checkpointing_reentrant: bool  # TRL 1.16 forces reentrant checkpointing for PEFT under ZeRO-3
+    # adapters: None = full fine-tune; else r, alpha, dropout, target_modules, modules_to_save, use_rslora,
+    # use_dora, quantize, merge, compute_dtype, quant_storage, trainable_params, base_params (see lora_settings)
+    lora: dict[str, Any] | None
     seed: int
     logging_steps: int
     save_steps: int
@@ -166,11 +170,33 @@ def precision(run: RunConfig, gpus: dict[str, Any] | None) -> tuple[str, str]:
     return "bf16", '[model].precision = "auto" on these GPUs'
 
 
-def load_dtype(precision_: str, deepspeed: dict[str, Any] | None) -> str:
+def load_dtype(precision_: str, deepspeed: dict[str, Any] | None, lora: bool = False) -> str:
     """DeepSpeed keeps fp32 master weights itself (ZeRO 1-3 in bf16/fp16), so 16-bit weights load in 16 bits,
     at half the host memory. Without it, bf16/fp16 are AMP over fp32 weights: AdamW in pure bf16 would round
-    small updates away."""
-    return LOAD_DTYPES[precision_] if deepspeed is not None else "float32"
+    small updates away. With LoRA the base is frozen (never updated), so it loads in 16 bits; peft keeps the
+    adapters in fp32 (autocast_adapter_dtype, peft 0.12+)."""
+    return LOAD_DTYPES[precision_] if deepspeed is not None or lora else "float32"
+
+
+def lora_settings(run: RunConfig, precision_: str, zero_stage: int, modules: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The adapters as peft will build them, or None for a full fine-tune. QLoRA computes in the run's
+    precision; under ZeRO-3 its 4-bit weights are stored in that dtype too (bnb_4bit_quant_storage), the only
+    way DeepSpeed can partition them (transformers' DeepSpeed + QLoRA guide, bitsandbytes 0.43+)."""
+    from sftdoctor.run.lora import adapter_parameters
+
+    lora = run.lora
+    if lora is None:
+        return None
+    compute = LOAD_DTYPES[precision_]
+    out = {"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout,
+           "target_modules": lora.target_modules if lora.target_modules == "all-linear" else list(lora.target_modules),
+           "modules_to_save": list(lora.modules_to_save), "use_rslora": lora.use_rslora, "use_dora": lora.use_dora,
+           "quantize": lora.quantize, "merge": lora.merge, "compute_dtype": compute,
+           "quant_storage": compute if lora.quantize == "4bit" and zero_stage == 3 else "uint8"}
+    known = modules and "error" not in modules
+    out["trainable_params"] = adapter_parameters(modules, out) if known else None
+    out["base_params"] = modules.get("parameters") if known else None
+    return out
 
 
 def attn_implementation(run: RunConfig, gpus: dict[str, Any] | None, packages: dict[str, Any]) -> str:
@@ -338,6 +364,7 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
     shape = (data.get("train") or {}).get("shape")
     model_keys = (facts.get("model_config") or {}).get("raw_keys") or ()
     template, why_template = chat_template(run, shape, facts.get("chat_template"))
+    lora = lora_settings(run, chosen, stage, facts.get("lora_modules"))
     return Plan(
         nproc_per_node=nproc, nnodes=nnodes, node_rank=run.launch.node_rank, world_size=world_size,
         cuda=bool(devices(gpus)),
@@ -345,7 +372,7 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
         nearest_global_batch_sizes=() if accum else nearest_global_batches(global_batch, per_device, world_size),
         model_path=run.model.path, tokenizer_path=run.model.tokenizer or run.model.path, weights=run.model.weights,
         trust_remote_code=run.model.trust_remote_code,
-        precision=chosen, load_dtype=load_dtype(chosen, ds), attn_implementation=attn_implementation(run, gpus, packages),
+        precision=chosen, load_dtype=load_dtype(chosen, ds, lora is not None), attn_implementation=attn_implementation(run, gpus, packages),
         liger_kernel=liger_kernel(run, gpus, packages), liger_available=bool(packages.get("liger-kernel")),
         moe=any(k in model_keys for k in MOE_KEYS),
         train_files=tuple(run.data.train), eval_files=tuple(run.data.eval), eval_fraction=run.data.eval_fraction,
@@ -356,6 +383,7 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
         warmup=warmup_args, warmup_steps=warmup_steps, epochs=t.epochs, max_steps=t.max_steps, total_steps=steps,
         weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm, checkpointing=t.gradient_checkpointing,
         checkpointing_arg=(features or {}).get("checkpointing_arg") or "gradient_checkpointing",
+        checkpointing_reentrant=lora is not None and stage == 3 and t.gradient_checkpointing, lora=lora,
         seed=t.seed, logging_steps=t.logging_steps, save_steps=t.save_steps, save_total_limit=t.save_total_limit,
         eval_steps=t.eval_steps or t.save_steps,
         deepspeed=ds, deepspeed_source=ds_source, zero_stage=stage, offload_optimizer=offload_optimizer,

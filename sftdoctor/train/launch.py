@@ -99,6 +99,29 @@ def memory_summary(plan: Plan, facts: Facts) -> str:
     return summary(memory_fit(plan, Shape(**shape), smallest_memory(gpus)))
 
 
+def adapters_line(lora: dict) -> str:
+    kind = {"none": "LoRA", "4bit": "QLoRA 4-bit NF4", "8bit": "LoRA on an 8-bit base"}[lora["quantize"]]
+    targets = lora["target_modules"] if isinstance(lora["target_modules"], str) else ", ".join(lora["target_modules"])
+    line = f"{kind} r {lora['r']}, alpha {lora['alpha']:g} on {targets}"
+    if lora.get("trainable_params") and lora.get("base_params"):
+        share = lora["trainable_params"] / lora["base_params"]
+        line += f": {lora['trainable_params']:,} trainable of {lora['base_params']:,} ({share:.2%})"
+    return line + ("; merged at the end" if lora["merge"] else "")
+
+
+def loading(plan: Plan, run_dir: Path) -> list[str]:
+    """How to load what the run wrote: the model, or the adapter (and the merged model)."""
+    from sftdoctor.train.adapters import MERGED
+
+    final = os.path.normpath(run_dir / "final")
+    if plan.lora is None:
+        return [f"load it: AutoModelForCausalLM.from_pretrained({final!r})"]
+    lines = [f"load it: peft.AutoPeftModelForCausalLM.from_pretrained({final!r}) (base + adapter)"]
+    if plan.lora["merge"]:
+        lines.append(f"or merged: AutoModelForCausalLM.from_pretrained({os.path.normpath(run_dir / MERGED)!r})")
+    return lines
+
+
 def describe(plan: Plan) -> str:
     accumulation = plan.gradient_accumulation_steps or "no whole"
     lines = [
@@ -116,6 +139,8 @@ def describe(plan: Plan) -> str:
         f"deepspeed       {'off' if plan.deepspeed is None else f'ZeRO-{plan.zero_stage} ({plan.deepspeed_source})'}",
         f"run directory   {os.path.normpath(plan.output_dir)}",
     ]
+    if plan.lora is not None:
+        lines.insert(-2, f"adapters        {adapters_line(plan.lora)}")
     if "global_batch_size" in plan.reasons:
         lines.insert(1, f"                {plan.reasons['global_batch_size']}")
     if plan.deepspeed is not None:
@@ -217,10 +242,8 @@ def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_aft
               + (f", after step {step}" if step is not None and step > first_step else ", before its first step")
               + f"): {failure_cause(log, log_from)}", flush=True)
     elif not stop_after and not plan.rehearsal:
-        final = os.path.normpath(run_dir / "final")
         print("\n" + summary(run_dir, read_records(run_dir / "metrics.jsonl", records_from), time.perf_counter() - began,
-                             first_step, newest_complete(run_dir),
-                             [f"load it: AutoModelForCausalLM.from_pretrained({final!r})"]), flush=True)
+                             first_step, newest_complete(run_dir), loading(plan, run_dir)), flush=True)
     return code
 
 

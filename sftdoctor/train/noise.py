@@ -57,6 +57,8 @@ def quiet_worker(model) -> None:
     """In each worker, once the model exists."""
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
                             category=FutureWarning)
+    # transformers 5.24 renamed it is_activation_checkpointing; peft 0.21 still reads the old name, twice a run.
+    warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     tied = tied_names(model)
 
     def only_tied(message: str) -> bool:

@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from sftdoctor.facts.trainer_inputs import load_data, load_tokenizer, sft_config
+from sftdoctor.facts.trainer_inputs import load_data, load_tokenizer, peft_config, sft_config
 from sftdoctor.run import Plan
 
 
@@ -31,8 +31,11 @@ def load_model(plan: Plan):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from sftdoctor.train import adapters
+
     dtype = getattr(torch, plan.load_dtype)
     common = {"attn_implementation": plan.attn_implementation, "trust_remote_code": plan.trust_remote_code}
+    quantized = plan.lora is not None and plan.lora["quantize"] != "none"
     if plan.rehearsal or plan.weights == "random":
         config = AutoConfig.from_pretrained(plan.model_path, trust_remote_code=plan.trust_remote_code)
         if plan.rehearsal:
@@ -41,7 +44,11 @@ def load_model(plan: Plan):
             shrink(config, vocab_size=None)
         torch.manual_seed(plan.seed)
         net = AutoModelForCausalLM.from_config(config, dtype=dtype, **common)
-    else:
+        if plan.lora is not None:
+            adapters.save_base(plan, net)  # the adapter's base must exist on disk
+    if quantized:
+        net = adapters.load_quantized(plan, common, dtype)
+    elif not (plan.rehearsal or plan.weights == "random"):
         net = AutoModelForCausalLM.from_pretrained(plan.model_path, dtype=dtype, **common)
     net.config.use_cache = False  # no KV cache in training: it also keeps packed samples apart (see packing check)
     if plan.liger_kernel:
@@ -85,9 +92,23 @@ def model_card(plan: Plan) -> str:
         f"A causal LM {base} by supervised fine-tuning (TRL SFTTrainer, run by sftdoctor): "
         f"{plan.precision}, global batch {plan.global_batch_size}, learning rate {plan.learning_rate:g} "
         f"({plan.lr_scheduler}), max_length {plan.max_length}, on {', '.join(f'`{f}`' for f in plan.train_files)}.",
-        "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
-        f"model = AutoModelForCausalLM.from_pretrained({final!r})",
+        *(_adapter_lines(plan) if plan.lora else []),
+        "", "```python", *(["from peft import AutoPeftModelForCausalLM"] if plan.lora else []),
+        "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+        f"model = {'AutoPeftModelForCausalLM' if plan.lora else 'AutoModelForCausalLM'}.from_pretrained({final!r})",
         f"tokenizer = AutoTokenizer.from_pretrained({final!r})", "```", ""])
+
+
+def _adapter_lines(plan: Plan) -> list[str]:
+    from sftdoctor.train.adapters import MERGED, base_path
+
+    lora = plan.lora
+    kind = {"none": "LoRA", "4bit": "QLoRA (4-bit NF4 base)", "8bit": "LoRA over an 8-bit base"}[lora["quantize"]]
+    lines = ["", f"{kind} adapters (r {lora['r']}, alpha {lora['alpha']:g}, on {lora['target_modules'] if isinstance(lora['target_modules'], str) else ', '.join(lora['target_modules'])}) "
+             f"over `{base_path(plan)}`: `final/` holds the adapter in peft's format."]
+    if lora["merge"]:
+        lines.append(f"`{MERGED}/` holds base + adapter merged, for `AutoModelForCausalLM`.")
+    return lines
 
 
 def watched_trainer_class(drill: dict | None):
@@ -148,7 +169,7 @@ def main(argv: list[str]) -> int:
     from transformers import set_seed
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from sftdoctor.train import callbacks, noise, watch
+    from sftdoctor.train import adapters, callbacks, noise, watch
     from sftdoctor.train.checkpoints import newest_complete
 
     set_seed(plan.seed)
@@ -167,7 +188,8 @@ def main(argv: list[str]) -> int:
         print("sftdoctor: the chat template has no {% generation %} markers and TRL cannot patch it: the loss "
               "covers every turn, not only the assistant's", flush=True)
     trainer = watched_trainer_class(plan.drill)(
-        model=model, args=args, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
+        model=model, args=args, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer,
+        peft_config=peft_config(plan))
     trainer.sftdoctor_tokens, trainer.sftdoctor_plan = callbacks.TokenCounter(), plan
     trainer.add_callback(callbacks.Metrics(trainer.sftdoctor_tokens, run_dir / "metrics.jsonl"))
     trainer.remove_callback(PrinterCallback)  # prints raw log dicts; ours print one line instead
@@ -193,11 +215,19 @@ def main(argv: list[str]) -> int:
 
     # ------------------------------------------------------------ cleanup
     if not options.stop_after:
-        stop_at_end_of_turn(model, trainer.processing_class)
-        trainer.save_model(str(run_dir / "final"))
+        final = run_dir / "final"
+        stop_at_end_of_turn(trainer.model, trainer.processing_class)
+        if plan.lora is not None:
+            adapters.save_adapter(trainer, plan, final)
+        else:
+            trainer.save_model(str(final))
         if rank() == 0:
-            tokenizer.save_pretrained(str(run_dir / "final"))
-            (run_dir / "final" / "README.md").write_text(model_card(plan), encoding="utf-8")
+            tokenizer.save_pretrained(str(final))
+            (final / "README.md").write_text(model_card(plan), encoding="utf-8")
+            if plan.lora is not None and plan.lora["merge"]:
+                merged = adapters.merge(plan, final)
+                tokenizer.save_pretrained(str(merged))
+                print(f"sftdoctor: base + adapter merged into {merged}", flush=True)
     shut_down()
     return 0
 
