@@ -57,6 +57,68 @@ def rows(n: int, shape: str, seed: int) -> list[dict]:
     return out
 
 
+PROMPT = "<|im_start|>user\\n{{prompt}}<|im_end|>\\n<|im_start|>assistant\\n"  # the chat template's text
+TASKS = {
+    # lm-evaluation-harness tasks on held-out "count:" rows (how many words a list has), the one a
+    # 60-step model learns clearly: a loglikelihood task (which of the list's four transformations is the
+    # answer) and a generation task (exact match).
+    "tiny_count_choice": f"""task: tiny_count_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: count.jsonl
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{PROMPT}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+target_delimiter: ""
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+""",
+    "tiny_count_gen": f"""task: tiny_count_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: count.jsonl
+test_split: test
+output_type: generate_until
+doc_to_text: "{PROMPT}"
+doc_to_target: "{{{{answer}}}}"
+target_delimiter: ""
+generation_kwargs:
+  until: ["<|im_end|>"]
+  max_gen_toks: 8
+  do_sample: false
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+""",
+}
+
+
+def eval_tasks(folder: Path, n: int, seed: int) -> None:
+    """Held-out "count" rows and the two task YAMLs that read them (data_files are relative to this folder:
+    `sftdoctor eval --include` runs lm-eval from the task folder)."""
+    rng, docs = random.Random(seed), []
+    while len(docs) < n:
+        words = [rng.choice(WORDS) for _ in range(rng.choice([2, 3, 4, 5, 6, 8]))]
+        answers = [str(len(words)), words[0], " ".join(reversed(words)), " ".join(sorted(words))]
+        choices = list(dict.fromkeys(answers))  # the list's four transformations, as the training rows answer them
+        docs.append({"prompt": "count: " + " ".join(words), "answer": answers[0], "choices": choices, "label": 0})
+    folder.mkdir(parents=True, exist_ok=True)
+    write_jsonl(folder / "count.jsonl", docs)
+    for name, text in TASKS.items():
+        (folder / f"{name}.yaml").write_text(text, encoding="utf-8")
+
+
 def write_jsonl(path: Path, data: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in data), encoding="utf-8")
 
@@ -103,6 +165,7 @@ def main() -> None:
     write_jsonl(data / "eval.jsonl", evaluation)
     corpus = [json.dumps(r) for r in rows(2000, "messages", 1234)] + [f"<|im_start|>{r}\n" for r in ("user", "assistant")]
     train_tokenizer(model, corpus)
+    eval_tasks(args.out / "tasks", 100, args.seed + 2)
     vocab = json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]
     (model / "config.json").write_text(json.dumps(model_config(len(vocab)), indent=2) + "\n")
     print(f"wrote {len(train)} train and {len(evaluation)} eval rows ({args.shape}) and a {len(vocab)}-token "

@@ -233,6 +233,79 @@ def plan(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_
     sys.exit(0 if fitted.current.fits else 1)
 
 
+def _names(value: str | None) -> list[str]:
+    return [n.strip() for n in (value or "").split(",") if n.strip()]
+
+
+@main.command("eval")
+@click.argument("target", required=False)
+@click.option("--tasks", metavar="NAMES", help="lm-eval tasks, comma-separated (e.g. mmlu,gsm8k,hellaswag).")
+@click.option("--base", metavar="MODEL", help="Also evaluate this model (the base), side by side with the difference.")
+@click.option("--include", type=click.Path(path_type=Path), help="A folder of lm-eval task YAMLs of your own (with their local data).")
+@click.option("--limit", type=click.IntRange(min=1), help="At most this many examples per task.")
+@click.option("--num-fewshot", type=click.IntRange(min=0), help="Few-shot examples (default: each task's own).")
+@click.option("--batch-size", default=None, metavar="N|auto", help="Per forward pass (default: auto on a GPU, 8 on a CPU).")
+@click.option("--compare", type=click.Path(path_type=Path), help="A result of an earlier `sftdoctor eval` to compare with (same settings only).")
+@click.option("--out", type=click.Path(path_type=Path), help="Where to write the result (default: RUN_DIR/eval.json, or eval.json in the model folder).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document.")
+@click.option("--code", "code_problems", type=click.Path(path_type=Path), metavar="PROBLEMS.jsonl",
+              help="Score generated code on these HumanEval-format problems; every sample runs in a sandbox.")
+@click.option("--completions", type=click.Path(path_type=Path), metavar="FILE",
+              help="With --code: the samples to score (task_id + completion lines, several per task).")
+@click.option("--model", "code_model", metavar="TARGET", help="With --code: generate the samples with this model.")
+@click.option("--samples", type=click.IntRange(min=1), default=1, show_default=True, help="With --model: samples per problem.")
+@click.option("--k", "k_values", metavar="K,...", help="With --code: pass@k for these k (default: 1 and the samples per task).")
+@click.option("--sandbox", "sandbox_kind", type=click.Choice(["bubblewrap", "docker"]), default="bubblewrap",
+              show_default=True, help="With --code: where the samples run (there is no unsandboxed mode).")
+@click.option("--workers", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default="CPUs")
+@click.option("--timeout", "timeout_s", type=Finite(min=0.1), default=10.0, show_default=True, help="With --code: wall-clock seconds per sample.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=512, show_default=True)
+@click.option("--temperature", type=Finite(min=0.0), default=0.2, show_default=True, help="With --model (0.2: the pass@1 setting of Chen et al.).")
+def eval_command(target, tasks, base, include, limit, num_fewshot, batch_size, compare, out, as_json, code_problems,
+                 completions, code_model, samples, k_values, sandbox_kind, workers, timeout_s, max_new_tokens, temperature):
+    """Evaluate a fine-tuned model (a run directory, checkpoint, model folder or hub id) with
+    lm-evaluation-harness, against its base with --base; or (--code) score generated code in a sandbox.
+
+    Exit 0: evaluated; 1: some code samples could not be run; 2: bad input (an unknown task, a missing model,
+    a result with other settings, no sandbox)."""
+    os.environ.setdefault("TQDM_DISABLE", "1")  # lm-eval's bars; tqdm reads it when first imported
+    from sftdoctor.errors import InputError
+
+    try:
+        if code_problems is not None:
+            if target or tasks:
+                raise InputError("eval", "give --code PROBLEMS or TARGET --tasks, not both")
+            if k_values is not None and not all(k.isdigit() and int(k) > 0 for k in _names(k_values)):
+                raise InputError("--k", f"expected positive integers separated by commas, got {k_values!r}")
+            from sftdoctor.eval.command import run_code_eval
+
+            try:
+                sys.exit(run_code_eval(code_problems, completions, code_model, samples=samples,
+                                       ks=tuple(int(k) for k in _names(k_values)), sandbox=sandbox_kind, workers=workers,
+                                       timeout_s=timeout_s, max_new_tokens=max_new_tokens, temperature=temperature,
+                                       out=out, json_out=as_json))
+            except ModuleNotFoundError as exc:
+                _missing_stack(exc, "eval --model")
+        if not target:
+            raise InputError("eval", "give TARGET (a run directory, checkpoint, model folder or hub id) and --tasks")
+        if not _names(tasks):
+            raise InputError("eval", "give --tasks NAMES (comma-separated lm-eval task names)")
+        if batch_size is not None and batch_size != "auto" and not (batch_size.isdigit() and int(batch_size) > 0):
+            raise InputError("--batch-size", f"expected a positive integer or auto, got {batch_size!r}")
+        from sftdoctor.eval.command import run_eval
+
+        try:
+            code = run_eval(target, _names(tasks), base=base, include=include, limit=limit, num_fewshot=num_fewshot,
+                            batch_size=batch_size or "default", json_out=as_json, out=out, compare=compare)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").split(".")[0] != "lm_eval":
+                _missing_stack(exc, "eval")
+            raise InputError("eval", "needs lm-evaluation-harness: pip install 'sftdoctor[eval]'") from None
+        sys.exit(code)
+    except InputError as exc:
+        _bad_input(exc)
+
+
 @main.command()
 @click.argument("topic", required=False)
 @click.option("--list", "list_topics", is_flag=True, help="List the topics with one-line summaries.")

@@ -1,4 +1,4 @@
-"""The layering contract: run -> facts -> checks -> report/kb -> triage -> plan -> cluster -> train -> cli,
+"""The layering contract: run -> facts -> checks -> report/kb -> triage -> plan -> cluster -> eval -> train -> cli,
 from the floor up. No module imports a layer above its own, lazily (inside a function) or not: read from
 the source, so an import that only runs on a rare path is caught too."""
 
@@ -17,6 +17,7 @@ LAYERS = [
     ("sftdoctor.triage",),
     ("sftdoctor.plan",),
     ("sftdoctor.cluster",),
+    ("sftdoctor.eval",),
     ("sftdoctor.train",),
     ("sftdoctor.cli", "sftdoctor.__main__"),
 ]

@@ -38,6 +38,7 @@ BUILTIN_MODULES = (
     "sftdoctor.checks.packing",
     "sftdoctor.checks.targets",
     "sftdoctor.checks.lora",
+    "sftdoctor.checks.evaluation",
     "sftdoctor.checks.runtime",
     "sftdoctor.checks.cluster",
 )

@@ -155,6 +155,14 @@ def learning_rate(plan):
                     detail=f"Usual LoRA rates are {LORA_RATES}. Adapters start at zero (B = 0) and train a small "
                            "fraction of the weights, so they take larger steps.",
                     fix="[training] learning_rate = 2e-4", evidence=evidence)
+    if lora and rate > 1e-3:
+        return info(f"learning rate {rate:g} with LoRA is above the usual range: expect loss spikes",
+                    detail=f"Usual LoRA rates are {LORA_RATES}.", fix="[training] learning_rate = 2e-4",
+                    evidence=evidence)
+    if not lora and rate < 1e-6:
+        return info(f"learning rate {rate:g} for a full fine-tune is below the usual range: the weights will barely move",
+                    detail=f"Usual full fine-tuning rates are {FULL_RATES}.", fix="[training] learning_rate = 2e-5",
+                    evidence=evidence)
     if not lora and rate >= 1e-4:
         return info(f"learning rate {rate:g} for a full fine-tune is a LoRA rate: expect loss spikes and forgetting",
                     detail=f"Usual full fine-tuning rates are {FULL_RATES}. Every weight moves at this rate.",

@@ -28,6 +28,8 @@ def change(current: Candidate, better: Candidate) -> str:
         lines.append(f"[training] per_device_batch_size = {b.micro_batch} (accumulation {better.accumulation})")
     if a.liger != b.liger:
         lines.append(f"[training] liger_kernel = {str(b.liger).lower()}")
+    if a.quantize != b.quantize:  # offered only where no 16-bit base fits (run.memory.candidates)
+        lines.append(f'[lora] quantize = "{b.quantize}" (no 16-bit base fits)')
     return "; ".join(lines)
 
 
@@ -44,10 +46,12 @@ def memory_fit(plan, model_shape: dict[str, Any], gpus: dict[str, Any]):
     current, best, memory = found.current, found.recommended, found.gpu_memory
     peak = current.estimate.gpu_peak
     terms = ", ".join(f"{t.name} {t.bytes / GIB:.1f}" for t in current.estimate.gpu)
+    trainable = found.run.lora.trainable if found.run.lora else None
     evidence = {"gpu_memory_bytes": memory, "gpu_peak_bytes": peak, "setting": vars(current.setting),
-                "parameters": model_shape["parameters"], "terms": [t.to_json() for t in current.estimate.gpu],
-                "recommended": vars(best.setting) if best else None}
-    head = (f"{model_shape['parameters'] / 1e9:.2f}B parameters on {plan.world_size} GPU"
+                "parameters": model_shape["parameters"], "trainable_parameters": trainable,
+                "terms": [t.to_json() for t in current.estimate.gpu], "recommended": vars(best.setting) if best else None}
+    head = (f"{model_shape['parameters'] / 1e9:.2f}B parameters{f' ({trainable:,} trainable)' if trainable else ''} "
+            f"on {plan.world_size} GPU"
             f"{'s' if plan.world_size > 1 else ''}: predicted peak {peak / GIB:.1f} GiB per GPU of {memory / GIB:.1f} GiB "
             f"({current.describe()})")
     detail = f"GiB per GPU: {terms}. `sftdoctor plan RUN.toml` shows every term and the candidates."

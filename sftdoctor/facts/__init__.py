@@ -44,8 +44,8 @@ class Probe:
 
 
 def _probes() -> dict[str, Probe]:
-    from sftdoctor.facts import (configs, data, gpus, lora_modules, model_shape, nics, packages, packing_probe, stack,
-                                 system, targets_probe, tokenizer, topology)
+    from sftdoctor.facts import (configs, data, eval_tasks, gpus, lora_modules, model_shape, nics, packages, packing_probe,
+                                 stack, system, targets_probe, tokenizer, topology)
 
     config, model, ds = ("config",), ("config", "model_config"), ("config", "deepspeed")
     return {
@@ -75,6 +75,7 @@ def _probes() -> dict[str, Probe]:
                              "no model config, or an architecture sftdoctor counts only where there are GPUs"),
         "lora_modules": Probe(lora_modules.probe_lora_modules, model,
                               "no [lora] in the run config, or no model config.json to list its layers from"),
+        "eval_tasks": Probe(eval_tasks.probe_eval_tasks, config, "no [eval] in the run config (or no --config)"),
         "plan": Probe(_probe_plan, config, "no run config given (--config)"),
         "training_targets": Probe(targets_probe.probe_training_targets, config,
                                   "the run's model has no config.json and tokenizer files here to build its trainer from"),

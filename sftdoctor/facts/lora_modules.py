@@ -1,13 +1,13 @@
-"""The model's linear layers, as peft will see them, without loading a weight: the architecture built on
-PyTorch's meta device from config.json, in a child process (so `check` never imports torch), kept in the
-probe cache. LoRA's target_modules name these layers, and its trainable parameters are r x (in + out) of
-each one it wraps.
+"""The model's linear layers and what peft's LoRA makes of them, without loading a weight: the architecture
+built on PyTorch's meta device from config.json and wrapped by peft itself with the run's [lora] settings,
+in a child process (so `check` never imports torch), kept in the probe cache. The trainable parameter count
+is peft's own, whatever the architecture (embeddings, fused MoE experts, layer-indexed names).
 
 Layer paths are grouped with every number replaced by `*` ("model.layers.*.self_attn.q_proj": one entry of
 32 layers). A stack of more than MAX_BUILT_LAYERS layers is listed from one and two layers: each layer of such
 a stack is alike, so its count is c1 + (layers - 1) x (c2 - c1).
 
-    python -m sftdoctor.facts.lora_modules CONFIG.json [trust_remote_code]
+    python -m sftdoctor.facts.lora_modules '{"config": "CONFIG.json", "trust": false, "lora": {"r": 16, ...}}'
 """
 
 from __future__ import annotations
@@ -33,14 +33,17 @@ def probe_lora_modules(facts) -> dict[str, Any] | None:
         return None
     path = Path(model["path"])
     folder = path.parent if path.name == "config.json" else path
-    trust = run.model.trust_remote_code
-    return cached("lora-modules", {"trust_remote_code": trust}, folder_files(folder),
-                  lambda: _child(str(folder / "config.json"), trust))
+    lora = run.lora
+    request = {"config": str(folder / "config.json"), "trust": run.model.trust_remote_code,
+               "lora": {"r": lora.r, "target_modules": lora.target_modules if isinstance(lora.target_modules, str)
+                        else list(lora.target_modules), "modules_to_save": list(lora.modules_to_save),
+                        "use_dora": lora.use_dora}}
+    return cached("lora-modules", {**request, "config": None}, folder_files(folder), lambda: _child(request))
 
 
-def _child(config: str, trust: bool) -> dict[str, Any]:
+def _child(request: dict[str, Any]) -> dict[str, Any]:
     try:
-        proc = subprocess.run([sys.executable, "-m", "sftdoctor.facts.lora_modules", config, str(trust)],
+        proc = subprocess.run([sys.executable, "-m", "sftdoctor.facts.lora_modules", json.dumps(request)],
                               capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return {"error": f"listing the model's layers on the meta device took over {TIMEOUT_S} s"}
@@ -54,7 +57,7 @@ def pattern(name: str) -> str:
     return NUMBER.sub("*", name)
 
 
-def _listed(config: dict[str, Any], folder: str, trust: bool) -> dict[str, Any]:
+def _listed(config: dict[str, Any], folder: str, trust: bool, lora: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
     import transformers
 
@@ -65,8 +68,11 @@ def _listed(config: dict[str, Any], folder: str, trust: bool) -> dict[str, Any]:
         if not isinstance(model_type, str):
             raise ValueError("config.json has no model_type naming the architecture")
         cfg = transformers.AutoConfig.for_model(model_type, **fields)
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust)
+    def build():
+        with torch.device("meta"):
+            return transformers.AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust)
+
+    model = build()
     output = model.get_output_embeddings()
     linear, modules = {}, {}
     for name, module in model.named_modules():
@@ -82,8 +88,65 @@ def _listed(config: dict[str, Any], folder: str, trust: bool) -> dict[str, Any]:
                                                   "out": shape[1], "output": module is output})
         entry["count"] += 1
     parameters = sum(p.numel() for p in model.parameters())
-    return {"linear": sorted(linear.values(), key=lambda e: e["pattern"]), "modules": dict(sorted(modules.items())),
-            "parameters": parameters, "model_type": cfg.model_type}
+    out = {"linear": sorted(linear.values(), key=lambda e: e["pattern"]), "modules": dict(sorted(modules.items())),
+           "parameters": parameters, "model_type": cfg.model_type}
+    if lora is not None:
+        out["adapters"] = adapters(build, lora)
+    return out
+
+
+def adapters(build, lora: dict[str, Any]) -> dict[str, Any]:
+    """What peft itself builds on the meta-device model for these settings (no weights: the adapters' own
+    matrices are small): the trainable parameters, the layers it wrapped, and the target names it matched
+    to nothing. peft's own rules hold: embeddings, MoE experts converted to target_parameters
+    (transformers 5), modules_to_save left without an adapter, layer-indexed names."""
+    import warnings
+
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        return {"error": "peft is not installed"}
+    names = lora["target_modules"]
+
+    def wrap(targets):
+        config = LoraConfig(r=lora["r"], target_modules=targets, modules_to_save=lora["modules_to_save"] or None,
+                            use_dora=lora["use_dora"], task_type="CAUSAL_LM")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecations and "pattern keys did not match": not the user's
+            return get_peft_model(build(), config)
+
+    try:
+        wrapped_model = wrap(names)
+    except ValueError as exc:  # peft's "Target modules ... not found in the base model"
+        return {"trainable": 0, "wrapped": [], "unmatched": [] if isinstance(names, str) else list(names),
+                "error": (str(exc).strip().splitlines() or [""])[0][:300]}
+    tuner = wrapped_model.base_model
+    targeted = list(getattr(tuner, "targeted_module_names", [])) + list(getattr(tuner, "targeted_parameter_names", []))
+    groups: dict[str, int] = {}
+    for name in targeted:
+        groups[pattern(name)] = groups.get(pattern(name), 0) + 1
+    trainable = sum(p.numel() for p in wrapped_model.parameters() if p.requires_grad)
+    return {"settings": lora, "trainable": trainable,
+            "wrapped": [{"pattern": k, "count": v} for k, v in sorted(groups.items())],
+            "unmatched": [] if isinstance(names, str) else _unmatched(names, targeted, wrap, trainable)}
+
+
+def _trainable(wrap, names: list[str]) -> int:
+    try:
+        return sum(p.numel() for p in wrap(names).parameters() if p.requires_grad) if names else 0
+    except ValueError:
+        return 0
+
+
+def _unmatched(names: list[str], targeted: list[str], wrap, trainable: int) -> list[str]:
+    """The names that wrap nothing: by peft's suffix rule on what it wrapped, and, for a name that rule does not
+    place (MoE names peft converts, e.g. Mixtral's w1/w2/w3 into fused experts), by whether leaving it out
+    changes what peft trains."""
+    def placed(name: str) -> bool:
+        return any(t == name or t.endswith("." + name) for t in targeted)
+
+    return [name for name in names
+            if not placed(name) and _trainable(wrap, [n for n in names if n != name]) == trainable]
 
 
 def _linear_shape(module) -> tuple[int, int] | None:
@@ -98,26 +161,32 @@ def _linear_shape(module) -> tuple[int, int] | None:
     return None
 
 
-def list_modules(path: str, trust: bool) -> dict[str, Any]:
+def list_modules(path: str, trust: bool, lora: dict[str, Any] | None = None) -> dict[str, Any]:
     config = json.loads(Path(path).read_text(encoding="utf-8"))
     folder = str(Path(path).parent)
     key = next((k for k in ("num_hidden_layers", *ALIASES["num_hidden_layers"]) if k in config), None)
     layers = config.get(key) if key else None
     if not (isinstance(layers, int) and not isinstance(layers, bool) and layers > MAX_BUILT_LAYERS) or trust:
-        return _listed(config, folder, trust)
-    one, two = (_listed(_with_layers(config, key, n), folder, False) for n in (1, 2))
-    counts = {e["pattern"]: e["count"] for e in one["linear"]}
-    for entry in two["linear"]:
-        c1 = counts.get(entry["pattern"], 0)
-        entry["count"] = c1 + (layers - 1) * (entry["count"] - c1)
-    two["parameters"] = one["parameters"] + (layers - 1) * (two["parameters"] - one["parameters"])
-    two["modules"] = {k: one["modules"].get(k, 0) + (layers - 1) * (v - one["modules"].get(k, 0))
-                      for k, v in two["modules"].items()}
+        return _listed(config, folder, trust, lora)
+    one, two = (_listed(_with_layers(config, key, n), folder, False, lora) for n in (1, 2))
+
+    def grown(a: int, b: int) -> int:
+        return a + (layers - 1) * (b - a)
+
+    for kind in ("linear", "wrapped"):
+        small = {e["pattern"]: e["count"] for e in (one.get("adapters", {}) if kind == "wrapped" else one).get(kind, [])}
+        for entry in (two.get("adapters", {}) if kind == "wrapped" else two).get(kind, []):
+            entry["count"] = grown(small.get(entry["pattern"], 0), entry["count"])
+    two["parameters"] = grown(one["parameters"], two["parameters"])
+    two["modules"] = {k: grown(one["modules"].get(k, 0), v) for k, v in two["modules"].items()}
+    if "trainable" in two.get("adapters", {}):
+        two["adapters"]["trainable"] = grown(one["adapters"]["trainable"], two["adapters"]["trainable"])
     return two
 
 
 if __name__ == "__main__":
     try:
-        print(json.dumps(list_modules(sys.argv[1], len(sys.argv) > 2 and sys.argv[2] == "True")))
+        asked = json.loads(sys.argv[1])
+        print(json.dumps(list_modules(asked["config"], asked.get("trust", False), asked.get("lora"))))
     except Exception as exc:  # reported as a fact, never a crash of the caller
         print(json.dumps({"error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"}))

@@ -22,6 +22,7 @@ PACKAGES = (
     "flash-attn",
     "liger-kernel",
     "peft",
+    "lm_eval",
     "bitsandbytes",
     "triton",
     "nvidia-ml-py",

@@ -37,8 +37,10 @@ def probe_training_targets(facts) -> dict[str, Any] | None:
     request = probe_plan(plan, "").to_json()
     files = [Path(name) for name in plan.train_files] + folder_files(tokenizer_folder(plan.model_path)) + \
         folder_files(folder)
-    keyed = {k: v for k, v in request.items() if k not in ("train_files", "eval_files", "model_path",
-                                                          "tokenizer_path", "reasons")}
+    # Paths are keyed by their files' content; the rendezvous (a fresh free port on every call with "auto")
+    # does not change what the trainer is given.
+    keyed = {k: v for k, v in request.items() if k not in ("train_files", "eval_files", "model_path", "tokenizer_path",
+                                                          "reasons", "master_port", "master_addr")}
     return cached("targets", keyed, files, lambda: _child(plan))
 
 

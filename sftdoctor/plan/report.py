@@ -10,6 +10,10 @@ from sftdoctor.plan.speed import DEFAULT_MFU, flops_per_token, peak_tflops, step
 
 GIB = 2**30
 SHOWN = 12  # candidate rows printed (all are in --json)
+HEADER = "  ZeRO offload ckpt  micro accum liger  peak GiB  fits  compute comm"
+LORA_HEADER = "  ZeRO offload ckpt  micro accum liger   base  peak GiB  fits  compute comm"
+BASE = {"none": "16-bit", "4bit": "4-bit", "8bit": "8-bit"}  # Setting.quantize, as the table shows it
+ADAPTERS = {"none": "LoRA on the 16-bit base", "4bit": "QLoRA on a 4-bit NF4 base", "8bit": "LoRA on an 8-bit base"}
 
 
 def timing(planned: Fit, counted: dict[str, Any], gpu_name: str | None, mfu: float = DEFAULT_MFU,
@@ -32,8 +36,10 @@ def timing(planned: Fit, counted: dict[str, Any], gpu_name: str | None, mfu: flo
 
 
 def to_json(planned: Fit, timing_: dict[str, Any]) -> dict[str, Any]:
-    return {"model": asdict(planned.run.shape), "world_size": planned.run.world, "ranks_per_node": planned.run.per_node,
-            "seq_len": planned.run.seq_len, "attention": planned.run.attention, "precision": planned.run.precision,
+    lora = asdict(planned.run.lora) if planned.run.lora else None
+    return {"model": asdict(planned.run.shape), "lora": lora, "world_size": planned.run.world,
+            "ranks_per_node": planned.run.per_node, "seq_len": planned.run.seq_len, "attention": planned.run.attention,
+            "precision": planned.run.precision,
             "gpu_memory_bytes": planned.gpu_memory, "global_batch_size": planned.global_batch,
             "current": planned.current.to_json(),
             "recommended": planned.recommended.to_json() if planned.recommended else None,
@@ -55,6 +61,7 @@ def render(planned: Fit, timing_: dict[str, Any]) -> str:
              f"vocab {shape.vocab}; counted {shape.counted_by})",
              f"GPUs       {run.world} x {memory} ({run.per_node} per node)",
              f"run        {run.seq_len:,} tokens per row, global batch {planned.global_batch}, {run.precision}, {run.attention}",
+             *_adapters(planned),
              *_unreachable(planned),
              "",
              f"this run's setting: {planned.current.describe()} — {'fits' if planned.current.fits else 'does NOT fit'}",
@@ -71,15 +78,10 @@ def render(planned: Fit, timing_: dict[str, Any]) -> str:
     fitting = [c for c in planned.candidates if c.fits]
     if fitting:
         lines += ["", f"settings that fit, fastest first ({min(SHOWN, len(fitting))} of {len(fitting)} that fit, "
-                  f"{len(planned.candidates)} tried; all in --json):",
-                  "  ZeRO offload ckpt  micro accum liger  peak GiB  fits  compute comm"]
+                  f"{len(planned.candidates)} tried; all in --json):", LORA_HEADER if run.lora else HEADER]
     else:
         lines += ["", f"no setting fits ({len(planned.candidates)} tried; all in --json)"]
-    for c in fitting[:SHOWN]:
-        s = c.setting
-        lines.append(f"  {s.zero_stage:>4} {'yes' if s.offload_optimizer else 'no':>7} {'on' if s.checkpointing else 'off':>4} "
-                     f"{s.micro_batch:>6} {c.accumulation:>5} {'on' if s.liger else 'off':>5} {c.estimate.gpu_peak / GIB:9.1f} "
-                     f"{'yes' if c.fits else 'no':>5} {c.compute:7.2f} {c.communication:4.1f}")
+    lines += [_row(c, bool(run.lora)) for c in fitting[:SHOWN]]
     t = timing_
     lines += ["", f"tokens     {t['tokens_per_step']:,} per step ({t['token_basis']})",
               "time       "
@@ -88,6 +90,26 @@ def render(planned: Fit, timing_: dict[str, Any]) -> str:
                  "; give --peak-tflops or --tokens-per-second for a time")
               + (f"; about {_duration(t['run_hours'])}" if t.get("run_hours") else "")]
     return "\n".join(lines)
+
+
+def _row(c: Candidate, lora: bool) -> str:
+    s = c.setting
+    base = f" {BASE[s.quantize or 'none']:>6}" if lora else ""
+    return (f"  {s.zero_stage:>4} {'yes' if s.offload_optimizer else 'no':>7} {'on' if s.checkpointing else 'off':>4} "
+            f"{s.micro_batch:>6} {c.accumulation:>5} {'on' if s.liger else 'off':>5}{base} {c.estimate.gpu_peak / GIB:9.1f} "
+            f"{'yes' if c.fits else 'no':>5} {c.compute:7.2f} {c.communication:4.1f}")
+
+
+def _adapters(planned: Fit) -> list[str]:
+    """The adapters' line: what trains, of how many parameters."""
+    lora, shape = planned.run.lora, planned.run.shape
+    if lora is None:
+        return []
+    kind = ADAPTERS[planned.current.setting.quantize or "none"]
+    dropout = f", dropout {lora.dropout:g}" if lora.dropout else ""
+    line = (f"adapters   {kind}: r {lora.r}{dropout} on {', '.join(lora.wrapped) or 'no decoder layer'}; "
+            f"{lora.trainable:,} trainable parameters ({lora.trainable / shape.parameters:.2%} of the base)")
+    return [line]
 
 
 def _unreachable(planned: Fit) -> list[str]:

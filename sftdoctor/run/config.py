@@ -218,9 +218,32 @@ class Lora(Section):
                       doc="also write base + adapter merged into one 16-bit model in final-merged/")
 
 
+def _task_names(v: Any) -> bool:
+    return isinstance(v, list) and len(v) > 0 and all(_str(x) and "," not in x for x in v)
+
+
+@dataclass(frozen=True)
+class Eval(Section):
+    """[eval]: present = evaluate the final model with lm-evaluation-harness when the run ends well."""
+
+    tasks: tuple[str, ...] = key("a list of lm-eval task names", _task_names, (), required=True,
+                                 doc="e.g. [\"mmlu\", \"gsm8k\"], or tasks of your own in `include`")
+    include: str | None = key("a folder of lm-eval task YAMLs", _str, path="dir",
+                              doc="tasks of your own, with their local data (relative to this file)")
+    limit: int | None = key("an integer from 1 to 100000000", _int(1, 10**8), doc="at most this many examples per task")
+    num_fewshot: int | None = key("an integer from 0 to 1000", _int(0, 1000), doc="default: each task's own")
+    base: bool = key("true or false", _bool, True, doc="also evaluate the base the run started from, side by side")
+    every_n_checkpoints: int = key("an integer from 0 to 1000000", _int(0, 10**6), 0,
+                                   doc="also evaluate every n-th complete checkpoint at the end (0: none)")
+
+
 SECTIONS: dict[str, type[Section]] = {"model": Model, "data": Data, "training": Training, "deepspeed": DeepSpeed,
-                                      "launch": Launch, "report": Report, "watch": Watch, "lora": Lora}
-OPTIONAL = {"lora"}  # absent from the TOML: None in the RunConfig (a full fine-tune), not a section of defaults
+                                      "launch": Launch, "report": Report, "watch": Watch, "lora": Lora, "eval": Eval}
+OPTIONAL = {"lora", "eval"}  # absent from the TOML: None in the RunConfig, not a section of defaults
+
+# Other tools' names for a key, too far from ours for a spelling hint: peft's and axolotl's LoRA keys.
+SYNONYMS = {"rank": "r", "lora_r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout",
+            "lora_target_modules": "target_modules", "target": "target_modules", "load_in_4bit": "quantize"}
 
 # Pairs of keys of which at most one may be given.
 EXCLUSIVE = (
@@ -245,6 +268,7 @@ class RunConfig:
     report: Report = Report()
     watch: Watch = Watch()
     lora: Lora | None = None
+    eval: Eval | None = None
 
     def given(self, section: str, name: str) -> bool:
         return getattr(self, section).is_given(name)
@@ -332,7 +356,8 @@ def _section(kind: type[Section], name: str, given: dict[str, Any], path: Path, 
     for k, value in given.items():
         spec, where = specs.get(k), f"[{name}].{k}"
         if spec is None:
-            errors.append(InputError(path, f"unknown key{did_you_mean(k, specs)}; known keys: {', '.join(specs)}", key=where))
+            hint = f" (did you mean {SYNONYMS[k]!r}?)" if SYNONYMS.get(k) in specs else did_you_mean(k, specs)
+            errors.append(InputError(path, f"unknown key{hint}; known keys: {', '.join(specs)}", key=where))
         elif not spec.accepts(value):
             errors.append(InputError(path, f"expected {spec.expected}, got {value!r}", key=where))
         else:
@@ -369,6 +394,9 @@ def validate(raw: dict[str, Any], path: Path) -> RunConfig:
 
 def _cross_checks(s: dict[str, Any], path: Path) -> list[InputError]:
     errors = []
+    evaluation = s.get("eval")
+    if evaluation is not None and evaluation.include and _probe_path(Path(evaluation.include), Path.is_dir) is not True:
+        errors.append(InputError(path, f"folder not found: {evaluation.include}", key="[eval].include"))
     training, data, launch, ds = s["training"], s["data"], s["launch"], s["deepspeed"]
     floor = training.is_given("min_lr_rate") or training.is_given("min_lr")
     if floor and training.lr_scheduler != "cosine_with_min_lr":

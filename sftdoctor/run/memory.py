@@ -12,6 +12,11 @@ al., 2022 ("Reducing Activation Recomputation in Large Transformer Models", sect
 the transformers 5.24 Llama/Qwen2 decoder layer as measured on the installed stack (see
 activation_bytes_per_token); with non-reentrant checkpointing a layer keeps only its input, and
 one layer's activations come back during its backward.
+
+LoRA (peft) freezes the base: its weights have no gradient, no optimizer state and no fp32 master copy;
+only the adapters (and modules_to_save) train (lora_states). The frozen base sits in the run's 16-bit dtype
+or, with QLoRA, in bitsandbytes' 4-bit NF4 or 8-bit format (frozen_base), and its frozen layers save less for
+the backward than trained ones (lora_activation_bytes_per_token).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import itertools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sftdoctor.run.lora import adapter_parameters, targeted
 from sftdoctor.run.shape import Shape
 
 GIB = 2**30
@@ -37,6 +43,7 @@ class Setting:
     checkpointing: bool
     micro_batch: int
     liger: bool
+    quantize: str | None = None  # LoRA's base: "none" (16-bit), "4bit" or "8bit"; None: a full fine-tune
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,16 @@ class Estimate:
 
 
 @dataclass(frozen=True)
+class Adapters:
+    """LoRA's adapters, as far as memory goes (from Plan.lora)."""
+
+    trainable: int  # adapter + modules_to_save parameters
+    r: int
+    dropout: float
+    wrapped: tuple[str, ...]  # the decoder layer's linear layers the adapters wrap (Llama names: q_proj, ...)
+
+
+@dataclass(frozen=True)
 class Run:
     """What does not vary between candidates."""
 
@@ -74,29 +91,146 @@ class Run:
     seq_len: int  # tokens per row (max_length; packed rows are full)
     attention: str  # flash_attention_2 | sdpa | eager
     precision: str  # bf16 | fp16 | fp32
+    lora: Adapters | None = None  # None: a full fine-tune
 
 
 def model_states(shape: Shape, s: Setting, world: int) -> list[Term]:
     """Weights, gradients and optimizer states per GPU; the sum equals DeepSpeed's estimator."""
-    p, largest = shape.parameters, shape.largest_layer
+    p = shape.parameters
     if s.zero_stage == 0:  # DDP with autocast: fp32 weights, gradients, Adam moments; nothing partitioned
         return [Term("weights", 4 * p, "4 B x params (fp32)"), Term("gradients", 4 * p, "4 B x params (fp32)"),
                 Term("optimizer states", 8 * p, "8 B x params (AdamW moments, fp32)")]
+    return gathered_layer(shape, s) + deepspeed_states(p, s, world)
+
+
+def gathered_layer(shape: Shape, s: Setting) -> list[Term]:
+    if s.zero_stage != 3:
+        return []
+    return [Term("gathered layer", 4 * shape.largest_layer, "4 B x the largest layer (ZeRO-3 gathers it)")]
+
+
+def deepspeed_states(p: int, s: Setting, world: int, prefix: str = "", what: str = "params") -> list[Term]:
+    """DeepSpeed's mixed precision over the `p` parameters it trains: 16-bit weights and gradients, fp32
+    gradients, master copy and AdamW moments, partitioned by the ZeRO stage (1 to 3)."""
+    def term(name: str, per_param: int, formula: str, partitioned: bool) -> Term:
+        share, per = (world, " / world") if partitioned else (1, "")
+        return Term(prefix + name, per_param * p // share, f"{per_param} B x {what}{per} {formula}")
+
     if s.zero_stage == 1:
-        return [Term("weights", 2 * p, "2 B x params (16-bit)"), Term("gradients", 2 * p, "2 B x params (16-bit)"),
-                Term("optimizer states", 16 * p // world, "16 B x params / world (fp32 master, moments, fp32 grads)")]
+        return [term("weights", 2, "(16-bit)", False), term("gradients", 2, "(16-bit)", False),
+                term("optimizer states", 16, "(fp32 master, moments, fp32 grads)", True)]
     if s.zero_stage == 2:
         if s.offload_optimizer:
-            return [Term("weights", 2 * p, "2 B x params (16-bit); gradients and optimizer on the host")]
-        return [Term("weights", 2 * p, "2 B x params (16-bit)"),
-                Term("gradients", 6 * p // world, "6 B x params / world (16-bit and fp32, partitioned)"),
-                Term("optimizer states", 12 * p // world, "12 B x params / world (fp32 master and moments)")]
-    gathered = Term("gathered layer", 4 * largest, "4 B x the largest layer (ZeRO-3 gathers it)")
+            return [term("weights", 2, "(16-bit); gradients and optimizer on the host", False)]
+        return [term("weights", 2, "(16-bit)", False), term("gradients", 6, "(16-bit and fp32, partitioned)", True),
+                term("optimizer states", 12, "(fp32 master and moments)", True)]
+    weights = term("weights", 2, "(16-bit partition)", True)
     if s.offload_optimizer:
-        return [gathered, Term("weights", 2 * p // world, "2 B x params / world (16-bit partition)")]
-    return [gathered, Term("weights", 2 * p // world, "2 B x params / world (16-bit partition)"),
-            Term("gradients", 4 * p // world, "4 B x params / world (partitioned)"),
-            Term("optimizer states", 12 * p // world, "12 B x params / world (fp32 master and moments)")]
+        return [weights]
+    return [weights, term("gradients", 4, "(partitioned)", True),
+            term("optimizer states", 12, "(fp32 master and moments)", True)]
+
+
+# ---------------------------------------------------------------- LoRA and QLoRA
+
+# A Llama-like decoder layer's linear layers: name -> (block, the Shape's input width, its output width).
+LLAMA_LINEAR = {"q_proj": ("self_attn", "hidden", "q_size"), "k_proj": ("self_attn", "hidden", "kv_size"),
+                "v_proj": ("self_attn", "hidden", "kv_size"), "o_proj": ("self_attn", "q_size", "hidden"),
+                "gate_proj": ("mlp", "hidden", "intermediate"), "up_proj": ("mlp", "hidden", "intermediate"),
+                "down_proj": ("mlp", "intermediate", "hidden")}
+# bitsandbytes NF4 with double quantisation, per weight: a 4-bit code, an 8-bit absmax per block of 64, and an
+# fp32 constant per 256 of those absmax (QLoRA, Dettmers et al. 2023, section 3: 0.127 bit of constants).
+NF4_BYTES = 1 / 2 + 1 / 64 + 4 / (64 * 256)
+DROPOUT_MASK = 1  # bytes per element CUDA's fused dropout keeps for the backward (a bool mask)
+
+
+def quantized(s: Setting) -> bool:
+    """A LoRA base in 4 or 8 bits (a quantized base also dequantizes its weights for every matmul: slower)."""
+    return s.quantize not in (None, "none")
+
+
+def llama_linear(shape: Shape) -> dict[str, Any]:
+    """The model's linear layers in the lora_modules fact's form, for Llama/Qwen2/Mistral-named decoders: what
+    peft's target_modules match when the fact (the meta-device listing) is not there."""
+    linear = [{"pattern": f"model.layers.*.{block}.{name}", "count": shape.layers, "in": getattr(shape, a),
+               "out": getattr(shape, b), "output": False} for name, (block, a, b) in LLAMA_LINEAR.items()]
+    linear.append({"pattern": "lm_head", "count": 1, "in": shape.hidden, "out": shape.vocab, "output": True})
+    embedding = shape.vocab * shape.hidden
+    return {"linear": linear, "modules": {"embed_tokens": embedding, "lm_head": embedding}}
+
+
+def adapters(lora: dict[str, Any], shape: Shape) -> Adapters:
+    """Plan.lora as the memory model reads it: the exact trainable count resolve() made from the model's own
+    layers, or else the count on the Shape's Llama-named layers."""
+    listing = llama_linear(shape)
+    trainable = lora.get("trainable_params")
+    if trainable is None:
+        trainable = adapter_parameters(listing, lora)
+    wrapped = tuple(e["pattern"].rsplit(".", 1)[-1] for e in targeted(listing, lora["target_modules"]))
+    return Adapters(trainable, lora["r"], lora["dropout"], wrapped)
+
+
+def quantizable(shape: Shape) -> int:
+    """Weights of the decoder layers' linear layers: what bitsandbytes quantizes (transformers leaves the LM head,
+    the embeddings, the norms and the biases in the load dtype). Exact for Llama-like shapes; at most all but
+    the embeddings for others."""
+    linear = sum(e["count"] * e["in"] * e["out"] for e in llama_linear(shape)["linear"] if not e["output"])
+    return max(0, min(linear, shape.parameters - shape.vocab * shape.hidden))
+
+
+def quantized_rows(shape: Shape) -> int:
+    """Output rows of the decoder layers' linear layers: LLM.int8() keeps an fp32 scale for each."""
+    return shape.layers * sum(getattr(shape, b) for _, _, b in LLAMA_LINEAR.values())
+
+
+def frozen_base(run: Run, s: Setting) -> list[Term]:
+    """The base's weights: no gradient, no optimizer state, no fp32 master copy. ZeRO-3 partitions them too."""
+    shape, p = run.shape, run.shape.parameters
+    share, per = (run.world, " / world") if s.zero_stage == 3 else (1, "")
+    if not quantized(s):
+        b = dtype_bytes(run.precision)
+        return [Term("frozen base", b * p // share, f"{b} B x base params{per} (the run's dtype; frozen)")]
+    linear = quantizable(shape)
+    if s.quantize == "4bit":
+        base = Term("frozen base, 4-bit", int(linear * NF4_BYTES) // share,
+                    f"(1/2 + 1/64 + 4/(64 x 256)) B x linear weights{per}: bitsandbytes NF4 with double quantisation "
+                    "(4-bit codes; absmax per 64-weight block in 8 bits, fp32 absmax per 256 such blocks: QLoRA, "
+                    "Dettmers et al. 2023, section 3, 0.127 bit/param of constants)")
+    else:
+        base = Term("frozen base, 8-bit", (linear + 4 * quantized_rows(shape)) // share,
+                    f"(1 B x linear weights + 4 B x their output rows){per}: LLM.int8() weights and fp32 row scales "
+                    "(approximate: outlier columns are split off in 16 bits while each layer runs)")
+    # peft's prepare_model_for_kbit_training (sftdoctor's QLoRA load) casts every 16-bit parameter left to fp32;
+    # DeepSpeed casts them back to the 16-bit dtype it trains in.
+    b = 4 if s.zero_stage == 0 else 2
+    why = "fp32: prepare_model_for_kbit_training" if b == 4 else "16-bit: DeepSpeed's cast"
+    rest = Term("frozen embeddings, norms", b * (p - linear) // share,
+                f"{b} B x the other base params{per} ({why}; not quantized)")
+    return [base, rest]
+
+
+def adapter_states(run: Run, s: Setting) -> list[Term]:
+    """The trained parameters' weights, gradients and AdamW moments. Without DeepSpeed, peft keeps LoRA's
+    adapters in fp32 (autocast_adapter_dtype, peft 0.12+): 4 + 4 + 8 B; for QLoRA TRL 1.16 casts them to bf16
+    (the QLoRA paper's recipe), and AdamW's moments follow: 2 + 2 + 4 B. DeepSpeed casts them to its 16-bit dtype
+    and keeps their fp32 master copy: its accounting over the trainable params alone."""
+    t = run.lora.trainable
+    if s.zero_stage > 0:
+        return deepspeed_states(t, s, run.world, "adapter ", "trainable params")
+    b, why = (2, "bf16: TRL casts QLoRA's adapters") if quantized(s) else (4, "fp32: peft's autocast_adapter_dtype")
+    return [Term("adapter weights", b * t, f"{b} B x trainable params ({why})"),
+            Term("adapter gradients", b * t, f"{b} B x trainable params"),
+            Term("adapter optimizer states", 2 * b * t, f"{2 * b} B x trainable params (AdamW moments)")]
+
+
+def lora_states(run: Run, s: Setting) -> list[Term]:
+    return gathered_layer(run.shape, s) + frozen_base(run, s) + adapter_states(run, s)
+
+
+def fp32_adapters_under_autocast(run: Run, s: Setting) -> bool:
+    """Without DeepSpeed a 16-bit run is autocast over peft's fp32 adapters (QLoRA's are cast to bf16 by TRL,
+    DeepSpeed casts every adapter to its 16-bit dtype)."""
+    return s.zero_stage == 0 and run.precision != "fp32" and not quantized(s)
 
 
 def load_bytes(s: Setting, precision: str) -> int:
@@ -105,12 +239,15 @@ def load_bytes(s: Setting, precision: str) -> int:
     return 2 if s.zero_stage > 0 and precision != "fp32" else 4
 
 
-def host_memory(shape: Shape, s: Setting, world: int, per_node: int, precision: str = "fp32") -> list[Term]:
+def host_memory(shape: Shape, s: Setting, world: int, per_node: int, precision: str = "fp32",
+                lora: Adapters | None = None) -> list[Term]:
     """Host RAM per node, as DeepSpeed's estimators count it (`cpu_mem`, additional_buffer_factor 1.5): every
     rank loading the model (load_bytes x params x ranks per node: 4 for fp32, 2 when DeepSpeed holds the fp32
     master copy and 16-bit weights load in 16 bits), or the offloaded optimizer. ZeRO-3 loads under
     `zero.Init` (sftdoctor's recipe creates the DeepSpeed config before the model), so each rank keeps only
     its partition: load_bytes x params / world x ranks per node."""
+    if lora is not None:
+        return lora_host_memory(shape, s, world, per_node, precision, lora)
     p, nodes, b = shape.parameters, max(world // per_node, 1), load_bytes(s, precision)
     if s.offload_optimizer and s.zero_stage == 2:
         factor, formula = max(4 * world, 16), "max(4 x world, 16) B x params"
@@ -122,6 +259,20 @@ def host_memory(shape: Shape, s: Setting, world: int, per_node: int, precision: 
     else:
         factor, formula = b * per_node, f"{b} B x params x ranks per node (each rank loads the model)"
     return [Term("host RAM", int(p * factor * ADAM_BUFFER), f"{formula} x {ADAM_BUFFER}")]
+
+
+def lora_host_memory(shape: Shape, s: Setting, world: int, per_node: int, precision: str, lora: Adapters) -> list[Term]:
+    """With LoRA every rank loads the base in the run's dtype (resolve.load_dtype: 16 bits in bf16/fp16; ZeRO-3
+    partitions it at load), or holds its share of the adapters' offloaded optimizer (16 B per trainable param,
+    as DeepSpeed counts an offloaded optimizer), whichever is more, as DeepSpeed's estimators take the larger."""
+    b, nodes = dtype_bytes(precision), max(world // per_node, 1)
+    if s.zero_stage == 3:
+        load, formula = b * shape.parameters * per_node / world, f"{b} B x base params / world x ranks per node (zero.Init)"
+    else:
+        load, formula = b * shape.parameters * per_node, f"{b} B x base params x ranks per node (each rank loads the base)"
+    if s.offload_optimizer:
+        load, formula = max(load, 16 * lora.trainable / nodes), f"max({formula}, 16 B x trainable params / nodes)"
+    return [Term("host RAM", int(load * ADAM_BUFFER), f"{formula} x {ADAM_BUFFER}")]
 
 
 def dtype_bytes(precision: str) -> int:
@@ -157,9 +308,60 @@ def eager_attention_bytes(shape: Shape, micro_batch: int, seq_len: int, precisio
                                                                          - 4 * shape.heads) * tokens
 
 
+def lora_input_groups(shape: Shape, attention: str) -> list[tuple[tuple[str, ...], int]]:
+    """The tensors a trained decoder layer saves only as the input of its projections (for their weights'
+    gradients), with the layers that read each: the two norms' outputs and the MLP's product. sdpa and flash
+    attention save their output themselves, so the o_proj input is kept by them whatever LoRA wraps."""
+    groups = [(("q_proj", "k_proj", "v_proj"), shape.hidden), (("gate_proj", "up_proj"), shape.hidden),
+              (("down_proj",), shape.intermediate)]
+    return groups + ([(("o_proj",), shape.q_size)] if attention == "eager" else [])
+
+
+def lora_activation_bytes_per_token(shape: Shape, precision: str, lora: Adapters, separate: bool,
+                                    attention: str = "sdpa", mask_bytes: int | None = None) -> int:
+    """What one decoder layer under LoRA saves per token, against the trained layer of
+    activation_bytes_per_token (b the training dtype's size, in the width of a wrapped layer's input):
+
+        trained layer - 2 b h - b x (each input group no adapter keeps) + per adapter: b r [+ b in] [+ mask in]
+
+    A frozen weight needs no gradient, so autograd keeps nothing for it: the norms' weight products save
+    nothing (2 b h) and a projection's input is kept only by an adapter reading that very tensor. With dropout,
+    or with fp32 adapters under autocast (which reads a 16-bit cast), each adapter keeps its own copy of its
+    input (b in) and the shared input is kept by none; dropout adds its mask (1 B on CUDA's fused kernel; the CPU
+    kernel keeps its noise in the input's dtype). Every adapter keeps its r-wide A output for B's gradient.
+    Exact on transformers 5.24 Llama and Qwen2 layers with peft 0.21 (fp32, bf16 and bf16 under autocast),
+    measured with saved-tensor hooks in tests/run/test_memory.py. DoRA's weight norm is not counted."""
+    b, mask = dtype_bytes(precision), DROPOUT_MASK if mask_bytes is None else mask_bytes
+    separate = separate or lora.dropout > 0
+    out = activation_bytes_per_token(shape, precision) - 2 * b * shape.hidden
+    for readers, width in lora_input_groups(shape, attention):
+        if separate or not set(readers) & set(lora.wrapped):
+            out -= b * width
+    for name in lora.wrapped:
+        width = getattr(shape, LLAMA_LINEAR[name][1])
+        out += b * lora.r + (b * width if separate else 0) + (mask * width if lora.dropout > 0 else 0)
+    return out
+
+
+def layer_bytes_per_token(run: Run, s: Setting) -> int:
+    if run.lora is None:
+        return activation_bytes_per_token(run.shape, run.precision)
+    return lora_activation_bytes_per_token(run.shape, run.precision, run.lora, fp32_adapters_under_autocast(run, s),
+                                           run.attention)
+
+
+def adapter_casts(run: Run, s: Setting) -> list[Term]:
+    """Autocast casts each fp32 adapter to 16 bits once per forward and the backward keeps the copy."""
+    if run.lora is None or not fp32_adapters_under_autocast(run, s):
+        return []
+    return [Term("adapter casts", 2 * run.lora.trainable,
+                 "2 B x trainable params (autocast's 16-bit copies of the fp32 adapters, kept for the backward)")]
+
+
 def activations(run: Run, s: Setting) -> list[Term]:
     shape, tokens = run.shape, s.micro_batch * run.seq_len
-    per_layer = activation_bytes_per_token(shape, run.precision) * tokens
+    per_layer = layer_bytes_per_token(run, s) * tokens
+    lora = "" if run.lora is None else " (LoRA: frozen layers save less, each adapter its r-wide output)"
     if run.attention == "eager":
         per_layer += eager_attention_bytes(shape, s.micro_batch, run.seq_len, run.precision)
     b = dtype_bytes(run.precision)
@@ -167,9 +369,10 @@ def activations(run: Run, s: Setting) -> list[Term]:
         kept = shape.layers * b * shape.hidden * tokens
         return [Term("activations", kept + per_layer,
                      f"checkpointed: layers x {b} B x hidden x tokens (each layer's input) + one layer recomputed "
-                     f"({per_layer // tokens:,} B/token)")]
+                     f"({per_layer // tokens:,} B/token){lora}")] + adapter_casts(run, s)
     return [Term("activations", shape.layers * per_layer,
-                 f"layers x {per_layer // tokens:,} B/token x {tokens:,} tokens (micro-batch x sequence length)")]
+                 f"layers x {per_layer // tokens:,} B/token x {tokens:,} tokens (micro-batch x sequence length){lora}")
+            ] + adapter_casts(run, s)
 
 
 def logits(run: Run, s: Setting) -> list[Term]:
@@ -177,22 +380,44 @@ def logits(run: Run, s: Setting) -> list[Term]:
     (transformers 5.24's loss calls `logits.float()`, a no-op in fp32) and the softmax cross-entropy keeps
     (4 B x vocab). liger's fused linear cross-entropy computes the loss in chunks instead. TRL 1.16's
     SFTTrainer tiles its LM head too (`add_fused_lm_head`), so for sftdoctor's own trainer this term is an
-    upper bound; plain transformers builds the full logits as counted here."""
+    upper bound; plain transformers builds the full logits as counted here. With LoRA the loss's backward is
+    counted instead (12 B x vocab: the softmax output, its gradient and the logits' gradient in fp32): nothing
+    of the weights' gradients is allocated yet, while a full fine-tune's, counted whole, cover it."""
     tokens, vocab = s.micro_batch * run.seq_len, run.shape.vocab
     if s.liger:
         return [Term("logits and loss", 0, "liger fused linear cross-entropy: logits never materialised")]
+    if run.lora is not None:
+        return [Term("logits and loss", 12 * vocab * tokens,
+                     "12 B x vocab x tokens: the loss's fp32 softmax output, its gradient and the logits' gradient, "
+                     "alive together as the backward starts")]
     b = dtype_bytes(run.precision)
     per_token = b + (0 if b == 4 else 4) + 4
     return [Term("logits and loss", per_token * vocab * tokens,
                  f"{per_token} B x vocab x tokens: logits{'' if b == 4 else ', their fp32 copy'} and the loss's softmax")]
 
 
+def layer_backward(run: Run, s: Setting) -> list[Term]:
+    """With LoRA nothing of a layer's weight gradients is allocated before its backward, so what that backward
+    holds at once can set the peak: the MLP's gradients (of its product and both factors, b x 3 I per token),
+    beyond the loss's backward (the logits term), which is over by then. A full fine-tune's weight gradients,
+    counted whole, cover it. No term where the loss's backward holds more."""
+    if run.lora is None:
+        return []
+    tokens, b = s.micro_batch * run.seq_len, dtype_bytes(run.precision)
+    beyond = 3 * b * run.shape.intermediate * tokens - logits(run, s)[0].bytes
+    if beyond <= 0:
+        return []
+    return [Term("layer backward", beyond,
+                 f"3 x {b} B x intermediate x tokens - logits and loss: the MLP's gradients in one layer's backward")]
+
+
 def estimate(run: Run, s: Setting) -> Estimate:
-    gpu = model_states(run.shape, s, run.world) + activations(run, s) + logits(run, s)
+    states = model_states(run.shape, s, run.world) if run.lora is None else lora_states(run, s)
+    gpu = states + activations(run, s) + logits(run, s) + layer_backward(run, s)
     live = sum(t.bytes for t in gpu)
     gpu.append(Term("fragmentation", int(live * FRAGMENTATION), f"{FRAGMENTATION:.0%} of the above (caching allocator)"))
     gpu.append(Term("CUDA context and NCCL", CUDA_CONTEXT, "fixed allowance"))
-    return Estimate(s, gpu, host_memory(run.shape, s, run.world, run.per_node, run.precision))
+    return Estimate(s, gpu, host_memory(run.shape, s, run.world, run.per_node, run.precision, run.lora))
 
 
 # ---------------------------------------------------------------- candidates: the fastest setting that fits
@@ -200,6 +425,7 @@ def estimate(run: Run, s: Setting) -> Estimate:
 HEADROOM = 0.10  # a recommended setting leaves this share of GPU memory free
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 STAGES = ((0, False), (1, False), (2, False), (2, True), (3, False), (3, True))
+KINDS = {None: "", "none": "LoRA, ", "4bit": "QLoRA 4-bit base, ", "8bit": "LoRA on an 8-bit base, "}  # by Setting.quantize
 
 
 @dataclass
@@ -218,12 +444,13 @@ class Candidate:
         """Fastest first: no CPU optimizer step, no recomputation, less communication, bigger micro-batches
         (bigger matmuls, fewer accumulation steps), liger's fused kernels."""
         s = self.setting
-        return (s.offload_optimizer, self.compute, self.communication, -s.micro_batch, not s.liger)
+        return (s.offload_optimizer, quantized(s), self.compute, self.communication, -s.micro_batch, not s.liger)
 
     def describe(self) -> str:
         s = self.setting
         accumulation = f"{self.accumulation} accumulation" if self.accumulation else "no whole accumulation"
-        return (f"ZeRO-{s.zero_stage}{' + optimizer offload' if s.offload_optimizer else ''}, checkpointing "
+        offload = " + optimizer offload" if s.offload_optimizer else ""
+        return (f"{KINDS[s.quantize]}ZeRO-{s.zero_stage}{offload}, checkpointing "
                 f"{'on' if s.checkpointing else 'off'}, micro-batch {s.micro_batch} x {accumulation}, "
                 f"liger {'on' if s.liger else 'off'}")
 
@@ -243,14 +470,23 @@ def candidate(run: Run, s: Setting, global_batch: int, gpu_memory: int) -> Candi
                      4 / 3 if s.checkpointing else 1.0, 1.5 if s.zero_stage == 3 else 1.0)
 
 
-def candidates(run: Run, global_batch: int, gpu_memory: int, liger_available: bool) -> list[Candidate]:
+def candidates(run: Run, global_batch: int, gpu_memory: int, liger_available: bool,
+               quantize: str | None = None) -> list[Candidate]:
     """Every ZeRO stage (and optimizer offload for 2 and 3) x checkpointing x micro-batch x liger that reaches
-    `global_batch` exactly, fastest first; none when the ranks cannot share it evenly."""
+    `global_batch` exactly, fastest first; none when the ranks cannot share it evenly. A LoRA run keeps its
+    base (`quantize`); a 16-bit one that fits nowhere is also tried on a 4-bit base: QLoRA changes the weights
+    the adapters train over, so it is offered only where no 16-bit base fits."""
+    out = _grid(run, global_batch, gpu_memory, liger_available, quantize)
+    if run.lora is not None and quantize in (None, "none") and not any(c.fits for c in out):
+        out += _grid(run, global_batch, gpu_memory, liger_available, "4bit")
+    return sorted(out, key=Candidate.speed_key)
+
+
+def _grid(run: Run, global_batch: int, gpu_memory: int, liger_available: bool, quantize: str | None) -> list[Candidate]:
     micro = [m for m in MICRO_BATCHES if global_batch % (m * run.world) == 0]
     ligers = (True, False) if liger_available else (False,)
-    out = [candidate(run, Setting(stage, offload, ckpt, m, liger), global_batch, gpu_memory)
-           for (stage, offload), ckpt, m, liger in itertools.product(STAGES, (False, True), micro, ligers)]
-    return sorted(out, key=Candidate.speed_key)
+    return [candidate(run, Setting(stage, offload, ckpt, m, liger, quantize), global_batch, gpu_memory)
+            for (stage, offload), ckpt, m, liger in itertools.product(STAGES, (False, True), micro, ligers)]
 
 
 @dataclass
@@ -266,6 +502,6 @@ class Fit:
 
 
 def fit(run: Run, current: Setting, global_batch: int, gpu_memory: int, liger_available: bool) -> Fit:
-    found = candidates(run, global_batch, gpu_memory, liger_available)
+    found = candidates(run, global_batch, gpu_memory, liger_available, current.quantize)
     return Fit(run, candidate(run, current, global_batch, gpu_memory), found, next((c for c in found if c.fits), None),
                gpu_memory, global_batch)

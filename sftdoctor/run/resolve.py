@@ -19,7 +19,7 @@ from sftdoctor.run.gpus import FLASH_MIN_CC, bf16_capable, devices, lacking
 from sftdoctor.run.memory import Fit, Run, Setting, fit
 from sftdoctor.run.shape import Shape
 
-PLAN_VERSION = 3  # 2: chat_template; 3: lora, checkpointing_reentrant
+PLAN_VERSION = 4  # 2: chat_template; 3: lora, checkpointing_reentrant; 4: evaluation
 TORCHRUN_DEFAULT_PORT = 29500
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 DISTRIBUTED_CHECK_MAX_S = 120.0
@@ -81,6 +81,8 @@ class Plan:
     # adapters: None = full fine-tune; else r, alpha, dropout, target_modules, modules_to_save, use_rslora,
     # use_dora, quantize, merge, compute_dtype, quant_storage, trainable_params, base_params (see lora_settings)
     lora: dict[str, Any] | None
+    # [eval]: tasks, include, limit, num_fewshot, base (also evaluate base_path()), every_n_checkpoints
+    evaluation: dict[str, Any] | None
     seed: int
     logging_steps: int
     save_steps: int
@@ -320,6 +322,24 @@ def chat_template(run: RunConfig, shape: str | None, template: dict[str, Any] | 
                            "markers (renders the same text), so the loss covers the assistant turns only")
 
 
+def evaluation(run: RunConfig) -> dict[str, Any] | None:
+    e = run.eval
+    if e is None:
+        return None
+    return {"tasks": list(e.tasks), "include": e.include, "limit": e.limit, "num_fewshot": e.num_fewshot,
+            "base": e.base, "every_n_checkpoints": e.every_n_checkpoints}
+
+
+def base_path(plan: Plan) -> str:
+    """Where the weights a run starts from are: the model folder or hub id, or RUN_DIR/base for a base
+    initialised at random (it exists nowhere else; the recipe saves it there when an adapter or an
+    evaluation needs it)."""
+    if plan.weights == "random" or plan.rehearsal:
+        return str((Path(plan.output_dir) / "base").absolute())  # named in adapter_config.json: loadable from anywhere
+    local = Path(plan.model_path)
+    return str(local.absolute()) if local.is_dir() else plan.model_path
+
+
 def master_port(run: RunConfig, rendezvous: dict[str, Any] | None) -> tuple[int, str]:
     """The rendezvous port, and why. A port the user set is kept (a busy one is the nccl-env check's error);
     on one node the default 29500, when taken, and "auto" become a free port."""
@@ -384,6 +404,7 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
         weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm, checkpointing=t.gradient_checkpointing,
         checkpointing_arg=(features or {}).get("checkpointing_arg") or "gradient_checkpointing",
         checkpointing_reentrant=lora is not None and stage == 3 and t.gradient_checkpointing, lora=lora,
+        evaluation=evaluation(run),
         seed=t.seed, logging_steps=t.logging_steps, save_steps=t.save_steps, save_total_limit=t.save_total_limit,
         eval_steps=t.eval_steps or t.save_steps,
         deepspeed=ds, deepspeed_source=ds_source, zero_stage=stage, offload_optimizer=offload_optimizer,
@@ -428,7 +449,11 @@ def for_launch(plan: Plan, rehearsal: bool = False, drill: dict[str, Any] | None
 
 def memory_fit(plan: Plan, shape: Shape, gpu_memory: int) -> Fit:
     """The plan's setting term by term against GPUs of `gpu_memory` bytes, and the fastest that fits."""
-    run = Run(shape, plan.world_size, plan.nproc_per_node, plan.max_length, plan.attn_implementation, plan.precision)
+    from sftdoctor.run.memory import adapters
+
+    lora = adapters(plan.lora, shape) if plan.lora is not None else None
+    run = Run(shape, plan.world_size, plan.nproc_per_node, plan.max_length, plan.attn_implementation, plan.precision,
+              lora)
     current = Setting(plan.zero_stage, plan.offload_optimizer, plan.checkpointing, plan.per_device_batch_size,
-                      plan.liger_kernel)
+                      plan.liger_kernel, plan.lora["quantize"] if plan.lora is not None else None)
     return fit(run, current, plan.global_batch_size, gpu_memory, plan.liger_available)

@@ -14,16 +14,21 @@ import os
 from pathlib import Path
 
 from sftdoctor.run import Plan
+from sftdoctor.run.resolve import base_path
 
-BASE = "base"
 MERGED = "final-merged"
+KINDS = {"none": "LoRA", "4bit": "QLoRA (4-bit NF4 base)", "8bit": "LoRA over an 8-bit base"}  # by [lora] quantize
 
 
-def base_path(plan: Plan) -> str:
-    """Where the adapter's base weights are: the model folder or hub id, or RUN_DIR/base for a random one."""
-    if plan.weights == "random" or plan.rehearsal:
-        return str(Path(plan.output_dir) / BASE)
-    return plan.model_path
+def describe(lora: dict) -> str:
+    """"LoRA r 16, alpha 32 on all-linear": the adapters in the words the plan lines and the model card use."""
+    targets = lora["target_modules"] if isinstance(lora["target_modules"], str) else ", ".join(lora["target_modules"])
+    return f"{KINDS[lora['quantize']]} r {lora['r']}, alpha {lora['alpha']:g} on {targets}"
+
+
+def needs_base(plan: Plan) -> bool:
+    """A random base must be on disk for an adapter to load onto, or for the evaluation to compare with."""
+    return plan.lora is not None or bool((plan.evaluation or {}).get("base"))
 
 
 def save_base(plan: Plan, model) -> None:
@@ -81,3 +86,16 @@ def merge(plan: Plan, final: Path) -> Path:
     out = Path(plan.output_dir) / MERGED
     merged.save_pretrained(str(out))
     return out
+
+
+def trainable_in_fp32(model, plan: Plan) -> None:
+    """Without DeepSpeed (which keeps its own fp32 master copy), every trained parameter must be fp32 under
+    AMP: peft casts the adapters (autocast_adapter_dtype) but leaves modules_to_save copies in the base's
+    16-bit dtype, and GradScaler refuses them at the first step ("Attempting to unscale FP16 gradients")."""
+    if plan.deepspeed is not None or plan.load_dtype == "float32":
+        return
+    import torch
+
+    for parameter in model.parameters():
+        if parameter.requires_grad and parameter.dtype != torch.float32:
+            parameter.data = parameter.data.float()

@@ -28,6 +28,7 @@ from sftdoctor.train.processes import SIGNAL_EXIT, run_workers
 from sftdoctor.train.summary import line_count, read_records, summary
 from sftdoctor.train import noise
 from sftdoctor.train.compat import flight_recorder_env
+from sftdoctor.train.evaluation import evaluate_run, result_table
 
 STOPPED = "stopped.json"  # written by sftdoctor.train.watch (kept in step with watch.STOPPED)
 
@@ -100,9 +101,9 @@ def memory_summary(plan: Plan, facts: Facts) -> str:
 
 
 def adapters_line(lora: dict) -> str:
-    kind = {"none": "LoRA", "4bit": "QLoRA 4-bit NF4", "8bit": "LoRA on an 8-bit base"}[lora["quantize"]]
-    targets = lora["target_modules"] if isinstance(lora["target_modules"], str) else ", ".join(lora["target_modules"])
-    line = f"{kind} r {lora['r']}, alpha {lora['alpha']:g} on {targets}"
+    from sftdoctor.train.adapters import describe
+
+    line = describe(lora)
     if lora.get("trainable_params") and lora.get("base_params"):
         share = lora["trainable_params"] / lora["base_params"]
         line += f": {lora['trainable_params']:,} trainable of {lora['base_params']:,} ({share:.2%})"
@@ -242,8 +243,15 @@ def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_aft
               + (f", after step {step}" if step is not None and step > first_step else ", before its first step")
               + f"): {failure_cause(log, log_from)}", flush=True)
     elif not stop_after and not plan.rehearsal:
+        evaluated = evaluate_run(plan, run_dir, env, log) if plan.evaluation else None
         print("\n" + summary(run_dir, read_records(run_dir / "metrics.jsonl", records_from), time.perf_counter() - began,
                              first_step, newest_complete(run_dir), loading(plan, run_dir)), flush=True)
+        if evaluated == 0:
+            print("\n" + (result_table(run_dir) or ""), flush=True)
+        elif evaluated:
+            print(f"\nsftdoctor: the evaluation failed (exit {evaluated}); the trained model is in "
+                  f"{os.path.normpath(run_dir / 'final')} (line {line_count(log)} of {os.path.normpath(log)})", flush=True)
+            return evaluated
     return code
 
 

@@ -44,8 +44,8 @@ def load_model(plan: Plan):
             shrink(config, vocab_size=None)
         torch.manual_seed(plan.seed)
         net = AutoModelForCausalLM.from_config(config, dtype=dtype, **common)
-        if plan.lora is not None:
-            adapters.save_base(plan, net)  # the adapter's base must exist on disk
+        if adapters.needs_base(plan):
+            adapters.save_base(plan, net)
     if quantized:
         net = adapters.load_quantized(plan, common, dtype)
     elif not (plan.rehearsal or plan.weights == "random"):
@@ -100,13 +100,11 @@ def model_card(plan: Plan) -> str:
 
 
 def _adapter_lines(plan: Plan) -> list[str]:
-    from sftdoctor.train.adapters import MERGED, base_path
+    from sftdoctor.run.resolve import base_path
+    from sftdoctor.train.adapters import MERGED, describe
 
-    lora = plan.lora
-    kind = {"none": "LoRA", "4bit": "QLoRA (4-bit NF4 base)", "8bit": "LoRA over an 8-bit base"}[lora["quantize"]]
-    lines = ["", f"{kind} adapters (r {lora['r']}, alpha {lora['alpha']:g}, on {lora['target_modules'] if isinstance(lora['target_modules'], str) else ', '.join(lora['target_modules'])}) "
-             f"over `{base_path(plan)}`: `final/` holds the adapter in peft's format."]
-    if lora["merge"]:
+    lines = ["", f"{describe(plan.lora)} over `{base_path(plan)}`: `final/` holds the adapter in peft's format."]
+    if plan.lora["merge"]:
         lines.append(f"`{MERGED}/` holds base + adapter merged, for `AutoModelForCausalLM`.")
     return lines
 
@@ -190,6 +188,8 @@ def main(argv: list[str]) -> int:
     trainer = watched_trainer_class(plan.drill)(
         model=model, args=args, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer,
         peft_config=peft_config(plan))
+    if plan.lora is not None:
+        adapters.trainable_in_fp32(trainer.model, plan)
     trainer.sftdoctor_tokens, trainer.sftdoctor_plan = callbacks.TokenCounter(), plan
     trainer.add_callback(callbacks.Metrics(trainer.sftdoctor_tokens, run_dir / "metrics.jsonl"))
     trainer.remove_callback(PrinterCallback)  # prints raw log dicts; ours print one line instead

@@ -77,3 +77,36 @@ def test_a_machine_without_gpus_or_a_model_of_unknown_size_is_skipped(run, tmp_p
     assert isinstance(run("memory-fit", plan=plan, model_shape=asdict(llama8b), gpus={"devices": []}), Skipped)
     unknown = run("memory-fit", plan=plan, model_shape={"error": "no model_type"}, gpus=recorded_gpus(H100x8))
     assert isinstance(unknown, Skipped) and "no model_type" in unknown.reason
+
+
+P100x4 = "p100_pcie_4x_driver418_princeton_tiger.txt"  # 4 x 16 GB
+LLAMA2_7B = FIXTURES / "model_config" / "Llama-2-7b-hf_resaved_float32.json"
+
+
+@pytest.fixture(scope="module")
+def llama2_7b():
+    return closed_form(json.loads(LLAMA2_7B.read_text()))
+
+
+def test_a_lora_plan_is_judged_on_its_adapters_and_keeps_them_in_every_candidate(run, tmp_path, llama8b):
+    sections = {"deepspeed": {"zero_stage": 2}}
+    full = memory_fit(plan_of(llama_run(tmp_path, **sections), gpus=recorded_gpus(H100x8)), llama8b, 80 * 2**30)
+    lora = memory_fit(plan_of(llama_run(tmp_path, lora={"r": 16}, **sections), gpus=recorded_gpus(H100x8)), llama8b,
+                      80 * 2**30)
+    names = {t.name for t in lora.current.estimate.gpu}
+    assert {"frozen base", "adapter weights", "adapter optimizer states"} <= names and "weights" not in names
+    assert lora.run.lora.trainable == 41_943_040  # r 16 on Llama-3-8B's 7 projections x 32 layers
+    assert lora.current.estimate.gpu_peak < 0.7 * full.current.estimate.gpu_peak  # 26.3 against 43.3 GiB
+    assert {c.setting.quantize for c in lora.candidates} == {"none"}  # the 16-bit base fits: no QLoRA offered
+    [found] = check(run, tmp_path, llama8b, H100x8, lora={"r": 16}, **sections)
+    assert found.severity.value == "ok" and "8.03B parameters (41,943,040 trainable) on 8 GPUs" in found.title
+    assert "LoRA, ZeRO-2" in found.title and found.evidence["trainable_parameters"] == 41_943_040
+
+
+def test_memory_fit_offers_a_4bit_base_where_no_16bit_one_fits(run, tmp_path, llama2_7b):
+    one_gpu = {"launch": {"nproc_per_node": 1}}
+    [big] = check(run, tmp_path, llama2_7b, P100x4, lora={"r": 16}, **one_gpu)  # 13.5 GB of 16-bit base on 16 GB
+    assert big.severity.value == "error" and "more than the GPU has" in big.title
+    assert '[lora] quantize = "4bit"' in big.fix and big.evidence["recommended"]["quantize"] == "4bit"
+    [qlora] = check(run, tmp_path, llama2_7b, P100x4, lora={"r": 16, "quantize": "4bit"}, **one_gpu)
+    assert qlora.severity.value == "ok" and "QLoRA 4-bit base" in qlora.title and "9.5 GiB" in qlora.title

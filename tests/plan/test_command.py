@@ -65,3 +65,15 @@ def test_plan_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
     config = write_run(tmp_path)
     proc = sftdoctor("plan", config, *args)
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_plan_with_lora_counts_the_models_own_adapters_and_offers_4_bits_where_16_do_not_fit(tmp_path):
+    config = write_run(tmp_path, "[lora]\nr = 16\n")
+    doc = json.loads(sftdoctor("plan", config, "--gpu-memory", "80GiB", "--gpus", "8", "--json").stdout)
+    assert doc["lora"]["trainable"] == 41_943_040  # from the model's linear layers, listed on the meta device
+    assert {"frozen base", "adapter weights"} <= {t["name"] for t in doc["current"]["gpu_terms"]}
+    assert doc["current"]["setting"]["quantize"] == "none" and doc["recommended"]["fits"]
+    text = sftdoctor("plan", config, "--gpu-memory", "20GiB", "--gpus", "1")  # 15 GiB of 16-bit base on 20 GiB
+    assert text.returncode == 1, text.stderr  # the run's own setting does not fit
+    assert "adapters   LoRA on the 16-bit base: r 16" in text.stdout and "41,943,040 trainable parameters" in text.stdout
+    assert "recommended: QLoRA 4-bit base" in text.stdout and "frozen base, 4-bit" in text.stdout

@@ -6,9 +6,9 @@ import re
 import pytest
 
 from conftest import FIXTURES
-from sftdoctor.run.memory import HEADROOM, Run, Setting, fit
+from sftdoctor.run.memory import HEADROOM, Run, Setting, adapters, fit
 from sftdoctor.run.shape import closed_form
-from sftdoctor.plan.report import render, summary, timing, to_json
+from sftdoctor.plan.report import LORA_HEADER, render, summary, timing, to_json
 
 GIB = 2**30
 LLAMA3_8B = closed_form(json.loads((FIXTURES / "model_config" / "Meta-Llama-3-8B.json").read_text()))
@@ -25,9 +25,9 @@ def planned(stage=2, micro=8, checkpointing=False, liger=False, world=8, global_
                liger_available)
 
 
-def table_rows(text: str) -> list[list[str]]:
+def table_rows(text: str, header: str = "  ZeRO offload ckpt  micro accum liger  peak GiB  fits  compute comm"
+               ) -> list[list[str]]:
     lines = text.splitlines()
-    header = "  ZeRO offload ckpt  micro accum liger  peak GiB  fits  compute comm"
     if header not in lines:  # no setting fits: no table
         return []
     start = lines.index(header) + 1
@@ -220,3 +220,58 @@ def test_to_json_without_a_fitting_setting_has_no_recommendation():
     doc = to_json(fitted, timing(fitted, COUNTED, None))
     assert doc["recommended"] is None and doc["candidates"] == []
     assert doc["current"]["gradient_accumulation_steps"] is None
+
+
+# ---------------------------------------------------------------- LoRA
+
+R16 = {"r": 16, "dropout": 0.05, "target_modules": "all-linear", "modules_to_save": [], "trainable_params": None}
+LORA_TERMS = ("frozen base", "adapter weights", "adapter gradients", "adapter optimizer states", "activations",
+              "logits and loss", "fragmentation", "CUDA context and NCCL", "host RAM per node")
+
+
+def planned_lora(quantize="none", stage=2, world=8, global_batch=64, memory_gib=80.0):
+    """Llama-3-8B with r = 16 adapters on every linear layer, checkpointed, micro-batch 1, no liger."""
+    run = Run(LLAMA3_8B, world, world, 4096, "sdpa", "bf16", adapters(R16, LLAMA3_8B))
+    return fit(run, Setting(stage, False, True, 1, False, quantize), global_batch, int(memory_gib * GIB), False)
+
+
+def test_render_names_the_adapters_and_counts_their_terms_instead_of_the_full_models():
+    fitted = planned_lora()
+    text = render(fitted, timing(fitted, COUNTED, None))
+    assert text.splitlines()[3] == (
+        "adapters   LoRA on the 16-bit base: r 16, dropout 0.05 on q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+        "down_proj; 41,943,040 trainable parameters (0.52% of the base)")
+    for term in LORA_TERMS:
+        assert re.search(rf"^  {re.escape(term)}\s+\d+\.\d\d GiB", text, re.M), term
+    assert not re.search(r"^  (weights|gradients|optimizer states) ", text, re.M)  # nothing of the base trains
+    assert "this run's setting: LoRA, ZeRO-2, checkpointing on, micro-batch 1 x 8 accumulation, liger off — fits" in text
+    assert "  frozen base                 14.96 GiB  2 B x base params (the run's dtype; frozen)" in text
+
+
+def test_the_lora_candidate_table_shows_each_settings_base():
+    fitted = planned_lora()
+    rows = table_rows(render(fitted, timing(fitted, COUNTED, None)), LORA_HEADER)
+    fitting = [c for c in fitted.candidates if c.fits]
+    assert len(rows) == 12 and all(row[6] == "16-bit" for row in rows)  # the 16-bit base fits: no QLoRA row
+    assert [(int(r[0]), int(r[3]), r[7]) for r in rows] == [
+        (c.setting.zero_stage, c.setting.micro_batch, f"{c.estimate.gpu_peak / GIB:.1f}") for c in fitting[:12]]
+
+
+def test_where_no_16bit_base_fits_the_plan_recommends_a_4bit_one():
+    fitted = planned_lora(stage=0, world=1, global_batch=8, memory_gib=24)  # 15 GiB of 16-bit base on 24 GiB
+    text = render(fitted, timing(fitted, COUNTED, None))
+    assert "— does NOT fit" in text and fitted.recommended.setting.quantize == "4bit"
+    assert "recommended: QLoRA 4-bit base, ZeRO-0, checkpointing on, micro-batch 1 x 8 accumulation, liger off" in text
+    assert "  frozen base, 4-bit           3.35 GiB  (1/2 + 1/64 + 4/(64 x 256)) B x linear weights: bitsandbytes NF4" in text
+    rows = table_rows(text, LORA_HEADER)
+    assert rows and all(row[6] == "4-bit" for row in rows)
+    assert "fastest that fits: QLoRA 4-bit base, ZeRO-0" in summary(fitted)
+
+
+def test_to_json_carries_the_adapters_and_each_settings_base():
+    doc = json.loads(json.dumps(to_json(planned_lora(), timing(planned_lora(), COUNTED, None))))
+    assert doc["lora"] == {"trainable": 41_943_040, "r": 16, "dropout": 0.05,
+                           "wrapped": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+    assert {c["setting"]["quantize"] for c in doc["candidates"]} == {"none"}
+    assert sum(t["bytes"] for t in doc["current"]["gpu_terms"]) == doc["current"]["gpu_peak_bytes"]
+    assert to_json(planned(), timing(planned(), COUNTED, None))["lora"] is None

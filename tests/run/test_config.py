@@ -106,3 +106,21 @@ def test_a_missing_local_model_folder_is_bad_input_but_a_hub_id_is_kept(tmp_path
     with pytest.raises(InputErrors, match=r"\[model\].path: folder not found"):
         load_run_config(write(tmp_path, f'[model]\npath = "{model}"\n'))
     assert load_run_config(write(tmp_path, '[model]\npath = "Qwen/Qwen2.5-7B"\n')).model.path == "Qwen/Qwen2.5-7B"
+
+
+def test_eval_is_absent_or_names_its_tasks_and_an_existing_include_folder(tmp_path):
+    model = '[model]\npath = "org/model"\n'
+    assert load_run_config(write(tmp_path, model)).eval is None
+    (tmp_path / "tasks").mkdir()
+    run = load_run_config(write(tmp_path, model + '[eval]\ntasks = ["mmlu"]\ninclude = "tasks"\nlimit = 50\n'))
+    assert run.eval.tasks == ("mmlu",) and run.eval.include == str(tmp_path / "tasks") and run.eval.base is True
+    assert RunConfig.from_json(json.loads(json.dumps(run.to_json()))) == run
+    with pytest.raises(InputErrors) as raised:
+        load_run_config(write(tmp_path, model + '[eval]\ntasks = ["a,b"]\ninclude = "nowhere"\nlimit = 0\n'))
+    lines = str(raised.value).splitlines()
+    assert any("[eval].tasks: expected a list of lm-eval task names" in line for line in lines), lines
+    assert any("[eval].limit: expected an integer from 1" in line for line in lines), lines
+    assert any("[eval].include: folder not found: " in line for line in lines), lines
+    with pytest.raises(InputErrors) as raised:
+        load_run_config(write(tmp_path, model + "[eval]\n"))
+    assert "[eval].tasks: missing; expected a list of lm-eval task names" in str(raised.value)

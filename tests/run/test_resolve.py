@@ -166,3 +166,18 @@ def test_resolve_reads_any_object_with_get(tmp_path):
 
     assert resolve(make_run(tmp_path), Recorded(gpus=recorded_gpus(V100x4))).precision == "fp16"
     assert ddp_timeout(300) == 1320
+
+
+def test_the_base_an_adapter_names_is_an_absolute_path_or_a_hub_id(tmp_path, monkeypatch):
+    """adapter_config.json records it: a path relative to where `train` ran would not load from anywhere else."""
+    import dataclasses
+
+    from sftdoctor.run.resolve import base_path
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model").mkdir()
+    plan = plan_of(make_run(tmp_path))
+    random = dataclasses.replace(plan, weights="random", output_dir="runs/x")
+    assert base_path(random) == str(tmp_path / "runs" / "x" / "base")
+    assert base_path(dataclasses.replace(plan, weights="pretrained", model_path="model")) == str(tmp_path / "model")
+    assert base_path(dataclasses.replace(plan, weights="pretrained", model_path="org/name")) == "org/name"

@@ -39,6 +39,16 @@ def test_the_bundled_example_trains_and_the_loss_falls(tmp_path):
         prompt = tokenizer.apply_chat_template(messages[:1], add_generation_prompt=True, return_tensors="pt", return_dict=True)
         answer = model.generate(**prompt, max_new_tokens=64, do_sample=False)[0, prompt["input_ids"].shape[1]:].tolist()
         assert eot in answer and len(answer) < 64, tokenizer.decode(answer)
+    # [eval]: lm-eval's tiny_count tasks on the final model and on the random base it started from (saved to
+    # RUN_DIR/base), after training; the fine-tuned model is ahead on the task it was trained for.
+    result = json.loads((run_dir / "eval.json").read_text())
+    for task, metric in (("tiny_count_choice", "acc"), ("tiny_count_gen", "exact_match")):
+        assert result["metrics"][task][metric]["value"] > result["base"]["metrics"][task][metric]["value"], result
+    assert result["base"]["target"]["path"] == str(run_dir / "base")
+    table = proc.stdout[proc.stdout.rindex("sftdoctor: run complete"):]
+    assert "tiny_count_choice" in table and "difference" in table and "± is lm-eval's standard error" in table
+    recorded = [json.loads(line) for line in (run_dir / "findings.jsonl").read_text().splitlines()]
+    assert recorded[-1]["phase"] == "eval" and "tiny_count_gen exact_match" in recorded[-1]["title"]
 
 
 @pytest.mark.parametrize("shape, packing", [("messages", "auto"), ("prompt_completion", "auto"), ("text", False)])

@@ -1,0 +1,29 @@
+"""eval-tasks: the run's [eval] can run when training ends: lm-evaluation-harness is installed and knows
+every task (its registry, plus the `include` folder), checked before the run instead of after it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sftdoctor.checks import check
+from sftdoctor.findings import error, ok, warning
+
+
+@check("eval-tasks", "the [eval] tasks exist in the installed lm-evaluation-harness, before the run trains")
+def eval_tasks(eval_tasks: dict[str, Any], plan=None):
+    tasks = (plan.evaluation or {}).get("tasks") if plan is not None else None
+    if not eval_tasks.get("installed"):
+        return error("[eval] is set but lm-evaluation-harness is not installed: the run would train, then fail",
+                     fix="pip install 'sftdoctor[eval]' (lm-eval), or remove [eval]")
+    if "error" in eval_tasks:
+        return warning(f"the [eval] tasks could not be looked up ({eval_tasks['error']})",
+                       fix="run `sftdoctor eval --tasks ...` on a saved model to see lm-eval's own error")
+    unknown = eval_tasks.get("unknown") or {}
+    if unknown:
+        named = "; ".join(f"{name!r}" + (f" (did you mean {near!r}?)" if near else "") for name, near in unknown.items())
+        return error(f"[eval] tasks lm-eval does not know: {named}",
+                     detail=f"Looked up among lm-eval's {eval_tasks.get('indexed', 0):,} tasks and groups, with the "
+                            "[eval] include folder's own.",
+                     fix="[eval] tasks = names from `lm-eval ls tasks`, or YAMLs of your own in [eval] include",
+                     evidence=eval_tasks)
+    return ok(f"lm-eval knows every [eval] task ({', '.join(tasks or [])})", evidence=eval_tasks)

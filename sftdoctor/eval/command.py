@@ -1,0 +1,197 @@
+"""`sftdoctor eval TARGET --tasks ...`: the target (and with --base, its base) on lm-eval tasks, side by side
+with the difference and the standard errors; the result written as JSON next to the model (RUN_DIR/eval.json
+for a run, with a line in its findings.jsonl)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from sftdoctor.errors import InputError
+from sftdoctor.eval.target import Target, resolve_target
+
+
+def run_eval(target: str, tasks: list[str], *, base: str | None, include: Path | None, limit: int | None,
+             num_fewshot: int | None, batch_size: str, json_out: bool, out: Path | None, compare: Path | None) -> int:
+    with quiet():
+        return _run_eval(target, tasks, base=base, include=include, limit=limit, num_fewshot=num_fewshot,
+                         batch_size=batch_size, json_out=json_out, out=out, compare=compare)
+
+
+def _run_eval(target: str, tasks: list[str], *, base: str | None, include: Path | None, limit: int | None,
+              num_fewshot: int | None, batch_size: str, json_out: bool, out: Path | None, compare: Path | None) -> int:
+    from sftdoctor.eval import harness
+
+    wanted = resolve_target(target)
+    against = resolve_target(base, "--base") if base else None
+    previous = _read_result(compare) if compare else None
+    if include is not None and not include.is_dir():
+        raise InputError(include, "not a folder of lm-eval task YAMLs", key="--include")
+    manager = harness.task_manager(tasks, include.resolve() if include else None)  # before any model loads
+    device_ = device()
+    batch = (("auto" if device_ == "cuda" else 8) if batch_size == "default" else
+             batch_size if batch_size == "auto" else int(batch_size))
+    common = {"include": include.resolve() if include else None, "num_fewshot": num_fewshot, "limit": limit,
+              "batch_size": batch, "device": device_}
+    doc: dict[str, Any] = {"time": time.time(), "target": wanted.to_json(),
+                           **_evaluated(wanted, tasks, manager, common)}
+    if against is not None:
+        doc["base"] = {"target": against.to_json(), **_evaluated(against, tasks, manager, common)}
+    if previous is not None:
+        problems = harness.differences(previous["settings"], doc["settings"])
+        if problems:
+            raise InputError(compare, "evaluated with other settings, so the numbers do not compare: "
+                                      + "; ".join(problems), key="--compare")
+        doc["compared"] = {"file": str(compare), "metrics": previous["metrics"]}
+    path = out or default_output(wanted)
+    write_json(path, doc)
+    if wanted.run_dir is not None:
+        _record(wanted.run_dir, doc)
+    print(json.dumps(doc, indent=2, default=float) if json_out else "\n" + table(doc) + f"\nresults: {path}")
+    return 0
+
+
+def _evaluated(target: Target, tasks: list[str], manager, common: dict[str, Any]) -> dict[str, Any]:
+    from sftdoctor.eval import harness
+    from sftdoctor.eval.target import load
+
+    began = time.perf_counter()
+    print(f"sftdoctor: evaluating {target.given} ({target.kind}) on {', '.join(tasks)}", flush=True)
+    model, tokenizer = load(target, common["device"])
+    result = harness.evaluate(model, tokenizer, tasks, manager, **common)
+    print(f"sftdoctor: {target.given} done in {time.perf_counter() - began:.0f} s", flush=True)
+    return result
+
+
+@contextlib.contextmanager
+def quiet():
+    """One line per model instead of lm-eval's, datasets' and transformers' notices (an instantiated model
+    passed to HFLM is the documented way, and lm-eval warns about it every time); the CLI turns tqdm off.
+    The loggers' levels are put back after."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("lm_eval", "datasets", "transformers")]
+    before = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, before):
+            logger.setLevel(level)
+
+
+def device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _read_result(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(path, f"cannot read it: {exc.strerror or exc}", key="--compare") from None
+    except ValueError:
+        raise InputError(path, "not JSON (expected a result written by sftdoctor eval)", key="--compare") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("settings"), dict) or not isinstance(doc.get("metrics"), dict):
+        raise InputError(path, "not a result written by sftdoctor eval (no settings and metrics)", key="--compare")
+    return doc
+
+
+def default_output(target: Target) -> Path:
+    if target.run_dir is not None:
+        return target.run_dir / "eval.json"
+    if target.kind == "hub":
+        return Path(f"eval-{target.path.replace('/', '--')}.json")
+    return Path(target.path) / "eval.json"
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    """Whole or not at all: a temporary file in the same folder, renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8") as f:
+        json.dump(doc, f, indent=2, default=float)
+    os.replace(f.name, path)
+
+
+def _record(run_dir: Path, doc: dict[str, Any]) -> None:
+    """The result as one line of the run's findings.jsonl, beside its preflight and runtime findings."""
+    line = {"phase": "eval", "id": "eval", "severity": "info", "time": doc["time"], "title": headline(doc),
+            "evidence": {"metrics": doc["metrics"], "base": (doc.get("base") or {}).get("metrics")}}
+    with open(run_dir / "findings.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(line, default=float) + "\n")
+
+
+def rows(doc: dict[str, Any]) -> list[tuple[str, str, dict, dict | None]]:
+    """(task, metric, the target's value, the base's or the compared result's value)."""
+    other = (doc.get("base") or doc.get("compared") or {}).get("metrics") or {}
+    return [(task, metric, value, (other.get(task) or {}).get(metric))
+            for task, metrics in sorted(doc["metrics"].items()) for metric, value in sorted(metrics.items())]
+
+
+def headline(doc: dict[str, Any]) -> str:
+    parts = []
+    for task, metric, value, other in rows(doc):
+        text = f"{task} {metric} {value['value']:.3f}"
+        if other:
+            text += f" (base {other['value']:.3f}, {value['value'] - other['value']:+.3f})"
+        parts.append(text)
+    return "eval: " + "; ".join(parts)
+
+
+def _cell(value: dict | None) -> str:
+    if value is None:
+        return "-"
+    stderr = f" ±{value['stderr']:.3f}" if value.get("stderr") is not None else ""
+    return f"{value['value']:.3f}{stderr}"
+
+
+def table(doc: dict[str, Any]) -> str:
+    label = "base" if "base" in doc else "compared" if "compared" in doc else None
+    header = ["task", "metric"] + ([label] if label else []) + ["model"] + (["difference"] if label else [])
+    lines = [header]
+    for task, metric, value, other in rows(doc):
+        row = [task, metric] + ([_cell(other)] if label else []) + [_cell(value)]
+        if label:
+            row.append(f"{value['value'] - other['value']:+.3f}" if other else "-")
+        lines.append(row)
+    widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
+    settings = doc["settings"]
+    shots = "default" if settings["num_fewshot"] is None else settings["num_fewshot"]
+    note = (f"lm-eval {settings['lm_eval']}; few-shot {shots}; limit {settings['limit'] or 'none'}; "
+            f"± is lm-eval's standard error")
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in lines) + "\n" + note
+
+
+def run_code_eval(problems: Path, completions: Path | None, model: str | None, *, samples: int, ks: tuple[int, ...],
+                  sandbox: str, workers: int, timeout_s: float, max_new_tokens: int, temperature: float,
+                  out: Path | None, json_out: bool) -> int:
+    """`sftdoctor eval --code`: the samples (given, or generated by `model`) scored in the sandbox. Bad input
+    and a missing sandbox are found before any model loads."""
+    from sftdoctor.eval import code
+    from sftdoctor.eval import sandbox as sandboxes
+    from sftdoctor.eval.target import load
+
+    if (completions is None) == (model is None):
+        raise InputError("eval", "with --code give --completions FILE, or --model TARGET --samples N")
+    generated = None
+    if model is not None:
+        table_ = code.read_problems(problems)
+        target = resolve_target(model, "--model")
+        why = sandboxes.available(sandbox)
+        if why is not None:
+            raise InputError("--sandbox", f"{why}; generated code only ever runs in a sandbox")
+        loaded, tokenizer = load(target, device())
+        generated = code.generate_completions(loaded, tokenizer, table_, samples, max_new_tokens, temperature)
+    named = completions if completions is not None else Path("code-completions.jsonl")
+    out = out or named.with_name(named.name.removesuffix(".jsonl") + "_results.jsonl")
+    if generated is not None:
+        code.write_completions(out.with_name(out.name.replace("_results", "_completions")), generated)
+    return code.evaluate_code(problems, completions, out=out, ks=ks, sandbox=sandbox, workers=workers,
+                              timeout_s=timeout_s, json_out=json_out, generated=generated)

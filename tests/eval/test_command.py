@@ -1,0 +1,117 @@
+"""`sftdoctor eval` with the real lm-evaluation-harness on tiny models built here (random weights: the
+numbers do not matter, the command's behaviour does) and the tiny example's local tasks. The fine-tuned
+model beating its base is tests/train/test_sft.py's bundled-example test."""
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import EXAMPLES
+from sftdoctor.cli import main
+from sftdoctor.eval.command import table
+from sftdoctor.eval.harness import differences
+
+TASKS = EXAMPLES / "tiny" / "tasks"
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, ["eval", *map(str, args)])
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A random tiny Qwen2 saved with its tokenizer, and a LoRA adapter on it (as sftdoctor saves one)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("models")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(EXAMPLES / "tiny" / "model"))
+    model.save_pretrained(root / "base")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(EXAMPLES / "tiny" / "model" / name, root / "base" / name)
+    adapter = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    adapter.peft_config["default"].base_model_name_or_path = str(root / "base")
+    adapter.save_pretrained(root / "adapter")
+    return root
+
+
+@pytest.mark.slow
+def test_a_model_and_its_base_side_by_side_with_settings_recorded_next_to_the_model(models):
+    result = invoke(models / "adapter", "--tasks", "tiny_count_choice,tiny_count_gen", "--include", TASKS,
+                    "--base", models / "base", "--limit", 8)
+    assert result.exit_code == 0, result.output
+    assert "task" in result.output and "difference" in result.output and "tiny_count_gen" in result.output
+    doc = json.loads((models / "adapter" / "eval.json").read_text())
+    assert doc["target"]["kind"] == "adapter" and doc["base"]["target"]["kind"] == "model"
+    choice = doc["metrics"]["tiny_count_choice"]["acc"]
+    assert 0 <= choice["value"] <= 1 and choice["stderr"] > 0
+    settings = doc["settings"]
+    assert settings["limit"] == 8 and settings["generation"]["tiny_count_gen"]["until"] == ["<|im_end|>"]
+    assert settings["task_versions"] == {"tiny_count_choice": 1.0, "tiny_count_gen": 1.0}
+    assert set(doc["base"]["metrics"]) == {"tiny_count_choice", "tiny_count_gen"}
+
+
+@pytest.mark.slow
+def test_a_result_compares_only_with_one_of_the_same_settings(models, tmp_path):
+    first = tmp_path / "a.json"
+    assert invoke(models / "base", "--tasks", "tiny_count_choice", "--include", TASKS, "--limit", 5,
+                  "--out", first).exit_code == 0
+    same = invoke(models / "adapter", "--tasks", "tiny_count_choice", "--include", TASKS, "--limit", 5,
+                  "--out", tmp_path / "b.json", "--compare", first, "--json")
+    assert same.exit_code == 0, same.output
+    doc = json.loads(same.output[same.output.index("{"):])
+    assert doc["compared"]["file"] == str(first) and "tiny_count_choice" in doc["compared"]["metrics"]
+    other = invoke(models / "adapter", "--tasks", "tiny_count_choice", "--include", TASKS, "--limit", 6,
+                   "--out", tmp_path / "c.json", "--compare", first)
+    assert other.exit_code == 2
+    assert "evaluated with other settings" in other.output and "limit: 5 vs 6" in other.output
+    assert not (tmp_path / "c.json").exists()  # refused before anything was written
+
+
+@pytest.mark.slow
+def test_an_unknown_task_is_named_with_a_did_you_mean_before_any_model_loads(models):
+    result = invoke(models / "base", "--tasks", "tiny_cuont_gen", "--include", TASKS)
+    assert result.exit_code == 2
+    assert "no lm-eval task 'tiny_cuont_gen' (did you mean 'tiny_count_gen'?)" in result.output
+    assert "evaluating" not in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "give TARGET"),
+    (["m"], "give --tasks NAMES"),
+    (["m", "--tasks", "x", "--batch-size", "0"], "expected a positive integer or auto"),
+    (["nothing/here/at/all", "--tasks", "x"], "no such model folder, run directory or cached hub id"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2 and message in result.output
+    assert result.output.count("sftdoctor: error:") == 1 and "Traceback" not in result.output
+
+
+def test_a_compare_file_that_is_not_a_result_is_refused(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"results": {}}')
+    result = invoke(tmp_path / "m", "--tasks", "tiny_count_choice", "--compare", bad)
+    assert result.exit_code == 2 and "not a result written by sftdoctor eval" in result.output
+
+
+def test_the_table_shows_values_with_standard_errors_and_the_difference():
+    doc = {"metrics": {"t": {"acc": {"value": 0.75, "stderr": 0.044}}},
+           "base": {"metrics": {"t": {"acc": {"value": 0.64, "stderr": 0.048}}}},
+           "settings": {"num_fewshot": None, "limit": 100, "lm_eval": "0.4.13"}}
+    lines = table(doc).splitlines()
+    assert lines[0].split() == ["task", "metric", "base", "model", "difference"]
+    assert lines[1].split() == ["t", "acc", "0.640", "±0.048", "0.750", "±0.044", "+0.110"]
+
+
+def test_settings_that_differ_are_named():
+    a = {"num_fewshot": 5, "limit": None, "apply_chat_template": False, "generation": {}, "task_versions": {"t": 1}}
+    assert differences(a, dict(a)) == []
+    assert differences(a, {**a, "num_fewshot": 0, "task_versions": {"t": 2}}) == [
+        "num_fewshot: 5 vs 0", "task_versions: {'t': 1} vs {'t': 2}"]
