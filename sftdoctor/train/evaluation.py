@@ -5,6 +5,7 @@ its base load there, not in the launcher), its output on the terminal and in tra
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -44,10 +45,13 @@ def evaluate_run(plan: Plan, run_dir: Path, env: dict[str, str], log: Path) -> i
     return 0
 
 
-def result_table(run_dir: Path) -> str | None:
-    from sftdoctor.eval.command import table
+def result_line(run_dir: Path) -> str | None:
+    """The summary's line: each task's metric beside the base's (the table itself was printed above it)."""
+    from sftdoctor.eval.command import headline
 
+    path = run_dir / RESULT
     try:
-        return table(json.loads((run_dir / RESULT).read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        return f"{headline(doc).removeprefix('eval: ')}; {os.path.normpath(path)}"
+    except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -28,7 +28,7 @@ from sftdoctor.train.processes import SIGNAL_EXIT, run_workers
 from sftdoctor.train.summary import line_count, read_records, summary
 from sftdoctor.train import noise
 from sftdoctor.train.compat import flight_recorder_env
-from sftdoctor.train.evaluation import evaluate_run, result_table
+from sftdoctor.train.evaluation import evaluate_run, result_line
 
 STOPPED = "stopped.json"  # written by sftdoctor.train.watch (kept in step with watch.STOPPED)
 
@@ -244,11 +244,11 @@ def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_aft
               + f"): {failure_cause(log, log_from)}", flush=True)
     elif not stop_after and not plan.rehearsal:
         evaluated = evaluate_run(plan, run_dir, env, log) if plan.evaluation else None
-        print("\n" + summary(run_dir, read_records(run_dir / "metrics.jsonl", records_from), time.perf_counter() - began,
-                             first_step, newest_complete(run_dir), loading(plan, run_dir)), flush=True)
-        if evaluated == 0:
-            print("\n" + (result_table(run_dir) or ""), flush=True)
-        elif evaluated:
+        text = summary(run_dir, read_records(run_dir / "metrics.jsonl", records_from), time.perf_counter() - began,
+                       first_step, newest_complete(run_dir), loading(plan, run_dir))
+        line = result_line(run_dir) if evaluated == 0 else None
+        print("\n" + text + (f"\n  eval         {line}" if line else ""), flush=True)
+        if evaluated:
             print(f"\nsftdoctor: the evaluation failed (exit {evaluated}); the trained model is in "
                   f"{os.path.normpath(run_dir / 'final')} (line {line_count(log)} of {os.path.normpath(log)})", flush=True)
             return evaluated

@@ -6,7 +6,7 @@ import sys
 
 from conftest import plan_of, run_of
 from sftdoctor.train.checkpoints import mark_complete
-from sftdoctor.train.evaluation import command, result_table, targets
+from sftdoctor.train.evaluation import command, result_line, targets
 
 
 def plan(tmp_path, **given):
@@ -34,9 +34,10 @@ def test_the_command_evaluates_against_the_random_base_the_run_saved(tmp_path):
     assert "--num-fewshot" not in argv  # each task's own
 
 
-def test_the_summary_table_is_read_from_the_result_and_absent_without_one(tmp_path):
-    assert result_table(tmp_path) is None
+def test_the_summary_line_is_read_from_the_result_and_absent_without_one(tmp_path):
+    assert result_line(tmp_path) is None
     (tmp_path / "eval.json").write_text(json.dumps({
-        "metrics": {"t": {"acc": {"value": 0.5, "stderr": 0.1}}},
+        "metrics": {"t": {"acc": {"value": 0.75, "stderr": 0.04}}},
+        "base": {"metrics": {"t": {"acc": {"value": 0.64, "stderr": 0.05}}}},
         "settings": {"num_fewshot": None, "limit": None, "lm_eval": "0.4.13"}}))
-    assert "t     acc     0.500 ±0.100" in result_table(tmp_path)
+    assert result_line(tmp_path) == f"t acc 0.750 (base 0.640, +0.110); {tmp_path / 'eval.json'}"

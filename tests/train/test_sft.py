@@ -45,8 +45,9 @@ def test_the_bundled_example_trains_and_the_loss_falls(tmp_path):
     for task, metric in (("tiny_count_choice", "acc"), ("tiny_count_gen", "exact_match")):
         assert result["metrics"][task][metric]["value"] > result["base"]["metrics"][task][metric]["value"], result
     assert result["base"]["target"]["path"] == str(run_dir / "base")
-    table = proc.stdout[proc.stdout.rindex("sftdoctor: run complete"):]
+    table, summary = proc.stdout[:proc.stdout.rindex("sftdoctor: run complete")], proc.stdout[proc.stdout.rindex("sftdoctor: run complete"):]
     assert "tiny_count_choice" in table and "difference" in table and "± is lm-eval's standard error" in table
+    assert "  eval         tiny_count_choice acc " in summary and "(base " in summary and "eval.json" in summary
     recorded = [json.loads(line) for line in (run_dir / "findings.jsonl").read_text().splitlines()]
     assert recorded[-1]["phase"] == "eval" and "tiny_count_gen exact_match" in recorded[-1]["title"]
 
