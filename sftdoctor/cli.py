@@ -268,7 +268,22 @@ def eval_command(target, tasks, base, include, limit, num_fewshot, batch_size, c
 
     Exit 0: evaluated; 1: some code samples could not be run; 2: bad input (an unknown task, a missing model,
     a result with other settings, no sandbox)."""
-    os.environ.setdefault("TQDM_DISABLE", "1")  # lm-eval's bars; tqdm reads it when first imported
+    # lm-eval's own bars (building requests) obey only this, read when tqdm is first imported; put back after,
+    # so that processes started later by the same caller are not affected.
+    before = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        _eval(target, tasks, base, include, limit, num_fewshot, batch_size, compare, out, as_json, code_problems,
+              completions, code_model, samples, k_values, sandbox_kind, workers, timeout_s, max_new_tokens, temperature)
+    finally:
+        if before is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = before
+
+
+def _eval(target, tasks, base, include, limit, num_fewshot, batch_size, compare, out, as_json, code_problems,
+          completions, code_model, samples, k_values, sandbox_kind, workers, timeout_s, max_new_tokens, temperature):
     from sftdoctor.errors import InputError
 
     try:

@@ -70,20 +70,30 @@ def _evaluated(target: Target, tasks: list[str], manager, common: dict[str, Any]
 
 @contextlib.contextmanager
 def quiet():
-    """One line per model instead of lm-eval's, datasets' and transformers' notices (an instantiated model
-    passed to HFLM is the documented way, and lm-eval warns about it every time); the CLI turns tqdm off.
-    The loggers' levels are put back after."""
+    """One line per model instead of lm-eval's, datasets' and transformers' notices and progress bars (an
+    instantiated model passed to HFLM is the documented way, and lm-eval warns about it every time; its own
+    bars are off in harness.QuietHFLM). Everything is put back after, for a caller in the same process."""
     import logging
+
+    import datasets
+    import transformers
 
     loggers = [logging.getLogger(name) for name in ("lm_eval", "datasets", "transformers")]
     before = [logger.level for logger in loggers]
+    bars = datasets.is_progress_bar_enabled(), transformers.utils.logging.is_progress_bar_enabled()
     for logger in loggers:
         logger.setLevel(logging.ERROR)
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
     try:
         yield
     finally:
         for logger, level in zip(loggers, before):
             logger.setLevel(level)
+        if bars[0]:
+            datasets.enable_progress_bars()
+        if bars[1]:
+            transformers.utils.logging.enable_progress_bar()
 
 
 def device() -> str:

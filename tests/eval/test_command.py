@@ -115,3 +115,12 @@ def test_settings_that_differ_are_named():
     assert differences(a, dict(a)) == []
     assert differences(a, {**a, "num_fewshot": 0, "task_versions": {"t": 2}}) == [
         "num_fewshot: 5 vs 0", "task_versions: {'t': 1} vs {'t': 2}"]
+
+
+def test_the_command_leaves_the_environment_as_it_found_it(tmp_path, monkeypatch):
+    """It turns tqdm off for itself; later processes of the same caller (a test session) still draw bars."""
+    import os
+
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    invoke(tmp_path / "missing", "--tasks", "x")
+    assert "TQDM_DISABLE" not in os.environ
