@@ -8,7 +8,7 @@ from typing import Any
 from sftdoctor.checks import NotApplicable, check
 from sftdoctor.errors import did_you_mean
 from sftdoctor.findings import error, info, ok, warning
-from sftdoctor.run.gpus import capability, describe_gpus, devices, lacking
+from sftdoctor.run.gpus import capability, describe_gpus, devices, lacking, version_tuple
 from sftdoctor.run.lora import targeted, unmatched
 
 # peft's LoraConfig gained use_rslora in 0.7.0 and use_dora in 0.9.0 (its release notes).
@@ -20,14 +20,6 @@ LORA_RATES = ("1e-4 to 3e-4: QLoRA (Dettmers et al., 2023) used 2e-4 for 7B-13B 
               "TRL's LoRA examples use 1e-4 to 2e-4")
 FULL_RATES = ("1e-5 to 5e-5: Stanford Alpaca and Zephyr's SFT (alignment-handbook) use 2e-5, Tulu 2 (Ivison et "
               "al., 2023) 2e-5")
-
-
-def _version(text: str | None) -> tuple[int, ...]:
-    parts = []
-    for piece in (text or "").split(".")[:2]:
-        digits = "".join(c for c in piece if c.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
 
 
 def _groups(entries: list[dict[str, Any]]) -> str:
@@ -44,7 +36,7 @@ def lora_targets(plan, lora_modules: dict[str, Any], packages: dict[str, Any] | 
     if packages is not None and not peft:
         findings.append(error("[lora] is set but peft is not installed", fix="pip install 'peft>=0.13'"))
     for key, since in PEFT_SINCE.items():
-        if lora[key] and peft and _version(peft) < since:
+        if lora[key] and peft and (version_tuple(peft) or (0,)) < since:
             findings.append(error(f"[lora] {key} = true needs peft {'.'.join(map(str, since))} or newer; peft {peft} "
                                   "is installed", fix=f"pip install -U peft (or [lora] {key} = false)"))
     if "error" in lora_modules:
