@@ -366,3 +366,36 @@ def _triage(log_file: str, as_json: bool, jobs: int) -> int:
             raise InputError(log_file, f"cannot read the log: {exc.strerror or exc}") from None
     (render_diagnosis_json if as_json else render_diagnosis)(diagnosis)
     return 1 if diagnosis.problems else 0
+
+
+@main.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--output", "-o", type=click.Path(path_type=Path),
+              help="Folder to write report.html and its panels in (default: the run directory; with several runs, "
+                   "./sftdoctor-report).")
+@click.option("--x", "by", type=click.Choice(["step", "tokens"]), default="step", show_default=True,
+              help="Align the runs by optimizer step or by tokens seen.")
+@click.option("--json", "as_json", is_flag=True, help="Print the curve readers' findings and the files written as JSON.")
+@click.option("--no-plugins", is_flag=True, help="Do not load third-party checks (or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1).")
+def report(runs, output, by, as_json, no_plugins):
+    """Draw a run's curves (loss, learning rate, gradient norm, loss scale, throughput, memory) into one
+    self-contained report.html with a PNG per panel, its findings marked at their step, and read them with the
+    curve readers. RUNS: sftdoctor run directories, Trainer output directories (trainer_state.json), or
+    those files; several are overlaid.
+
+    Exit 0: written (1 if a curve reader found an error); 2: bad input."""
+    from importlib.util import find_spec
+
+    from sftdoctor.checks import plugins_enabled
+    from sftdoctor.errors import InputError
+    from sftdoctor.runreport.command import build, show
+
+    if find_spec("matplotlib") is None:
+        click.echo("sftdoctor: error: `sftdoctor report` draws with matplotlib, which is not installed: "
+                   "pip install 'sftdoctor[report]'", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    try:
+        written = build(list(runs), output, by, plugins_enabled(no_plugins))
+    except InputError as exc:
+        _bad_input(exc)
+    sys.exit(show(written, as_json))

@@ -1,4 +1,4 @@
-"""The layering contract: run -> facts -> checks -> report/kb -> triage -> plan -> cluster -> eval -> train -> cli,
+"""The layering contract: run -> facts -> checks -> report/kb -> triage -> runreport -> plan -> cluster -> eval -> train -> cli,
 from the floor up. No module imports a layer above its own, lazily (inside a function) or not: read from
 the source, so an import that only runs on a rare path is caught too."""
 
@@ -15,6 +15,7 @@ LAYERS = [
     ("sftdoctor.checks",),
     ("sftdoctor.report", "sftdoctor.kb"),
     ("sftdoctor.triage",),
+    ("sftdoctor.runreport",),
     ("sftdoctor.plan",),
     ("sftdoctor.cluster",),
     ("sftdoctor.eval",),

@@ -25,7 +25,8 @@ from typing import Any
 from sftdoctor.findings import Finding, Severity
 
 ENTRY_POINT_GROUP = "sftdoctor.checks"
-PHASES = ("preflight", "runtime", "distributed")  # distributed: `check --distributed`, over every rank
+PHASES = ("preflight", "runtime", "distributed", "postrun")  # distributed: `check --distributed`, over every rank;
+# postrun: the curve readers, over a run's logged series (`sftdoctor report`, and `train` at the end of a run)
 BUILTIN_MODULES = (
     "sftdoctor.checks.torch_cuda",
     "sftdoctor.checks.precision",
@@ -40,6 +41,7 @@ BUILTIN_MODULES = (
     "sftdoctor.checks.lora",
     "sftdoctor.checks.evaluation",
     "sftdoctor.checks.runtime",
+    "sftdoctor.checks.curves",
     "sftdoctor.checks.cluster",
 )
 _ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")

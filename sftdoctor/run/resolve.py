@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.run import rundir
 from sftdoctor.run.config import RunConfig
 from sftdoctor.run.gpus import FLASH_MIN_CC, bf16_capable, devices, lacking
 from sftdoctor.run.memory import Fit, Run, Setting, fit
@@ -444,7 +445,7 @@ def for_launch(plan: Plan, rehearsal: bool = False, drill: dict[str, Any] | None
         plan, rehearsal=True, rehearse=False, max_steps=REHEARSAL_STEPS, total_steps=REHEARSAL_STEPS, save_steps=REHEARSAL_SAVE_AT,
         logging_steps=1, data_limit=REHEARSAL_ROWS, gradient_accumulation_steps=1,
         global_batch_size=plan.per_device_batch_size * plan.world_size,
-        output_dir=str(Path(plan.output_dir) / "smoke"))
+        output_dir=str(Path(plan.output_dir) / rundir.REHEARSAL))
 
 
 def memory_fit(plan: Plan, shape: Shape, gpu_memory: int) -> Fit:

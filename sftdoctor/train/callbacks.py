@@ -4,6 +4,7 @@ and counting real (non-padding) tokens without a device sync per step."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,8 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
-from sftdoctor.train.checkpoints import mark_complete
+from sftdoctor.run.checkpoints import mark_complete
+from sftdoctor.train.compat import loss_scale
 
 
 class TokenCounter:
@@ -37,40 +39,95 @@ class TokenCounter:
         return float(self.real), self.slots
 
 
-def _world_sum(value: float) -> float:
-    if dist.is_available() and dist.is_initialized():
-        backend = dist.get_backend()
-        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-        tensor = torch.tensor([value], dtype=torch.float64, device=device)
-        dist.all_reduce(tensor)
-        return float(tensor.item())
-    return value
+GIB = 1 << 30
+
+
+def host_rss() -> float:
+    """This process's resident memory now, in bytes (Linux /proc; elsewhere the peak, from getrusage)."""
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def device_memory() -> tuple[float, float]:
+    """Peak allocated and reserved CUDA memory since the last reading (bytes); the peaks are reset after."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return 0.0, 0.0
+    peaks = float(torch.cuda.max_memory_allocated()), float(torch.cuda.max_memory_reserved())
+    torch.cuda.reset_peak_memory_stats()
+    return peaks
+
+
+def gather(values: list[float]) -> list[list[float]]:
+    """Every rank's values (one small all_gather); [values] without a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [values]
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    rows = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, mine)
+    return [row.tolist() for row in rows]
+
+
+def _peak(rows: list[list[float]], column: int) -> tuple[float, int]:
+    rank = max(range(len(rows)), key=lambda r: rows[r][column])
+    return round(rows[rank][column] / GIB, 4), rank
 
 
 class Metrics(TrainerCallback):
-    """On each logging step (not each step): tokens/s over all ranks, a JSONL record on rank 0."""
+    """What each logging step's record carries for the curves: the trainer's loss, learning rate and gradient
+    norm (before clipping), and here the clipping threshold, the fp16 loss scale, tokens/s over all ranks,
+    the padding fraction, the step's wall time, and memory (CUDA peak allocated and reserved, host RSS; the
+    maximum over ranks and which rank). `enrich` runs in the trainer's log(), before any callback: wandb and
+    tensorboard get the same values. Rank 0 appends the record to metrics.jsonl."""
 
-    def __init__(self, counter: TokenCounter, path: Path):
-        self.counter, self.path = counter, path
-        self.last_tokens, self.last_time = 0.0, None
+    def __init__(self, counter: TokenCounter, path: Path, trainer):
+        self.counter, self.path, self.trainer = counter, path, trainer
+        self.last_tokens, self.last_time, self.last_step = 0.0, None, 0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.last_time = time.perf_counter()
+        self.last_time, self.last_step = time.perf_counter(), state.global_step
+
+    def enrich(self, logs: dict[str, Any], state) -> None:
+        if "loss" not in logs or self.last_time is None:
+            return
+        real, slots = self.counter.read()
+        rows = gather([real, *device_memory(), float(host_rss())])  # one small collective per logging interval
+        tokens, now = sum(row[0] for row in rows), time.perf_counter()
+        steps = max(1, state.global_step - self.last_step)
+        logs["tokens_per_second"] = round((tokens - self.last_tokens) / max(now - self.last_time, 1e-9), 1)
+        logs["tokens_seen"] = int(tokens)
+        logs["padding_fraction"] = round(1 - real / max(slots, 1), 4)
+        logs["step_time_s"] = round((now - self.last_time) / steps, 4)
+        logs["max_grad_norm"] = self.trainer.args.max_grad_norm
+        if self.trainer.args.fp16:
+            scale = loss_scale(self.trainer)
+            if scale is not None:
+                logs["loss_scale"] = scale
+        if any(row[1] for row in rows):
+            logs["memory_allocated_gib"], logs["memory_rank"] = _peak(rows, 1)
+            logs["memory_reserved_gib"], _ = _peak(rows, 2)
+        logs["host_rss_gib"], logs["host_rss_rank"] = _peak(rows, 3)
+        self.last_tokens, self.last_time, self.last_step = tokens, now, state.global_step
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs is None:
-            return
-        if "loss" in logs:
-            real, slots = self.counter.read()
-            tokens = _world_sum(real)  # one small collective per logging interval
-            now = time.perf_counter()
-            logs["tokens_per_second"] = round((tokens - self.last_tokens) / max(now - self.last_time, 1e-9), 1)
-            logs["tokens_seen"] = int(tokens)
-            logs["padding_fraction"] = round(1 - real / max(slots, 1), 4)
-            self.last_tokens, self.last_time = tokens, now
-        if state.is_world_process_zero:
+        if logs is not None and state.is_world_process_zero:
             with open(self.path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps({"step": state.global_step, "time": time.time(), **logs}) + "\n")
+
+
+class MetricsInLogs:
+    """Trainer mixin: the trainer's `sftdoctor_metrics` enriches every log before the callbacks see it."""
+
+    def log(self, logs, start_time=None):
+        metrics = getattr(self, "sftdoctor_metrics", None)
+        if metrics is not None:
+            metrics.enrich(logs, self.state)
+        super().log(logs, start_time)
 
 
 class StepLines(TrainerCallback):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sftdoctor.run import Plan
 from sftdoctor.run.resolve import base_path
-from sftdoctor.train.checkpoints import checkpoints, is_complete
+from sftdoctor.run.checkpoints import checkpoints, is_complete
 from sftdoctor.train.processes import run_workers
 
 RESULT = "eval.json"

@@ -23,14 +23,14 @@ from sftdoctor.facts import Facts, Inputs
 from sftdoctor.facts.configs import hub_cache_config, hub_unreachable, is_hub_id
 from sftdoctor.run import Plan, for_launch
 from sftdoctor.run.resolve import REHEARSAL_SAVE_AT, REHEARSAL_STEPS
-from sftdoctor.train.checkpoints import checkpoints, newest_complete, remove_incomplete, step_of
+from sftdoctor.run.rundir import FINDINGS, LOG, METRICS, RESOLVED, STOPPED
+from sftdoctor.run.checkpoints import checkpoints, newest_complete, remove_incomplete, step_of
 from sftdoctor.train.processes import SIGNAL_EXIT, run_workers
 from sftdoctor.train.summary import line_count, read_records, summary
 from sftdoctor.train import noise
 from sftdoctor.train.compat import flight_recorder_env
 from sftdoctor.train.evaluation import evaluate_run, result_line
 
-STOPPED = "stopped.json"  # written by sftdoctor.train.watch (kept in step with watch.STOPPED)
 
 
 def parse_drill(text: str) -> dict[str, Any]:
@@ -69,7 +69,7 @@ def finished(run_dir: Path) -> str | None:
 def forget_metrics_after(run_dir: Path, step: int) -> None:
     """A resumed run logs the steps after its checkpoint again: drop their earlier records, so that
     metrics.jsonl holds each step once."""
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS
     if not path.is_file():
         return
     kept = [line for line in path.read_text().splitlines(keepends=True)
@@ -201,28 +201,25 @@ def worker_env(plan: Plan, config: Path, run_dir: Path) -> dict[str, str]:
 
 
 def last_step(run_dir: Path) -> int | None:
-    records = read_records(run_dir / "metrics.jsonl")
+    records = read_records(run_dir / METRICS)
     return records[-1].get("step") if records else None
-
-
-LOG = "train.log"  # every byte the workers wrote, every launch, appended
 
 
 def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_after: int | None = None,
           config: Path | None = None, log: Path | None = None) -> int:
     """One launch of the workers. With no `log` of its own (a rehearsal has one) it is the run: its output shows
     on the terminal and goes to train.log, and it ends with one line (stopped, failed) or the summary block."""
-    resolved_path = run_dir / ("resolved-smoke.json" if plan.rehearsal else "resolved.json")
+    resolved_path = run_dir / ("resolved-smoke.json" if plan.rehearsal else RESOLVED)
     write_json(resolved_path, plan.to_json())
     stopped = run_dir / STOPPED
     stopped.unlink(missing_ok=True)
     echo, log = log is None, log or run_dir / LOG
     began, log_from = time.perf_counter(), log.stat().st_size if log.exists() else 0
-    records_from = line_count(run_dir / "metrics.jsonl")
+    records_from = line_count(run_dir / METRICS)
     resumed_from = newest_complete(run_dir) if resume else None
     first_step = step_of(resumed_from) if resumed_from else 0
     code, sig = run_workers(command(resolved_path, plan, resume, stop_after), env, log, echo=echo)
-    if sig is not None:
+    if sig is not None:  # asked to stop now (Ctrl-C, scancel): `sftdoctor report RUN_DIR` draws it later
         step = last_step(run_dir)
         checkpoint = newest_complete(run_dir)
         print(f"\nsftdoctor: stopped by {signal.Signals(sig).name}"
@@ -231,9 +228,12 @@ def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_aft
               + (f"; resume with: sftdoctor train {os.path.normpath(config)} --resume"
                  if config and not plan.rehearsal else ""), flush=True)
         return SIGNAL_EXIT[sig]
+    drawn = echo and not plan.rehearsal  # the run itself (not a rehearsal) gets its report, however it ended
     if code and stopped.exists():  # a watcher stopped the run: its own exit code, whatever torchrun says
         record = json.loads(stopped.read_text())
         print(f"sftdoctor: stopped by {record['id']}: {record['title']} (exit {record['exit_code']})", flush=True)
+        if drawn:
+            print_report_line(run_dir, plan)
         return int(record["exit_code"])
     if not echo:
         return code
@@ -242,10 +242,13 @@ def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_aft
         print(f"\nsftdoctor: the run failed (exit {code}"
               + (f", after step {step}" if step is not None and step > first_step else ", before its first step")
               + f"): {failure_cause(log, log_from)}", flush=True)
+        if drawn:
+            print_report_line(run_dir, plan)
     elif not stop_after and not plan.rehearsal:
         evaluated = evaluate_run(plan, run_dir, env, log) if plan.evaluation else None
-        text = summary(run_dir, read_records(run_dir / "metrics.jsonl", records_from), time.perf_counter() - began,
-                       first_step, newest_complete(run_dir), loading(plan, run_dir))
+        where = report_of(run_dir, plan)
+        text = summary(run_dir, read_records(run_dir / METRICS, records_from), time.perf_counter() - began,
+                       first_step, newest_complete(run_dir), loading(plan, run_dir), report=where)
         line = result_line(run_dir) if evaluated == 0 else None
         print("\n" + text + (f"\n  eval         {line}" if line else ""), flush=True)
         if evaluated:
@@ -253,6 +256,31 @@ def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_aft
                   f"{os.path.normpath(run_dir / 'final')} (line {line_count(log)} of {os.path.normpath(log)})", flush=True)
             return evaluated
     return code
+
+
+def report_of(run_dir: Path, plan: Plan) -> str:
+    """`sftdoctor report RUN_DIR` at the end of a run: the curve readers' table, then what to say of the report
+    (where it is, or why there is none). It never fails the run."""
+    if not (run_dir / METRICS).is_file():
+        return "none: no step was logged"
+    try:
+        from sftdoctor.runreport.command import build
+
+        written = build([run_dir], plugins=plan.plugins)
+    except ModuleNotFoundError as exc:
+        return f"not written: {exc.name} is not installed (pip install 'sftdoctor[report]')"
+    except Exception as exc:  # a broken metrics line, a full disk: the run itself is done
+        return f"not written: {type(exc).__name__}: {exc}"
+    [judged] = written.judged
+    print("\nsftdoctor: the curves, read after the run:")
+    report.render_table(judged.verdicts, judged.skipped)
+    return f"{os.path.normpath(written.html)} ({len(written.panels)} panels)"
+
+
+def print_report_line(run_dir: Path, plan: Plan) -> None:
+    step = last_step(run_dir)
+    print(f"sftdoctor: report of the run{f' up to step {step}' if step is not None else ''}: "
+          f"{report_of(run_dir, plan)}", flush=True)
 
 
 def rehearse(plan: Plan, env: dict[str, str], log: Path | None = None) -> int:
@@ -340,7 +368,7 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
         print(f"sftdoctor: resuming from {checkpoint or 'scratch: no complete checkpoint'}")
     if plan.deepspeed is not None:
         write_json(run_dir / "deepspeed.json", plan.deepspeed)  # for the reader; the workers take it from the plan
-    with open(run_dir / "findings.jsonl", "a", encoding="utf-8") as log:
+    with open(run_dir / FINDINGS, "a", encoding="utf-8") as log:
         for finding in findings:
             log.write(json.dumps({"phase": "preflight", "time": time.time(), "forced": force and blocked,
                                   **finding.to_json()}, default=str) + "\n")

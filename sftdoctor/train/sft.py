@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sftdoctor.facts.trainer_inputs import load_data, load_tokenizer, peft_config, sft_config
 from sftdoctor.run import Plan
+from sftdoctor.run.rundir import METRICS
 
 
 def rank() -> int:
@@ -114,7 +115,9 @@ def watched_trainer_class(drill: dict | None):
     watchers, and injects a nan-loss drill."""
     from trl import SFTTrainer
 
-    class WatchedSFTTrainer(SFTTrainer):
+    from sftdoctor.train.callbacks import MetricsInLogs
+
+    class WatchedSFTTrainer(MetricsInLogs, SFTTrainer):
         def create_model_card(self, model_name=None, dataset_name=None, tags=None):
             # TRL 1.16 names a local or randomly initialised base "[None](https://huggingface.co/None)".
             if self.is_world_process_zero():
@@ -168,7 +171,7 @@ def main(argv: list[str]) -> int:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from sftdoctor.train import adapters, callbacks, noise, watch
-    from sftdoctor.train.checkpoints import newest_complete
+    from sftdoctor.run.checkpoints import newest_complete
 
     set_seed(plan.seed)
     tokenizer = load_tokenizer(plan)
@@ -191,7 +194,8 @@ def main(argv: list[str]) -> int:
     if plan.lora is not None:
         adapters.trainable_in_fp32(trainer.model, plan)
     trainer.sftdoctor_tokens, trainer.sftdoctor_plan = callbacks.TokenCounter(), plan
-    trainer.add_callback(callbacks.Metrics(trainer.sftdoctor_tokens, run_dir / "metrics.jsonl"))
+    trainer.sftdoctor_metrics = callbacks.Metrics(trainer.sftdoctor_tokens, run_dir / METRICS, trainer)
+    trainer.add_callback(trainer.sftdoctor_metrics)
     trainer.remove_callback(PrinterCallback)  # prints raw log dicts; ours print one line instead
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(callbacks.progress())

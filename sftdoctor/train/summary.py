@@ -42,9 +42,9 @@ def _seconds(value: float) -> str:
 
 
 def summary(run_dir: Path, records: list[dict[str, Any]], wall_s: float, first_step: int,
-            checkpoint: Path | None, next_steps: list[str]) -> str:
+            checkpoint: Path | None, next_steps: list[str], report: str | None = None) -> str:
     """`records`: this launch's metrics.jsonl records; `first_step`: the step it started after (0, or the
-    checkpoint it resumed from)."""
+    checkpoint it resumed from); `report`: what to say of the run's report.html."""
     path = os.path.normpath
     train, evaluation, end = _last(records, "loss"), _last(records, "eval_loss"), _last(records, "train_runtime")
     last_step = max((r.get("step", 0) for r in records), default=first_step)
@@ -68,5 +68,7 @@ def summary(run_dir: Path, records: list[dict[str, Any]], wall_s: float, first_s
         lines.append(f"  checkpoint   {path(checkpoint)} (newest complete)")
     lines.append(f"  findings     {path(run_dir / 'findings.jsonl')}; metrics {path(run_dir / 'metrics.jsonl')}; "
                  f"log {path(run_dir / 'train.log')}")
+    if report:
+        lines.append(f"  report       {report}")
     lines += [f"  next         {step}" for step in next_steps]
     return "\n".join(lines)

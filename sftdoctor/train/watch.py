@@ -31,11 +31,11 @@ from sftdoctor.checks import load_checks, run_check
 from sftdoctor.findings import Finding
 from sftdoctor.run import Plan
 from sftdoctor.train import compat
-from sftdoctor.train.checkpoints import newest_complete
+from sftdoctor.run.checkpoints import newest_complete
+from sftdoctor.run.rundir import FINDINGS, STOPPED
 
 NAN_EXIT = 86  # stopped on a non-finite loss
 HANG_EXIT = 87  # stopped by the hang watchdog
-STOPPED = "stopped.json"
 TRAINING_PHASE = "forward/backward"
 SPIKE_QUIET = 50  # steps after a loss-spike finding before the next one (a divergence is one event)
 
@@ -90,7 +90,7 @@ class Reporter:
             return
         report.render_table(findings, [], with_summary=False)
         sys.stdout.flush()
-        with open(self.run_dir / "findings.jsonl", "a", encoding="utf-8") as log:
+        with open(self.run_dir / FINDINGS, "a", encoding="utf-8") as log:
             for finding in findings:
                 log.write(json.dumps({"phase": "runtime", "step": step, "rank": rank_world()[0], "time": time.time(),
                                       **finding.to_json()}, default=str) + "\n")

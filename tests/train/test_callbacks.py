@@ -11,8 +11,8 @@ import torch
 import transformers
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from sftdoctor.train.callbacks import CompleteCheckpoints, Metrics, StepLines, StopAfter, TokenCounter
-from sftdoctor.train.checkpoints import MARKER, is_complete, newest_complete
+from sftdoctor.train.callbacks import CompleteCheckpoints, Metrics, MetricsInLogs, StepLines, StopAfter, TokenCounter
+from sftdoctor.run.checkpoints import MARKER, is_complete, newest_complete
 
 
 def batch(mask_rows):
@@ -66,19 +66,32 @@ def records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+class Held:
+    """What Metrics reads of its trainer: the arguments."""
+
+    def __init__(self, tmp_path, **kw):
+        self.args = args_for(tmp_path, **kw)
+
+
+def log(metrics, args, state, control, logs):
+    """As the trainer's log() does it: enrich, then the callbacks."""
+    metrics.enrich(logs, state)
+    metrics.on_log(args, state, control, logs=logs)
+
+
 def test_metrics_writes_one_record_per_logging_step_with_token_throughput(tmp_path):
     counter, path = TokenCounter(), tmp_path / "metrics.jsonl"
-    metrics = Metrics(counter, path)
+    metrics = Metrics(counter, path, Held(tmp_path, max_grad_norm=0.5))
     args, state, control = args_for(tmp_path), TrainerState(), TrainerControl()
     metrics.on_train_begin(args, state, control)
 
     counter.add(batch([[1] * 1000, [0] * 1000]))  # 1000 real of 2000 slots
     state.global_step = 10
-    metrics.on_log(args, state, control, logs={"loss": 2.5, "learning_rate": 1e-3})
+    log(metrics, args, state, control, {"loss": 2.5, "learning_rate": 1e-3})
     time.sleep(0.2)
     counter.add(batch([[1] * 10 + [0] * 990, [0] * 1000]))  # 10 more real tokens
     state.global_step = 20
-    metrics.on_log(args, state, control, logs={"loss": 2.0, "learning_rate": 1e-3})
+    log(metrics, args, state, control, {"loss": 2.0, "learning_rate": 1e-3})
 
     first, second = records(path)
     assert (first["step"], second["step"]) == (10, 20)
@@ -89,37 +102,41 @@ def test_metrics_writes_one_record_per_logging_step_with_token_throughput(tmp_pa
     assert first["tokens_per_second"] > 0
     # the rate is over the interval since the last log (10 tokens in >= 0.2 s), not the whole run
     assert 0 < second["tokens_per_second"] <= 10 / 0.2
+    # the step's wall time over the interval's 10 steps, the clipping threshold, and this process's memory
+    assert 0.02 <= second["step_time_s"] < 1 and second["max_grad_norm"] == 0.5
+    assert 0.01 < second["host_rss_gib"] < 64 and second["host_rss_rank"] == 0
+    assert "memory_allocated_gib" not in second  # no CUDA here: host RSS is the memory curve
 
 
 def test_metrics_adds_the_token_fields_to_the_logs_the_other_callbacks_see(tmp_path):
     counter = TokenCounter()
-    metrics = Metrics(counter, tmp_path / "metrics.jsonl")
+    metrics = Metrics(counter, tmp_path / "metrics.jsonl", Held(tmp_path))
     args, state, control = args_for(tmp_path), TrainerState(), TrainerControl()
     metrics.on_train_begin(args, state, control)
     counter.add(batch([[1, 1, 1, 0]]))
     logs = {"loss": 1.0}
-    metrics.on_log(args, state, control, logs=logs)
+    metrics.enrich(logs, state)
     assert logs["tokens_seen"] == 3 and logs["padding_fraction"] == 0.25 and "tokens_per_second" in logs
 
 
 def test_an_eval_log_is_recorded_without_token_fields(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    metrics = Metrics(TokenCounter(), path)
+    metrics = Metrics(TokenCounter(), path, Held(tmp_path))
     args, state, control = args_for(tmp_path), TrainerState(global_step=5), TrainerControl()
     metrics.on_train_begin(args, state, control)
-    metrics.on_log(args, state, control, logs={"eval_loss": 0.75})
+    log(metrics, args, state, control, {"eval_loss": 0.75})
     [record] = records(path)
     assert record["step"] == 5 and record["eval_loss"] == 0.75 and "tokens_seen" not in record
 
 
 def test_only_rank_0_writes_the_metrics_log(tmp_path):
     counter, path = TokenCounter(), tmp_path / "metrics.jsonl"
-    metrics = Metrics(counter, path)
+    metrics = Metrics(counter, path, Held(tmp_path))
     args, control = args_for(tmp_path), TrainerControl()
     state = TrainerState(is_world_process_zero=False, global_step=1)
     metrics.on_train_begin(args, state, control)
     counter.add(batch([[1, 1]]))
-    metrics.on_log(args, state, control, logs={"loss": 1.0})
+    log(metrics, args, state, control, {"loss": 1.0})
     assert not path.exists()
 
 
@@ -203,7 +220,7 @@ class Rows(torch.utils.data.Dataset):
         return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
 
 
-class CountingTrainer(transformers.Trainer):
+class CountingTrainer(MetricsInLogs, transformers.Trainer):
     """Counts the micro-batches it trains on, as the recipe's trainer does."""
 
     def compute_loss(self, model, inputs, *a, **kw):
@@ -211,6 +228,15 @@ class CountingTrainer(transformers.Trainer):
         if model.training:
             self.counter.add(inputs)
         return result
+
+
+class Seen(transformers.TrainerCallback):
+    def __init__(self):
+        self.logs = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.logs.append(dict(logs))
 
 
 def test_a_real_trainer_logs_marks_its_checkpoint_and_stops_after_the_step(tmp_path, capsys):
@@ -223,9 +249,11 @@ def test_a_real_trainer_logs_marks_its_checkpoint_and_stops_after_the_step(tmp_p
                              save_steps=100, per_device_train_batch_size=2, learning_rate=1e-3, disable_tqdm=True,
                              save_only_model=True)
     counter = TokenCounter()
-    trainer = CountingTrainer(model=model, args=args, train_dataset=Rows([3] * 6))
+    seen = Seen()  # at construction, as report_to's wandb and tensorboard callbacks are: before ours
+    trainer = CountingTrainer(model=model, args=args, train_dataset=Rows([3] * 6), callbacks=[seen])
     trainer.counter = counter
-    trainer.add_callback(Metrics(counter, tmp_path / "metrics.jsonl"))
+    trainer.sftdoctor_metrics = Metrics(counter, tmp_path / "metrics.jsonl", trainer)
+    trainer.add_callback(trainer.sftdoctor_metrics)
     trainer.add_callback(StepLines())
     trainer.add_callback(CompleteCheckpoints())
     trainer.add_callback(StopAfter(2))
@@ -238,5 +266,9 @@ def test_a_real_trainer_logs_marks_its_checkpoint_and_stops_after_the_step(tmp_p
     # each micro-batch is 2 rows of 8 ids, 3 of them padding: 10 real tokens of 16 per step
     assert [r["tokens_seen"] for r in steps] == [10, 20]
     assert [r["padding_fraction"] for r in steps] == [0.375, 0.375]
+    # what metrics.jsonl holds, a wandb or tensorboard callback got too: the same values in the same logs
+    assert [{k: logs[k] for k in ("tokens_seen", "step_time_s", "host_rss_gib", "max_grad_norm")} for logs in seen.logs] \
+        == [{k: r[k] for k in ("tokens_seen", "step_time_s", "host_rss_gib", "max_grad_norm")} for r in steps]
+    assert all(r["grad_norm"] > 0 and r["max_grad_norm"] == 1.0 for r in steps)
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert printed[0].startswith("step 1/10  loss ") and printed[1].startswith("step 2/10  loss ")

@@ -5,7 +5,7 @@ import json
 import sys
 
 from conftest import plan_of, run_of
-from sftdoctor.train.checkpoints import mark_complete
+from sftdoctor.run.checkpoints import mark_complete
 from sftdoctor.train.evaluation import command, result_line, targets
 
 

@@ -61,6 +61,11 @@ def test_nan_drill_stops_every_rank_before_the_poisoned_step_is_saved(tmp_path, 
         assert (run_dir / "train.log").read_text().count("exitcode  : 86") >= 1 and "exitcode  : 86" not in proc.stdout
     root = triage(proc).root.finding  # what `sftdoctor explain --log` makes of this run's console
     assert root.id == "nan-loss" and root.title.startswith("sftdoctor: non-finite loss at step 5: stopped")
+    # a stopped run still gets its report, up to the step it reached, with the nan-loss marked at its step
+    assert f"sftdoctor: report of the run up to step 4: {run_dir / 'report.html'} (5 panels)" in proc.stdout
+    page = (run_dir / "report.html").read_text()
+    assert "stopped by nan-loss at step 4" in page
+    assert "<td>runtime</td><td>5</td><td class='error'>nan-loss</td><td>non-finite loss at step 5: stopped" in page
 
 
 @pytest.mark.slow

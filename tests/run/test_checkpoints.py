@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sftdoctor.train.checkpoints import MARKER, checkpoints, is_complete, mark_complete, newest_complete, \
+from sftdoctor.run.checkpoints import MARKER, checkpoints, is_complete, mark_complete, newest_complete, \
     remove_incomplete
 
 

@@ -1,0 +1,337 @@
+"""Curve readers: post-run checks over a run's logged series (the `curves` fact, facts/run_records.py).
+
+Each reads one curve the way a practitioner reads it on a dashboard, with robust statistics (medians, rank
+correlation) so one noisy log does not decide. A reader with too few points to judge is skipped with the
+count it needed. A warning names the step it starts at (`evidence["step"]`), where the report marks it.
+Pure Python: `check` loads this module without numpy.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from sftdoctor.checks import NotApplicable, check
+from sftdoctor.findings import ok, warning
+from sftdoctor.run import schedule as schedules
+
+LR_TOLERANCE = 0.02  # of the peak rate: a logged rate this close to the schedule's follows it
+REVERSAL = 0.05  # of the peak rate: a rise after the peak this large is a swing, not float noise
+CLIPPED_SHARE, CLIPPED_BY = 0.5, 1.1  # "clipped on most steps": above the threshold by more than a tenth
+RISING_RHO, RISING_RATIO = 0.6, 1.5  # grad norm over the last third: rank correlation with the step, and growth
+PATIENCE = 3  # evaluations after the best eval loss before a rise is overfitting
+PLATEAU_DROP, PLATEAU_RHO = 0.05, -0.5  # fell less than this share, with no steady downward trend: never learned
+THROUGHPUT_DROP = 2 / 3  # "dropping by more than a third"
+LEAK_SHARE, LEAK_RHO, LEAK_GROWTH = 0.5, 0.8, 0.05  # share of intervals that rose, rank correlation, growth
+LEAK_MIN_GIB = {"memory_allocated_gib": 0.1, "memory_reserved_gib": 0.1, "host_rss_gib": 0.25}
+
+
+def points(curves: dict[str, Any], name: str) -> tuple[list[int], list[float]]:
+    """The finite (step, value) pairs of one series."""
+    series = curves["series"].get(name) or {"steps": [], "values": []}
+    pairs = [(s, v) for s, v in zip(series["steps"], series["values"]) if math.isfinite(v)]
+    return [s for s, _ in pairs], [v for _, v in pairs]
+
+
+def enough(values: list, needed: int, what: str) -> None:
+    if len(values) < needed:
+        raise NotApplicable(f"{len(values)} logged {what}: too few to judge ({needed} needed)")
+
+
+def ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    result = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            result[order[k]] = (i + j) / 2
+        i = j + 1
+    return result
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Rank correlation: how consistently ys rise with xs, whatever the shape."""
+    if len(xs) < 3:
+        return 0.0
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    return cov / var if var else 0.0
+
+
+def _g(value: float) -> str:
+    return f"{value:.3g}"
+
+
+# ---------------------------------------------------------------- learning rate
+
+def reversals(values: list[float], swing: float) -> list[int]:
+    """Indices where the curve turns back up after falling (or down after rising) by more than `swing`."""
+    turns, direction, extreme = [], 0, values[0]
+    for i, v in enumerate(values):
+        if direction >= 0 and v < extreme - swing:
+            if direction > 0:
+                turns.append(i)
+            direction, extreme = -1, v
+        elif direction <= 0 and v > extreme + swing:
+            if direction < 0:
+                turns.append(i)
+            direction, extreme = 1, v
+        elif (direction >= 0 and v > extreme) or (direction < 0 and v < extreme):
+            extreme = v
+    return turns
+
+
+def best_offset(schedule: dict[str, Any], steps: list[int], lrs: list[float], lag: int) -> int:
+    """Steps the logged rates lag the schedule by: 1 under transformers 5.x (the rate of the step just taken),
+    0 under 4.x; more under fp16, whose skipped steps do not step the scheduler."""
+    def error(offset: int) -> float:
+        return sum(abs(lr - schedules.rate(schedule, max(0, s - offset))) for s, lr in zip(steps, lrs))
+    return min(range(0, 2 + lag), key=error)
+
+
+@check("lr-curve", "the logged learning rate against the configured schedule: its warmup, its floor, no oscillation",
+       phase="postrun")
+def lr_curve(curves: dict[str, Any]):
+    steps, lrs = points(curves, "learning_rate")
+    enough(lrs, 4, "learning rates")
+    peak = max(lrs)
+    found = []
+    after = lrs.index(peak)
+    turns = [after + i for i in reversals(lrs[after:], REVERSAL * peak)] if peak > 0 else []
+    schedule = curves.get("schedule")
+    name = schedule["name"] if schedule else None
+    if len(turns) >= 2:
+        found.append(warning(
+            f"the learning rate oscillates: it turned {len(turns)} times after its peak (first at step {steps[turns[0]]})",
+            detail=f"Peak {_g(peak)} at step {steps[after]}; turns at steps {', '.join(map(str, (steps[i] for i in turns[:6])))}"
+                   + (f". The configured schedule ({name}) only falls after its warmup." if name else
+                      ". A warmup-then-decay schedule turns once."),
+            fix="a cosine's num_cycles above 0.5 (or a restarts schedule) makes it rise again: use lr_scheduler = "
+                "\"cosine_with_min_lr\" with no num_cycles; under DeepSpeed remove the JSON's \"scheduler\" block",
+            evidence={"step": steps[turns[0]], "turns": [steps[i] for i in turns]}))
+    if schedule is None:
+        return found or ok(f"the learning rate rose to {_g(peak)} and did not oscillate (no configured schedule to "
+                           "compare with)", evidence={"peak": peak})
+    lag = max(1, schedule["total_steps"] // 20) if curves.get("precision") == "fp16" else 0
+    offset = best_offset(schedule, steps, lrs, lag)
+    tolerance = LR_TOLERANCE * schedule["learning_rate"]
+    expected = [schedules.rate(schedule, max(0, s - offset)) for s in steps]
+    off = [i for i, (lr, e) in enumerate(zip(lrs, expected)) if abs(lr - e) > tolerance]
+    floor = schedules.floor(schedule)
+    end = schedule["total_steps"]
+    if not off:
+        reached = steps[-1] >= end - offset
+        return found or ok(
+            f"the learning rate followed the configured {name} schedule"
+            + (f" to its floor {_g(floor)}" if reached and floor > 0 else ""),
+            detail=f"{len(lrs)} logged rates within {LR_TOLERANCE:.0%} of the peak {_g(schedule['learning_rate'])} of "
+                   f"the schedule's (warmup {schedule['warmup_steps']} steps, {end} steps in all).",
+            evidence={"offset": offset})
+    first = off[0]
+    evidence = {"step": steps[first], "logged": lrs[first], "expected": expected[first], "off": len(off),
+                "of": len(lrs), "floor": floor}
+    below = [i for i in off if floor > 0 and lrs[i] < floor - tolerance]
+    if below:
+        i = below[0]
+        title = f"the learning rate fell below its floor: {_g(lrs[i])} at step {steps[i]}, the floor is {_g(floor)}"
+        fix = ("the floor was not applied: pass it as min_lr_rate with lr_scheduler_type=\"cosine_with_min_lr\" "
+               "(an absolute min_lr crashes or is dropped under DeepSpeed); `sftdoctor check --config` checks it")
+        evidence["step"] = steps[i]
+    elif steps[-1] >= end - offset and abs(lrs[-1] - expected[-1]) > tolerance:
+        title = (f"the learning rate ended at {_g(lrs[-1])} at step {steps[-1]}, not at the schedule's end "
+                 f"value {_g(expected[-1])}")
+        fix = ("the scheduler was built for another number of steps than the run took (max_steps against epochs, a "
+               "resume with another world size or batch, or a DeepSpeed scheduler block): set max_steps, and let the "
+               "Trainer build the schedule")
+    elif schedule["warmup_steps"] > 1 and steps[first] <= schedule["warmup_steps"] and lrs[first] > expected[first]:
+        title = f"no warmup: the learning rate was already {_g(lrs[first])} at step {steps[first]}"
+        fix = "a scheduler other than the configured one ran: under DeepSpeed remove the JSON's \"scheduler\" block"
+    else:
+        title = (f"the learning rate left the configured {name} schedule at step {steps[first]}: logged "
+                 f"{_g(lrs[first])}, expected {_g(expected[first])}")
+        fix = ("another scheduler or learning rate was applied than the one configured (a DeepSpeed scheduler block, "
+               "a resumed optimizer state, a callback changing param_groups)")
+    found.append(warning(
+        title, detail=f"{len(off)} of {len(lrs)} logged rates are more than {LR_TOLERANCE:.0%} of the peak away from the "
+                      f"configured schedule ({name}, peak {_g(schedule['learning_rate'])}, warmup "
+                      f"{schedule['warmup_steps']} steps, {end} steps, ending at {_g(floor)}).",
+        fix=fix, evidence=evidence))
+    return found
+
+
+# ---------------------------------------------------------------- gradient norm
+
+@check("grad-norm-curve", "the gradient norm: clipped on most steps, or rising over the last third of the run",
+       phase="postrun")
+def grad_norm_curve(curves: dict[str, Any]):
+    steps, norms = points(curves, "grad_norm")
+    enough(norms, 8, "gradient norms")
+    found = []
+    clip = curves.get("max_grad_norm")
+    clipped = [i for i, n in enumerate(norms) if clip and n > CLIPPED_BY * clip]
+    if clip and len(clipped) >= CLIPPED_SHARE * len(norms):
+        found.append(warning(
+            f"the gradient norm was clipped on {len(clipped) / len(norms):.0%} of the logged steps: above "
+            f"{CLIPPED_BY:g}x the threshold {clip:g}",
+            detail=f"Median gradient norm {_g(statistics.median(norms))}: clipping shrank most updates by more than a "
+                   "tenth, so the run trained with a smaller step than its learning rate says, and the norm no longer "
+                   "tells a healthy update from a bad one.",
+            fix="lower learning_rate (or lengthen warmup) until most steps are under the threshold; a threshold far "
+                "below the typical norm (max_grad_norm 0.1 on a 7B model) is too tight; look for rows with huge losses",
+            evidence={"step": steps[clipped[0]], "share": len(clipped) / len(norms), "max_grad_norm": clip}))
+    tail = len(norms) - len(norms) // 3
+    window_steps, window = steps[tail:], norms[tail:]
+    if len(window) >= 6:
+        half = len(window) // 2
+        before, later = statistics.median(window[:half]), statistics.median(window[half:])
+        rho = spearman(window_steps, window)
+        if before > 0 and later / before >= RISING_RATIO and rho >= RISING_RHO:
+            found.append(warning(
+                f"the gradient norm rose over the last third of the run: median {_g(before)} to {_g(later)} "
+                f"(steps {window_steps[0]}-{window_steps[-1]})",
+                detail=f"Rank correlation with the step {rho:.2f}. A norm that keeps growing while the loss no longer "
+                       "falls usually comes before a divergence (often with fp16 or a high learning rate); at the very "
+                       "end of a schedule that decays to 0, a mild rise is known and harmless.",
+                fix="resume from a checkpoint before the rise with a lower learning_rate, or stop here; keep "
+                    "max_grad_norm = 1.0; check the loss curve for the same turn",
+                evidence={"step": window_steps[0], "before": before, "after": later, "rho": rho}))
+    return found or ok(f"the gradient norm stayed level: median {_g(statistics.median(norms[tail:]))} over the last third"
+                       + (f"; clipped (above {CLIPPED_BY:g}x {clip:g}) on {len(clipped) / len(norms):.0%} of the steps"
+                          if clip else ""))
+
+
+# ---------------------------------------------------------------- eval loss
+
+def best_checkpoint(curves: dict[str, Any], step: int) -> str:
+    """Where the weights of `step` are, or the nearest kept checkpoint before it."""
+    path = curves.get("path", "RUN_DIR")
+    saved = sorted(curves.get("checkpoints") or [])
+    if step in saved:
+        return f"{path}/checkpoint-{step}"
+    earlier = [s for s in saved if s < step]
+    named = curves.get("best_checkpoint")
+    if named:
+        return named
+    if earlier:
+        return f"checkpoint-{step} was not kept; the nearest before it is {path}/checkpoint-{earlier[-1]}"
+    return f"no checkpoint of step {step} was kept (save_steps = eval_steps keeps one per evaluation)"
+
+
+@check("overfitting", "eval loss rising for several evaluations while the train loss falls", phase="postrun")
+def overfitting(curves: dict[str, Any]):
+    steps, evals = points(curves, "eval_loss")
+    enough(evals, PATIENCE + 1, "eval losses")
+    best = min(range(len(evals)), key=evals.__getitem__)
+    after = len(evals) - 1 - best
+    rose = evals[-1] - evals[best]
+    if after < PATIENCE or rose <= max(0.01 * abs(evals[best]), 1e-3):
+        return ok(f"the eval loss was lowest at step {steps[best]} ({_g(evals[best])})"
+                  + (f", {after} evaluation{'s' if after != 1 else ''} before the end" if after else ", the last evaluation"))
+    train_steps, train = points(curves, "loss")
+    at_best = [v for s, v in zip(train_steps, train) if s <= steps[best]][-3:]
+    at_end = [v for s, v in zip(train_steps, train) if s <= steps[-1]][-3:]
+    if not at_best or not at_end or statistics.fmean(at_end) >= statistics.fmean(at_best):
+        return ok(f"the eval loss rose after step {steps[best]}, but so did the train loss (no overfitting; see the "
+                  "loss curve)", evidence={"step": steps[best]})
+    where = best_checkpoint(curves, steps[best])
+    return warning(
+        f"overfitting: the eval loss rose for {after} evaluations after step {steps[best]} while the train loss fell",
+        detail=f"Eval loss {_g(evals[best])} at step {steps[best]}, {_g(evals[-1])} at step {steps[-1]}; train loss "
+               f"{_g(statistics.fmean(at_best))} to {_g(statistics.fmean(at_end))} over the same steps. The best "
+               f"weights: {where}.",
+        fix=f"use the weights of step {steps[best]}; next time train fewer epochs (about "
+            f"{steps[best]} steps), lower learning_rate, or add data",
+        evidence={"step": steps[best], "best_eval_loss": evals[best], "last_eval_loss": evals[-1], "checkpoint": where})
+
+
+# ---------------------------------------------------------------- train loss
+
+@check("loss-plateau", "a train loss that does not fall from the start: learning rate too low, or nothing trains",
+       phase="postrun")
+def loss_plateau(curves: dict[str, Any]):
+    steps, losses = points(curves, "loss")
+    enough(losses, 8, "train losses")
+    head = statistics.median(losses[:max(2, len(losses) // 10)])
+    tail = statistics.median(losses[-max(2, len(losses) // 4):])
+    drop = (head - tail) / abs(head) if head else 0.0
+    trend = spearman(steps, losses)
+    # a slow steady fall (continued pre-training) is learning; a rising loss is divergence, not a plateau
+    if drop >= PLATEAU_DROP or trend <= PLATEAU_RHO or tail > head * (1 + PLATEAU_DROP):
+        return ok(f"the train loss fell {drop:.0%}: {_g(head)} to {_g(tail)}" if drop > 0 else
+                  f"the train loss rose from {_g(head)} to {_g(tail)} (see the loss-spike findings)")
+    _, lrs = points(curves, "learning_rate")
+    zero = bool(lrs) and max(lrs) == 0
+    return warning(
+        f"the train loss stayed flat from the start: {_g(head)} to {_g(tail)} over steps {steps[0]}-{steps[-1]}",
+        detail=(f"A change of {-drop:+.1%}, rank correlation with the step {trend:.2f}. " if drop else "No change. ")
+               + ("The learning rate was 0 on every logged step." if zero else
+                  f"Peak learning rate {_g(max(lrs))}." if lrs else "No learning rate was logged."),
+        fix="nothing is learning: check the trainable parameters (a frozen model, LoRA targets that match nothing, "
+            "labels all -100) and raise learning_rate (full SFT of 7B models: 1e-5 to 2e-5; LoRA: 1e-4 to 2e-4)",
+        evidence={"step": steps[0], "head": head, "tail": tail, "zero_lr": zero})
+
+
+# ---------------------------------------------------------------- throughput
+
+@check("throughput-drop", "tokens/s falling by more than a third and not recovering", phase="postrun")
+def throughput_drop(curves: dict[str, Any]):
+    steps, speeds = points(curves, "tokens_per_second")
+    steps, speeds = steps[1:], speeds[1:]  # the first interval holds the start-up (allocation, compilation)
+    enough(speeds, 8, "throughputs (after the first)")
+    baseline = statistics.median(speeds[:max(3, len(speeds) // 3)])
+    tail = statistics.median(speeds[-max(3, len(speeds) // 4):])
+    if baseline <= 0 or tail >= THROUGHPUT_DROP * baseline:
+        return ok(f"throughput held: median {baseline:,.0f} tokens/s early, {tail:,.0f} at the end")
+    low = THROUGHPUT_DROP * baseline
+    start = next(i for i in range(len(speeds)) if speeds[i] < low and statistics.median(speeds[i:i + 3]) < low)
+    step, before = steps[start], steps[start - 1] if start else 0
+    events = [f"a checkpoint save at step {s}" for s in (curves.get("checkpoints") or []) if before <= s <= step]
+    save = curves.get("save_steps")
+    if not events and save and any(before <= s <= step for s in range(save, step + 1, save)):
+        events.append(f"a checkpoint save at step {(step // save) * save}")
+    return warning(
+        f"throughput fell by {1 - tail / baseline:.0%} at step {step} and did not recover: {baseline:,.0f} to "
+        f"{tail:,.0f} tokens/s", detail="It coincides with " + " and ".join(events) + "." if events else
+        "No checkpoint save or evaluation coincides with it.",
+        fix="after a save: the checkpoint writer or an offloaded optimizer still busy, or memory fragmentation "
+            "(set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); else a GPU throttling (nvidia-smi -q -d "
+            "PERFORMANCE), a slower node, or longer samples later in the data (padding_fraction)",
+        evidence={"step": step, "before": baseline, "after": tail})
+
+
+# ---------------------------------------------------------------- memory
+
+@check("memory-growth", "memory growing step after step (a leak)", phase="postrun")
+def memory_growth(curves: dict[str, Any]):
+    name = next((n for n in ("memory_allocated_gib", "host_rss_gib") if curves["series"].get(n)), None)
+    if name is None:
+        raise NotApplicable("no memory was logged")
+    steps, values = points(curves, name)
+    enough(values, 8, "memory readings")
+    skip = len(values) // 5  # the first steps allocate the optimizer states and the caches
+    steps, values = steps[skip:], values[skip:]
+    quarter = max(2, len(values) // 4)
+    start, end = statistics.median(values[:quarter]), statistics.median(values[-quarter:])
+    # of all the logging intervals, not of those that moved: one step up (a cache filled once) is no leak
+    share = sum(b - a > 1e-6 * max(abs(a), 1e-9) for a, b in zip(values, values[1:])) / max(1, len(values) - 1)
+    rho = spearman(steps, values)
+    what = "GPU memory (allocated, the peak of each logging interval)" if name != "host_rss_gib" else "host memory (RSS)"
+    grew = end - start
+    if not (start > 0 and grew / start >= LEAK_GROWTH and grew >= LEAK_MIN_GIB[name]
+            and share >= LEAK_SHARE and rho >= LEAK_RHO):
+        return ok(f"{what} held: {start:.2f} GiB after the first steps, {end:.2f} GiB at the end")
+    per_100 = (values[-1] - values[0]) / max(1, steps[-1] - steps[0]) * 100
+    return warning(
+        f"{what} grew from {start:.2f} to {end:.2f} GiB over steps {steps[0]}-{steps[-1]} ({per_100:+.3f} GiB per 100 "
+        "steps): a leak", detail=f"It rose on {share:.0%} of the logging intervals (rank correlation {rho:.2f}); at "
+                                 "this rate a long run ends out of memory.",
+        fix="something keeps tensors alive across steps: a loss or logits appended to a list without .item() or "
+            ".detach(), a growing cache in a callback or the collator, eval outputs accumulated (set "
+            "eval_accumulation_steps), or dataloader workers copying a Python dataset (host memory)",
+        evidence={"step": steps[0], "start_gib": start, "end_gib": end, "series": name})

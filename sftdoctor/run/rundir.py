@@ -1,0 +1,11 @@
+"""The files of a run directory, named once: the launcher and the workers write them, `sftdoctor report`
+and the curve readers read them."""
+
+RESOLVED = "resolved.json"  # the Plan the workers follow
+METRICS = "metrics.jsonl"  # one record per logging step and per evaluation (rank 0)
+FINDINGS = "findings.jsonl"  # every finding: preflight, runtime (rank 0 or the watchdog), postrun
+STOPPED = "stopped.json"  # written by a watcher that stopped the run: its exit code and finding
+LOG = "train.log"  # every byte the workers wrote, every launch, appended
+REHEARSAL = "smoke"  # the rehearsal's own run directory, inside the run's
+REPORT = "report.html"
+PANELS = "report"  # the report's panels, one PNG each

@@ -1,0 +1,212 @@
+"""`sftdoctor report RUN [RUN...]`: read the runs, run the curve readers, draw the panels, write the page.
+
+Also what `sftdoctor train` calls at the end of every run. What it writes appears whole or not at all: the
+panels go to a folder beside, renamed into place, then the page. The curve readers' findings replace the
+run's earlier post-run records in its findings.jsonl, so a report made twice records them once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sftdoctor import report
+from sftdoctor.checks import Skipped, load_checks, run_checks
+from sftdoctor.errors import InputError
+from sftdoctor.facts.run_records import read_run
+from sftdoctor.findings import Finding, Severity
+from sftdoctor.run import rundir
+from sftdoctor.runreport import page
+from sftdoctor.runreport.panels import COLOURS, Axis, Run, render, shown
+
+AXES = ("step", "tokens")
+
+
+class PostrunFacts:
+    """The one fact the post-run checks read."""
+
+    def __init__(self, curves: dict[str, Any]):
+        self.curves = curves
+
+    def known(self, name: str) -> bool:
+        return name == "curves"
+
+    def get(self, name: str) -> Any:
+        return self.curves if name == "curves" else None
+
+    def why_missing(self, name: str) -> str:
+        return f"a post-run check has only the run's curves, not {name}"
+
+
+@dataclass
+class Judged:
+    run: Run
+    verdicts: list[Finding]
+    skipped: list[Skipped]
+    records: list[dict[str, Any]] = field(default_factory=list)  # every finding of the run, as findings.jsonl has it
+
+
+def judge(curves: dict[str, Any], plugins: bool = True) -> tuple[list[Finding], list[Skipped]]:
+    """The post-run checks (built-in and third-party) on one run's curves."""
+    return run_checks(load_checks(plugins).phase("postrun"), PostrunFacts(curves))
+
+
+def postrun_records(findings: list[Finding]) -> list[dict[str, Any]]:
+    return [{"phase": "postrun", "step": f.evidence.get("step"), "time": time.time(), **f.to_json()} for f in findings]
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    """findings.jsonl's records; a line that is not one (a writer killed mid-line) is left out."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    records = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("title"), str):
+            records.append(record)
+    return records
+
+
+def record_postrun(folder: Path, records: list[dict[str, Any]]) -> None:
+    """findings.jsonl with this report's post-run records in place of earlier ones (atomically)."""
+    path = folder / rundir.FINDINGS
+    kept = [r for r in _lines(path) if r.get("phase") != "postrun"]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in kept + records), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def findings_of(folder: Path) -> list[dict[str, Any]]:
+    """The run's recorded findings but the post-run ones (this report makes those): the preflight gate's and
+    the watchers', and the rehearsal's (its own findings.jsonl, in the rehearsal's run directory)."""
+    own = [r for r in _lines(folder / rundir.FINDINGS) if r.get("phase") != "postrun"]
+    rehearsal = [{**r, "phase": "rehearsal", "step": 0} for r in _lines(folder / rundir.REHEARSAL / rundir.FINDINGS)]
+    return own + rehearsal
+
+
+def marked_step(record: dict[str, Any]) -> int | None:
+    """Where a finding is marked: its step (a watcher's, a curve reader's); before the first step (0) for the
+    gate's and the rehearsal's; warnings and errors only."""
+    if record.get("severity") not in (Severity.WARNING.value, Severity.ERROR.value):
+        return None
+    step = record.get("step")
+    if record.get("phase") in ("preflight", "rehearsal"):
+        return 0
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+
+
+def labels(folders: list[Path]) -> list[str]:
+    """Each run's folder name; with the parent where two names are the same."""
+    names = [f.resolve().name or str(f) for f in folders]
+    return [f"{f.resolve().parent.name}/{n}" if names.count(n) > 1 else n for f, n in zip(folders, names)]
+
+
+def load(paths: list[Path], by: str, plugins: bool) -> list[Judged]:
+    curves = [read_run(p) for p in paths]
+    if by == "tokens":
+        for path, fact in zip(paths, curves):
+            if not fact["series"].get("tokens_seen"):
+                raise InputError(path, "logged no tokens seen (tokens_seen, num_tokens or num_input_tokens_seen): "
+                                       "compare it with --x step")
+    judged = []
+    number = 0
+    for index, (fact, label) in enumerate(zip(curves, labels([Path(c["path"]) for c in curves]))):
+        verdicts, skipped = judge(fact, plugins)
+        records = findings_of(Path(fact["path"])) + postrun_records(verdicts)
+        marks = []
+        for record in sorted(records, key=lambda r: marked_step(r) if marked_step(r) is not None else -1):
+            step = marked_step(record)
+            if step is not None:
+                number += 1
+                marks.append((number, step, record))
+        run = Run(fact, records, label, COLOURS[index % len(COLOURS)], marks)
+        judged.append(Judged(run, verdicts, skipped, records))
+    return judged
+
+
+def ours(folder: Path) -> bool:
+    """A sftdoctor run directory (its findings.jsonl is ours to update); a Trainer's is only read."""
+    return (folder / rundir.RESOLVED).is_file() or (folder / rundir.FINDINGS).is_file()
+
+
+@dataclass
+class Written:
+    html: Path
+    panels: list[Path]
+    judged: list[Judged]
+
+
+def write(judged: list[Judged], output: Path, by: str) -> Written:
+    runs = [j.run for j in judged]
+    axis = Axis(by)
+    drawn = [(panel, render(panel, runs, axis)) for panel in shown(runs)]
+    output.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".report-", dir=output))
+    target, old = output / rundir.PANELS, output / f".{rundir.PANELS}.old"
+    html, html_tmp = output / rundir.REPORT, output / f".{rundir.REPORT}.tmp"
+    try:
+        for panel, png in drawn:
+            (staging / f"{panel.name}.png").write_bytes(png)
+        html_tmp.write_text(page.page(judged, drawn, axis), encoding="utf-8")
+        shutil.rmtree(old, ignore_errors=True)
+        if target.exists():
+            os.replace(target, old)
+        os.replace(staging, target)
+        os.replace(html_tmp, html)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        html_tmp.unlink(missing_ok=True)
+        if old.exists() and not target.exists():  # the earlier panels stay, with the earlier page
+            os.replace(old, target)
+        raise
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
+    return Written(html, [target / f"{panel.name}.png" for panel, _ in drawn], judged)
+
+
+def build(paths: list[Path], output: Path | None = None, by: str = "step", plugins: bool = True) -> Written:
+    if by not in AXES:
+        raise InputError("--x", f"expected one of {', '.join(AXES)}, got {by!r}")
+    if not paths:
+        raise InputError("report", "expected at least one run directory")
+    judged = load(paths, by, plugins)
+    if output is None:
+        output = Path(judged[0].run.curves["path"]) if len(paths) == 1 else Path("sftdoctor-report")
+    if output.exists() and not output.is_dir():
+        raise InputError(output, "exists and is not a folder (expected the folder to write report.html in)")
+    written = write(judged, output, by)
+    for j in judged:
+        folder = Path(j.run.curves["path"])
+        if ours(folder):
+            record_postrun(folder, [r for r in j.records if r.get("phase") == "postrun"])
+    return written
+
+
+def show(written: Written, as_json: bool) -> int:
+    """What the curve readers said of each run, and where the report is; the exit code."""
+    findings = [f for j in written.judged for f in j.verdicts]
+    if as_json:
+        print(json.dumps({"report": str(written.html), "panels": [str(p) for p in written.panels],
+                          "runs": [{"name": j.run.label, "path": j.run.curves["path"],
+                                    "findings": [f.to_json() for f in j.verdicts],
+                                    "skipped": [{"id": s.id, "reason": s.reason} for s in j.skipped]}
+                                   for j in written.judged]}, indent=2, default=str))
+        return report.exit_code(findings)
+    for j in written.judged:
+        if len(written.judged) > 1:
+            print(f"{j.run.label} ({os.path.normpath(j.run.curves['path'])}):")
+        report.render_table(j.verdicts, j.skipped)
+    print(f"sftdoctor: report written: {os.path.normpath(written.html)} ({len(written.panels)} panels in "
+          f"{os.path.normpath(written.html.parent / rundir.PANELS)})")
+    return report.exit_code(findings)

@@ -1,0 +1,128 @@
+"""report.html: one self-contained page (panels inlined as PNG data, no script, no external resource), so it
+opens offline, from an e-mail or a copied run directory."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import time
+from typing import Any
+
+from sftdoctor import __version__
+from sftdoctor.findings import Severity
+from sftdoctor.report import MARKS, SKIP_MARK
+from sftdoctor.run.schedule import floor
+
+STYLE = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1000px;color:#222;padding:0 12px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.muted{color:#666}table{border-collapse:collapse;width:100%;margin:6px 0 12px;font-size:13px}
+td,th{border-bottom:1px solid #eee;padding:4px 6px;text-align:left;vertical-align:top}th{background:#f6f6f6}
+figure{margin:14px 0}figure img{width:100%;max-width:900px;border:1px solid #eee}figcaption{font-size:12px;color:#666}
+.error{color:#c00000;font-weight:600}.warning{color:#b36200;font-weight:600}.ok{color:#2a7d2a}.info{color:#1f6f8b}
+.skipped{color:#888}.swatch{display:inline-block;width:10px;height:10px;margin-right:5px;border-radius:2px}
+details{margin:6px 0}code{background:#f3f3f3;padding:0 3px;border-radius:3px}
+"""
+
+
+def esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _last(curves: dict[str, Any], name: str) -> tuple[int, float] | None:
+    series = curves["series"].get(name)
+    if not series:
+        return None
+    finite = [(s, v) for s, v in zip(series["steps"], series["values"]) if math.isfinite(v)]
+    return finite[-1] if finite else None
+
+
+def _best(curves: dict[str, Any], name: str) -> tuple[int, float] | None:
+    series = curves["series"].get(name)
+    finite = [(s, v) for s, v in zip(series["steps"], series["values"]) if math.isfinite(v)] if series else []
+    return min(finite, key=lambda p: p[1]) if finite else None
+
+
+def ending(curves: dict[str, Any]) -> str:
+    """How the run ended, as far as its directory says."""
+    stopped, last, planned = curves.get("stopped"), curves["last_step"], curves.get("planned_steps")
+    if stopped:
+        return f"stopped by {stopped.get('id')} at step {last}: {stopped.get('title')}"
+    if curves.get("finished"):
+        return f"complete: {last} steps"
+    return f"ended at step {last}" + (f" of {planned}" if planned else "")
+
+
+def run_rows(judged: list) -> str:
+    rows = []
+    for j in judged:
+        c = j.run.curves
+        train, best = _last(c, "loss"), _best(c, "eval_loss")
+        seen = _last(c, "tokens_seen")
+        schedule = c.get("schedule")
+        rows.append(
+            f"<tr><td><span class='swatch' style='background:{j.run.colour}'></span>{esc(j.run.label)}"
+            f"<div class='muted'>{esc(c['path'])} ({esc(c['source'])})</div></td>"
+            f"<td>{esc(ending(c))}</td>"
+            f"<td>{f'{train[1]:.4f} (step {train[0]})' if train else '-'}</td>"
+            f"<td>{f'{best[1]:.4f} (step {best[0]})' if best else '-'}</td>"
+            f"<td>{f'{int(seen[1]):,}' if seen else '-'}</td>"
+            f"<td>{esc(describe(schedule)) if schedule else '<span class=muted>not known</span>'}</td></tr>")
+    return ("<table><tr><th>run</th><th>ended</th><th>last train loss</th><th>best eval loss</th><th>tokens seen</th>"
+            "<th>schedule</th></tr>" + "".join(rows) + "</table>")
+
+
+def describe(schedule: dict[str, Any]) -> str:
+    return (f"{schedule['name']}, peak {schedule['learning_rate']:.3g}, warmup {schedule['warmup_steps']} steps, "
+            f"{schedule['total_steps']} steps, ends at {floor(schedule):.3g}")
+
+
+def verdict_rows(judged: list) -> str:
+    parts = []
+    for j in judged:
+        rows = []
+        for f in j.verdicts:
+            mark = MARKS[f.severity][0]
+            more = "".join(f"<div class='muted'>{esc(t)}</div>" for t in (f.detail,) if t)
+            fix = f"<div>fix: {esc(f.fix)}</div>" if f.fix and f.severity.rank >= Severity.WARNING.rank else ""
+            explain = (f"<div class='muted'>sftdoctor explain {esc(f.explain)}</div>"
+                       if f.severity.rank >= Severity.WARNING.rank else "")
+            rows.append(f"<tr><td class='{f.severity.value}'>{mark} {esc(f.id)}</td><td>{esc(f.title)}{more}{fix}"
+                        f"{explain}</td></tr>")
+        rows += [f"<tr><td class='skipped'>{SKIP_MARK} {esc(s.id)}</td><td class='skipped'>skipped: {esc(s.reason)}</td></tr>"
+                 for s in j.skipped]
+        head = f"<h3>{esc(j.run.label)}</h3>" if len(judged) > 1 else ""
+        parts.append(head + "<table>" + "".join(rows) + "</table>")
+    return "".join(parts)
+
+
+def finding_rows(judged: list) -> str:
+    marked, others = [], 0
+    for j in judged:
+        for number, step, record in j.run.marks:
+            severity = record.get("severity", "")
+            marked.append(
+                f"<tr><td>{number}</td><td>{esc(j.run.label)}</td><td>{esc(record.get('phase', ''))}</td><td>{step}</td>"
+                f"<td class='{esc(severity)}'>{esc(record.get('id', ''))}</td><td>{esc(record.get('title', ''))}"
+                + (f"<div>fix: {esc(record['fix'])}</div>" if record.get("fix") else "") + "</td></tr>")
+        others += len(j.run.findings) - len(j.run.marks)
+    table = ("<table><tr><th>#</th><th>run</th><th>phase</th><th>step</th><th>check</th><th>finding</th></tr>"
+             + "".join(marked) + "</table>") if marked else "<p class='ok'>No warnings or errors were recorded.</p>"
+    return table + (f"<p class='muted'>{others} more finding{'s' if others != 1 else ''} (ok or info) are in each "
+                    "run's findings.jsonl.</p>" if others else "")
+
+
+def page(judged: list, drawn: list, axis) -> str:
+    runs = ", ".join(esc(j.run.label) for j in judged)
+    figures = "".join(
+        f"<figure id='{panel.name}'><img alt='{esc(panel.title)}' src='data:image/png;base64,"
+        f"{base64.b64encode(png).decode('ascii')}'><figcaption>{esc(panel.title)}, by {esc(axis.label)} "
+        f"({panel.name}.png)</figcaption></figure>" for panel, png in drawn)
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' "
+        f"content='width=device-width, initial-scale=1'><title>sftdoctor report: {runs}</title><style>{STYLE}</style>"
+        f"</head><body><h1>sftdoctor report: {runs}</h1><div class='muted'>sftdoctor {esc(__version__)}, "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')}; x axis: {esc(axis.label)}</div>"
+        f"<h2>Runs</h2>{run_rows(judged)}<h2>What the curves say</h2>{verdict_rows(judged)}"
+        f"<h2>Findings marked on the panels</h2>{finding_rows(judged)}<h2>Panels</h2>{figures}</body></html>\n")

@@ -1,0 +1,212 @@
+"""The curve readers (checks/curves.py) on real Trainer logs from public repositories (tests/fixtures/curves,
+each citing its source) and on synthetic series shaped like each problem."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from sftdoctor.checks import load_checks
+from sftdoctor.facts.run_records import read_run
+from sftdoctor.runreport.command import judge
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "curves"
+INDEX = json.loads((FIXTURES / "index.json").read_text())
+
+
+def recorded(name: str, schedule: bool = False) -> dict:
+    """A real log read as `sftdoctor report` reads it, with the clipping threshold (and, asked for, the
+    schedule) its repository's training arguments name: a Trainer's state carries neither."""
+    entry = next(e for e in INDEX if e["file"] == f"{name}.json")
+    curves = read_run(FIXTURES / entry["file"])
+    config = entry.get("config") or {}
+    curves["max_grad_norm"] = config.get("max_grad_norm")
+    if schedule:
+        curves["schedule"] = {"name": config["lr_scheduler_type"].split()[0], "learning_rate": config["learning_rate"],
+                              "total_steps": config.get("max_steps") or curves["planned_steps"],
+                              "warmup_steps": int(config.get("warmup_steps_resolved", config.get("warmup_steps"))),
+                              "min_lr_rate": 0.0}
+    return curves
+
+
+def said(curves: dict) -> dict[str, str]:
+    """check id -> the title of its warning or error (quiet checks left out)."""
+    findings, _ = judge(curves, plugins=False)
+    return {f.id: f.title for f in findings if f.severity.value in ("warning", "error")}
+
+
+def synthetic(**series) -> dict:
+    """A run logged every 10 steps; each keyword is a series' values."""
+    length = max(len(v) for v in series.values())
+    return {"name": "synthetic", "path": "runs/synthetic", "source": "metrics.jsonl", "schedule": None,
+            "max_grad_norm": 1.0, "precision": "bf16", "planned_steps": 10 * length, "last_step": 10 * length,
+            "save_steps": None, "eval_steps": None, "checkpoints": [], "best_checkpoint": None, "stopped": None,
+            "finished": True,
+            "series": {name: {"steps": [10 * (i + 1) for i in range(len(values))], "values": list(values)}
+                       for name, values in series.items()}}
+
+
+def healthy(n: int = 60) -> dict:
+    return synthetic(loss=[2.0 * math.exp(-i / 20) + 0.5 + 0.02 * math.sin(i) for i in range(n)],
+                     grad_norm=[0.6 + 0.1 * math.sin(i / 3) for i in range(n)],
+                     tokens_per_second=[12000 + 300 * math.sin(i) for i in range(n)],
+                     memory_allocated_gib=[30.0 + 0.01 * math.sin(i) for i in range(n)])
+
+
+def test_the_six_readers_are_post_run_checks_with_topics():
+    ids = {spec.id for spec in load_checks(plugins=False).phase("postrun")}
+    assert ids == {"lr-curve", "grad-norm-curve", "overfitting", "loss-plateau", "throughput-drop", "memory-growth"}
+
+
+# ---------------------------------------------------------------- real logs
+
+@pytest.mark.parametrize("entry", INDEX, ids=lambda e: e["file"])
+def test_every_real_log_follows_the_schedule_its_repository_configures(entry):
+    """The LR formula (run/schedule.py) against 14 real logs of transformers 4.27-4.57: each followed its
+    configured schedule, whichever step its version logs the rate for."""
+    said_ = said(recorded(entry["file"][:-5], schedule=True))
+    assert "lr-curve" not in said_, said_
+
+
+@pytest.mark.parametrize("name", ["overfit_qwen25_7b_medical_lora", "overfit_cpt_large_adgen"])
+def test_real_overfitting_is_named_with_the_step_of_the_best_eval_loss(name):
+    curves = recorded(name)
+    best = min(zip(curves["series"]["eval_loss"]["values"], curves["series"]["eval_loss"]["steps"]))[1]
+    title = said(curves)["overfitting"]
+    assert title.startswith("overfitting: the eval loss rose for 4 evaluations") and f"after step {best} " in title
+
+
+def test_a_real_dpo_tail_that_only_wobbles_is_not_overfitting():
+    assert "overfitting" not in said(recorded("healthy_zephyr7b_dpo"))
+
+
+@pytest.mark.parametrize("name, share", [("grad_clipped_tinyllama_lora", "100%"), ("grad_clipped_mistral7b_medbot_lora", "83%"),
+                                         ("grad_rising_yandexgpt8b_lora", "65%")])
+def test_real_runs_clipped_on_most_steps(name, share):
+    assert said(recorded(name))["grad-norm-curve"].startswith(f"the gradient norm was clipped on {share}")
+
+
+@pytest.mark.parametrize("name", ["plateau_quality_multiple_choice", "plateau_llama31_8b_token_compressor"])
+def test_real_runs_that_never_learned_are_a_plateau(name):
+    assert said(recorded(name))["loss-plateau"].startswith("the train loss stayed flat from the start")
+
+
+@pytest.mark.parametrize("name", ["healthy_qwen3_8b_unsloth_tcm", "healthy_lora_linear_warmup_250", "healthy_nsllm_full_ft",
+                                  "healthy_zephyr7b_dpo", "lr_cosine_warmup_mistral7b_translator", "lr_linear_stopped_early"])
+def test_real_healthy_runs_are_quiet(name):
+    assert said(recorded(name, schedule=True)) == {}
+
+
+def test_a_floor_the_stack_dropped_is_named():
+    """A real cosine that went to exactly 0, where the run configured a floor of a tenth: what a floor passed as
+    an absolute min_lr that DeepSpeed's optimizer lacks, or passed to the plain cosine, looks like."""
+    curves = recorded("lr_cosine_warmup_mistral7b_translator", schedule=True)
+    curves["schedule"] = {**curves["schedule"], "name": "cosine_with_min_lr", "min_lr_rate": 0.1}
+    title = said(curves)["lr-curve"]
+    assert title.startswith("the learning rate fell below its floor:") and "the floor is 5e-06" in title
+
+
+def test_a_missing_warmup_is_named():
+    curves = recorded("lr_linear_chatglm6b_ptuning", schedule=True)
+    curves["schedule"] = {**curves["schedule"], "warmup_steps": 300}  # configured, but the real run had none
+    assert said(curves)["lr-curve"] == "no warmup: the learning rate was already 0.0199 at step 10"
+
+
+def test_a_schedule_built_for_another_length_never_reaches_its_end():
+    """A real linear decay stopped at step 24,000 of 155,800, read as if the run had been planned for 24,000
+    steps (the scheduler sized for epochs, the run cut by max_steps): it ended far above the floor."""
+    curves = recorded("lr_linear_stopped_early", schedule=True)
+    curves["schedule"] = {**curves["schedule"], "total_steps": 24000}
+    assert said(curves)["lr-curve"].startswith("the learning rate ended at 8.46e-06 at step 24000, not at")
+
+
+# ---------------------------------------------------------------- synthetic shapes
+
+def test_a_healthy_synthetic_run_is_quiet():
+    curves = healthy()
+    curves["series"]["eval_loss"] = {"steps": [100, 200, 300, 400, 500, 600], "values": [2.0, 1.5, 1.2, 1.1, 1.05, 1.04]}
+    assert said(curves) == {}
+
+
+def test_an_oscillating_learning_rate():
+    lrs = [1e-4 * (0.5 + 0.5 * math.cos(math.pi * 3 * i / 60)) for i in range(60)]  # num_cycles 1.5: up and down
+    title = said(synthetic(learning_rate=lrs))["lr-curve"]
+    assert title.startswith("the learning rate oscillates: it turned 2 times after its peak")
+
+
+def test_a_gradient_norm_rising_over_the_last_third():
+    norms = [0.5] * 40 + [0.5 * 1.06 ** i for i in range(20)]
+    assert said(synthetic(grad_norm=norms))["grad-norm-curve"].startswith("the gradient norm rose over the last third")
+
+
+def test_a_norm_just_over_the_threshold_is_not_called_clipped():
+    """1.02 against 1.0 rescales an update by 2%: that is not training with a smaller step."""
+    assert "grad-norm-curve" not in said(synthetic(grad_norm=[1.02, 0.98, 1.05, 1.01] * 5))
+
+
+def test_overfitting_names_the_kept_checkpoint_of_the_best_step():
+    curves = healthy()
+    curves["series"]["eval_loss"] = {"steps": [100, 200, 300, 400, 500, 600], "values": [2.0, 1.5, 1.4, 1.45, 1.5, 1.6]}
+    curves["checkpoints"] = [300, 600]
+    findings, _ = judge(curves, plugins=False)
+    [finding] = [f for f in findings if f.id == "overfitting"]
+    assert finding.evidence["step"] == 300 and finding.evidence["checkpoint"] == "runs/synthetic/checkpoint-300"
+    assert "runs/synthetic/checkpoint-300" in finding.detail
+
+
+def test_eval_and_train_loss_rising_together_is_not_overfitting():
+    curves = synthetic(loss=[1.0 + 0.01 * i for i in range(60)], eval_loss=[1.0, 0.9, 0.95, 1.0, 1.05])
+    assert "overfitting" not in said(curves)
+
+
+def test_a_learning_rate_of_zero_is_a_plateau_and_says_so():
+    curves = synthetic(loss=[2.3 + 0.01 * math.sin(i) for i in range(40)], learning_rate=[0.0] * 40)
+    findings, _ = judge(curves, plugins=False)
+    [finding] = [f for f in findings if f.id == "loss-plateau"]
+    assert finding.evidence["zero_lr"] and "The learning rate was 0 on every logged step." in finding.detail
+
+
+def test_a_slow_steady_fall_is_learning_not_a_plateau():
+    assert "loss-plateau" not in said(synthetic(loss=[2.0 - 0.001 * i for i in range(60)]))  # 3% but steady
+
+
+def test_throughput_that_halves_after_a_checkpoint_and_stays_down():
+    speeds = [12000.0] * 30 + [6000.0] * 30
+    curves = synthetic(tokens_per_second=speeds)
+    curves["checkpoints"] = [300]
+    title, detail = said(curves)["throughput-drop"], next(
+        f.detail for f in judge(curves, plugins=False)[0] if f.id == "throughput-drop")
+    assert title == "throughput fell by 50% at step 310 and did not recover: 12,000 to 6,000 tokens/s"
+    assert detail == "It coincides with a checkpoint save at step 300."
+
+
+def test_throughput_that_dips_at_each_save_and_recovers_is_quiet():
+    speeds = [3000.0 if i % 10 == 0 else 12000.0 for i in range(60)]
+    assert "throughput-drop" not in said(synthetic(tokens_per_second=speeds))
+
+
+def test_gpu_memory_growing_step_after_step_is_a_leak():
+    memory = [20.0] * 5 + [20.0 + 0.05 * i for i in range(55)]
+    title = said(synthetic(memory_allocated_gib=memory))["memory-growth"]
+    assert title.startswith("GPU memory (allocated, the peak of each logging interval) grew from") and "a leak" in title
+
+
+def test_host_memory_that_steps_up_once_is_not_a_leak():
+    rss = [8.0] * 30 + [9.0] * 30  # one allocation (a cache filled), then flat
+    assert "memory-growth" not in said(synthetic(host_rss_gib=rss))
+
+
+def test_too_few_points_are_skipped_with_the_count_needed():
+    _, skipped = judge(synthetic(loss=[1.0, 0.9], eval_loss=[1.0]), plugins=False)
+    reasons = {s.id: s.reason for s in skipped}
+    assert reasons["loss-plateau"] == "2 logged train losses: too few to judge (8 needed)"
+    assert reasons["overfitting"] == "1 logged eval losses: too few to judge (4 needed)"
+    assert reasons["memory-growth"] == "no memory was logged"
+
+
+def test_non_finite_values_are_left_out_not_fatal():
+    curves = healthy()
+    curves["series"]["loss"]["values"][10] = float("nan")
+    curves["series"]["grad_norm"]["values"][5] = float("inf")
+    assert said(curves) == {}
