@@ -1,4 +1,4 @@
-"""`sftdoctor check`, `explain` and `--help` must not import the training stack (as accelerate's
+"""`sftdoctor check`, `explain`, `report` and `--help` must not import the training stack (as accelerate's
 tests/test_imports.py does it: run `python -X importtime` and read which modules were loaded)."""
 
 import subprocess
@@ -29,9 +29,10 @@ def test_the_heavy_stack_is_installed_so_this_guard_can_fail():
 
 @pytest.mark.parametrize("args", [["--help"], ["check"], ["check", "--json"], ["check", "--list"],
                                   ["explain", "--list"], ["explain", "nan-loss"], ["facts"],
-                                  ["explain", "--log", "tests/fixtures/logs/gpu-oom-new-format-llamafactory-multirank-rank7.log"]])
-def test_no_heavy_imports(args):
-    proc, modules = imported_modules(*args)
+                                  ["explain", "--log", "tests/fixtures/logs/gpu-oom-new-format-llamafactory-multirank-rank7.log"],
+                                  ["report", "tests/fixtures/curves/overfit_cpt_large_adgen.json", "--output", "{tmp}"]])
+def test_no_heavy_imports(args, tmp_path):
+    proc, modules = imported_modules(*(a.replace("{tmp}", str(tmp_path)) for a in args))
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     assert "sftdoctor.cli" in proc.stderr  # importtime really recorded our imports
     assert not modules & set(HEAVY), sorted(modules & set(HEAVY))

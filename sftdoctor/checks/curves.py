@@ -19,12 +19,13 @@ from sftdoctor.run import schedule as schedules
 LR_TOLERANCE = 0.02  # of the peak rate: a logged rate this close to the schedule's follows it
 REVERSAL = 0.05  # of the peak rate: a rise after the peak this large is a swing, not float noise
 CLIPPED_SHARE, CLIPPED_BY = 0.5, 1.1  # "clipped on most steps": above the threshold by more than a tenth
+TRAINER_MAX_GRAD_NORM = 1.0  # TrainingArguments' default, for a Trainer's log that does not record its own
 RISING_RHO, RISING_RATIO = 0.6, 1.5  # grad norm over the last third: rank correlation with the step, and growth
 PATIENCE = 3  # evaluations after the best eval loss before a rise is overfitting
 PLATEAU_DROP, PLATEAU_RHO = 0.05, -0.5  # fell less than this share, with no steady downward trend: never learned
 THROUGHPUT_DROP = 2 / 3  # "dropping by more than a third"
 LEAK_SHARE, LEAK_RHO, LEAK_GROWTH = 0.5, 0.8, 0.05  # share of intervals that rose, rank correlation, growth
-LEAK_MIN_GIB = {"memory_allocated_gib": 0.1, "memory_reserved_gib": 0.1, "host_rss_gib": 0.25}
+LEAK_MIN_GIB = {"memory_allocated_gib": 0.1, "host_rss_gib": 0.25}
 
 
 def points(curves: dict[str, Any], name: str) -> tuple[list[int], list[float]]:
@@ -90,8 +91,11 @@ def reversals(values: list[float], swing: float) -> list[int]:
 def best_offset(schedule: dict[str, Any], steps: list[int], lrs: list[float], lag: int) -> int:
     """Steps the logged rates lag the schedule by: 1 under transformers 5.x (the rate of the step just taken),
     0 under 4.x; more under fp16, whose skipped steps do not step the scheduler."""
+    every = max(1, len(steps) // 2000)  # a sample decides it as well as every point
+
     def error(offset: int) -> float:
-        return sum(abs(lr - schedules.rate(schedule, max(0, s - offset))) for s, lr in zip(steps, lrs))
+        return sum(abs(lr - schedules.rate(schedule, max(0, s - offset)))
+                   for s, lr in zip(steps[::every], lrs[::every]))
     return min(range(0, 2 + lag), key=error)
 
 
@@ -101,23 +105,24 @@ def lr_curve(curves: dict[str, Any]):
     steps, lrs = points(curves, "learning_rate")
     enough(lrs, 4, "learning rates")
     peak = max(lrs)
-    found = []
     after = lrs.index(peak)
     turns = [after + i for i in reversals(lrs[after:], REVERSAL * peak)] if peak > 0 else []
     schedule = curves.get("schedule")
     name = schedule["name"] if schedule else None
-    if len(turns) >= 2:
-        found.append(warning(
+    # every schedule sftdoctor configures only falls after its peak; an unknown one may restart once on purpose
+    if len(turns) >= (1 if schedule else 2):
+        return warning(
             f"the learning rate oscillates: it turned {len(turns)} times after its peak (first at step {steps[turns[0]]})",
             detail=f"Peak {_g(peak)} at step {steps[after]}; turns at steps {', '.join(map(str, (steps[i] for i in turns[:6])))}"
                    + (f". The configured schedule ({name}) only falls after its warmup." if name else
-                      ". A warmup-then-decay schedule turns once."),
+                      ". A warmup-then-decay schedule never turns back up after its peak."),
             fix="a cosine's num_cycles above 0.5 (or a restarts schedule) makes it rise again: use lr_scheduler = "
-                "\"cosine_with_min_lr\" with no num_cycles; under DeepSpeed remove the JSON's \"scheduler\" block",
-            evidence={"step": steps[turns[0]], "turns": [steps[i] for i in turns]}))
+                "\"cosine_with_min_lr\" with no num_cycles; a resume that restored the weights but restarted the "
+                "scheduler turns too",
+            evidence={"step": steps[turns[0]], "turns": [steps[i] for i in turns]})
     if schedule is None:
-        return found or ok(f"the learning rate rose to {_g(peak)} and did not oscillate (no configured schedule to "
-                           "compare with)", evidence={"peak": peak})
+        return ok(f"the learning rate peaked at {_g(peak)} and did not oscillate (no configured schedule to compare "
+                  "with)", evidence={"peak": peak})
     lag = max(1, schedule["total_steps"] // 20) if curves.get("precision") == "fp16" else 0
     offset = best_offset(schedule, steps, lrs, lag)
     tolerance = LR_TOLERANCE * schedule["learning_rate"]
@@ -127,7 +132,7 @@ def lr_curve(curves: dict[str, Any]):
     end = schedule["total_steps"]
     if not off:
         reached = steps[-1] >= end - offset
-        return found or ok(
+        return ok(
             f"the learning rate followed the configured {name} schedule"
             + (f" to its floor {_g(floor)}" if reached and floor > 0 else ""),
             detail=f"{len(lrs)} logged rates within {LR_TOLERANCE:.0%} of the peak {_g(schedule['learning_rate'])} of "
@@ -151,18 +156,19 @@ def lr_curve(curves: dict[str, Any]):
                "Trainer build the schedule")
     elif schedule["warmup_steps"] > 1 and steps[first] <= schedule["warmup_steps"] and lrs[first] > expected[first]:
         title = f"no warmup: the learning rate was already {_g(lrs[first])} at step {steps[first]}"
-        fix = "a scheduler other than the configured one ran: under DeepSpeed remove the JSON's \"scheduler\" block"
+        fix = ("the scheduler that ran had no warmup: a resume that restored the weights but rebuilt the scheduler, a "
+               "warmup given in steps that was read as a ratio (transformers 5 reads warmup_steps below 1 as a ratio), "
+               "or an optimizer and scheduler built outside the Trainer")
     else:
         title = (f"the learning rate left the configured {name} schedule at step {steps[first]}: logged "
                  f"{_g(lrs[first])}, expected {_g(expected[first])}")
-        fix = ("another scheduler or learning rate was applied than the one configured (a DeepSpeed scheduler block, "
-               "a resumed optimizer state, a callback changing param_groups)")
-    found.append(warning(
+        fix = ("another scheduler or learning rate was applied than the one configured (a resumed optimizer or "
+               "scheduler state from another run, a callback or plugin changing param_groups)")
+    return warning(
         title, detail=f"{len(off)} of {len(lrs)} logged rates are more than {LR_TOLERANCE:.0%} of the peak away from the "
                       f"configured schedule ({name}, peak {_g(schedule['learning_rate'])}, warmup "
                       f"{schedule['warmup_steps']} steps, {end} steps, ending at {_g(floor)}).",
-        fix=fix, evidence=evidence))
-    return found
+        fix=fix, evidence=evidence)
 
 
 # ---------------------------------------------------------------- gradient norm
@@ -173,14 +179,16 @@ def grad_norm_curve(curves: dict[str, Any]):
     steps, norms = points(curves, "grad_norm")
     enough(norms, 8, "gradient norms")
     found = []
-    clip = curves.get("max_grad_norm")
+    clip, assumed = curves.get("max_grad_norm"), False
+    if clip is None:  # a Trainer's (or LLaMA-Factory's) log: neither records the threshold
+        clip, assumed = TRAINER_MAX_GRAD_NORM, True
     clipped = [i for i, n in enumerate(norms) if clip and n > CLIPPED_BY * clip]
     if clip and len(clipped) >= CLIPPED_SHARE * len(norms):
         found.append(warning(
             f"the gradient norm was clipped on {len(clipped) / len(norms):.0%} of the logged steps: above "
-            f"{CLIPPED_BY:g}x the threshold {clip:g}",
-            detail=f"Median gradient norm {_g(statistics.median(norms))}: clipping shrank most updates by more than a "
-                   "tenth, so the run trained with a smaller step than its learning rate says, and the norm no longer "
+            f"{CLIPPED_BY:g}x the threshold {clip:g}" + (" (the Trainer's default; the log does not say)" if assumed else ""),
+            detail=f"Median gradient norm {_g(statistics.median(norms))}: clipping shrank most updates by more than 9%, "
+                   "so the run trained with a smaller step than its learning rate says, and the norm no longer "
                    "tells a healthy update from a bad one.",
             fix="lower learning_rate (or lengthen warmup) until most steps are under the threshold; a threshold far "
                 "below the typical norm (max_grad_norm 0.1 on a 7B model) is too tight; look for rows with huge losses",
@@ -212,15 +220,16 @@ def best_checkpoint(curves: dict[str, Any], step: int) -> str:
     """Where the weights of `step` are, or the nearest kept checkpoint before it."""
     path = curves.get("path", "RUN_DIR")
     saved = sorted(curves.get("checkpoints") or [])
+    named = curves.get("best_checkpoint") or ""  # the Trainer's own pick, by its metric_for_best_model
     if step in saved:
         return f"{path}/checkpoint-{step}"
-    earlier = [s for s in saved if s < step]
-    named = curves.get("best_checkpoint")
-    if named:
+    if named.rstrip("/").endswith(f"checkpoint-{step}"):
         return named
+    earlier = [s for s in saved if s < step]
     if earlier:
         return f"checkpoint-{step} was not kept; the nearest before it is {path}/checkpoint-{earlier[-1]}"
-    return f"no checkpoint of step {step} was kept (save_steps = eval_steps keeps one per evaluation)"
+    return (f"no checkpoint of step {step} was kept (save at every evaluation, save_steps = eval_steps, with a "
+            "save_total_limit that keeps it)")
 
 
 @check("overfitting", "eval loss rising for several evaluations while the train loss falls", phase="postrun")
@@ -241,7 +250,8 @@ def overfitting(curves: dict[str, Any]):
                   "loss curve)", evidence={"step": steps[best]})
     where = best_checkpoint(curves, steps[best])
     return warning(
-        f"overfitting: the eval loss rose for {after} evaluations after step {steps[best]} while the train loss fell",
+        f"overfitting: the eval loss stayed above its best for {after} evaluations after step {steps[best]} while the "
+        "train loss fell",
         detail=f"Eval loss {_g(evals[best])} at step {steps[best]}, {_g(evals[-1])} at step {steps[-1]}; train loss "
                f"{_g(statistics.fmean(at_best))} to {_g(statistics.fmean(at_end))} over the same steps. The best "
                f"weights: {where}.",
@@ -272,8 +282,9 @@ def loss_plateau(curves: dict[str, Any]):
         detail=(f"A change of {-drop:+.1%}, rank correlation with the step {trend:.2f}. " if drop else "No change. ")
                + ("The learning rate was 0 on every logged step." if zero else
                   f"Peak learning rate {_g(max(lrs))}." if lrs else "No learning rate was logged."),
-        fix="nothing is learning: check the trainable parameters (a frozen model, LoRA targets that match nothing, "
-            "labels all -100) and raise learning_rate (full SFT of 7B models: 1e-5 to 2e-5; LoRA: 1e-4 to 2e-4)",
+        fix="nothing is learning: check what trains (the trainable parameter count in the plan's lines; a model "
+            "frozen by custom code) and raise learning_rate (full SFT of 7B models: 1e-5 to 2e-5; LoRA: 1e-4 to "
+            "2e-4); a loss already at chance level (ln of the number of choices) says the labels carry no signal",
         evidence={"step": steps[0], "head": head, "tail": tail, "zero_lr": zero})
 
 
@@ -295,6 +306,8 @@ def throughput_drop(curves: dict[str, Any]):
     save = curves.get("save_steps")
     if not events and save and any(before <= s <= step for s in range(save, step + 1, save)):
         events.append(f"a checkpoint save at step {(step // save) * save}")
+    events += [f"an evaluation at step {s}" for s in curves["series"].get("eval_loss", {}).get("steps", [])
+               if before <= s <= step]
     return warning(
         f"throughput fell by {1 - tail / baseline:.0%} at step {step} and did not recover: {baseline:,.0f} to "
         f"{tail:,.0f} tokens/s", detail="It coincides with " + " and ".join(events) + "." if events else
@@ -331,7 +344,7 @@ def memory_growth(curves: dict[str, Any]):
         f"{what} grew from {start:.2f} to {end:.2f} GiB over steps {steps[0]}-{steps[-1]} ({per_100:+.3f} GiB per 100 "
         "steps): a leak", detail=f"It rose on {share:.0%} of the logging intervals (rank correlation {rho:.2f}); at "
                                  "this rate a long run ends out of memory.",
-        fix="something keeps tensors alive across steps: a loss or logits appended to a list without .item() or "
-            ".detach(), a growing cache in a callback or the collator, eval outputs accumulated (set "
-            "eval_accumulation_steps), or dataloader workers copying a Python dataset (host memory)",
+        fix="something keeps tensors or objects alive across steps: a loss or logits appended to a list without "
+            ".item() or .detach(), a growing cache in a callback, a plugin or the collator; a peak that follows the "
+            "batch length instead (data sorted by length) is not a leak: shuffle and look again",
         evidence={"step": steps[0], "start_gib": start, "end_gib": end, "series": name})

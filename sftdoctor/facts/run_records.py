@@ -26,6 +26,7 @@ SERIES = ("loss", "eval_loss", "learning_rate", "grad_norm", "loss_scale", "toke
           "padding_fraction", "memory_allocated_gib", "memory_reserved_gib", "host_rss_gib", "tokens_seen")
 ALIASES = {"lr": "learning_rate", "num_input_tokens_seen": "tokens_seen", "num_tokens": "tokens_seen",
            "train_loss_step": "loss"}
+NAMES = {**{name: name for name in SERIES}, **ALIASES}
 STEP_KEYS = ("step", "current_steps", "global_step")
 TRAINER_STATE = "trainer_state.json"
 LOG_FILES = (rundir.METRICS, TRAINER_STATE, "trainer_log.jsonl")
@@ -68,15 +69,15 @@ class Reader:
             step = int(step)
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise InputError(self.source, f"expected a \"step\" that is a whole number >= 0, got {step!r}", key=where)
-        for key, value in record.items():
-            name = ALIASES.get(key, key)
-            number = _number(value)
-            if name in self.series and number is not None:
-                self.series[name].add(step, number)
+        for key, name in NAMES.items():
+            value = record.get(key)
+            if type(value) is float or type(value) is int:  # not bool, not str; NaN and Infinity are floats
+                self.series[name].add(step, float(value))
         if _number(record.get("max_grad_norm")) is not None:
             self.extra["max_grad_norm"] = float(record["max_grad_norm"])
-        if _number(record.get("total_steps")) is not None:  # LLaMA-Factory's trainer_log.jsonl
-            self.extra["planned_steps"] = int(record["total_steps"])
+        for key in ("max_steps", "total_steps"):  # sftdoctor's record (the Trainer's count); LLaMA-Factory's
+            if type(record.get(key)) is int and record[key] > 0:
+                self.extra["planned_steps"] = record[key]
 
     def jsonl(self, text: str) -> None:
         lines = text.split("\n")
@@ -164,14 +165,15 @@ def read_run(path: Path) -> dict[str, Any]:
     saved = [(step, p) for step, p in checkpoints(folder)]
     marked = [step for step, p in saved if is_complete(p)]
     last = max(s["steps"][-1] for s in series.values())
-    planned = plan.get("total_steps") or reader.extra.get("planned_steps")
+    planned = reader.extra.get("planned_steps") or plan.get("total_steps")
     clip = _number(plan.get("max_grad_norm"))
     return {
-        "name": folder.name or str(folder),
+        # a log named on its own (runs/a-trainer_state.json) is called by its own name
+        "name": source.stem if path.is_file() and source.name not in LOG_FILES else folder.name or str(folder),
         "path": str(folder),
         "source": source.name,
         "series": series,
-        "schedule": schedule_of(plan) if plan else None,
+        "schedule": schedule_of(plan, planned) if plan else None,
         "max_grad_norm": clip if clip is not None else reader.extra.get("max_grad_norm"),
         "precision": plan.get("precision"),
         "planned_steps": planned,

@@ -18,6 +18,7 @@ from sftdoctor.run import rundir
 from sftdoctor.run.config import RunConfig
 from sftdoctor.run.gpus import FLASH_MIN_CC, bf16_capable, devices, lacking
 from sftdoctor.run.memory import Fit, Run, Setting, fit
+from sftdoctor.run.schedule import trainer_warmup
 from sftdoctor.run.shape import Shape
 
 PLAN_VERSION = 4  # 2: chat_template; 3: lora, checkpointing_reentrant; 4: evaluation
@@ -296,10 +297,8 @@ def warmup(run: RunConfig, features: dict[str, Any] | None, steps: int | None) -
     t = run.training
     if t.warmup_steps is not None:
         return {"warmup_steps": int(t.warmup_steps)}, t.warmup_steps
-    said = math.ceil(t.warmup_ratio * steps) if steps else None
-    if features and features.get("warmup_ratio"):
-        return {"warmup_ratio": t.warmup_ratio}, said
-    return {"warmup_steps": t.warmup_ratio}, said
+    args = {"warmup_ratio" if features and features.get("warmup_ratio") else "warmup_steps": t.warmup_ratio}
+    return args, trainer_warmup(args, steps) if steps else None
 
 
 def assistant_only_loss(shape: str | None, template: dict[str, Any] | None) -> bool:

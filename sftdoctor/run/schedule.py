@@ -16,11 +16,19 @@ from typing import Any
 SCHEDULES = ("linear", "cosine", "cosine_with_min_lr", "constant_with_warmup", "constant")
 
 
-def schedule_of(plan: Any) -> dict[str, Any] | None:
-    """The schedule a Plan (or its JSON) configures, or None when the Trainer's is not the one applied (a
-    DeepSpeed `scheduler` block replaces it) or the run's length is unknown."""
+def trainer_warmup(warmup: dict[str, float], total: int) -> int:
+    """The warmup steps the Trainer derives from its arguments (`TrainingArguments.get_warmup_steps`): 5.x reads
+    a warmup_steps below 1 as a ratio of the run's steps, 4.x had warmup_ratio for that."""
+    (key, value), = warmup.items()
+    return math.ceil(total * value) if key == "warmup_ratio" or value < 1 else int(value)
+
+
+def schedule_of(plan: Any, total: int | None = None) -> dict[str, Any] | None:
+    """The schedule a Plan (or its JSON) configures over `total` steps (default: the plan's estimate; the
+    Trainer's own count, logged with every record, is exact where packing changes it), or None when the
+    Trainer's is not the one applied (a DeepSpeed `scheduler` block replaces it) or the length is unknown."""
     get = plan.get if isinstance(plan, dict) else lambda key, default=None: getattr(plan, key, default)
-    name, total = get("lr_scheduler"), get("total_steps")
+    name, total = get("lr_scheduler"), total or get("total_steps")
     if name not in SCHEDULES or not total or "scheduler" in (get("deepspeed") or {}):
         return None
     kwargs = get("lr_scheduler_kwargs") or {}
@@ -29,7 +37,7 @@ def schedule_of(plan: Any) -> dict[str, Any] | None:
     if floor is None and kwargs.get("min_lr") is not None:
         floor = kwargs["min_lr"] / peak
     return {"name": name, "learning_rate": peak, "total_steps": int(total),
-            "warmup_steps": int(get("warmup_steps") or 0),
+            "warmup_steps": trainer_warmup(get("warmup"), int(total)) if get("warmup") else int(get("warmup_steps") or 0),
             "min_lr_rate": float(floor) if name == "cosine_with_min_lr" else 0.0}
 
 

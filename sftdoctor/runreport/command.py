@@ -106,10 +106,10 @@ def marked_step(record: dict[str, Any]) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
 
-def labels(folders: list[Path]) -> list[str]:
-    """Each run's folder name; with the parent where two names are the same."""
-    names = [f.resolve().name or str(f) for f in folders]
-    return [f"{f.resolve().parent.name}/{n}" if names.count(n) > 1 else n for f, n in zip(folders, names)]
+def labels(curves: list[dict[str, Any]]) -> list[str]:
+    """Each run's name; with its folder's parent where two names are the same."""
+    names = [c["name"] for c in curves]
+    return [f"{Path(c['path']).resolve().parent.name}/{n}" if names.count(n) > 1 else n for c, n in zip(curves, names)]
 
 
 def load(paths: list[Path], by: str, plugins: bool) -> list[Judged]:
@@ -121,7 +121,7 @@ def load(paths: list[Path], by: str, plugins: bool) -> list[Judged]:
                                        "compare it with --x step")
     judged = []
     number = 0
-    for index, (fact, label) in enumerate(zip(curves, labels([Path(c["path"]) for c in curves]))):
+    for index, (fact, label) in enumerate(zip(curves, labels(curves))):
         verdicts, skipped = judge(fact, plugins)
         records = findings_of(Path(fact["path"])) + postrun_records(verdicts)
         marks = []

@@ -41,6 +41,18 @@ def test_a_sftdoctor_run_directory_gives_its_series_schedule_and_checkpoints(tmp
     assert json.loads(json.dumps(curves)) == curves  # a fact: plain JSON
 
 
+def test_the_schedule_spans_the_trainers_own_step_count(tmp_path):
+    """With packing the plan's estimate (rows / batch) is too long: the Trainer's max_steps, in every record,
+    is what its scheduler was built over, and the warmup ratio applies to that."""
+    write_lines(tmp_path / "metrics.jsonl", [{"step": 1, "loss": 1.0, "max_steps": 40}])
+    (tmp_path / "resolved.json").write_text(json.dumps({
+        "lr_scheduler": "linear", "learning_rate": 1e-3, "warmup": {"warmup_steps": 0.1}, "warmup_steps": 10,
+        "total_steps": 100}))
+    curves = read_run(tmp_path)
+    assert curves["planned_steps"] == 40 and curves["schedule"]["total_steps"] == 40
+    assert curves["schedule"]["warmup_steps"] == 4
+
+
 def test_a_deepspeed_scheduler_block_means_the_schedule_is_not_known(tmp_path):
     write_lines(tmp_path / "metrics.jsonl", [{"step": 1, "loss": 1.0}])
     (tmp_path / "resolved.json").write_text(json.dumps({

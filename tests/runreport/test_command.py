@@ -91,7 +91,7 @@ def test_a_trainer_directory_is_reported_but_not_written_into(tmp_path):
     folder.mkdir()
     shutil.copy(FIXTURES / "overfit_cpt_large_adgen.json", folder / "trainer_state.json")
     written = build([folder], plugins=False)
-    assert "overfitting: the eval loss rose for 4 evaluations after step 3294" in written.html.read_text()
+    assert "overfitting: the eval loss stayed above its best for 4 evaluations after step 3294" in written.html.read_text()
     assert not (folder / "findings.jsonl").exists()
 
 
