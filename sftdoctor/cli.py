@@ -388,7 +388,7 @@ def report(runs, output, by, as_json, no_plugins):
 
     from sftdoctor.checks import plugins_enabled
     from sftdoctor.errors import InputError
-    from sftdoctor.runreport.command import build, show
+    from sftdoctor.runreport.command import Interrupted, build, show
 
     if find_spec("matplotlib") is None:
         click.echo("sftdoctor: error: `sftdoctor report` draws with matplotlib, which is not installed: "
@@ -398,4 +398,7 @@ def report(runs, output, by, as_json, no_plugins):
         written = build(list(runs), output, by, plugins_enabled(no_plugins))
     except InputError as exc:
         _bad_input(exc)
+    except Interrupted as exc:
+        click.echo("\nsftdoctor: interrupted; the report was not written (an earlier one is left as it was)", err=True)
+        sys.exit(128 + exc.signum)
     sys.exit(show(written, as_json))

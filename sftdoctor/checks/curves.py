@@ -255,8 +255,10 @@ def overfitting(curves: dict[str, Any]):
         detail=f"Eval loss {_g(evals[best])} at step {steps[best]}, {_g(evals[-1])} at step {steps[-1]}; train loss "
                f"{_g(statistics.fmean(at_best))} to {_g(statistics.fmean(at_end))} over the same steps. The best "
                f"weights: {where}.",
-        fix=f"use the weights of step {steps[best]}; next time train fewer epochs (about "
-            f"{steps[best]} steps), lower learning_rate, or add data",
+        fix=(f"use the weights of step {steps[best]} ({where}); next time train fewer epochs (about {steps[best]} "
+             "steps), lower learning_rate, or add data" if where.endswith(f"checkpoint-{steps[best]}") else
+             f"train again for about {steps[best]} steps (fewer epochs) with a checkpoint at every evaluation, or "
+             "lower learning_rate, or add data"),
         evidence={"step": steps[best], "best_eval_loss": evals[best], "last_eval_loss": evals[-1], "checkpoint": where})
 
 

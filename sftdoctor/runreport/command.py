@@ -7,10 +7,13 @@ run's earlier post-run records in its findings.jsonl, so a report made twice rec
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,14 +153,15 @@ class Written:
 def write(judged: list[Judged], output: Path, by: str) -> Written:
     runs = [j.run for j in judged]
     axis = Axis(by)
-    drawn = [(panel, render(panel, runs, axis)) for panel in shown(runs)]
     output.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".report-", dir=output))
     target, old = output / rundir.PANELS, output / f".{rundir.PANELS}.old"
     html, html_tmp = output / rundir.REPORT, output / f".{rundir.REPORT}.tmp"
+    drawn = []
     try:
-        for panel, png in drawn:
-            (staging / f"{panel.name}.png").write_bytes(png)
+        for panel in shown(runs):
+            drawn.append((panel, render(panel, runs, axis)))
+            (staging / f"{panel.name}.png").write_bytes(drawn[-1][1])
         html_tmp.write_text(page.page(judged, drawn, axis), encoding="utf-8")
         shutil.rmtree(old, ignore_errors=True)
         if target.exists():
@@ -175,7 +179,39 @@ def write(judged: list[Judged], output: Path, by: str) -> Written:
     return Written(html, [target / f"{panel.name}.png" for panel, _ in drawn], judged)
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM while the report was being made: nothing was left half-written."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def interruptible():
+    """SIGTERM (a scheduler, `kill`) raises like Ctrl-C while the report is made, so the staged files are
+    removed on the way out instead of left behind by a sudden death."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Interrupted(signum)
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        raise exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT) from None
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def build(paths: list[Path], output: Path | None = None, by: str = "step", plugins: bool = True) -> Written:
+    with interruptible():
+        return _build(paths, output, by, plugins)
+
+
+def _build(paths: list[Path], output: Path | None, by: str, plugins: bool) -> Written:
     if by not in AXES:
         raise InputError("--x", f"expected one of {', '.join(AXES)}, got {by!r}")
     if not paths:

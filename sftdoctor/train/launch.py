@@ -258,17 +258,19 @@ def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_aft
     return code
 
 
-def report_of(run_dir: Path, plan: Plan) -> str:
+def report_of(run_dir: Path, plan: Plan) -> str | None:
     """`sftdoctor report RUN_DIR` at the end of a run: the curve readers' table, then what to say of the report
-    (where it is, or why there is none). It never fails the run."""
+    (where it is, or why there is none); None when no step was logged. It never fails the run."""
     if not (run_dir / METRICS).is_file():
-        return "none: no step was logged"
+        return None
     try:
         from sftdoctor.runreport.command import build
 
         written = build([run_dir], plugins=plan.plugins)
     except ModuleNotFoundError as exc:
         return f"not written: {exc.name} is not installed (pip install 'sftdoctor[report]')"
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM while drawing: the run is done; `sftdoctor report` draws it later
+        return f"not written (interrupted): sftdoctor report {os.path.normpath(run_dir)}"
     except Exception as exc:  # a broken metrics line, a full disk: the run itself is done
         return f"not written: {type(exc).__name__}: {exc}"
     [judged] = written.judged
@@ -278,9 +280,10 @@ def report_of(run_dir: Path, plan: Plan) -> str:
 
 
 def print_report_line(run_dir: Path, plan: Plan) -> None:
-    step = last_step(run_dir)
-    print(f"sftdoctor: report of the run{f' up to step {step}' if step is not None else ''}: "
-          f"{report_of(run_dir, plan)}", flush=True)
+    """After a run that failed or was stopped by a watcher, once it logged a step."""
+    where = report_of(run_dir, plan)
+    if where is not None:
+        print(f"sftdoctor: report of the run up to step {last_step(run_dir)}: {where}", flush=True)
 
 
 def rehearse(plan: Plan, env: dict[str, str], log: Path | None = None) -> int:

@@ -3,8 +3,10 @@
 import json
 import math
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,18 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
     (tmp_path / "FILE").write_text("x")
     proc = cli(*[str(folder) if a == "RUN" else str(tmp_path / a) if a == "FILE" else a for a in args], cwd=tmp_path)
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_sigterm_while_drawing_leaves_nothing_behind(tmp_path):
+    """A scheduler's SIGTERM in the middle of a long report: exit 143, no staging folder, no page."""
+    folder = run_dir(tmp_path / "run", steps=60_000)  # long enough to be caught drawing
+    proc = subprocess.Popen([sys.executable, "-m", "sftdoctor", "report", str(folder), "--no-plugins"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(p.name.startswith(".report-") for p in folder.iterdir()):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "interrupted; the report was not written" in err and "Traceback" not in err
+    assert not (folder / "report.html").exists() and not [p for p in folder.iterdir() if p.name.startswith(".")]
