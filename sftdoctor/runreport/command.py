@@ -15,7 +15,7 @@ import signal
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +49,9 @@ class PostrunFacts:
 
 @dataclass
 class Judged:
-    run: Run
-    verdicts: list[Finding]
+    run: Run  # with every finding of the run, as findings.jsonl has them, the curve readers' included
+    verdicts: list[Finding]  # the curve readers'
     skipped: list[Skipped]
-    records: list[dict[str, Any]] = field(default_factory=list)  # every finding of the run, as findings.jsonl has it
 
 
 def judge(curves: dict[str, Any], plugins: bool = True) -> tuple[list[Finding], list[Skipped]]:
@@ -122,19 +121,15 @@ def load(paths: list[Path], by: str, plugins: bool) -> list[Judged]:
             if not fact["series"].get("tokens_seen"):
                 raise InputError(path, "logged no tokens seen (tokens_seen, num_tokens or num_input_tokens_seen): "
                                        "compare it with --x step")
-    judged = []
-    number = 0
+    judged, number = [], 0
     for index, (fact, label) in enumerate(zip(curves, labels(curves))):
         verdicts, skipped = judge(fact, plugins)
         records = findings_of(Path(fact["path"])) + postrun_records(verdicts)
-        marks = []
-        for record in sorted(records, key=lambda r: marked_step(r) if marked_step(r) is not None else -1):
-            step = marked_step(record)
-            if step is not None:
-                number += 1
-                marks.append((number, step, record))
-        run = Run(fact, records, label, COLOURS[index % len(COLOURS)], marks)
-        judged.append(Judged(run, verdicts, skipped, records))
+        steps = [(marked_step(r), r) for r in records]
+        marks = [(number + i, step, r) for i, (step, r) in
+                 enumerate(sorted(((s, r) for s, r in steps if s is not None), key=lambda pair: pair[0]), 1)]
+        number += len(marks)
+        judged.append(Judged(Run(fact, records, label, COLOURS[index % len(COLOURS)], marks), verdicts, skipped))
     return judged
 
 
@@ -225,7 +220,7 @@ def _build(paths: list[Path], output: Path | None, by: str, plugins: bool) -> Wr
     for j in judged:
         folder = Path(j.run.curves["path"])
         if ours(folder):
-            record_postrun(folder, [r for r in j.records if r.get("phase") == "postrun"])
+            record_postrun(folder, [r for r in j.run.findings if r.get("phase") == "postrun"])
     return written
 
 

@@ -20,7 +20,6 @@ MAX_POINTS = 4000
 NOTES, NOTE_INCH = 12, 0.18  # findings listed under the loss panel, and the height of a line of them
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 MARK_COLOURS = {"error": "#c00000", "warning": "#e08000"}
-GIB = "GiB"
 
 
 @dataclass
@@ -159,7 +158,7 @@ PANELS = (
     Panel("grad-norm", "Gradient norm (before clipping)", "gradient norm", ("grad_norm",), draw_grad_norm),
     Panel("loss-scale", "fp16 loss scale", "loss scale", ("loss_scale",), draw_loss_scale),
     Panel("throughput", "Throughput", "tokens/s (all ranks)", ("tokens_per_second",), draw_throughput),
-    Panel("memory", "Memory", GIB, ("memory_allocated_gib", "host_rss_gib"), draw_memory),
+    Panel("memory", "Memory", "GiB", ("memory_allocated_gib", "host_rss_gib"), draw_memory),
 )
 
 
