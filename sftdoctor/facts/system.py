@@ -105,11 +105,20 @@ def is_local_address(addr: str) -> bool:
     except ValueError:
         pass
     try:
-        ours = {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None)}
-        theirs = {info[4][0] for info in socket.getaddrinfo(addr, None)}
+        theirs = {(info[0], info[4][0]) for info in socket.getaddrinfo(addr, None, proto=socket.IPPROTO_TCP)}
     except OSError:
         return False
-    return bool(ours & theirs)
+    return any(_bindable(family, ip) for family, ip in theirs)
+
+
+def _bindable(family: int, ip: str) -> bool:
+    """Whether `ip` is an address of this host: only an own address can be bound (what TCPStore's server does)."""
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((ip, 0))
+        return True
+    except OSError:
+        return False
 
 
 def port_in_use(port: int) -> bool:

@@ -164,7 +164,10 @@ class Launch(Section):
     nproc_per_node: int | str = key('an integer from 1 to 1024 or "auto"', _int(1, 1024, auto=True), "auto",
                                     doc="auto = every visible GPU (1 on a CPU-only machine)")
     nnodes: int = key("an integer from 1 to 65536", _int(1, 2**16), 1)
-    node_rank: int = key("an integer >= 0", _int(0), 0, doc="this node's rank: node 0 hosts the rendezvous")
+    node_rank: int | str = key('an integer >= 0 or "auto"', _int(0, auto=True), "auto",
+                               doc="this node's rank: node 0 hosts the rendezvous; auto = 0 on the host master_addr "
+                                   "names, another rank elsewhere (torchrun assigns it), so every node runs the "
+                                   "same config")
     master_addr: str = key("a host name or address", _str, "127.0.0.1")
     master_port: int | str = key('a port 1-65535 or "auto"', _int(1, 65535, auto=True), 29500,
                                  doc="default 29500, or a free port when 29500 is taken on a single node")
@@ -407,7 +410,7 @@ def _cross_checks(s: dict[str, Any], path: Path) -> list[InputError]:
     if launch.nnodes > 1 and launch.master_port == "auto":
         errors.append(InputError(path, "master_port = \"auto\" works on one node only: every node must be given "
                                        "the same port", key="[launch].master_port"))
-    if launch.node_rank >= launch.nnodes:
+    if launch.node_rank != "auto" and launch.node_rank >= launch.nnodes:
         errors.append(InputError(path, f"node_rank {launch.node_rank} must be below nnodes {launch.nnodes}",
                                  key="[launch].node_rank"))
     if ds.offload_params and ds.zero_stage != 3:

@@ -355,6 +355,20 @@ def master_port(run: RunConfig, rendezvous: dict[str, Any] | None) -> tuple[int,
     return int(launch.master_port), "torchrun's default"
 
 
+def node_rank(run: RunConfig, rendezvous: dict[str, Any] | None) -> tuple[int, str]:
+    """This node's rank, and why. With the c10d rendezvous only node 0 matters: it hosts the store (torchrun
+    ignores --node-rank and assigns the other nodes' ranks as they join), so "auto" asks whether master_addr
+    is this host."""
+    launch = run.launch
+    if launch.node_rank != "auto":
+        return launch.node_rank, "[launch].node_rank in the run config"
+    if launch.nnodes == 1:
+        return 0, "one node"
+    if (rendezvous or {}).get("local"):
+        return 0, f"master_addr {launch.master_addr} is this host: it hosts the rendezvous"
+    return 1, f"master_addr {launch.master_addr} is another host: this node joins its rendezvous (torchrun assigns its rank)"
+
+
 def ddp_timeout(hang_timeout_s: float) -> int:
     """The process group gives up only after our watchdog has named the rank behind, even while a checkpoint
     saves (the watchdog then allows 4x hang_timeout_s)."""
@@ -381,12 +395,13 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
     warmup_args, warmup_steps = warmup(run, features, steps)
     probe = facts.get("packing_probe") or {} if t.packing == "auto" else {}
     port, why_port = master_port(run, facts.get("rendezvous"))
+    rank, why_rank = node_rank(run, facts.get("rendezvous"))
     shape = (data.get("train") or {}).get("shape")
     model_keys = (facts.get("model_config") or {}).get("raw_keys") or ()
     template, why_template = chat_template(run, shape, facts.get("chat_template"))
     lora = lora_settings(run, chosen, stage, facts.get("lora_modules"))
     return Plan(
-        nproc_per_node=nproc, nnodes=nnodes, node_rank=run.launch.node_rank, world_size=world_size,
+        nproc_per_node=nproc, nnodes=nnodes, node_rank=rank, world_size=world_size,
         cuda=bool(devices(gpus)),
         per_device_batch_size=per_device, global_batch_size=global_batch, gradient_accumulation_steps=accum,
         nearest_global_batch_sizes=() if accum else nearest_global_batches(global_batch, per_device, world_size),
@@ -416,7 +431,7 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
         hang_timeout_s=float(run.watch.hang_timeout_s), ddp_timeout_s=ddp_timeout(run.watch.hang_timeout_s),
         on_nan=run.watch.on_nan, max_skips=run.watch.max_skips, loss_spike_factor=run.watch.loss_spike_factor,
         report_to=run.report.to, output_dir=t.output_dir,
-        reasons={"precision": why_precision, "master_port": why_port,
+        reasons={"precision": why_precision, "master_port": why_port, "node_rank": why_rank,
                  **({"chat_template": why_template} if why_template else {})},
     )
 

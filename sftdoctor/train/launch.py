@@ -10,7 +10,9 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
+import tempfile
 import time
 from importlib.util import find_spec
 from pathlib import Path
@@ -148,6 +150,8 @@ def describe(plan: Plan) -> str:
         lines.append("deepspeed json  " + json.dumps(plan.deepspeed))
     if plan.world_size > 1:
         lines.insert(1, f"rendezvous      {plan.master_addr}:{plan.master_port} ({plan.reasons.get('master_port')})")
+    if plan.nnodes > 1:
+        lines.insert(1, f"node rank       {plan.node_rank} ({plan.reasons.get('node_rank')})")
     return "\n".join(lines)
 
 
@@ -200,6 +204,30 @@ def worker_env(plan: Plan, config: Path, run_dir: Path) -> dict[str, str]:
     return env
 
 
+def owner(plan: Plan) -> bool:
+    """Node 0's launcher keeps the run directory, which the nodes of a cluster share: it cleans and resumes it,
+    writes the plan, the log, the evaluation and the report. Another node's launcher only reads it, logs
+    beside it under its hostname, and keeps the plan its workers follow on its own disk."""
+    return plan.node_rank == 0
+
+
+def node_file(run_dir: Path, name: str, plan: Plan) -> Path:
+    """This node's launcher file: RUN_DIR/train.log on node 0, RUN_DIR/train-HOSTNAME.log on another node."""
+    if owner(plan):
+        return run_dir / name
+    stem, dot, suffix = name.partition(".")
+    return run_dir / f"{stem}-{socket.gethostname()}{dot}{suffix}"
+
+
+def plan_file(plan: Plan, run_dir: Path) -> Path:
+    """Where the workers read the plan: the run directory's resolved.json (the record of the run) on node 0;
+    a file of this node's own elsewhere (node 0 may be cleaning the shared directory as this node starts)."""
+    name = "resolved-smoke.json" if plan.rehearsal else RESOLVED
+    if owner(plan):
+        return run_dir / name
+    return Path(tempfile.mkdtemp(prefix="sftdoctor-")) / name
+
+
 def last_step(run_dir: Path) -> int | None:
     records = read_records(run_dir / METRICS)
     return records[-1].get("step") if records else None
@@ -209,16 +237,21 @@ def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_aft
           config: Path | None = None, log: Path | None = None) -> int:
     """One launch of the workers. With no `log` of its own (a rehearsal has one) it is the run: its output shows
     on the terminal and goes to train.log, and it ends with one line (stopped, failed) or the summary block."""
-    resolved_path = run_dir / ("resolved-smoke.json" if plan.rehearsal else RESOLVED)
+    resolved_path = plan_file(plan, run_dir)
     write_json(resolved_path, plan.to_json())
     stopped = run_dir / STOPPED
-    stopped.unlink(missing_ok=True)
-    echo, log = log is None, log or run_dir / LOG
+    if owner(plan):
+        stopped.unlink(missing_ok=True)
+    echo, log = log is None, log or node_file(run_dir, LOG, plan)
     began, log_from = time.perf_counter(), log.stat().st_size if log.exists() else 0
     records_from = line_count(run_dir / METRICS)
     resumed_from = newest_complete(run_dir) if resume else None
     first_step = step_of(resumed_from) if resumed_from else 0
-    code, sig = run_workers(command(resolved_path, plan, resume, stop_after), env, log, echo=echo)
+    try:
+        code, sig = run_workers(command(resolved_path, plan, resume, stop_after), env, log, echo=echo)
+    finally:
+        if not owner(plan):
+            shutil.rmtree(resolved_path.parent, ignore_errors=True)
     if sig is not None:  # asked to stop now (Ctrl-C, scancel): `sftdoctor report RUN_DIR` draws it later
         step = last_step(run_dir)
         checkpoint = newest_complete(run_dir)
@@ -228,7 +261,7 @@ def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_aft
               + (f"; resume with: sftdoctor train {os.path.normpath(config)} --resume"
                  if config and not plan.rehearsal else ""), flush=True)
         return SIGNAL_EXIT[sig]
-    drawn = echo and not plan.rehearsal  # the run itself (not a rehearsal) gets its report, however it ended
+    drawn = echo and not plan.rehearsal and owner(plan)  # the run (not a rehearsal) gets its report, however it ended
     if code and stopped.exists():  # a watcher stopped the run: its own exit code, whatever torchrun says
         record = json.loads(stopped.read_text())
         print(f"sftdoctor: stopped by {record['id']}: {record['title']} (exit {record['exit_code']})", flush=True)
@@ -245,8 +278,8 @@ def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_aft
         if drawn:
             print_report_line(run_dir, plan)
     elif not stop_after and not plan.rehearsal:
-        evaluated = evaluate_run(plan, run_dir, env, log) if plan.evaluation else None
-        where = report_of(run_dir, plan)
+        evaluated = evaluate_run(plan, run_dir, env, log) if plan.evaluation and owner(plan) else None
+        where = report_of(run_dir, plan) if owner(plan) else f"written by node 0 ({plan.master_addr})"
         text = summary(run_dir, read_records(run_dir / METRICS, records_from), time.perf_counter() - began,
                        first_step, newest_complete(run_dir), loading(plan, run_dir), report=where)
         line = result_line(run_dir) if evaluated == 0 else None
@@ -354,7 +387,7 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
     if run_dir.exists() and not run_dir.is_dir():
         raise InputError(config, f"{run_dir} exists and is not a folder", key="[training].output_dir")
     env = worker_env(plan, config, run_dir)
-    if plan.rehearsal or plan.drill:  # each rehearsal and drill starts clean: no stale checkpoint to resume
+    if (plan.rehearsal or plan.drill) and owner(plan):  # each rehearsal and drill starts clean
         shutil.rmtree(run_dir, ignore_errors=True)
     if checkpoints(run_dir) and not resume:
         raise InputError(run_dir, "already holds checkpoints; add --resume to continue, or set another "
@@ -365,23 +398,26 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
         print(f"sftdoctor: the run is complete ({done}); the final model is in {os.path.normpath(run_dir / 'final')}")
         return 0
     if resume:
-        remove_incomplete(run_dir)
+        if owner(plan):
+            remove_incomplete(run_dir)
         checkpoint = newest_complete(run_dir)
-        forget_metrics_after(run_dir, step_of(checkpoint) if checkpoint else 0)
+        if owner(plan):
+            forget_metrics_after(run_dir, step_of(checkpoint) if checkpoint else 0)
         print(f"sftdoctor: resuming from {checkpoint or 'scratch: no complete checkpoint'}")
-    if plan.deepspeed is not None:
+    if plan.deepspeed is not None and owner(plan):
         write_json(run_dir / "deepspeed.json", plan.deepspeed)  # for the reader; the workers take it from the plan
     with open(run_dir / FINDINGS, "a", encoding="utf-8") as log:
         for finding in findings:
-            log.write(json.dumps({"phase": "preflight", "time": time.time(), "forced": force and blocked,
-                                  **finding.to_json()}, default=str) + "\n")
+            log.write(json.dumps({"phase": "preflight", "time": time.time(), "host": socket.gethostname(),
+                                  "forced": force and blocked, **finding.to_json()}, default=str) + "\n")
     if plan.rehearse:
-        began, log = time.perf_counter(), run_dir / "rehearsal.log"
+        began, log = time.perf_counter(), node_file(run_dir, "rehearsal.log", plan)
         log.unlink(missing_ok=True)
         print("sftdoctor: rehearsing on the shrunk model (4 steps, a save and a resume; --no-rehearse skips it)",
               flush=True)
         rehearsal = for_launch(facts.get("plan"), rehearsal=True, plugins=plugins, forced=force)
-        shutil.rmtree(rehearsal.output_dir, ignore_errors=True)  # each rehearsal starts clean
+        if owner(plan):
+            shutil.rmtree(rehearsal.output_dir, ignore_errors=True)  # each rehearsal starts clean
         code = rehearse(rehearsal, env, log)
         if code in SIGNAL_EXIT.values():
             return code

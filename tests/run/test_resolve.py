@@ -27,6 +27,19 @@ def test_world_size_auto_counts_visible_gpus(tmp_path):
     assert (fixed.nproc_per_node, fixed.nnodes, fixed.world_size, fixed.node_rank) == (4, 2, 8, 1)
 
 
+def test_the_same_config_on_every_node_finds_its_node_rank(tmp_path):
+    """node_rank = "auto" (the default): 0 where master_addr is this host (it hosts the c10d store), another
+    rank elsewhere; a rank the user gives is kept."""
+    run = make_run(tmp_path, launch={"nnodes": 2, "master_addr": "node0"})
+    here = {"master_addr": "node0", "master_port": 29500, "local": True, "free_port": 40000, "in_use": False}
+    host, other = plan_of(run, rendezvous=here), plan_of(run, rendezvous={**here, "local": False})
+    assert (host.node_rank, other.node_rank) == (0, 1)
+    assert host.reasons["node_rank"] == "master_addr node0 is this host: it hosts the rendezvous"
+    assert "is another host: this node joins its rendezvous" in other.reasons["node_rank"]
+    given = plan_of(make_run(tmp_path, launch={"nnodes": 2, "node_rank": 0}), rendezvous={**here, "local": False})
+    assert given.node_rank == 0 and given.reasons["node_rank"] == "[launch].node_rank in the run config"
+
+
 def test_an_unreachable_global_batch_has_no_accumulation_and_says_the_nearest(tmp_path):
     plan = plan_of(make_run(tmp_path, training={"global_batch_size": 100}), gpus=recorded_gpus(H100x8))
     assert plan.gradient_accumulation_steps is None and plan.nearest_global_batch_sizes == (96, 104)

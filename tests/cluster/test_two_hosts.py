@@ -1,0 +1,79 @@
+"""Two real hosts (network namespaces joined by a veth pair, each with its own address and hostname; see
+tests/hosts.py): `check --distributed` and `sftdoctor train` run the same command on both, as on a cluster."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hosts import two_hosts
+from sftdoctor.facts.system import free_port
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def hosts():
+    with two_hosts() as pair:
+        yield pair
+
+
+def torchrun(host, port, *argv):
+    """The same torchrun command on each host: c10d rendezvous at node0 (torchrun hosts the store on the host
+    whose name matches the endpoint)."""
+    return host.popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+                       "--rdzv-backend=c10d", f"--rdzv-endpoint=node0:{port}", "--rdzv-id=two-hosts",
+                       "-m", "sftdoctor", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                      cwd=ROOT)
+
+
+def test_check_distributed_names_both_hosts_and_measures_across_them(hosts, tmp_path):
+    port = free_port()
+    procs = [torchrun(host, port, "check", "--distributed", "--seconds", "2", "--out", str(tmp_path / host.name))
+             for host in hosts]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    text = outs[0][0]  # rank 0, on node0, prints the verdict
+    assert "cluster-consistency     2 ranks on 2 nodes agree" in text, text
+    assert "collective-bandwidth    across nodes: bus bandwidth" in text and "(gloo, 2 ranks)" in text
+    records = [json.loads(p.read_text()) for p in tmp_path.glob("node*/rank-*.json")]
+    assert sorted((r["rank"], r["node"], r["host"]) for r in records) == [(0, "node0", "node0"), (1, "node1", "node1")]
+
+
+def run_config(folder: Path, data: Path, port: int, **launch) -> Path:
+    from trainrun import config
+
+    return config(folder, data, training={"max_steps": 6, "save_steps": 3},
+                  launch={"nnodes": 2, "nproc_per_node": 1, "master_addr": "node0", "master_port": port, **launch})
+
+
+def train_on(host, cfg: Path, *flags):
+    """`sftdoctor train` on a host, as a user runs it there."""
+    return host.popen([sys.executable, "-m", "sftdoctor", "train", str(cfg), *flags], stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+@pytest.mark.parametrize("deepspeed", [None, {"zero_stage": 2}], ids=["ddp", "zero2"])
+def test_the_same_train_command_on_both_hosts_trains_together(hosts, tmp_path, tiny_data, deepspeed):
+    cfg = run_config(tmp_path, tiny_data["text"], free_port(), rehearse=False)
+    if deepspeed:
+        text = cfg.read_text() + "[deepspeed]\n" + "".join(f"{k} = {v}\n" for k, v in deepspeed.items())
+        cfg.write_text(text)
+    procs = [train_on(host, cfg) for host in hosts]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[0][-3000:] + o[1][-3000:] for o in outs]
+    run_dir = tmp_path / "out"
+    node0, node1 = (o[0] for o in outs)
+    assert "node rank       0 (master_addr node0 is this host: it hosts the rendezvous)" in node0
+    assert "node rank       1 (master_addr node0 is another host" in node1
+    assert "world size      2 (1 per node x 2 nodes)" in node0
+    # both nodes say the same of the run: the summary is read from the one metrics.jsonl rank 0 wrote
+    ends = [o[o.index("sftdoctor: run complete"):].splitlines()[:3] for o in (node0, node1)]
+    assert ends[0][1:] == ends[1][1:], ends
+    assert (run_dir / "final").is_dir() and (run_dir / "train.log").is_file() and (run_dir / "train-node1.log").is_file()
+    plan = json.loads((run_dir / "resolved.json").read_text())
+    assert plan["node_rank"] == 0 and plan["world_size"] == 2
+    assert [h.pids() for h in hosts] == [[], []]  # nothing left running on either host

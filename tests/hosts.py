@@ -1,0 +1,101 @@
+"""Two hosts on one machine, for the tests that cross a host boundary.
+
+Each host is a network namespace with an address of its own on a veth pair joining the two, a hostname of its
+own (a UTS namespace per command) and an /etc/hosts naming both (`ip netns exec` bind-mounts
+/etc/netns/NAME/hosts over /etc/hosts). Traffic stays between the two namespaces. They share the file
+system, as the nodes of a cluster share their storage. Needs root and iproute2; the tests skip without them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str  # its hostname, and its name in the other's /etc/hosts
+    netns: str
+    addr: str
+
+    def command(self, argv: list[str]) -> list[str]:
+        """`argv` run on this host: in its network namespace, under its own hostname."""
+        return ["ip", "netns", "exec", self.netns, "unshare", "--uts", "sh", "-c",
+                f'hostname {self.name} && exec "$@"', "sh", *map(str, argv)]
+
+    def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
+        return subprocess.Popen(self.command(argv), **kwargs)
+
+    def run(self, argv: list[str], timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(self.command(argv), capture_output=True, text=True, timeout=timeout, **kwargs)
+
+    def pids(self) -> list[int]:
+        """Every process in this host's network namespace."""
+        out = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True, text=True).stdout
+        return [int(pid) for pid in out.split()]
+
+    def kill_all(self, sig: int = signal.SIGKILL) -> list[int]:
+        """As when the machine dies: every process of this host at once."""
+        pids = self.pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        return pids
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def available() -> str | None:
+    """Why two hosts cannot be made here, or None."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    if shutil.which("ip") is None or shutil.which("unshare") is None:
+        return "needs iproute2 and util-linux (ip netns, unshare)"
+    probe = f"sftd-probe-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode:
+        return f"ip netns add failed: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+@contextlib.contextmanager
+def two_hosts(names: tuple[str, str] = ("node0", "node1")):
+    """(host 0, host 1), torn down after: every process in them killed, the namespaces removed."""
+    why = available()
+    if why:
+        pytest.skip(f"two hosts on one machine: {why}")
+    tag = f"{os.getpid() % 100000}"
+    subnet = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
+    hosts = [Host(name, f"sftd{tag}{i}", f"{subnet}.{i + 1}") for i, name in enumerate(names)]
+    veth = [f"sfv{tag}{i}" for i in range(2)]
+    try:
+        for host in hosts:
+            _ip("netns", "add", host.netns)
+            folder = Path("/etc/netns") / host.netns
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "hosts").write_text("127.0.0.1 localhost\n" + "".join(f"{h.addr} {h.name}\n" for h in hosts))
+        _ip("link", "add", veth[0], "type", "veth", "peer", "name", veth[1])
+        for host, end in zip(hosts, veth):
+            _ip("link", "set", end, "netns", host.netns)
+            _ip("-n", host.netns, "addr", "add", f"{host.addr}/24", "dev", end)
+            _ip("-n", host.netns, "link", "set", end, "up")
+            _ip("-n", host.netns, "link", "set", "lo", "up")
+        yield tuple(hosts)
+    finally:
+        for host in hosts:
+            host.kill_all()
+        time.sleep(0.2)
+        for host in hosts:
+            subprocess.run(["ip", "netns", "del", host.netns], capture_output=True)
+            shutil.rmtree(Path("/etc/netns") / host.netns, ignore_errors=True)
