@@ -78,8 +78,10 @@ def connect(bound: float):
 
     rank, world = env_int("RANK"), env_int("WORLD_SIZE")
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    # multi_tenant: rank 0 hosts the workers' store when the agent does not (sftdoctor's launcher turns the
+    # agent's off), and init_process_group then opens the same port again: one server serves both.
     store = dist.TCPStore(os.environ["MASTER_ADDR"], env_int("MASTER_PORT"), world, is_master=(rank == 0 and not agent),
-                          timeout=timedelta(seconds=bound), wait_for_workers=False)
+                          timeout=timedelta(seconds=bound), wait_for_workers=False, multi_tenant=True)
     run = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     return dist.PrefixStore(f"sftdoctor-check/{run}/", store)
 

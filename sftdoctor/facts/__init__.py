@@ -45,7 +45,7 @@ class Probe:
 
 def _probes() -> dict[str, Probe]:
     from sftdoctor.facts import (configs, data, eval_tasks, gpus, lora_modules, model_shape, nics, packages, packing_probe,
-                                 stack, system, targets_probe, tokenizer, topology)
+                                 slurm, stack, system, targets_probe, tokenizer, topology)
 
     config, model, ds = ("config",), ("config", "model_config"), ("config", "deepspeed")
     return {
@@ -61,6 +61,7 @@ def _probes() -> dict[str, Probe]:
         "toolkit": Probe(system.probe_toolkit),
         "env": Probe(system.probe_env),
         "rendezvous": Probe(system.probe_rendezvous),
+        "slurm": Probe(slurm.probe_slurm, why_missing="not inside a Slurm allocation (SLURM_JOB_ID is not set)"),
         "transformers_features": Probe(stack.probe_transformers_features, why_missing="transformers is not installed"),
         "run": Probe(configs.probe_run_config, config, "no run config given (--config)"),
         "model_config": Probe(configs.probe_model_config, model,
@@ -176,7 +177,7 @@ def _plain(value: Any) -> Any:
 
 # What each recorded fact must be; a fact of another type is a malformed snapshot, not a check crash.
 OBJECT_FACTS = {"packages", "torch_build", "deepspeed_defaults", "flash_attn", "gpus", "topology", "nics", "toolkit",
-                "env", "rendezvous", "transformers_features", "cluster"}
+                "env", "rendezvous", "slurm", "transformers_features", "cluster"}
 
 
 def load_snapshot(path: Path, probes: dict[str, Probe]) -> tuple[dict[str, Any], str]:

@@ -25,6 +25,8 @@ SHAPES: dict[str, Any] = {
     "toolkit": {"cuda_home": OPT_STR, "nvcc": OPT_STR, "nvcc_version": OPT_VERSION, "found_by": OPT_STR},
     "rendezvous": {"master_addr": OPT_STR, "master_port": OPT_COUNT, "free_port": OPT_COUNT, "in_use": OPT_BOOL,
                    "local": OPT_BOOL, "source": OPT_STR},
+    "slurm": {"job_id": str, "nnodes": OPT_COUNT, "node_id": OPT_COUNT, "nodelist": OPT_STR, "hosts": [str],
+              "hosts_from": OPT_STR, "gpus_on_node": OPT_COUNT, "restart_count": OPT_COUNT},
     "deepspeed_defaults": {"version": OPT_VERSION, "gradient_clipping": (float, None)},
     "transformers_features": {str: (bool, str, None)},
     "env": {str: OPT_STR},

@@ -23,6 +23,7 @@ from sftdoctor.run.shape import Shape
 
 PLAN_VERSION = 4  # 2: chat_template; 3: lora, checkpointing_reentrant; 4: evaluation
 TORCHRUN_DEFAULT_PORT = 29500
+SLURM_PORTS = (20000, 30000)  # inside an allocation: 20000 + job id mod 10000, below the ephemeral range
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 DISTRIBUTED_CHECK_MAX_S = 120.0
 REHEARSAL_STEPS, REHEARSAL_SAVE_AT, REHEARSAL_ROWS = 4, 2, 64
@@ -139,12 +140,21 @@ class Plan:
 
 # ---------------------------------------------------------------- one function per decision
 
-def world(run: RunConfig, gpus: dict[str, Any] | None) -> tuple[int, int]:
-    """(processes per node, nodes); nproc_per_node = "auto" is every visible GPU, or 1 without GPUs."""
-    nproc = run.launch.nproc_per_node
+def world(run: RunConfig, gpus: dict[str, Any] | None, slurm: dict[str, Any] | None = None) -> tuple[int, int]:
+    """(processes per node, nodes); nproc_per_node = "auto" is Slurm's GPUs per node inside an allocation, else
+    every visible GPU, or 1 without GPUs; nnodes not given is the allocation's node count."""
+    nproc, slurm = run.launch.nproc_per_node, slurm or {}
     if nproc == "auto":
-        nproc = max(1, len(devices(gpus)))
-    return int(nproc), int(run.launch.nnodes)
+        nproc = slurm.get("gpus_on_node") or max(1, len(devices(gpus)))
+    nnodes = run.launch.nnodes if run.launch.is_given("nnodes") or not slurm.get("nnodes") else slurm["nnodes"]
+    return int(nproc), int(nnodes)
+
+
+def master_addr(run: RunConfig, slurm: dict[str, Any] | None) -> tuple[str, str]:
+    """The rendezvous host, and why: the run config's, else the allocation's first node."""
+    if run.launch.is_given("master_addr") or not (slurm or {}).get("hosts"):
+        return run.launch.master_addr, "[launch].master_addr" if run.launch.is_given("master_addr") else "the default"
+    return slurm["hosts"][0], f"the first node of Slurm job {slurm['job_id']} ({slurm['hosts_from']})"
 
 
 def accumulation(global_batch: int, per_device: int, world_size: int) -> int | None:
@@ -340,10 +350,14 @@ def base_path(plan: Plan) -> str:
     return str(local.absolute()) if local.is_dir() else plan.model_path
 
 
-def master_port(run: RunConfig, rendezvous: dict[str, Any] | None) -> tuple[int, str]:
+def master_port(run: RunConfig, rendezvous: dict[str, Any] | None, slurm: dict[str, Any] | None = None) -> tuple[int, str]:
     """The rendezvous port, and why. A port the user set is kept (a busy one is the nccl-env check's error);
-    on one node the default 29500, when taken, and "auto" become a free port."""
+    on one node the default 29500, when taken, and "auto" become a free port; inside a Slurm allocation, a port
+    of the job's own (two jobs may share a first node)."""
     launch, seen = run.launch, rendezvous or {}
+    if slurm and not launch.is_given("master_port") and str(slurm.get("job_id", "")).isdigit():
+        return SLURM_PORTS[0] + int(slurm["job_id"]) % (SLURM_PORTS[1] - SLURM_PORTS[0]), \
+            f"Slurm job {slurm['job_id']}'s own port"
     free = seen.get("free_port")
     if launch.master_port == "auto":
         return int(free or TORCHRUN_DEFAULT_PORT), "[launch].master_port = \"auto\": a free port"
@@ -355,15 +369,18 @@ def master_port(run: RunConfig, rendezvous: dict[str, Any] | None) -> tuple[int,
     return int(launch.master_port), "torchrun's default"
 
 
-def node_rank(run: RunConfig, rendezvous: dict[str, Any] | None) -> tuple[int, str]:
+def node_rank(run: RunConfig, rendezvous: dict[str, Any] | None, slurm: dict[str, Any] | None = None,
+              nnodes: int = 1) -> tuple[int, str]:
     """This node's rank, and why. With the c10d rendezvous only node 0 matters: it hosts the store (torchrun
     ignores --node-rank and assigns the other nodes' ranks as they join), so "auto" asks whether master_addr
     is this host."""
     launch = run.launch
     if launch.node_rank != "auto":
         return launch.node_rank, "[launch].node_rank in the run config"
-    if launch.nnodes == 1:
+    if nnodes == 1:
         return 0, "one node"
+    if slurm and slurm.get("node_id") is not None:
+        return slurm["node_id"], f"SLURM_NODEID of job {slurm['job_id']}"
     if (rendezvous or {}).get("local"):
         return 0, f"master_addr {launch.master_addr} is this host: it hosts the rendezvous"
     return 1, f"master_addr {launch.master_addr} is another host: this node joins its rendezvous (torchrun assigns its rank)"
@@ -382,7 +399,8 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
     gpus, packages = facts.get("gpus"), facts.get("packages") or {}
     features = facts.get("transformers_features")
     t, data = run.training, facts.get("data") or {}
-    nproc, nnodes = world(run, gpus)
+    slurm = facts.get("slurm")
+    nproc, nnodes = world(run, gpus, slurm)
     world_size = nproc * nnodes
     per_device = t.per_device_batch_size
     global_batch = t.global_batch_size or per_device * world_size
@@ -394,8 +412,9 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
     steps = total_steps(run, rows, global_batch)
     warmup_args, warmup_steps = warmup(run, features, steps)
     probe = facts.get("packing_probe") or {} if t.packing == "auto" else {}
-    port, why_port = master_port(run, facts.get("rendezvous"))
-    rank, why_rank = node_rank(run, facts.get("rendezvous"))
+    port, why_port = master_port(run, facts.get("rendezvous"), slurm)
+    rank, why_rank = node_rank(run, facts.get("rendezvous"), slurm, nnodes)
+    addr, why_addr = master_addr(run, slurm)
     shape = (data.get("train") or {}).get("shape")
     model_keys = (facts.get("model_config") or {}).get("raw_keys") or ()
     template, why_template = chat_template(run, shape, facts.get("chat_template"))
@@ -424,14 +443,14 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
         eval_steps=t.eval_steps or t.save_steps,
         deepspeed=ds, deepspeed_source=ds_source, zero_stage=stage, offload_optimizer=offload_optimizer,
         offload_params=offload_params,
-        master_addr=run.launch.master_addr, master_port=port, max_restarts=run.launch.max_restarts,
+        master_addr=addr, master_port=port, max_restarts=run.launch.max_restarts,
         distributed_check=run.launch.distributed_check and world_size > 1,
         rehearse=run.launch.rehearse and (world_size > 1 or ds is not None),
         distributed_check_bound_s=min(float(run.watch.hang_timeout_s), DISTRIBUTED_CHECK_MAX_S),
         hang_timeout_s=float(run.watch.hang_timeout_s), ddp_timeout_s=ddp_timeout(run.watch.hang_timeout_s),
         on_nan=run.watch.on_nan, max_skips=run.watch.max_skips, loss_spike_factor=run.watch.loss_spike_factor,
         report_to=run.report.to, output_dir=t.output_dir,
-        reasons={"precision": why_precision, "master_port": why_port, "node_rank": why_rank,
+        reasons={"precision": why_precision, "master_port": why_port, "node_rank": why_rank, "master_addr": why_addr,
                  **({"chat_template": why_template} if why_template else {})},
     )
 

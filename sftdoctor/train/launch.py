@@ -201,6 +201,13 @@ def worker_env(plan: Plan, config: Path, run_dir: Path) -> dict[str, str]:
     # NCCL runs: PyTorch's flight recorder on, its dumps in the run directory; the stack's noise silenced.
     for name, value in {**flight_recorder_env(run_dir), **noise.worker_env(plan.cuda, plan.world_size)}.items():
         env.setdefault(name, value)
+    if plan.world_size > 1:
+        # torchrun (torch >= 2.5) hands every restart round the same agent-hosted TCPStore and never clears it
+        # (elastic/rendezvous/dynamic_rendezvous.py builds the server once), while init_process_group's keys
+        # are the same each round: a restarted gloo group reads the killed ranks' addresses ("Gloo
+        # connectFullMesh failed ... Connection refused", or a stall; pytorch#135712). Opting out gives each
+        # round a store of its own, on worker rank 0, at a port published through that round's rendezvous.
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     return env
 
 

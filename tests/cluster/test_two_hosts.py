@@ -2,6 +2,7 @@
 tests/hosts.py): `check --distributed` and `sftdoctor train` run the same command on both, as on a cluster."""
 
 import json
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,26 @@ def test_the_same_train_command_on_both_hosts_trains_together(hosts, tmp_path, t
     plan = json.loads((run_dir / "resolved.json").read_text())
     assert plan["node_rank"] == 0 and plan["world_size"] == 2
     assert [h.pids() for h in hosts] == [[], []]  # nothing left running on either host
+
+
+def test_a_node_that_dies_mid_run_stops_the_other_and_leaves_nothing_running(hosts, tmp_path, tiny_data):
+    """Every process of node1 killed at once after the first checkpoint: node0's workers stop well within the
+    hang timeout, its launcher says why, and no process of the run is left on either host."""
+    cfg = run_config(tmp_path, tiny_data["text"], free_port(), rehearse=False)
+    cfg.write_text(cfg.read_text().replace("max_steps = 6", "max_steps = 400").replace("save_steps = 3", "save_steps = 2")
+                   + "[watch]\nhang_timeout_s = 60\n")
+    node0, node1 = (train_on(host, cfg) for host in hosts)
+    run_dir = tmp_path / "out"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (run_dir / "checkpoint-2" / "sftdoctor-complete").exists():
+        time.sleep(0.2)
+    assert (run_dir / "checkpoint-2" / "sftdoctor-complete").exists(), node0.stdout and node0.communicate()
+    killed = time.monotonic()
+    assert hosts[1].kill_all()
+    out, err = node0.communicate(timeout=180)
+    stopped_in = time.monotonic() - killed
+    node1.wait(timeout=10)
+    assert node0.returncode not in (0, None) and stopped_in < 60, (stopped_in, out[-3000:], err[-3000:])
+    [failed] = [line for line in out.splitlines() if line.startswith("sftdoctor: the run failed")]
+    assert f"the connection to the process at {hosts[1].addr} (gloo, port" in failed, failed
+    assert [h.pids() for h in hosts] == [[], []]

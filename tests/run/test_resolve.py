@@ -194,3 +194,23 @@ def test_the_base_an_adapter_names_is_an_absolute_path_or_a_hub_id(tmp_path, mon
     assert base_path(random) == str(tmp_path / "runs" / "x" / "base")
     assert base_path(dataclasses.replace(plan, weights="pretrained", model_path="model")) == str(tmp_path / "model")
     assert base_path(dataclasses.replace(plan, weights="pretrained", model_path="org/name")) == "org/name"
+
+
+SLURM = {"job_id": "4711", "nnodes": 2, "node_id": 1, "nodelist": "gpu[07-08]", "hosts": ["gpu07", "gpu08"],
+         "hosts_from": "scontrol show hostnames", "gpus_on_node": 4, "restart_count": 0}
+
+
+def test_inside_a_slurm_allocation_the_launch_comes_from_slurm(tmp_path):
+    """`srun sftdoctor train RUN.toml` is the whole launch: nodes, this node's rank, the first node's address,
+    the GPUs per node and a port of the job's own come from the allocation."""
+    plan = plan_of(make_run(tmp_path), slurm=SLURM, gpus=recorded_gpus(H100x8))
+    assert (plan.nnodes, plan.node_rank, plan.master_addr, plan.nproc_per_node, plan.world_size) == (2, 1, "gpu07", 4, 8)
+    assert plan.master_port == 20000 + 4711 % 10000
+    assert plan.reasons["node_rank"] == "SLURM_NODEID of job 4711"
+    assert plan.reasons["master_addr"] == "the first node of Slurm job 4711 (scontrol show hostnames)"
+
+
+def test_what_the_run_config_says_wins_over_slurm(tmp_path):
+    run = make_run(tmp_path, launch={"nnodes": 1, "master_addr": "10.0.0.5", "master_port": 29400, "nproc_per_node": 2})
+    plan = plan_of(run, slurm=SLURM)
+    assert (plan.nnodes, plan.node_rank, plan.master_addr, plan.master_port, plan.nproc_per_node) == (1, 0, "10.0.0.5", 29400, 2)
