@@ -165,16 +165,22 @@ def facts(config, model_config, deepspeed, topology, facts_file):
 @click.option("--drill", help="Inject a fault to prove the alarms work: nan-loss@STEP[:RANK] or hang@STEP[:RANK].")
 @click.option("--no-plugins", is_flag=True, help="Do not load third-party checks (or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1).")
 @click.option("--no-rehearse", is_flag=True, help="Skip the rehearsal before a multi-process or DeepSpeed run.")
-def train(config, resume, dry_run, smoke, force, drill, no_plugins, no_rehearse):
+@click.option("--sbatch", is_flag=True, help="Write RUN_DIR/sbatch.sh, the run as a Slurm batch job ([slurm] in CONFIG), "
+                                             "instead of training here.")
+@click.option("--submit", is_flag=True, help="With --sbatch: also submit it (sbatch) and print the job id.")
+def train(config, resume, dry_run, smoke, force, drill, no_plugins, no_rehearse, sbatch, submit):
     """Fine-tune with the settings in CONFIG (TOML), after the checks pass."""
     from sftdoctor.checks import plugins_enabled
     from sftdoctor.errors import InputError, InputErrors
     from sftdoctor.train.launch import parse_drill, train as run_training
 
     try:
+        if submit and not sbatch:
+            raise InputError("--submit", "goes with --sbatch")
         fault = parse_drill(drill) if drill else None
         code = run_training(config, resume=resume, dry_run=dry_run, smoke=smoke, force=force, drill=fault,
-                            plugins=plugins_enabled(no_plugins), rehearse_first=not no_rehearse)
+                            plugins=plugins_enabled(no_plugins), rehearse_first=not no_rehearse,
+                            batch="submit" if submit else "write" if sbatch else None)
     except (InputError, InputErrors) as exc:
         _bad_input(exc)
     except ModuleNotFoundError as exc:

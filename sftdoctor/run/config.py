@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,8 +241,36 @@ class Eval(Section):
                                    doc="also evaluate every n-th complete checkpoint at the end (0: none)")
 
 
+_SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d{2}){0,2}|(\d+-)\d+")  # sbatch --time: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
+
+
+def _slurm_time(v: Any) -> bool:
+    return isinstance(v, str) and bool(_SLURM_TIME.fullmatch(v))
+
+
+def _slurm_name(v: Any) -> bool:
+    return isinstance(v, str) and bool(re.fullmatch(r"[\w.,-]+", v))
+
+
+@dataclass(frozen=True)
+class Slurm(Section):
+    """[slurm]: what `sftdoctor train RUN.toml --sbatch` writes into the batch script (the launch itself comes
+    from the allocation: nodes, node id, first host, GPUs per node)."""
+
+    partition: str | None = key("a partition name", _slurm_name)
+    account: str | None = key("an account name", _slurm_name)
+    time: str | None = key('a time limit as sbatch takes it ("HH:MM:SS", "D-HH:MM")', _slurm_time,
+                           doc="the job's time limit; before it the job saves a checkpoint and requeues itself")
+    cpus_per_task: int | None = key("an integer from 1 to 4096", _int(1, 4096))
+    gpus_per_node: int | None = key("an integer from 0 to 1024", _int(0, 1024),
+                                    doc="default: [launch] nproc_per_node where it is a number, or the GPUs here")
+    signal_s: int = key("an integer from 10 to 86400", _int(10, 86400), 300,
+                        doc="SIGTERM this many seconds before the time limit: the grace to save a checkpoint")
+
+
 SECTIONS: dict[str, type[Section]] = {"model": Model, "data": Data, "training": Training, "deepspeed": DeepSpeed,
-                                      "launch": Launch, "report": Report, "watch": Watch, "lora": Lora, "eval": Eval}
+                                      "launch": Launch, "report": Report, "watch": Watch, "lora": Lora, "eval": Eval,
+                                      "slurm": Slurm}
 OPTIONAL = {"lora", "eval"}  # absent from the TOML: None in the RunConfig, not a section of defaults
 
 # Other tools' names for a key, too far from ours for a spelling hint: peft's and axolotl's LoRA keys.
@@ -272,6 +301,7 @@ class RunConfig:
     watch: Watch = Watch()
     lora: Lora | None = None
     eval: Eval | None = None
+    slurm: Slurm = Slurm()
 
     def given(self, section: str, name: str) -> bool:
         return getattr(self, section).is_given(name)

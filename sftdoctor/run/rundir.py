@@ -8,4 +8,5 @@ STOPPED = "stopped.json"  # written by a watcher that stopped the run: its exit 
 LOG = "train.log"  # every byte the workers wrote, every launch, appended
 REHEARSAL = "smoke"  # the rehearsal's own run directory, inside the run's
 REPORT = "report.html"
+BATCH = "sbatch.sh"  # `sftdoctor train RUN.toml --sbatch`
 PANELS = "report"  # the report's panels, one PNG each

@@ -326,6 +326,22 @@ def print_report_line(run_dir: Path, plan: Plan) -> None:
         print(f"sftdoctor: report of the run up to step {last_step(run_dir)}: {where}", flush=True)
 
 
+def batch_job(plan: Plan, config: Path, run, blocked: bool, submit: bool) -> int:
+    from sftdoctor.train import slurm
+
+    if blocked:
+        print("\nsftdoctor: no batch script: the checks above found errors (fix them, or run with --force)")
+        return 1
+    path = slurm.write(plan, config, run)
+    if not submit:
+        print(f"\nsftdoctor: wrote {os.path.normpath(path)}; submit it with: sbatch {os.path.normpath(path)}")
+        return 0
+    job = slurm.submit(path)
+    print(f"\nsftdoctor: submitted {os.path.normpath(path)} as Slurm job {job} (squeue -j {job}; its output: "
+          f"{os.path.normpath(Path(plan.output_dir) / f'slurm-{job}.out')})")
+    return 0
+
+
 def rehearse(plan: Plan, env: dict[str, str], log: Path | None = None) -> int:
     """The plan's rehearsal (`for_launch(..., rehearsal=True)`): 4 steps on the shrunk model with the same
     launcher, DeepSpeed config, data path and scheduler, a save at step 2 and a resume; exit code."""
@@ -372,7 +388,9 @@ def require_training_stack() -> None:
 
 
 def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool = False, force: bool = False,
-          drill: dict[str, Any] | None = None, plugins: bool = True, rehearse_first: bool = True) -> int:
+          drill: dict[str, Any] | None = None, plugins: bool = True, rehearse_first: bool = True,
+          batch: str | None = None) -> int:
+    """`batch`: "write" the run as a Slurm batch script instead of training, or "submit" it too."""
     require_training_stack()
     facts = Facts(Inputs(config=config))
     facts.get("run")  # a bad run config or data file is bad input: exit 2 before anything runs
@@ -387,6 +405,8 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
     if dry_run:
         print(memory_summary(plan, facts))
         return 1 if blocked and not force else 0
+    if batch is not None:
+        return batch_job(plan, config, facts.get("run"), blocked and not force, batch == "submit")
     if blocked and not force:
         print("\nsftdoctor: not starting: the checks above found errors (fix them, or run with --force)")
         return 1
