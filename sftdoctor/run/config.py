@@ -173,6 +173,8 @@ class Launch(Section):
     master_port: int | str = key('a port 1-65535 or "auto"', _int(1, 65535, auto=True), 29500,
                                  doc="default 29500, or a free port when 29500 is taken on a single node")
     max_restarts: int = key("an integer from 0 to 1000", _int(0, 1000), 0)
+    join_timeout_s: int = key("an integer from 5 to 86400", _int(5, 86400), 600,
+                              doc="how long the nodes wait for each other at the rendezvous (torchrun's join_timeout)")
     distributed_check: bool = key("true or false", _bool, True,
                                   doc="with 2+ processes, every rank runs `check --distributed` before training")
     rehearse: bool = key("true or false", _bool, True,

@@ -21,7 +21,7 @@ from sftdoctor.run.memory import Fit, Run, Setting, fit
 from sftdoctor.run.schedule import trainer_warmup
 from sftdoctor.run.shape import Shape
 
-PLAN_VERSION = 4  # 2: chat_template; 3: lora, checkpointing_reentrant; 4: evaluation
+PLAN_VERSION = 5  # 2: chat_template; 3: lora, checkpointing_reentrant; 4: evaluation; 5: join_timeout_s
 TORCHRUN_DEFAULT_PORT = 29500
 SLURM_PORTS = (20000, 30000)  # inside an allocation: 20000 + job id mod 10000, below the ephemeral range
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
@@ -38,6 +38,7 @@ class Plan:
     nproc_per_node: int
     nnodes: int
     node_rank: int
+    join_timeout_s: int
     world_size: int
     cuda: bool
     # batch: global = per_device x accumulation x world size
@@ -420,7 +421,8 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
     template, why_template = chat_template(run, shape, facts.get("chat_template"))
     lora = lora_settings(run, chosen, stage, facts.get("lora_modules"))
     return Plan(
-        nproc_per_node=nproc, nnodes=nnodes, node_rank=rank, world_size=world_size,
+        nproc_per_node=nproc, nnodes=nnodes, node_rank=rank, join_timeout_s=run.launch.join_timeout_s,
+        world_size=world_size,
         cuda=bool(devices(gpus)),
         per_device_batch_size=per_device, global_batch_size=global_batch, gradient_accumulation_steps=accum,
         nearest_global_batch_sizes=() if accum else nearest_global_batches(global_batch, per_device, world_size),

@@ -169,7 +169,8 @@ def command(resolved_path: Path, plan: Plan, resume: bool, stop_after: int | Non
         return [sys.executable, *worker]
     # With the c10d rendezvous torchrun ignores --node-rank; node 0 hosting the store is what the rank means
     # (torch 2.x run.py and c10d_rendezvous_backend.py: "is_host"), so say it instead of relying on hostname matching.
-    host = [f"--rdzv-conf=is_host={'true' if plan.node_rank == 0 else 'false'}"] if plan.nnodes > 1 else []
+    host = [f"--rdzv-conf=is_host={'true' if plan.node_rank == 0 else 'false'},join_timeout={plan.join_timeout_s}"] \
+        if plan.nnodes > 1 else []
     return [sys.executable, "-m", "torch.distributed.run",
             f"--nnodes={plan.nnodes}", f"--nproc-per-node={plan.nproc_per_node}",
             f"--max-restarts={plan.max_restarts}", "--rdzv-backend=c10d",

@@ -31,6 +31,9 @@ QUIET_LINES = (
     # DeepSpeed 0.19's ZeRO calls torch.distributed.all_gather_into_tensor, deprecated in torch 2.13: a
     # FutureWarning per rank, then the source line it points at. Also filtered in the worker (`quiet_worker`).
     (re.compile(r"FutureWarning: `torch\.distributed\.all_gather_into_tensor` is deprecated"), 1),
+    # torch 2.13's TCPStore server (c10d socket.cpp) when the reverse lookup of a client on another host fails
+    # (a cluster's /etc/hosts or DNS without reverse entries): it only names the peer in its own logging.
+    (re.compile(r"\[c10d\] The hostname of the client socket cannot be retrieved\. err="), 0),
 )
 
 

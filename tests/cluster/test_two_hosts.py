@@ -101,3 +101,14 @@ def test_a_node_that_dies_mid_run_stops_the_other_and_leaves_nothing_running(hos
     [failed] = [line for line in out.splitlines() if line.startswith("sftdoctor: the run failed")]
     assert f"the connection to the process at {hosts[1].addr} (gloo, port" in failed, failed
     assert [h.pids() for h in hosts] == [[], []]
+
+
+def test_a_node_that_never_joins_is_named_after_the_join_timeout(hosts, tmp_path, tiny_data):
+    """node1 never starts: node0's launcher gives up after [launch] join_timeout_s with the cause, not a hang."""
+    cfg = run_config(tmp_path, tiny_data["text"], free_port(), rehearse=False, join_timeout_s=10)
+    began = time.monotonic()
+    out, err = train_on(hosts[0], cfg).communicate(timeout=300)
+    assert time.monotonic() - began < 120
+    [failed] = [line for line in out.splitlines() if line.startswith("sftdoctor: the run failed")]
+    assert "before its first step): not every node joined the rendezvous within its join timeout" in failed, out[-2000:]
+    assert hosts[0].pids() == []

@@ -48,7 +48,7 @@ def test_torchrun_gets_the_node_rank_as_who_hosts_the_rendezvous(tmp_path):
     two = lambda rank: plan_of(make_run(tmp_path, launch={"nproc_per_node": 2, "nnodes": 2, "node_rank": rank,  # noqa: E731
                                                            "master_addr": "node0", "master_port": 29400}))
     head, other = command(tmp_path / "r.json", two(0), False, None), command(tmp_path / "r.json", two(1), True, None)
-    assert "--rdzv-conf=is_host=true" in head and "--rdzv-conf=is_host=false" in other
+    assert "--rdzv-conf=is_host=true,join_timeout=600" in head and "--rdzv-conf=is_host=false,join_timeout=600" in other
     assert "--rdzv-endpoint=node0:29400" in head and "--nnodes=2" in head and other[-1] == "--resume"
     single = command(tmp_path / "r.json", plan_of(make_run(tmp_path)), False, 2)
     assert "torch.distributed.run" not in single and single[-1] == "--stop-after=2"
