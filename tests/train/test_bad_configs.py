@@ -20,7 +20,7 @@ output_dir = "out"
 '''
 
 BROKEN = [
-    ("unknown section", GOOD + "[trianing]\nseed = 1\n", "[trianing]: unknown section; expected one of model, data, training, deepspeed, launch, report, watch, lora, eval (did you mean 'training'?)"),
+    ("unknown section", GOOD + "[trianing]\nseed = 1\n", "[trianing]: unknown section; expected one of model, data, training, deepspeed, launch, report, watch, lora, eval, slurm (did you mean 'training'?)"),
     ("unknown key", GOOD.replace("[training]\n", "[training]\nlearnig_rate = 1e-5\n"), "[training].learnig_rate: unknown key (did you mean 'learning_rate'?)"),
     ("wrong type", GOOD.replace("[training]\n", "[training]\nper_device_batch_size = \"4\"\n"), "[training].per_device_batch_size: expected an integer from 1 to 65536, got '4'"),
     ("bad choice", GOOD.replace('weights = "random"', 'weights = "random"\nprecision = "bf32"'), "[model].precision: expected one of auto, bf16, fp16, fp32, got 'bf32'"),
