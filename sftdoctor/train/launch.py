@@ -25,14 +25,13 @@ from sftdoctor.facts import Facts, Inputs
 from sftdoctor.facts.configs import hub_cache_config, hub_unreachable, is_hub_id
 from sftdoctor.run import Plan, for_launch
 from sftdoctor.run.resolve import REHEARSAL_SAVE_AT, REHEARSAL_STEPS
-from sftdoctor.run.rundir import FINDINGS, LOG, METRICS, RESOLVED, STOPPED
 from sftdoctor.run.checkpoints import checkpoints, newest_complete, remove_incomplete, step_of
+from sftdoctor.run.rundir import FINDINGS, LOG, METRICS, RESOLVED, STOPPED
 from sftdoctor.train.processes import SIGNAL_EXIT, run_workers
 from sftdoctor.train.summary import line_count, read_records, summary
 from sftdoctor.train import noise
 from sftdoctor.train.compat import flight_recorder_env
 from sftdoctor.train.evaluation import evaluate_run, result_line
-
 
 
 def parse_drill(text: str) -> dict[str, Any]:
