@@ -39,6 +39,10 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sftdoctor.train.processes import descendants  # noqa: E402  (the launcher's own walk of /proc)
+
 EXAMPLES = ROOT / "examples"
 WORKER = "sftdoctor.train.sft"
 
@@ -105,25 +109,6 @@ def variant(example: Path, name: str, size: str, steps: int, batch: int | None, 
     path = example.with_name(f"{name}.toml")
     write_toml(path, sections)
     return path
-
-
-def descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def high_water_kib(pid: int) -> int | None:
