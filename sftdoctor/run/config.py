@@ -175,6 +175,9 @@ class Launch(Section):
     max_restarts: int = key("an integer from 0 to 1000", _int(0, 1000), 0)
     join_timeout_s: int = key("an integer from 5 to 86400", _int(5, 86400), 600,
                               doc="how long the nodes wait for each other at the rendezvous (torchrun's join_timeout)")
+    stop_grace_s: int | str = key('an integer from 1 to 86400 or "auto"', _int(1, 86400, auto=True), "auto",
+                                  doc="after SIGTERM, the time to save a checkpoint and stop; auto = [slurm] signal_s "
+                                      "inside a Slurm job, else 30")
     distributed_check: bool = key("true or false", _bool, True,
                                   doc="with 2+ processes, every rank runs `check --distributed` before training")
     rehearse: bool = key("true or false", _bool, True,

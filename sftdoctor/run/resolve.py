@@ -21,7 +21,7 @@ from sftdoctor.run.memory import Fit, Run, Setting, fit
 from sftdoctor.run.schedule import trainer_warmup
 from sftdoctor.run.shape import Shape
 
-PLAN_VERSION = 5  # 2: chat_template; 3: lora, checkpointing_reentrant; 4: evaluation; 5: join_timeout_s
+PLAN_VERSION = 6  # 2: chat_template; 3: lora, checkpointing_reentrant; 4: evaluation; 5: join_timeout_s; 6: stop_grace_s
 TORCHRUN_DEFAULT_PORT = 29500
 SLURM_PORTS = (20000, 30000)  # inside an allocation: 20000 + job id mod 10000, below the ephemeral range
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
@@ -39,6 +39,7 @@ class Plan:
     nnodes: int
     node_rank: int
     join_timeout_s: int
+    stop_grace_s: int  # after SIGTERM: save a checkpoint if one can be done by then, then stop
     world_size: int
     cuda: bool
     # batch: global = per_device x accumulation x world size
@@ -370,6 +371,19 @@ def master_port(run: RunConfig, rendezvous: dict[str, Any] | None, slurm: dict[s
     return int(launch.master_port), "torchrun's default"
 
 
+STOP_GRACE_S = 30  # outside Slurm: what torchrun, Kubernetes and most schedulers give after SIGTERM
+
+
+def stop_grace(run: RunConfig, slurm: dict[str, Any] | None) -> tuple[int, str]:
+    """How long the ranks have after SIGTERM, and why. In a Slurm job the signal comes [slurm] signal_s before
+    the time limit (the batch script's --signal; an `scancel` gives only KillWait, 30 s by default)."""
+    if run.launch.stop_grace_s != "auto":
+        return run.launch.stop_grace_s, "[launch].stop_grace_s in the run config"
+    if slurm:
+        return run.slurm.signal_s, f"[slurm].signal_s: Slurm job {slurm.get('job_id')} is signalled that long before its limit"
+    return STOP_GRACE_S, "the usual grace after SIGTERM (torchrun's, Kubernetes')"
+
+
 def node_rank(run: RunConfig, rendezvous: dict[str, Any] | None, slurm: dict[str, Any] | None = None,
               nnodes: int = 1) -> tuple[int, str]:
     """This node's rank, and why. With the c10d rendezvous only node 0 matters: it hosts the store (torchrun
@@ -416,12 +430,14 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
     port, why_port = master_port(run, facts.get("rendezvous"), slurm)
     rank, why_rank = node_rank(run, facts.get("rendezvous"), slurm, nnodes)
     addr, why_addr = master_addr(run, slurm)
+    grace, why_grace = stop_grace(run, slurm)
     shape = (data.get("train") or {}).get("shape")
     model_keys = (facts.get("model_config") or {}).get("raw_keys") or ()
     template, why_template = chat_template(run, shape, facts.get("chat_template"))
     lora = lora_settings(run, chosen, stage, facts.get("lora_modules"))
     return Plan(
         nproc_per_node=nproc, nnodes=nnodes, node_rank=rank, join_timeout_s=run.launch.join_timeout_s,
+        stop_grace_s=grace,
         world_size=world_size,
         cuda=bool(devices(gpus)),
         per_device_batch_size=per_device, global_batch_size=global_batch, gradient_accumulation_steps=accum,
@@ -453,6 +469,7 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
         on_nan=run.watch.on_nan, max_skips=run.watch.max_skips, loss_spike_factor=run.watch.loss_spike_factor,
         report_to=run.report.to, output_dir=t.output_dir,
         reasons={"precision": why_precision, "master_port": why_port, "node_rank": why_rank, "master_addr": why_addr,
+                 "stop_grace_s": why_grace,
                  **({"chat_template": why_template} if why_template else {})},
     )
 

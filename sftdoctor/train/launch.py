@@ -208,6 +208,9 @@ def worker_env(plan: Plan, config: Path, run_dir: Path) -> dict[str, str]:
         # connectFullMesh failed ... Connection refused", or a stall; pytorch#135712). Opting out gives each
         # round a store of its own, on worker rank 0, at a port published through that round's rendezvous.
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        # torchrun signalled itself (Slurm signals every process of the step) kills the ranks after this long
+        # (torch 2.13 reads it, older releases wait 30 s): as long as the launcher grants them.
+        env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(plan.stop_grace_s))
     return env
 
 
@@ -255,13 +258,14 @@ def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_aft
     resumed_from = newest_complete(run_dir) if resume else None
     first_step = step_of(resumed_from) if resumed_from else 0
     try:
-        code, sig = run_workers(command(resolved_path, plan, resume, stop_after), env, log, echo=echo)
+        code, sig = run_workers(command(resolved_path, plan, resume, stop_after), env, log, echo=echo,
+                                grace_s=plan.stop_grace_s, launcher=plan.world_size > 1)
     finally:
         if not owner(plan):
             shutil.rmtree(resolved_path.parent, ignore_errors=True)
-    if sig is not None:  # asked to stop now (Ctrl-C, scancel): `sftdoctor report RUN_DIR` draws it later
-        step = last_step(run_dir)
+    if sig is not None:  # asked to stop (Ctrl-C, scancel): `sftdoctor report RUN_DIR` draws it later
         checkpoint = newest_complete(run_dir)
+        step = max((s for s in (last_step(run_dir), checkpoint and step_of(checkpoint)) if s), default=None)
         print(f"\nsftdoctor: stopped by {signal.Signals(sig).name}"
               + (f" after step {step}" if step is not None else "")
               + f"; newest complete checkpoint: {os.path.normpath(checkpoint) if checkpoint else 'none yet'}"

@@ -34,17 +34,22 @@ def _die_with_parent() -> None:
         pass
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below `pid`, read from /proc (torchrun starts each rank in a session of its own, so no
     process group holds them all)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
+            ppid = _parent(int(entry.name))
+            if ppid is not None:
+                children.setdefault(ppid, []).append(int(entry.name))
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -66,24 +71,39 @@ def _alive(pids: list[int]) -> list[int]:
     return out
 
 
-def stop_workers(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
-    """Stop the launcher's child and every process under it; returns once none is left. torchrun goes first, by
-    SIGKILL (on SIGTERM it prints a traceback, and it could restart ranks); then SIGTERM to the ranks, SIGKILL
-    to those still there after the grace period."""
-    ranks = descendants(proc.pid)
-    proc.kill()
-    proc.wait()
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        for pid in _alive(ranks):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop_workers(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace_s: float = GRACE_S,
+                 launcher: bool = True) -> None:
+    """Stop the launcher's child and every process under it; returns once none is left. A `launcher` child
+    (torchrun) goes first, by SIGKILL: on a signal it would kill the ranks after its own timeout, and it could
+    restart them. The ranks alone then get `sig` (on SIGTERM they save a checkpoint if it fits,
+    sftdoctor.train.stopping; on SIGINT they stop now; a rank's own helpers are its business), and every
+    process still there after `grace_s` gets SIGKILL."""
+    everything = descendants(proc.pid)
+    if launcher:
+        ranks = [pid for pid in everything if _parent(pid) == proc.pid]
+        proc.kill()
+        proc.wait()
+    else:
+        ranks = [proc.pid]
+        everything.insert(0, proc.pid)
+    _signal(_alive(ranks), sig)
+    for pids, wait in ((ranks, grace_s), (everything, 5.0)):
         deadline = time.monotonic() + wait
-        while _alive(ranks) and time.monotonic() < deadline:
+        while _alive(pids) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if not _alive(ranks):
+            if not launcher:
+                proc.poll()  # reap the rank itself, or it stays on as a zombie
+        if not _alive(everything):
             return
+        _signal(_alive(everything), signal.SIGKILL)
 
 
 def _terminal_like(fd: int) -> tuple[int, int]:
@@ -111,10 +131,13 @@ def _pump(fd: int, console: Console) -> None:
         os.close(fd)
 
 
-def run_workers(argv: list[str], env: dict[str, str], log: Path, echo: bool = False) -> tuple[int, int | None]:
+def run_workers(argv: list[str], env: dict[str, str], log: Path, echo: bool = False, grace_s: float = GRACE_S,
+                launcher: bool = True) -> tuple[int, int | None]:
     """(exit code, the signal that stopped the run or None). Every byte the workers write goes to `log`, and
     with `echo` to the terminal too (console.Console). The workers start in a session of their own, so a
-    Ctrl-C reaches the launcher alone, which then stops every process it started instead of orphaning them."""
+    Ctrl-C reaches the launcher alone, which then stops every process it started instead of orphaning them.
+    After SIGTERM the ranks get `grace_s` to save and stop; after Ctrl-C, GRACE_S. `launcher`: the child is
+    torchrun, not the only rank."""
     received: list[int] = []
     terminal = sys.stdout.buffer if echo else None
     read, write = _terminal_like(sys.stdout.fileno()) if echo and sys.stdout.isatty() else os.pipe()
@@ -132,7 +155,8 @@ def run_workers(argv: list[str], env: dict[str, str], log: Path, echo: bool = Fa
             while proc.poll() is None and not received:
                 time.sleep(0.2)
             if received:
-                stop_workers(proc)
+                sig = received[0]
+                stop_workers(proc, sig, grace_s if sig == signal.SIGTERM else GRACE_S, launcher)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

@@ -142,6 +142,7 @@ def watched_trainer_class(drill: dict | None):
 # ---------------------------------------------------------------- train
 
 DISTRIBUTED_CHECK_SECONDS = 3.0
+SIGTERM_EXIT = 143  # the shell's 128 + 15, what the launcher returns too
 
 
 def main(argv: list[str]) -> int:
@@ -170,7 +171,7 @@ def main(argv: list[str]) -> int:
     from transformers import set_seed
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from sftdoctor.train import adapters, callbacks, noise, watch
+    from sftdoctor.train import adapters, callbacks, noise, stopping, watch
     from sftdoctor.run.checkpoints import newest_complete
 
     set_seed(plan.seed)
@@ -208,6 +209,9 @@ def main(argv: list[str]) -> int:
         if (plan.drill or {}).get("kind") == "hang":
             trainer.add_callback(watch.HangDrill(plan.drill, guard.watchdog))
 
+    stopper = stopping.SaveOnSignal(trainer, plan)  # last: it reads the save time CompleteCheckpoints' barrier ends
+    trainer.add_callback(stopper)
+
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     checkpoint = newest_complete(run_dir) if options.resume or restarted else None
     if checkpoint and rank() == 0:
@@ -216,6 +220,9 @@ def main(argv: list[str]) -> int:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     except watch.RunStopped as stop:
         return stop.code  # every rank stops here, before the optimizer step and before any save
+    if stopper.stopped:  # SIGTERM: the checkpoint (if one fitted the grace) is the run's state, not a final model
+        shut_down()
+        return SIGTERM_EXIT
 
     # ------------------------------------------------------------ cleanup
     if not options.stop_after:

@@ -62,20 +62,23 @@ def submit(cfg, env):
 @pytest.mark.slow
 def test_sbatch_runs_the_run_and_sigterm_requeues_it_to_resume(tmp_path, tiny_data, slurm):
     """The generated script under a real Slurm: the job trains; `scancel --signal=TERM` (what the time limit's
-    --signal sends) stops it with its newest complete checkpoint; the job requeues itself and resumes from it."""
-    cfg = config(tmp_path, tiny_data["text"], training={"max_steps": 300, "save_steps": 4})
+    --signal sends) mid-run, with no checkpoint due for 1,000 steps, makes the run save the step it is at and
+    stop; the job requeues itself and resumes from that checkpoint."""
+    cfg = config(tmp_path, tiny_data["text"], training={"max_steps": 100, "save_steps": 1000})
     job = submit(cfg, slurm)
     run_dir = tmp_path / "out"
     assert wait_for(slurm, job, ("RUNNING",), 120) == "RUNNING"
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not complete(run_dir):  # signalled at its first complete checkpoint
+    while time.monotonic() < deadline and not (
+            (run_dir / "metrics.jsonl").exists() and any(m["step"] >= 5 for m in metrics(run_dir))):
         time.sleep(0.1)
     subprocess.run(["scancel", "--signal=TERM", job], env=slurm, check=True)
     assert wait_for(slurm, job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 600) == "COMPLETED"
     out = (run_dir / f"slurm-{job}.out").read_text()
-    assert "sftdoctor: stopped by SIGTERM after step" in out and f"requeueing job {job}" in out
-    assert "sftdoctor: resuming from " in out and "run complete" in out
-    assert (run_dir / "final").is_dir() and complete(run_dir)[-1] == "checkpoint-300"
+    stop = int(out.split("every rank stops after step ")[1].split()[0])
+    assert f"stops after step {stop} with a checkpoint" in out and f"requeueing job {job}" in out
+    assert f"sftdoctor: resuming from {run_dir / f'checkpoint-{stop}'}" in out and "run complete" in out
+    assert (run_dir / "final").is_dir() and complete(run_dir) == [f"checkpoint-{stop}", "checkpoint-100"]
     steps = [m["step"] for m in metrics(run_dir)]
-    assert steps == sorted(set(steps)) and steps[-1] == 300  # each step once: the resumed launch's records
+    assert steps == list(range(1, 101))  # each step once: the resumed launch's records from step stop + 1
     assert json.loads((run_dir / "resolved.json").read_text())["reasons"]["node_rank"] == "one node"
