@@ -20,7 +20,9 @@ from typing import Any
 
 from sftdoctor import report
 from sftdoctor.checks import load_checks, run_checks
+from sftdoctor.cluster import gate as shared_gate
 from sftdoctor.errors import InputError
+from sftdoctor.findings import Severity
 from sftdoctor.facts import Facts, Inputs
 from sftdoctor.facts.configs import hub_cache_config, hub_unreachable, is_hub_id
 from sftdoctor.run import Plan, for_launch
@@ -381,6 +383,28 @@ def gate(facts: Facts, plugins: bool) -> tuple[list, bool]:
     return findings, report.exit_code(findings) == 1
 
 
+def nodes_agree(plan: Plan, findings: list, blocked: bool) -> bool:
+    """Every node's gate verdict, shared (sftdoctor.cluster.gate): whether all of them let the run start. Says
+    which node stops it, or which never came."""
+    errors = [f.title for f in findings if f.severity is Severity.ERROR]
+    print(f"\nsftdoctor: waiting for all {plan.nnodes} nodes' checks at {plan.master_addr}:{plan.master_port}", flush=True)
+    try:
+        verdicts = shared_gate.share(plan.master_addr, plan.master_port, plan.nnodes, plan.node_rank == 0,
+                                     plan.join_timeout_s, {"blocked": blocked, "errors": errors})
+    except shared_gate.GateError as e:
+        print(f"sftdoctor: not starting: {e}", flush=True)
+        return False
+    me = socket.gethostname()
+    others = [v for v in shared_gate.blocking(verdicts) if v["host"] != me]
+    for v in others:
+        print(f"sftdoctor: not starting: the checks on {v['host']} found errors: {'; '.join(v['errors'])} "
+              "(fix them there, or run with --force on it)", flush=True)
+    if not others:
+        print(f"sftdoctor: {'every node passed its checks' if not blocked else 'the other nodes passed their checks'}: "
+              f"{', '.join(v['host'] for v in verdicts)}", flush=True)
+    return not others
+
+
 TRAINING_STACK = ("torch", "transformers", "trl", "accelerate", "datasets")
 
 
@@ -411,6 +435,8 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
         return 1 if blocked and not force else 0
     if batch is not None:
         return batch_job(plan, config, facts.get("run"), blocked and not force, batch == "submit")
+    if plan.nnodes > 1 and not nodes_agree(plan, findings, blocked and not force):
+        return 1
     if blocked and not force:
         print("\nsftdoctor: not starting: the checks above found errors (fix them, or run with --force)")
         return 1

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import install_plugin
 from hosts import two_hosts
 from sftdoctor.facts.system import free_port
 
@@ -51,10 +52,10 @@ def run_config(folder: Path, data: Path, port: int, **launch) -> Path:
                   launch={"nnodes": 2, "nproc_per_node": 1, "master_addr": "node0", "master_port": port, **launch})
 
 
-def train_on(host, cfg: Path, *flags):
+def train_on(host, cfg: Path, *flags, env=None):
     """`sftdoctor train` on a host, as a user runs it there."""
     return host.popen([sys.executable, "-m", "sftdoctor", "train", str(cfg), *flags], stdout=subprocess.PIPE,
-                      stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                      stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
 
 
 @pytest.mark.parametrize("deepspeed", [None, {"zero_stage": 2}], ids=["ddp", "zero2"])
@@ -103,12 +104,38 @@ def test_a_node_that_dies_mid_run_stops_the_other_and_leaves_nothing_running(hos
     assert [h.pids() for h in hosts] == [[], []]
 
 
-def test_a_node_that_never_joins_is_named_after_the_join_timeout(hosts, tmp_path, tiny_data):
-    """node1 never starts: node0's launcher gives up after [launch] join_timeout_s with the cause, not a hang."""
+def test_a_node_that_never_comes_is_named_after_the_join_timeout(hosts, tmp_path, tiny_data):
+    """node1 never starts: node0's launcher gives up after [launch] join_timeout_s, naming who came, not a hang."""
     cfg = run_config(tmp_path, tiny_data["text"], free_port(), rehearse=False, join_timeout_s=10)
     began = time.monotonic()
     out, err = train_on(hosts[0], cfg).communicate(timeout=300)
     assert time.monotonic() - began < 120
-    [failed] = [line for line in out.splitlines() if line.startswith("sftdoctor: the run failed")]
-    assert "before its first step): not every node joined the rendezvous within its join timeout" in failed, out[-2000:]
+    [refused] = [line for line in out.splitlines() if line.startswith("sftdoctor: not starting")]
+    assert "1 of 2 nodes reached the gate within 10 s (node0); the others never came" in refused, out[-2000:]
     assert hosts[0].pids() == []
+
+
+SITE_CHECK = '''
+from sftdoctor.checks import check
+from sftdoctor.findings import error
+
+@check("site-scratch", "this node's scratch disk")
+def site_scratch(env):
+    return error("/scratch is full on this node", fix="clean /scratch")
+'''
+
+
+def test_a_node_whose_checks_fail_stops_every_node_before_any_starts(hosts, tmp_path, tiny_data):
+    """Only node1 has a site check that finds an error: both launchers refuse, naming node1 and its error,
+    and neither starts torchrun (the verdicts meet at node0's address before any launch)."""
+    cfg = run_config(tmp_path, tiny_data["text"], free_port())
+    (tmp_path / "site").mkdir()
+    env = install_plugin(tmp_path / "site", SITE_CHECK)
+    procs = [train_on(hosts[0], cfg), train_on(hosts[1], cfg, env=env)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [1, 1], outs
+    assert "sftdoctor: not starting: the checks on node1 found errors: /scratch is full on this node" in outs[0]
+    assert "sftdoctor: the other nodes passed their checks: " in outs[1]
+    assert "sftdoctor: not starting: the checks above found errors" in outs[1]
+    assert not (tmp_path / "out" / "train.log").exists() and not (tmp_path / "out" / "rehearsal.log").exists()
+    assert [h.pids() for h in hosts] == [[], []]
