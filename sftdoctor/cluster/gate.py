@@ -4,7 +4,8 @@ Each node's launcher runs the preflight on its own machine; then they meet once 
 (node 0 hosts a TCPStore on master_port, closed again before torchrun binds it) and each puts its verdict
 there. A node whose checks found errors stops every node, named with its errors, instead of letting the
 others start and wait for it; a node that never comes is named by the ones that did, after
-`[launch] join_timeout_s`. Keys are numbered by arrival: nodes other than 0 may all be "node rank 1"
+`[launch] join_timeout_s`. A node that comes back to a run in progress skips the gate (in_progress). Keys
+are numbered by arrival: nodes other than 0 may all be "node rank 1"
 (torchrun assigns their ranks as they join).
 """
 
@@ -58,6 +59,20 @@ def share(addr: str, port: int, nnodes: int, host: bool, timeout_s: float, verdi
         return verdicts
     finally:
         del store
+
+
+def in_progress(addr: str, port: int, rendezvous_key: str, timeout_s: float = 5.0) -> bool:
+    """Whether the run is already on at this rendezvous: torchrun's store answers there and holds the run's
+    rendezvous state. A node coming back (after a crash, with `[launch] max_restarts`) then joins the restart
+    round instead of waiting at a gate the others passed long ago. Node 0 hosts that store: only another node
+    asks."""
+    from torch.distributed import TCPStore
+
+    try:
+        store = TCPStore(addr, port, None, False, timedelta(seconds=timeout_s))
+        return bool(store.check([rendezvous_key]))
+    except Exception:  # nobody there yet, or the gate's own store: not a run in progress
+        return False
 
 
 def _first_line(e: Exception) -> str:

@@ -82,7 +82,10 @@ def connect(bound: float):
     # agent's off), and init_process_group then opens the same port again: one server serves both.
     store = dist.TCPStore(os.environ["MASTER_ADDR"], env_int("MASTER_PORT"), world, is_master=(rank == 0 and not agent),
                           timeout=timedelta(seconds=bound), wait_for_workers=False, multi_tenant=True)
-    run = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    # The agent's store outlives restart rounds: key by the round. Rank 0's own store is the round's alone, and
+    # the restart count is not the same on every node (a node that came back starts again from 0).
+    round_ = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") if agent else "own"
+    run = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}-{os.environ['MASTER_PORT']}-{round_}"
     return dist.PrefixStore(f"sftdoctor-check/{run}/", store)
 
 

@@ -110,6 +110,15 @@ def default_store():
         return None
 
 
+def rendezvous_key(run_id: str) -> str:
+    """The key torchrun's c10d rendezvous keeps its state under in the rendezvous store (node 0's TCPStore at
+    the endpoint): `torch.distributed.elastic.rendezvous.c10d_rendezvous_backend.C10dRendezvousBackend._key`.
+    A node coming back finds by it that the run it left is still on (sftdoctor.cluster.gate.in_progress).
+
+    Verified with torch 2.13.0: "torch.rendezvous." + run_id, unprefixed."""
+    return "torch.rendezvous." + run_id
+
+
 def dump_flight_recorder() -> bytes | None:
     """The flight recorder's trace now, as the pickled bytes that torchfrtrace reads:
     `torch._C._distributed_c10d._dump_nccl_trace()` where it exists, else `_dump_fr_trace()`.

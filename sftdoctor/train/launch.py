@@ -31,8 +31,7 @@ from sftdoctor.run.checkpoints import checkpoints, newest_complete, remove_incom
 from sftdoctor.run.rundir import FINDINGS, LOG, METRICS, RESOLVED, STOPPED
 from sftdoctor.train.processes import SIGNAL_EXIT, run_workers
 from sftdoctor.train.summary import line_count, read_records, summary
-from sftdoctor.train import noise
-from sftdoctor.train.compat import flight_recorder_env
+from sftdoctor.train import compat, noise
 from sftdoctor.train.evaluation import evaluate_run, result_line
 
 
@@ -176,7 +175,12 @@ def command(resolved_path: Path, plan: Plan, resume: bool, stop_after: int | Non
             f"--nnodes={plan.nnodes}", f"--nproc-per-node={plan.nproc_per_node}",
             f"--max-restarts={plan.max_restarts}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={plan.master_addr}:{plan.master_port}", *host,
-            f"--rdzv-id=sftdoctor-{Path(plan.output_dir).name}-{plan.master_port}", *worker]
+            f"--rdzv-id={rendezvous_id(plan)}", *worker]
+
+
+def rendezvous_id(plan: Plan) -> str:
+    """The same on every node of a run, another for its rehearsal (another run directory)."""
+    return f"sftdoctor-{Path(plan.output_dir).name}-{plan.master_port}"
 
 
 def worker_env(plan: Plan, config: Path, run_dir: Path) -> dict[str, str]:
@@ -201,7 +205,7 @@ def worker_env(plan: Plan, config: Path, run_dir: Path) -> dict[str, str]:
         if "WANDB_API_KEY" not in env:
             env.setdefault("WANDB_MODE", "offline")  # no credentials: log locally, `wandb sync` later
     # NCCL runs: PyTorch's flight recorder on, its dumps in the run directory; the stack's noise silenced.
-    for name, value in {**flight_recorder_env(run_dir), **noise.worker_env(plan.cuda, plan.world_size)}.items():
+    for name, value in {**compat.flight_recorder_env(run_dir), **noise.worker_env(plan.cuda, plan.world_size)}.items():
         env.setdefault(name, value)
     if plan.world_size > 1:
         # torchrun (torch >= 2.5) hands every restart round the same agent-hosted TCPStore and never clears it
@@ -383,6 +387,19 @@ def gate(facts: Facts, plugins: bool) -> tuple[list, bool]:
     return findings, report.exit_code(findings) == 1
 
 
+def rejoining(plan: Plan) -> bool:
+    """A node other than 0 that finds its run in progress at the rendezvous (it crashed and is back, and the
+    others wait in a restart round): it joins that round, without the shared gate or a rehearsal."""
+    if plan.nnodes == 1 or owner(plan) or plan.rehearsal:
+        return False
+    if not shared_gate.in_progress(plan.master_addr, plan.master_port, compat.rendezvous_key(rendezvous_id(plan))):
+        return False
+    print(f"\nsftdoctor: the run is in progress at {plan.master_addr}:{plan.master_port}: this node rejoins it "
+          f"(torchrun's next restart round; {plan.max_restarts} restart{'s' if plan.max_restarts != 1 else ''} allowed)",
+          flush=True)
+    return True
+
+
 def nodes_agree(plan: Plan, findings: list, blocked: bool) -> bool:
     """Every node's gate verdict, shared (sftdoctor.cluster.gate): whether all of them let the run start. Says
     which node stops it, or which never came."""
@@ -435,7 +452,8 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
         return 1 if blocked and not force else 0
     if batch is not None:
         return batch_job(plan, config, facts.get("run"), blocked and not force, batch == "submit")
-    if plan.nnodes > 1 and not nodes_agree(plan, findings, blocked and not force):
+    rejoin = rejoining(plan)
+    if plan.nnodes > 1 and not rejoin and not nodes_agree(plan, findings, blocked and not force):
         return 1
     if blocked and not force:
         print("\nsftdoctor: not starting: the checks above found errors (fix them, or run with --force)")
@@ -467,7 +485,7 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
         for finding in findings:
             log.write(json.dumps({"phase": "preflight", "time": time.time(), "host": socket.gethostname(),
                                   "forced": force and blocked, **finding.to_json()}, default=str) + "\n")
-    if plan.rehearse:
+    if plan.rehearse and not rejoin:
         began, log = time.perf_counter(), node_file(run_dir, "rehearsal.log", plan)
         log.unlink(missing_ok=True)
         print("sftdoctor: rehearsing on the shrunk model (4 steps, a save and a resume; --no-rehearse skips it)",

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import install_plugin
 from hosts import two_hosts
+from trainrun import metrics
 from sftdoctor.facts.system import free_port
 
 pytestmark = pytest.mark.slow
@@ -138,4 +139,35 @@ def test_a_node_whose_checks_fail_stops_every_node_before_any_starts(hosts, tmp_
     assert "sftdoctor: the other nodes passed their checks: " in outs[1]
     assert "sftdoctor: not starting: the checks above found errors" in outs[1]
     assert not (tmp_path / "out" / "train.log").exists() and not (tmp_path / "out" / "rehearsal.log").exists()
+    assert [h.pids() for h in hosts] == [[], []]
+
+
+def test_a_node_that_comes_back_rejoins_and_the_run_resumes_from_the_newest_checkpoint(hosts, tmp_path, tiny_data):
+    """With max_restarts, node1 killed whole after a checkpoint and started again (`--resume`, as a person or
+    an orchestrator does): it finds the run in progress and joins torchrun's restart round on node0, and both
+    go on from the newest complete checkpoint to the end."""
+    cfg = run_config(tmp_path, tiny_data["text"], free_port(), rehearse=False, max_restarts=1, join_timeout_s=180)
+    cfg.write_text(cfg.read_text().replace("max_steps = 6", "max_steps = 60").replace("save_steps = 3", "save_steps = 4")
+                   + "[watch]\nhang_timeout_s = 60\n")
+    node0, node1 = (train_on(host, cfg) for host in hosts)
+    run_dir = tmp_path / "out"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (run_dir / "checkpoint-8" / "sftdoctor-complete").exists():
+        time.sleep(0.2)
+    assert (run_dir / "checkpoint-8" / "sftdoctor-complete").exists(), node0.communicate()
+    assert hosts[1].kill_all()
+    node1.wait(timeout=10)
+    back = train_on(hosts[1], cfg, "--resume")
+    out1, err1 = back.communicate(timeout=400)
+    out0, err0 = node0.communicate(timeout=120)
+    assert [node0.returncode, back.returncode] == [0, 0], (out0[-3000:] + err0[-3000:], out1[-3000:] + err1[-3000:])
+    assert "sftdoctor: the run is in progress at node0:" in out1 and "this node rejoins it" in out1
+    assert "waiting for all 2 nodes' checks" not in out1  # no gate: node0 passed it long ago
+    resumed = [line for line in (run_dir / "train.log").read_text().splitlines() if "resuming from" in line]
+    assert resumed and all("checkpoint-" in line for line in resumed), resumed
+    newest_before_restart = int(resumed[-1].rsplit("checkpoint-", 1)[1])
+    assert newest_before_restart >= 8
+    steps = [m["step"] for m in metrics(run_dir)]
+    assert steps[-1] == 60 and set(steps) == set(range(1, 61)) and (run_dir / "final").is_dir()  # the restart
+    # logs the steps after the checkpoint again; the report reads the later records
     assert [h.pids() for h in hosts] == [[], []]

@@ -318,3 +318,17 @@ def test_the_buffer_size_name_really_switches_the_recorder(tmp_path):
     proc = python(RECORDED_ENTRIES.format(port=free_port()), env={name: "0"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "0"  # 0 turns it off: torch reads this name
+
+
+def test_rendezvous_key_is_where_torchruns_c10d_backend_keeps_its_state():
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    from sftdoctor.facts.system import free_port
+
+    store = TCPStore("127.0.0.1", free_port(), None, True, timedelta(seconds=10), wait_for_workers=False)
+    assert not store.check([compat.rendezvous_key("run-7")])
+    C10dRendezvousBackend(store, "run-7")  # what torchrun's agent on node 0 does at the first round
+    assert store.check([compat.rendezvous_key("run-7")])
