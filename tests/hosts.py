@@ -3,18 +3,21 @@
 Each host is a network namespace with an address of its own on a veth pair joining the two, a hostname of its
 own (a UTS namespace per command) and an /etc/hosts naming both (`ip netns exec` bind-mounts
 /etc/netns/NAME/hosts over /etc/hosts). Traffic stays between the two namespaces. They share the file
-system, as the nodes of a cluster share their storage. Needs root and iproute2; the tests skip without them.
+system, as the nodes of a cluster share their storage, except what a host bind-mounts over it for itself
+(`Host.with_mounts`: a file of another content on one node only, as a node with another install). Needs root
+and iproute2; the tests skip without them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -25,11 +28,19 @@ class Host:
     name: str  # its hostname, and its name in the other's /etc/hosts
     netns: str
     addr: str
+    mounts: tuple[tuple[str, str], ...] = ()  # (source, target) bind mounts every command of this host sees
+
+    def with_mounts(self, *mounts: tuple[str | Path, str | Path]) -> Host:
+        """This host, its commands seeing each source file or folder at its target (the rest of the file
+        system is still shared). Each command gets its own mount namespace from `ip netns exec`, so the
+        mounts are made in it, before the command starts, and go with it."""
+        return replace(self, mounts=self.mounts + tuple((str(src), str(dst)) for src, dst in mounts))
 
     def command(self, argv: list[str]) -> list[str]:
-        """`argv` run on this host: in its network namespace, under its own hostname."""
+        """`argv` run on this host: in its network namespace, under its own hostname, with its mounts."""
+        binds = "".join(f"mount --bind {shlex.quote(src)} {shlex.quote(dst)} && " for src, dst in self.mounts)
         return ["ip", "netns", "exec", self.netns, "unshare", "--uts", "sh", "-c",
-                f'hostname {self.name} && exec "$@"', "sh", *map(str, argv)]
+                f'{binds}hostname {self.name} && exec "$@"', "sh", *map(str, argv)]
 
     def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
         return subprocess.Popen(self.command(argv), **kwargs)
