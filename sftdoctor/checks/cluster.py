@@ -38,10 +38,13 @@ def cluster_consistency(cluster: dict[str, Any]):
         values = Counter(str(r.get(key)) for r in ranks)
         if len(values) < 2:
             continue
-        common = values.most_common(1)[0][0]
+        (common, most), (_, next_most) = values.most_common(2)
         odd = [r for r in ranks if str(r.get(key)) != common]
         seen = ", ".join(f"{v} on {n} rank{'s' if n > 1 else ''}" for v, n in values.most_common())
-        findings.append(error(f"{label} differs across ranks: {_where(odd)} differ from the rest",
+        # A tie has no "rest" to blame: name every side.
+        where = f"{_where(ranks)} disagree" if most == next_most else \
+            f"{_where(odd)} differ{'s' if len(odd) == 1 else ''} from the rest"
+        findings.append(error(f"{label} differs across ranks: {where}",
                               detail=f"{label}: {seen}.",
                               fix=f"install the same {label} on every node (same image or environment), then rerun",
                               evidence={"key": key, "values": dict(values), "odd_ranks": [r["rank"] for r in odd]}))

@@ -77,7 +77,7 @@ def in_progress(addr: str, port: int, rendezvous_key: str, timeout_s: float = 5.
 
 def _first_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
+    return text[0][:200].rstrip(".") if text else type(e).__name__
 
 
 def blocking(verdicts: list[dict[str, Any]]) -> list[dict[str, Any]]:
