@@ -9,10 +9,17 @@ from sftdoctor.findings import error, info, ok, warning
 
 
 @check("packing", "packed samples stay isolated: proven with a tiny model of the run's architecture")
-def packing(run, packing_probe: dict[str, Any] | None = None):
+def packing(run, packing_probe: dict[str, Any] | None = None, plan=None):
     asked = run.training.packing
     if asked is False:
         return ok("off: one sample per row, padded to the longest in the micro-batch")
+    if asked == "auto" and plan is not None and not plan.packing and (packing_probe or {}).get("isolated"):
+        return info(f"off ({plan.reasons.get('packing')})",
+                    detail="Packed samples stay isolated here, but without a varlen kernel each packed row's attention "
+                           "spans the whole row (masked block-diagonally), so it costs max_length squared whatever it "
+                           "holds. Rows of like length are batched together instead (LengthGroupedSampler), which "
+                           "leaves little padding.", fix='[training] packing = true to pack anyway',
+                    evidence={"asked": asked, "probe": packing_probe})
     probe = packing_probe or {}
     isolated = probe.get("isolated")
     attn = probe.get("attn_implementation", "?")

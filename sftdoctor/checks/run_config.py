@@ -108,7 +108,8 @@ def gradient_checkpointing(plan):
                    "deprecated alias); sftdoctor passes the name the installed version reads." + adapters,
             evidence={"argument": plan.checkpointing_arg, "use_reentrant": plan.checkpointing_reentrant}))
     else:
-        findings.append(info("off: every layer's activations stay in memory (fastest, most memory)",
+        findings.append(info(f"off ({plan.reasons.get('checkpointing', 'as asked')}): every layer's activations stay "
+                             "in memory (fastest, most memory)",
                              fix="[training] gradient_checkpointing = true if memory runs short"))
     if "activation_checkpointing" in ds:
         findings.append(warning(

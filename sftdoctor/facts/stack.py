@@ -32,6 +32,9 @@ def probe_transformers_features(facts) -> dict[str, Any] | None:
         if re.search(r"^\s+activation_checkpointing: ", training_args, re.M) else "gradient_checkpointing",
         # transformers 5.x dropped warmup_ratio: a warmup_steps below 1 is the ratio instead.
         "warmup_ratio": bool(re.search(r"^\s+warmup_ratio: ", training_args, re.M)),
+        # transformers 5.x: train_sampling_strategy="group_by_length" replaced group_by_length=True.
+        "length_grouping_arg": "train_sampling_strategy"
+        if re.search(r"^\s+train_sampling_strategy: ", training_args, re.M) else "group_by_length",
         # include_num_input_tokens_seen="non_padding" counts only real tokens (transformers >= 4.57).
         "non_padding_token_count": '"non_padding"' in training_args,
     }

@@ -81,6 +81,7 @@ def sft_config(plan: Plan, has_eval: bool):
         f"{arg}_kwargs": {"use_reentrant": plan.checkpointing_reentrant} if plan.checkpointing else None,
         "packing": plan.packing,
         "packing_strategy": "bfd",
+        **plan.length_grouping,
         "max_length": plan.max_length,
         "assistant_only_loss": plan.assistant_only_loss,
         "seed": plan.seed,

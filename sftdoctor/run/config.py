@@ -139,9 +139,12 @@ class Training(Section):
     max_grad_norm: float = key("a number >= 0", _float(0.0), 1.0, doc="0 turns clipping off")
     epochs: float = key("a number > 0 and <= 10000", _float(0.0, 1e4, low_open=True), 1)
     max_steps: int | None = key("an integer from 1 to 1000000000", _int(1, 10**9), doc="overrides epochs")
-    gradient_checkpointing: bool = key("true or false", _bool, True, doc="non-reentrant activation checkpointing")
+    gradient_checkpointing: bool | str = key('true, false or "auto"', _auto_or_bool, "auto",
+                                             doc="non-reentrant activation checkpointing; auto = off where the "
+                                                 "memory plan fits without it (and without GPUs), else on")
     packing: bool | str = key('true, false or "auto"', _auto_or_bool, "auto",
-                              doc="auto = on when a probe proves packed samples stay isolated on this stack")
+                              doc="auto = on with a varlen attention kernel (flash-attn) when a probe proves packed "
+                                  "samples stay isolated; else one sample per row, batched by length")
     liger_kernel: bool | str = key('true, false or "auto"', _auto_or_bool, "auto", doc="auto = on CUDA when installed")
     seed: int = key("an integer from 0 to 4294967295", _int(0, 2**32 - 1), 42)
     logging_steps: int = key("an integer from 1 to 1000000000", _int(1, 10**9), 10)

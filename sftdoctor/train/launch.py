@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -132,8 +133,9 @@ def describe(plan: Plan) -> str:
         f"{'s' if plan.nnodes > 1 else ''})",
         f"global batch    {plan.global_batch_size} = {plan.per_device_batch_size} per device x {accumulation} "
         f"accumulation x {plan.world_size}",
-        f"tokens per step <= {plan.tokens_per_step_max:,} (max_length {plan.max_length}, packing "
-        f"{'on' if plan.packing else 'off'})",
+        f"tokens per step <= {plan.tokens_per_step_max:,} (max_length {plan.max_length})",
+        f"packing         {'on' if plan.packing else 'off'} ({plan.reasons.get('packing')})",
+        f"checkpointing   {'on' if plan.checkpointing else 'off'} ({plan.reasons.get('checkpointing')})",
         f"precision       {plan.precision} (weights loaded in {plan.load_dtype}); attention {plan.attn_implementation}; "
         f"liger-kernel {'on' if plan.liger_kernel else 'off'}",
         f"schedule        {schedule(plan)}",
@@ -361,6 +363,9 @@ def rehearse(plan: Plan, env: dict[str, str], log: Path | None = None) -> int:
     return start(plan, run_dir, env, resume=True, log=log) if code == 0 else code
 
 
+BANNER = re.compile(r"[=\-*_]{8,}")  # torchrun's failure report is framed by rules of '=': never the last words
+
+
 def failure_cause(log: Path, offset: int = 0) -> str:
     """The root cause of a failed launch, found as `sftdoctor explain --log` finds it in what the launch wrote
     to `log` (from byte `offset`), else its last words."""
@@ -375,7 +380,8 @@ def failure_cause(log: Path, offset: int = 0) -> str:
     lead = found.root or next(iter(found.findings), None)
     if lead is not None:
         return f"{lead.finding.title} (line {before + lead.line} of {shown}; `sftdoctor explain --log {shown}`)"
-    return tail[-1].strip() if tail else "it printed nothing"
+    words = [line.strip() for line in tail if not BANNER.fullmatch(line.strip())]
+    return words[-1] if words else "it printed nothing"
 
 
 def gate(facts: Facts, plugins: bool) -> tuple[list, bool]:

@@ -49,7 +49,8 @@ def test_warmup_is_judged_against_the_steps_the_data_gives(run, tmp_path):
 
 
 def test_gradient_checkpointing_check(run, tmp_path):
-    on = run("gradient-checkpointing", plan=plan_of(make_run(tmp_path), transformers_features=NEW))
+    on = run("gradient-checkpointing", plan=plan_of(make_run(tmp_path, training={"gradient_checkpointing": True}),
+                                                    transformers_features=NEW))
     assert severities(on) == ["ok"] and "TrainingArguments.activation_checkpointing" in on[0].title
     (tmp_path / "ds.json").write_text("{}")
     ds = {"path": "ds.json", "config": {"activation_checkpointing": {"partition_activations": True}}}

@@ -18,7 +18,8 @@ from sftdoctor.facts.stack import probe_transformers_features
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALLED = {"cosine_with_min_lr": True, "min_lr_rate": True, "min_lr": True,
-             "checkpointing_arg": "activation_checkpointing", "warmup_ratio": False, "non_padding_token_count": True}
+             "checkpointing_arg": "activation_checkpointing", "warmup_ratio": False, "non_padding_token_count": True,
+             "length_grouping_arg": "train_sampling_strategy"}
 
 
 def test_the_installed_transformers_5_24_reads_as_its_features():
@@ -56,6 +57,7 @@ def test_the_features_match_the_installed_training_arguments(tmp_path):
     fields = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
     features = probe_transformers_features(Facts())
     assert features["checkpointing_arg"] in fields
+    assert features["length_grouping_arg"] in fields and "group_by_length" not in fields  # 5.x dropped the old name
     assert features["warmup_ratio"] == ("warmup_ratio" in fields)
     with pytest.raises(TypeError):  # 5.x really rejects it: a warmup_ratio passed through would crash the run
         transformers.TrainingArguments(output_dir=str(tmp_path), warmup_ratio=0.1)
@@ -102,10 +104,11 @@ def test_a_transformers_4_source_reads_as_the_older_features(tmp_path):
                 metadata={"help": "If True, use gradient checkpointing to save memory at the expense of slower backward pass."},
             )
             include_num_input_tokens_seen: Optional[bool] = field(default=False)
+            group_by_length: bool = field(default=False)
     '''))
     assert probe_in_child([ROOT, tmp_path]) == {
         "cosine_with_min_lr": True, "min_lr_rate": True, "min_lr": True, "checkpointing_arg": "gradient_checkpointing",
-        "warmup_ratio": True, "non_padding_token_count": False}
+        "warmup_ratio": True, "non_padding_token_count": False, "length_grouping_arg": "group_by_length"}
 
 
 def test_without_transformers_the_fact_is_unavailable():

@@ -214,3 +214,58 @@ def test_what_the_run_config_says_wins_over_slurm(tmp_path):
     run = make_run(tmp_path, launch={"nnodes": 1, "master_addr": "10.0.0.5", "master_port": 29400, "nproc_per_node": 2})
     plan = plan_of(run, slurm=SLURM)
     assert (plan.nnodes, plan.node_rank, plan.master_addr, plan.master_port, plan.nproc_per_node) == (1, 0, "10.0.0.5", 29400, 2)
+
+
+# ---------------------------------------------------------------- automatic packing and checkpointing
+
+
+def llama8b_shape():
+    import json
+    from dataclasses import asdict
+
+    from conftest import FIXTURES
+    from sftdoctor.run.shape import closed_form
+
+    return asdict(closed_form(json.loads((FIXTURES / "model_config" / "Meta-Llama-3-8B.json").read_text())))
+
+
+@pytest.mark.parametrize("gpus, max_length, micro, on", [(H100x8, 1024, 1, False), (V100x4, 4096, 4, True)],
+                         ids=["fits-without", "needs-it"])
+def test_auto_checkpointing_is_off_exactly_where_the_memory_plan_fits_without_it(tmp_path, gpus, max_length, micro, on):
+    from dataclasses import replace
+
+    from sftdoctor.run.gpus import smallest_memory
+    from sftdoctor.run.resolve import memory_fit
+    from sftdoctor.run.shape import Shape
+
+    cfg = make_run(tmp_path, data={"max_length": max_length}, training={"per_device_batch_size": micro},
+                   deepspeed={"zero_stage": 3})
+    found = recorded_gpus(gpus)
+    plan = plan_of(cfg, gpus=found, model_shape=llama8b_shape())
+    without = memory_fit(replace(plan, checkpointing=False), Shape(**llama8b_shape()), smallest_memory(found)).current
+    assert plan.checkpointing is on and without.fits is (not on)
+    assert plan.reasons["checkpointing"].startswith("auto: on, without it the plan needs" if on else
+                                                    "auto: off, the plan fits without it")
+
+
+def test_auto_checkpointing_without_gpus_is_off_and_an_explicit_choice_is_kept(tmp_path):
+    plan = plan_of(make_run(tmp_path))
+    assert not plan.checkpointing and plan.reasons["checkpointing"] == "auto: no GPU to size it for, off"
+    kept = plan_of(make_run(tmp_path, training={"gradient_checkpointing": True}))
+    assert kept.checkpointing and kept.reasons["checkpointing"] == "[training].gradient_checkpointing in the run config"
+    unknown = plan_of(make_run(tmp_path), gpus=recorded_gpus(H100x8))  # no model shape to size it with
+    assert unknown.checkpointing and "unknown" in unknown.reasons["checkpointing"]
+
+
+def test_auto_packing_needs_a_varlen_kernel_and_otherwise_batches_rows_by_length(tmp_path):
+    isolated = {"isolated": True, "max_abs_diff": 0.0, "tolerance": 1e-4, "attn_implementation": "sdpa"}
+    sdpa = plan_of(make_run(tmp_path), packing_probe=isolated, transformers_features=NEW)
+    assert not sdpa.packing and sdpa.length_grouping == {"train_sampling_strategy": "group_by_length"}
+    assert sdpa.reasons["packing"] == "auto: sdpa has no varlen kernel, so one sample per row, batched by length"
+    old = plan_of(make_run(tmp_path), transformers_features={**NEW, "length_grouping_arg": "group_by_length"})
+    assert old.length_grouping == {"group_by_length": True}  # transformers 4.x's name
+    flash = plan_of(make_run(tmp_path, model={"attn_implementation": "flash_attention_2"}),
+                    packing_probe={**isolated, "attn_implementation": "flash_attention_2"}, transformers_features=NEW)
+    assert flash.packing and flash.length_grouping == {}
+    asked = plan_of(make_run(tmp_path, training={"packing": True}), transformers_features=NEW)
+    assert asked.packing and asked.reasons["packing"] == "[training].packing in the run config"

@@ -141,3 +141,11 @@ def test_check_dry_run_and_the_worker_agree_on_the_precision(tmp_path, tiny_data
         assert smoke.returncode == 0, smoke.stdout[-2000:] + smoke.stderr[-2000:]
         plan = Plan.from_json(json.loads((tmp_path / "out" / "smoke" / "resolved-smoke.json").read_text()))
         assert plan.precision == decided and plan.load_dtype == "float32"
+
+
+def test_a_failure_no_signature_knows_is_told_by_its_last_words_not_torchruns_rule(tmp_path):
+    from sftdoctor.train.launch import failure_cause
+
+    log = tmp_path / "train.log"
+    log.write_text("loading the model\nrank 1 exited with code 1\n" + "=" * 60 + "\n")  # no exception to quote
+    assert failure_cause(log) == "rank 1 exited with code 1"
