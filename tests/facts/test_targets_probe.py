@@ -54,7 +54,7 @@ def by_severity(findings):
     return {f.severity.value: [x.title for x in findings if x.severity == f.severity] for f in findings}
 
 
-@pytest.mark.parametrize("packing", [False, "auto"])
+@pytest.mark.parametrize("packing", [False, True])
 def test_the_tiny_example_trains_its_end_of_turn_token_packed_or_not(tmp_path, packing):
     [finding] = example(tmp_path, packing=packing)
     assert finding.severity.value == "ok", finding.title
