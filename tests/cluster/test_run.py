@@ -74,7 +74,9 @@ def test_a_node_with_another_torch_is_named_and_the_sweep_runs_across_nodes(tmp_
     assert all(code == 1 for code, _, _ in results), [r[2][-2000:] for r in results]
     doc = json.loads(next(out for _, out, _ in results if out.strip()))
     [odd] = [f for f in doc["findings"] if f["id"] == "cluster-consistency"]
-    assert "torch differs across ranks: node b" in odd["title"] and "2.4.1+cu121 on 2 ranks" in odd["detail"]
+    # two ranks on each side: a tie, so both nodes are named
+    assert odd["title"] == "torch differs across ranks: node a (ranks 0, 1); node b (ranks 2, 3) disagree"
+    assert "2.4.1+cu121 on 2 ranks" in odd["detail"]
     groups = {g["name"] for g in doc["facts"]["cluster"]["sweep"]["groups"]}
     assert groups == {"node a", "node b", "across nodes"}
 
