@@ -151,7 +151,7 @@ def test_a_firewall_on_the_rendezvous_port_stops_both_nodes_at_the_gate_each_nam
         f"started, failed before their checks, or cannot reach node0:{port}"), out0[-2000:]
     assert line_of(out1, "sftdoctor: not starting: ") == (
         f"sftdoctor: not starting: could not reach node 0 at node0:{port} within 10 s (The client socket has timed "
-        f"out after 10000ms while trying to connect to (node0, {port}).): it is not started yet, or a firewall or a "
+        f"out after 10000ms while trying to connect to (node0, {port})): it is not started yet, or a firewall or a "
         "wrong master_addr is in the way"), out1[-2000:]
     assert not (tmp_path / "out" / "train.log").exists()  # torchrun never started
     assert [h.pids() for h in hosts] == [[], []]

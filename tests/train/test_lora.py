@@ -17,7 +17,7 @@ from trainrun import EXAMPLES, complete, config, metrics, train
 TINY = EXAMPLES / "tiny"
 # A random base learns slowly through rank-8 adapters alone: a LoRA-sized rate moves the loss in 6 steps.
 LORA = {"r": 8, "merge": True}
-FAST = {"learning_rate": 1e-2, "max_steps": 6, "save_steps": 3}
+FAST = {"learning_rate": 1e-2, "max_steps": 6, "save_steps": 3, "packing": True}  # packed: more rows per step
 
 
 def lora_config(folder, training=None, lora=None, **more):

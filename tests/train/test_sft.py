@@ -65,12 +65,14 @@ def test_the_bundled_example_trains_and_the_loss_falls(tmp_path):
     assert inked > 0.02 and colours > 100, (inked, colours)  # not a blank page
 
 
-@pytest.mark.parametrize("shape, packing", [("messages", "auto"), ("prompt_completion", "auto"), ("text", False)])
+@pytest.mark.parametrize("shape, packing", [("messages", True), ("prompt_completion", True), ("text", "auto")])
 def test_each_row_shape_trains(tmp_path, tiny_data, shape, packing):
     proc = train(config(tmp_path, tiny_data[shape], training={"packing": packing}))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     plan = json.loads((tmp_path / "out" / "resolved.json").read_text())
-    assert plan["data_shape"] == shape and plan["packing"] is (packing == "auto")
+    assert plan["data_shape"] == shape and plan["packing"] is (packing is True)
+    # auto under sdpa: one sample per row, batched by length (transformers 5's LengthGroupedSampler)
+    assert plan["length_grouping"] == ({} if packing is True else {"train_sampling_strategy": "group_by_length"})
     assert [m["step"] for m in metrics(tmp_path / "out")] == [1, 2, 3, 4]
 
 
