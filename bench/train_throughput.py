@@ -1,7 +1,11 @@
 """Real tokens per second of `sftdoctor train` with its automatic choices against a plain TRL SFTTrainer in
 each setting a practitioner would try, on the same tiny model and the same data, in one run.
 
-    python bench/train_throughput.py [--steps 30] [--max-length 512] [--rows 2000] [--repeats 1]
+    python bench/train_throughput.py [--rows 400] [--max-length 512] [--repeats 1]
+
+Every trainer makes one pass over the same rows (an epoch, however it batches or packs them), so each
+processes the same tokens: a fixed step count would favour whoever's first steps hold the shortest rows
+(LengthGroupedSampler starts with the longest).
 
 The data has a realistic length distribution: lognormal token counts (median 150, sigma 0.8, as public
 SFT sets have), capped at max_length. TRL's settings: its defaults (gradient checkpointing on, no
@@ -58,7 +62,7 @@ def write_data(path: Path, rows: int, max_length: int, seed: int = 0) -> dict:
     return {"median": lengths[len(lengths) // 2], "p95": lengths[int(len(lengths) * 0.95)], "max": lengths[-1]}
 
 
-def sftdoctor_run(work: Path, data: Path, steps: int, max_length: int) -> dict:
+def sftdoctor_run(work: Path, data: Path, max_length: int, rows: int) -> dict:
     """`sftdoctor train` with every automatic choice left to it, on the CPU."""
     out = work / "sftdoctor"
     shutil.rmtree(out, ignore_errors=True)
@@ -71,9 +75,9 @@ train = "{data}"
 max_length = {max_length}
 [training]
 per_device_batch_size = {BATCH}
-max_steps = {steps}
-logging_steps = {steps}
-save_steps = {steps * 10}
+epochs = 1
+logging_steps = {math.ceil(rows / BATCH)}
+save_steps = 100000
 output_dir = "{out}"
 ''')
     proc = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(config)], capture_output=True, text=True)
@@ -91,13 +95,13 @@ import json, sys
 from datasets import load_dataset
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
-tiny, data, out, steps, batch, max_length, packing, checkpointing = sys.argv[1:9]
+tiny, data, out, batch, max_length, packing, checkpointing = sys.argv[1:8]
 tokenizer = AutoTokenizer.from_pretrained(f"{tiny}/model")
 model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(f"{tiny}/model"))
-# TRL's defaults but for the setting tried, what the CPU needs (bf16 off), the shared steps, batch and max_length.
-args = SFTConfig(output_dir=out, max_steps=int(steps), per_device_train_batch_size=int(batch), bf16=False,
+# TRL's defaults but for the setting tried, what the CPU needs (bf16 off), the shared epoch, batch and max_length.
+args = SFTConfig(output_dir=out, num_train_epochs=1, per_device_train_batch_size=int(batch), bf16=False,
                  max_length=int(max_length), packing=packing == "1", gradient_checkpointing=checkpointing == "1",
-                 report_to=[], save_strategy="no", logging_steps=int(steps), disable_tqdm=True, use_cpu=True)
+                 report_to=[], save_strategy="no", logging_steps=100000, disable_tqdm=True, use_cpu=True)
 trainer = SFTTrainer(model=model, args=args, train_dataset=load_dataset("json", data_files=data, split="train"),
                      processing_class=tokenizer)
 collate, seen = trainer.data_collator, {"real": 0, "all": 0}
@@ -112,8 +116,8 @@ print(json.dumps({"tokens": seen["real"], "seconds": runtime, "padding": 1 - see
 '''
 
 
-def trl_run(work: Path, data: Path, steps: int, max_length: int, packing: bool, checkpointing: bool) -> dict:
-    argv = [sys.executable, "-c", BASELINE, str(TINY), str(data), str(work / "trl"), str(steps), str(BATCH),
+def trl_run(work: Path, data: Path, max_length: int, packing: bool, checkpointing: bool) -> dict:
+    argv = [sys.executable, "-c", BASELINE, str(TINY), str(data), str(work / "trl"), str(BATCH),
             str(max_length), "1" if packing else "0", "1" if checkpointing else "0"]
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode:
@@ -123,9 +127,8 @@ def trl_run(work: Path, data: Path, steps: int, max_length: int, packing: bool, 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--max-length", type=int, default=512)
-    parser.add_argument("--rows", type=int, default=2000)
+    parser.add_argument("--rows", type=int, default=400)
     parser.add_argument("--repeats", type=int, default=1, help="runs of each, interleaved; the median rate counts")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sftdoctor-bench-"))
@@ -135,10 +138,10 @@ def main() -> int:
         data = work / "train.jsonl"
         lengths = write_data(data, args.rows, args.max_length)
         print(f"data: {args.rows} rows, tokens per row median {lengths['median']}, p95 {lengths['p95']}, "
-              f"max {lengths['max']} (max_length {args.max_length}); batch {BATCH}, {args.steps} steps, CPU")
+              f"max {lengths['max']} (max_length {args.max_length}); batch {BATCH}, one epoch each, CPU")
         for _ in range(args.repeats):
-            runs = {"sftdoctor train (auto)": lambda: sftdoctor_run(work, data, args.steps, args.max_length)}
-            runs.update({name: (lambda p=p, c=c: trl_run(work, data, args.steps, args.max_length, p, c))
+            runs = {"sftdoctor train (auto)": lambda: sftdoctor_run(work, data, args.max_length, args.rows)}
+            runs.update({name: (lambda p=p, c=c: trl_run(work, data, args.max_length, p, c))
                          for name, (p, c) in TRL_SETTINGS.items()})
             for name, run in runs.items():
                 r = run()

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from sftdoctor.findings import Finding, Severity
 from sftdoctor.triage import parallel
-from sftdoctor.triage.scan import CHUNK, Line, candidate_lines, decode, read_chunks
+from sftdoctor.triage.scan import CHUNK, Line, Totals, candidate_lines, decode, read_chunks
 from sftdoctor.triage.signatures import Signature, signatures
 from sftdoctor.triage.summaries import SUMMARIES, Context, Generic, Located, Summary, clip, where
 
@@ -35,26 +35,12 @@ class Diagnosis:
         return any(loc.finding.severity.rank >= Severity.WARNING.rank for loc in self.findings)
 
 
-class _Counted:
-    """Chunks passed through, counting bytes and lines on the way (memchr speed)."""
-
-    def __init__(self, chunks: Iterator[bytes]):
-        self.chunks, self.bytes, self.lines, self.last = chunks, 0, 0, b""
-
-    def __iter__(self):
-        for chunk in self.chunks:
-            self.bytes += len(chunk)
-            self.lines += chunk.count(b"\n")
-            self.last = chunk[-1:]
-            yield chunk
-
-
 def diagnose(stream: BinaryIO, source: str = "-", chunk: int = CHUNK, jobs: int = 1,
              range_size: int | None = None) -> Diagnosis:
     """Read the log in `stream` and say what went wrong. A regular file of PARALLEL_MIN bytes or
     more is split across `jobs` processes (`range_size` forces the split, for tests)."""
     by_needle = _by_needle(signatures())
-    counted, hits = _hits(stream, by_needle, chunk, jobs, range_size)
+    totals, hits = _hits(stream, by_needle, chunk, jobs, range_size)
     summaries: dict[str, Summary] = {}
     ctx, matched = Context(), Counter()
     for hit in hits:
@@ -62,8 +48,7 @@ def diagnose(stream: BinaryIO, source: str = "-", chunk: int = CHUNK, jobs: int 
     roles = {s.id: s.role for s in signatures()}
     cascade = Counter({sig_id: n for sig_id, n in matched.items() if roles[sig_id] == "cascade"})
     benign = sum(n for sig_id, n in matched.items() if roles[sig_id] == "benign")
-    lines = counted.lines + (1 if counted.bytes and counted.last != b"\n" else 0)
-    diagnosis = Diagnosis(source, _results(summaries, ctx), None, counted.bytes, lines, cascade, benign, matched)
+    diagnosis = Diagnosis(source, _results(summaries, ctx), None, totals.bytes, totals.lines, cascade, benign, matched)
     return _order(diagnosis, summaries.get("exception"))
 
 
@@ -76,14 +61,15 @@ def _by_needle(sigs: tuple[Signature, ...]) -> dict[bytes, list[Signature]]:
 
 
 def _hits(stream: BinaryIO, by_needle, chunk: int, jobs: int, range_size: int | None):
-    """(what counts bytes and lines, the hits): several processes for a big file, else one stream."""
+    """(the bytes and lines read, complete once the hits are all taken; the hits): several processes
+    for a big file, else one stream."""
     only_if = _only_if(by_needle)
     path = getattr(stream, "name", None) if range_size else parallel.eligible(stream, jobs)
     if path:
         scan = parallel.ParallelScan(path, by_needle, only_if, max(jobs, 1), range_size or parallel.RANGE)
-        return scan, scan
-    counted = _Counted(read_chunks(stream, chunk))
-    return counted, candidate_lines(counted, by_needle, only_if=only_if)
+        return scan.totals, scan
+    totals = Totals()
+    return totals, candidate_lines(read_chunks(stream, chunk), by_needle, only_if=only_if, totals=totals)
 
 
 def _take(hit, by_needle, summaries: dict[str, Summary], ctx: Context, matched: Counter) -> None:

@@ -1,9 +1,9 @@
 """Stream a log and hand over only the lines that may matter.
 
 A log can be many GB with one rank's tqdm bar redrawn a million times on one "line", so it is
-read in fixed chunks: each chunk is searched for the signatures' literal needles at C speed,
-and only the lines around a hit are decoded. Memory stays at about two chunks whatever the
-file; a line longer than `MAX_LINE` is cut into pieces (no signature needs more).
+read in fixed chunks: each chunk is searched for all the signatures' literal needles in one pass
+(needles.py), and only the lines around a hit are decoded. Memory stays at about two chunks
+whatever the file; a line longer than `MAX_LINE` is cut into pieces (no signature needs more).
 """
 
 from __future__ import annotations
@@ -13,7 +13,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import BinaryIO, Iterable, Iterator, NamedTuple
 
-CHUNK = 256 << 10  # a chunk stays in the L2 cache across the ~45 needle passes: ~15% faster than 1 MiB
+from sftdoctor.triage.needles import finder, holders
+
+# A chunk and the lines carried with it stay under glibc's 128 KiB mmap threshold, so their buffers are
+# reused from the heap: at 256 KiB or 1 MiB each one was mapped and faulted in anew (+0.6 s of system
+# time per GB).
+CHUNK = 64 << 10
 MAX_LINE = 64 << 10
 
 # `\r` ends a line too: tqdm redraws with it, and the message after a bar starts a new "line".
@@ -47,7 +52,7 @@ def read_chunks(stream: BinaryIO, size: int = CHUNK) -> Iterator[bytes]:
 
 def candidate_lines(chunks: Iterable[bytes], needles: Iterable[bytes], max_line: int = MAX_LINE,
                     only_if: dict[bytes, tuple[bytes, ...]] | None = None, limit: int | None = None,
-                    tallies: dict[bytes, Tally] | None = None) -> Iterator[Hit]:
+                    tallies: dict[bytes, Tally] | None = None, totals: Totals | None = None) -> Iterator[Hit]:
     """Every line that holds one of `needles`, in order.
 
     A needle in `only_if` is frequent and mostly dull (a Trainer dict at every logging step): its
@@ -58,12 +63,12 @@ def candidate_lines(chunks: Iterable[bytes], needles: Iterable[bytes], max_line:
     line, so the last lines of each chunk wait for the next one before they are searched.
 
     Lines that start at or after byte `limit` are only read as the text after the ones before
-    (a range of a file scanned in parallel). `tallies` collects the `only_if` counts."""
-    needles = sorted(set(needles))
-    if tallies is None:
-        tallies = {}
-    tallies.update({needle: Tally(words) for needle, words in (only_if or {}).items()})
-    carry, line_no, base = b"", 1, 0
+    (a range of a file scanned in parallel). `tallies` collects the `only_if` counts, `totals` the
+    bytes and line ends read (up to `limit`)."""
+    needles = tuple(sorted(set(needles)))
+    search = _Search(needles, tallies if tallies is not None else {}, only_if or {})
+    totals = totals if totals is not None else Totals()
+    carry, base = b"", 0
     for chunk in chunks:
         buf = carry + chunk if carry else chunk
         seps = _last_separators(buf, 2 * LOOKAHEAD + 1)
@@ -72,15 +77,40 @@ def candidate_lines(chunks: Iterable[bytes], needles: Iterable[bytes], max_line:
         if search_end == 0 and len(buf) > 4 * max_line:
             search_end = data_end = data_end or len(buf)  # enormous lines: take them in pieces
         if limit is not None and base + search_end >= limit:
-            yield from _scan(buf, limit - base, data_end, needles, tallies, line_no, max_line)
+            yield from _scan(buf, limit - base, data_end, search, totals, max_line)
             return
-        yield from _scan(buf, search_end, data_end, needles, tallies, line_no, max_line)
-        line_no += buf.count(b"\n", 0, search_end)
+        yield from _scan(buf, search_end, data_end, search, totals, max_line)
         base += search_end
         carry = buf[search_end:]
     if carry:
         end = len(carry) if limit is None else min(len(carry), limit - base)
-        yield from _scan(carry, end, len(carry), needles, tallies, line_no, max_line)
+        yield from _scan(carry, end, len(carry), search, totals, max_line)
+
+
+class Totals:
+    """What a scan has read: bytes, newlines and the last byte (a last line without a newline counts too)."""
+
+    def __init__(self):
+        self.bytes, self.newlines, self.last = 0, 0, b""
+
+    def add(self, buf: bytes, end: int) -> None:
+        if end > 0:
+            self.bytes += end
+            self.newlines += buf.count(b"\n", 0, end)
+            self.last = buf[end - 1:end]
+
+    def extend(self, after: Totals) -> None:
+        """These totals followed by those of the bytes just after (the next range of a file)."""
+        self.bytes += after.bytes
+        self.newlines += after.newlines
+        self.last = after.last or self.last
+
+    @property
+    def lines(self) -> int:
+        return self.newlines + (1 if self.bytes and self.last != b"\n" else 0)
+
+
+Span = tuple[int, int, int]  # a needle's first hit on a line, the line's start and end
 
 
 class Tally:
@@ -89,15 +119,23 @@ class Tally:
     KEEP = 5
 
     def __init__(self, words: tuple[bytes, ...]):
-        self.words, self.count, self.recent = words, 0, deque(maxlen=self.KEEP)
+        self.count, self.recent, self.holding = 0, deque(maxlen=self.KEEP), holders(words)
 
-    def wanted(self, buf: bytes, start: int, stop: int) -> bool:
-        line = buf[start:stop]
-        if any(word in line for word in self.words):
-            return True
-        self.count += 1
-        self.recent.append(line)
-        return False
+    def keep(self, buf: bytes, spans: list[Span]) -> list[tuple[int, int, int, tuple]]:
+        """The spans whose line holds one of the words, each with the snapshot before it; the others are
+        counted and the last few kept. One search for all of a chunk's lines: a log holds a Trainer dict
+        for every logging step, and almost none holds a nan."""
+        kept, counted = [], 0
+        for i in self.holding(buf, spans):
+            self._skip(buf, spans[counted:i])
+            kept.append((*spans[i], self.snapshot()))
+            counted = i + 1
+        self._skip(buf, spans[counted:])
+        return kept
+
+    def _skip(self, buf: bytes, spans: list[Span]) -> None:
+        self.count += len(spans)
+        self.recent.extend(buf[start:stop] for _, start, stop in spans[-self.KEEP:])
 
     def snapshot(self) -> tuple[int, tuple[bytes, ...]]:
         return self.count, tuple(self.recent)
@@ -123,46 +161,72 @@ def _last_separators(buf: bytes, n: int) -> list[int]:
     return found
 
 
-def _scan(buf: bytes, search_end: int, data_end: int, needles: list[bytes], tallies: dict[bytes, Tally],
-          line_no: int, max_line: int) -> Iterator[Hit]:
-    counted = 0
-    for start, (hit, stop, found, before) in _hit_lines(buf, search_end, data_end, needles, tallies):
+def _scan(buf: bytes, search_end: int, data_end: int, search: _Search, totals: Totals, max_line: int
+          ) -> Iterator[Hit]:
+    line_no, counted = totals.newlines + 1, 0
+    for start, (hit, stop, found, before) in search.lines(buf, search_end, data_end):
         line_no += buf.count(b"\n", counted, start)
         counted = start
         line = buf[max(start, hit - max_line // 2):min(stop, hit + max_line // 2)]
-        yield Hit(line_no, line, found, buf[stop:min(data_end, stop + FOLLOWING)], before)
+        yield Hit(line_no, line, [search.needles[i] for i in sorted(found)], buf[stop:min(data_end, stop + FOLLOWING)],
+                  {search.needles[i]: before[i] for i in sorted(before)})
+    totals.add(buf, search_end)
 
 
-def _hit_lines(buf: bytes, end: int, data_end: int, needles: list[bytes], tallies: dict[bytes, Tally]) -> list:
-    """(line start, [first hit, line end, needles in it, tallies before it]) of each line holding a
-    needle, in order.
+class _Search:
+    """One scan's needles, the engine that finds them, and the tallies of its `only_if` ones."""
 
-    One `bytes.find` pass per needle (C speed, GB/s) beats one alternation regex over every
-    position by ~2x for a few dozen needles."""
-    lines: dict[int, list] = {}
-    for needle in needles:
-        tally = tallies.get(needle)
-        hit = buf.find(needle, 0, end)
-        while hit >= 0:
-            start = max(buf.rfind(b"\n", 0, hit), buf.rfind(b"\r", 0, hit)) + 1
-            stop = _line_end(buf, hit, data_end)
-            if tally is not None and not tally.wanted(buf, start, stop):
-                hit = buf.find(needle, stop, end)
-                continue
-            if (entry := lines.get(start)) is None:
-                lines[start] = entry = [hit, stop, [], {}]
-            entry[0] = min(entry[0], hit)
-            if not entry[2] or entry[2][-1] is not needle:
-                entry[2].append(needle)
-                if tally is not None:
-                    entry[3][needle] = tally.snapshot()
-            hit = buf.find(needle, hit + len(needle), end)
-    return sorted(lines.items())
+    def __init__(self, needles: tuple[bytes, ...], tallies: dict[bytes, Tally],
+                 only_if: dict[bytes, tuple[bytes, ...]]):
+        tallies.update({needle: Tally(words) for needle, words in only_if.items()})
+        self.needles, self.find = needles, finder(needles)
+        self.lengths = [len(needle) for needle in needles]
+        self.tallies = [tallies.get(needle) for needle in needles]
+
+    def lines(self, buf: bytes, end: int, data_end: int) -> list:
+        """(line start, [first hit, line end, needle indexes in it, tallies before it]) of each line holding a
+        needle, in order."""
+        lines: dict[int, list] = {}
+        for index, spans in self._spans(buf, end, data_end).items():
+            tally = self.tallies[index]
+            kept = spans if tally is None else tally.keep(buf, spans)
+            for hit, start, stop, *before in kept:  # a span an `only_if` tally kept carries its snapshot
+                if (entry := lines.get(start)) is None:
+                    lines[start] = entry = [hit, stop, [], {}]
+                entry[0] = min(entry[0], hit)
+                entry[2].append(index)
+                if before:
+                    entry[3][index] = before[0]
+        return sorted(lines.items())
+
+    def _spans(self, buf: bytes, end: int, data_end: int) -> dict[int, list[Span]]:
+        """Per needle index, (first hit, line start, line end) of each line it is found on, in order: its later
+        occurrences on a line change nothing. This loop runs for every Trainer dict (~700k per GB)."""
+        spans: dict[int, list[Span]] = {}
+        done = [0] * len(self.needles)  # per needle: where the last line it was found on ends
+        lengths = self.lengths
+        for hit_end, index in self.find(buf, end):
+            if (hit := hit_end - lengths[index]) >= done[index]:
+                start, stop = _line_around(buf, hit, data_end)
+                done[index] = stop
+                spans.setdefault(index, []).append((hit, start, stop))
+        return spans
 
 
-def _line_end(buf: bytes, pos: int, end: int) -> int:
-    ends = [i for i in (buf.find(b"\n", pos, end), buf.find(b"\r", pos, end)) if i >= 0]
-    return min(ends) if ends else end
+def _line_around(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """Where the line holding `pos` starts and ends (its `\n` or `\r`, else `end`)."""
+    if pos == 0 or buf[pos - 1] in _ENDS:  # most Trainer dicts start their line
+        start = pos
+    else:
+        start = buf.rfind(b"\n", 0, pos)
+        start = max(start, buf.rfind(b"\r", start + 1, pos)) + 1  # the `\r` search stops at the line start
+    stop = buf.find(b"\n", pos, end)
+    stop = end if stop < 0 else stop
+    carriage = buf.find(b"\r", pos, stop)
+    return start, stop if carriage < 0 else carriage
+
+
+_ENDS = (ord("\n"), ord("\r"))
 
 
 def decode(hit: Hit) -> Line:

@@ -38,6 +38,12 @@ def topics(data: bytes, chunk: int = 1 << 20) -> list[str]:
     return [loc.finding.id for loc in diagnose(io.BytesIO(data), chunk=chunk).findings if loc.role != "context"]
 
 
+def everything(diagnosis):
+    """All a report or --json shows: counts, findings with their roles, cascade, benign, signatures."""
+    return (diagnosis.lines, diagnosis.bytes, [(l.line, l.role, l.finding) for l in diagnosis.findings],
+            diagnosis.root and diagnosis.root.line, dict(diagnosis.cascade), diagnosis.benign, dict(diagnosis.matched))
+
+
 def located(diagnosis) -> list:
     """(line, finding) of every finding, in the order the report shows them."""
     return [(loc.line, loc.finding) for loc in diagnosis.findings]

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from conftest import FIXTURES
-from triage.helpers import LOGS, line_of, located, log_bytes
+from triage.helpers import LOGS, everything, line_of, located, log_bytes
 from sftdoctor.triage import diagnose, parallel
 
 
@@ -27,24 +27,20 @@ def test_a_large_file_split_across_processes_gives_the_same_diagnosis(tmp_path):
     assert nan.evidence["first_bad_entry"] == 401 and nan.evidence["last_finite_loss"] == "1.0025"
 
 
-def everything(diagnosis):
-    """All a report or --json shows: counts, findings with their roles, cascade, benign, signatures."""
-    return (diagnosis.lines, diagnosis.bytes, [(l.line, l.role, l.finding) for l in diagnosis.findings],
-            diagnosis.root and diagnosis.root.line, dict(diagnosis.cascade), diagnosis.benign, dict(diagnosis.matched))
-
-
+@pytest.mark.parametrize("jobs", [2, 3])
 @pytest.mark.parametrize("name, topic", [
     ("dist-nccl-timeout-legacy-seq-desync-pytorch.log", "nccl-timeout"),  # per-rank SeqNums merged from every range
     ("gpu-fp16-loss-scale-at-minimum-exit-llamafactory-baichuan13b.log", "fp16-loss-scale"),  # trajectory + cascade
     ("more-negative-deepspeed-cuda-minor-mismatch-accepted-data-loading.log", None),  # benign lines only
 ])
-def test_a_real_log_cut_into_many_small_ranges_is_diagnosed_as_in_one_pass(name, topic):
-    """Ranges of 97 bytes cut through nearly every message; each range is scanned by another process."""
+def test_a_real_log_cut_into_many_small_ranges_is_diagnosed_as_in_one_pass(name, topic, jobs):
+    """Ranges of 97 bytes cut through nearly every message; the calling process scans every `jobs`-th range,
+    worker processes the others."""
     path = FIXTURES / "logs" / name
     with open(path, "rb") as handle:
         alone = diagnose(handle, name)
     with open(path, "rb") as handle:
-        split = diagnose(handle, name, jobs=2, range_size=97)
+        split = diagnose(handle, name, jobs=jobs, range_size=97)
     assert everything(split) == everything(alone)
     assert (split.root and split.root.finding.id) == topic
     assert split.lines == log_bytes(name).count(b"\n") + (not log_bytes(name).endswith(b"\n"))
