@@ -14,6 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from sftdoctor.train.processes import descendants  # the launcher's own walk of /proc
+
 TAIL_LINES = 25
 HISTORY: list[dict] = []  # every child run: its log name, seconds and exit code (None: killed at its timeout)
 
@@ -28,29 +30,6 @@ class ChildFailed(Exception):
 
 def tail(text: str, lines: int = TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            parent = _parent_of(int(entry.name))
-            if parent is not None:
-                children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
