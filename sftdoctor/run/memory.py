@@ -375,25 +375,27 @@ def activations(run: Run, s: Setting) -> list[Term]:
             ] + adapter_casts(run, s)
 
 
+# TRL's chunked log-probabilities (trl/kernels/chunked_logprob.py, TRL 1.16): the LM head is projected in tiles of
+# this many tokens x this many vocabulary entries; pinned against the installed TRL by a test.
+TOKEN_TILE, VOCAB_TILE = 4096, 32768
+
+
 def logits(run: Run, s: Setting) -> list[Term]:
-    """The LM head's output and the loss, per token: the logits in the training dtype, their fp32 copy
-    (transformers 5.24's loss calls `logits.float()`, a no-op in fp32) and the softmax cross-entropy keeps
-    (4 B x vocab). liger's fused linear cross-entropy computes the loss in chunks instead. TRL 1.16's
-    SFTTrainer tiles its LM head too (`add_fused_lm_head`), so for sftdoctor's own trainer this term is an
-    upper bound; plain transformers builds the full logits as counted here. With LoRA the loss's backward is
-    counted instead (12 B x vocab: the softmax output, its gradient and the logits' gradient in fp32): nothing
-    of the weights' gradients is allocated yet, while a full fine-tune's, counted whole, cover it."""
-    tokens, vocab = s.micro_batch * run.seq_len, run.shape.vocab
-    if s.liger:
-        return [Term("logits and loss", 0, "liger fused linear cross-entropy: logits never materialised")]
-    if run.lora is not None:
-        return [Term("logits and loss", 12 * vocab * tokens,
-                     "12 B x vocab x tokens: the loss's fp32 softmax output, its gradient and the logits' gradient, "
-                     "alive together as the backward starts")]
-    b = dtype_bytes(run.precision)
-    per_token = b + (0 if b == 4 else 4) + 4
-    return [Term("logits and loss", per_token * vocab * tokens,
-                 f"{per_token} B x vocab x tokens: logits{'' if b == 4 else ', their fp32 copy'} and the loss's softmax")]
+    """The LM head and the loss. TRL 1.16's SFTTrainer (sftdoctor's trainer, with or without liger, whose fused
+    cross-entropy it refuses) patches the model with `add_fused_lm_head`: the full (tokens x vocab) logits never
+    exist. What does: one tile of the projection, the positions with a label copied for it (Triton devices), and
+    in the backward the fp32 accumulators of the hidden states' gradient and, when the head trains (not under
+    LoRA), of the head's weight gradient (vocab x hidden x 4 B)."""
+    tokens, vocab, hidden, b = s.micro_batch * run.seq_len, run.shape.vocab, run.shape.hidden, dtype_bytes(run.precision)
+    tile = min(tokens, TOKEN_TILE) * min(vocab, VOCAB_TILE) * b
+    # Per token x hidden: the labelled positions' copy (b), their fp32 gradient (4) and its cast back (b), the
+    # backward of the slice that puts it back at full shape (b), the final RMSNorm's fp32 backward (4); 20 B in
+    # fp32 as measured on this stack.
+    inputs = tokens * hidden * (3 * b + 8) + tokens * 32  # and the kernel's fp32 per-token statistics
+    head = 0 if run.lora is not None else 4 * vocab * hidden
+    formula = (f"TRL's fused LM head: a {min(tokens, TOKEN_TILE)} x {min(vocab, VOCAB_TILE)} tile, {3 * b + 8} B x "
+               f"hidden + 32 B per token" + ("" if run.lora is not None else ", the head's fp32 gradient (4 B x vocab x hidden)"))
+    return [Term("logits and loss", tile + inputs + head, formula)]
 
 
 def layer_backward(run: Run, s: Setting) -> list[Term]:
@@ -472,7 +474,7 @@ def candidate(run: Run, s: Setting, global_batch: int, gpu_memory: int) -> Candi
 
 def candidates(run: Run, global_batch: int, gpu_memory: int, liger_available: bool,
                quantize: str | None = None) -> list[Candidate]:
-    """Every ZeRO stage (and optimizer offload for 2 and 3) x checkpointing x micro-batch x liger that reaches
+    """Every ZeRO stage (and optimizer offload for 2 and 3) x checkpointing x micro-batch (liger on where available) that reaches
     `global_batch` exactly, fastest first; none when the ranks cannot share it evenly. A LoRA run keeps its
     base (`quantize`); a 16-bit one that fits nowhere is also tried on a 4-bit base: QLoRA changes the weights
     the adapters train over, so it is offered only where no 16-bit base fits."""
@@ -484,9 +486,9 @@ def candidates(run: Run, global_batch: int, gpu_memory: int, liger_available: bo
 
 def _grid(run: Run, global_batch: int, gpu_memory: int, liger_available: bool, quantize: str | None) -> list[Candidate]:
     micro = [m for m in MICRO_BATCHES if global_batch % (m * run.world) == 0]
-    ligers = (True, False) if liger_available else (False,)
-    return [candidate(run, Setting(stage, offload, ckpt, m, liger, quantize), global_batch, gpu_memory)
-            for (stage, offload), ckpt, m, liger in itertools.product(STAGES, (False, True), micro, ligers)]
+    # liger changes no term (the loss is TRL's fused head either way), only speed: on wherever it can run.
+    return [candidate(run, Setting(stage, offload, ckpt, m, liger_available, quantize), global_batch, gpu_memory)
+            for (stage, offload), ckpt, m in itertools.product(STAGES, (False, True), micro)]
 
 
 @dataclass
