@@ -191,6 +191,41 @@ def train(config, resume, dry_run, smoke, force, drill, no_plugins, no_rehearse,
     sys.exit(code)
 
 
+@main.command("sweep")
+@click.argument("sweep_file", metavar="SWEEP.toml", type=click.Path(path_type=Path))
+@click.option("--facts", "facts_file", type=click.Path(path_type=Path),
+              help="Judge the trials (the gate, the narrowing) on a recorded machine's facts (`sftdoctor facts`) "
+                   "instead of this one's; with --dry-run, see what fits there.")
+@click.option("--dry-run", is_flag=True, help="Check the sweep file, narrow the space and show it, with the study so far; "
+                                              "run no trial.")
+@click.option("--no-plugins", is_flag=True, help="Do not load third-party checks (or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1).")
+def sweep_command(sweep_file, facts_file, dry_run, no_plugins):
+    """Search hyperparameters: each trial a `sftdoctor train` run of the base config with one point of the
+    space, through the same gate (a setting the checks refuse is pruned before it launches), Optuna's
+    sampler and pruner, the study in SWEEP_DIR/study.journal (rerun to resume; run it on several nodes to
+    share it). At the end: the table, best.toml, the pictures and the best runs' report.
+
+    Exit 0: a trial completed; 1: none did; 2: bad input; 130/143: stopped (rerun to go on)."""
+    from importlib.util import find_spec
+
+    from sftdoctor.checks import plugins_enabled
+    from sftdoctor.errors import InputError, InputErrors
+
+    if find_spec("optuna") is None:
+        click.echo("sftdoctor: error: `sftdoctor sweep` needs optuna, which is not installed: "
+                   "pip install 'sftdoctor[sweep]'", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    from sftdoctor.sweep.command import sweep
+
+    try:
+        code = sweep(sweep_file, facts_file, dry_run=dry_run, plugins=plugins_enabled(no_plugins))
+    except (InputError, InputErrors) as exc:
+        _bad_input(exc)
+    except ModuleNotFoundError as exc:
+        _missing_stack(exc, "sweep")
+    sys.exit(code)
+
+
 class Size(click.ParamType):
     """A memory size: 80GiB, 80GB, 81920MiB, 40G."""
 

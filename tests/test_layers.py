@@ -1,4 +1,4 @@
-"""The layering contract: run -> facts -> checks -> report/kb -> triage -> runreport -> plan -> cluster -> eval -> train -> cli,
+"""The layering contract: run -> facts -> checks -> report/kb -> triage -> runreport -> plan -> cluster -> eval -> train -> sweep -> cli,
 from the floor up. No module imports a layer above its own, lazily (inside a function) or not: read from
 the source, so an import that only runs on a rare path is caught too."""
 
@@ -20,6 +20,7 @@ LAYERS = [
     ("sftdoctor.cluster",),
     ("sftdoctor.eval",),
     ("sftdoctor.train",),
+    ("sftdoctor.sweep",),
     ("sftdoctor.cli", "sftdoctor.__main__"),
 ]
 

@@ -20,6 +20,12 @@ from typing import Any
 
 from sftdoctor.facts.probe_cache import cached, folder_files
 
+# Plan fields the probe's answer does not depend on: it builds the trainer and collates rows, it never steps.
+UNSEEN = frozenset({"train_files", "eval_files", "model_path", "tokenizer_path", "reasons", "master_port", "master_addr",
+                    "learning_rate", "lr_scheduler", "lr_scheduler_kwargs", "warmup", "warmup_steps", "weight_decay",
+                    "max_grad_norm", "epochs", "total_steps", "logging_steps", "save_steps", "save_total_limit",
+                    "eval_steps", "hang_timeout_s", "ddp_timeout_s", "stop_grace_s", "join_timeout_s", "on_nan",
+                    "max_skips", "loss_spike_factor"})
 SAMPLE_ROWS = 64  # per data file: the first ones, plus its longest and shortest rows
 SHOWN_CHARS = 1200
 TIMEOUT_S = 600
@@ -37,10 +43,10 @@ def probe_training_targets(facts) -> dict[str, Any] | None:
     request = probe_plan(plan, "").to_json()
     files = [Path(name) for name in plan.train_files] + folder_files(tokenizer_folder(plan.model_path)) + \
         folder_files(folder)
-    # Paths are keyed by their files' content; the rendezvous (a fresh free port on every call with "auto")
-    # does not change what the trainer is given.
-    keyed = {k: v for k, v in request.items() if k not in ("train_files", "eval_files", "model_path", "tokenizer_path",
-                                                          "reasons", "master_port", "master_addr")}
+    # Paths are keyed by their files' content; the rendezvous (a fresh free port on every call with "auto"), the
+    # optimizer, the schedule and the logging do not change what the trainer's collator gives the model, so every
+    # trial of a learning-rate sweep reads the one answer back.
+    keyed = {k: v for k, v in request.items() if k not in UNSEEN}
     return cached("targets", keyed, files, lambda: _child(plan))
 
 

@@ -391,14 +391,25 @@ def _resolve_path(spec: Key, value: Any, folder: Path, errors: list[InputError],
     return tuple(value) if isinstance(value, list) else value
 
 
-def _section(kind: type[Section], name: str, given: dict[str, Any], path: Path, errors: list[InputError]) -> Section:
+def unknown_key(name: str, specs: dict[str, Key]) -> str:
+    """What to say of a key a section does not have: a did-you-mean (other tools' names too), the known keys."""
+    hint = f" (did you mean {SYNONYMS[name]!r}?)" if SYNONYMS.get(name) in specs else did_you_mean(name, specs)
+    return f"unknown key{hint}; known keys: {', '.join(specs)}"
+
+
+def unknown_section(name: str) -> str:
+    return f"unknown section; expected one of {', '.join(SECTIONS)}{did_you_mean(name, SECTIONS)}"
+
+
+def read_section(kind: type[Section], name: str, given: dict[str, Any], path: Path, errors: list[InputError]) -> Section:
+    """One table of a TOML file read into `kind`: each key checked against its Key, paths resolved relative to
+    `path`; every problem appended to `errors` (the section of another file, a sweep's, reads the same way)."""
     specs = keys(kind)
     values: dict[str, Any] = {}
     for k, value in given.items():
         spec, where = specs.get(k), f"[{name}].{k}"
         if spec is None:
-            hint = f" (did you mean {SYNONYMS[k]!r}?)" if SYNONYMS.get(k) in specs else did_you_mean(k, specs)
-            errors.append(InputError(path, f"unknown key{hint}; known keys: {', '.join(specs)}", key=where))
+            errors.append(InputError(path, unknown_key(k, specs), key=where))
         elif not spec.accepts(value):
             errors.append(InputError(path, f"expected {spec.expected}, got {value!r}", key=where))
         else:
@@ -415,11 +426,10 @@ def validate(raw: dict[str, Any], path: Path) -> RunConfig:
     errors: list[InputError] = []
     for name, value in raw.items():
         if name not in SECTIONS:
-            errors.append(InputError(path, f"unknown section; expected one of {', '.join(SECTIONS)}"
-                                           f"{did_you_mean(name, SECTIONS)}", key=f"[{name}]"))
+            errors.append(InputError(path, unknown_section(name), key=f"[{name}]"))
         elif not isinstance(value, dict):
             errors.append(InputError(path, "expected a table ([section] with keys)", key=name))
-    sections = {name: _section(kind, name, raw[name] if isinstance(raw.get(name), dict) else {}, path, errors)
+    sections = {name: read_section(kind, name, raw[name] if isinstance(raw.get(name), dict) else {}, path, errors)
                 for name, kind in SECTIONS.items() if name not in OPTIONAL or name in raw}
     for name, a, b in EXCLUSIVE:
         if name in sections and sections[name].is_given(a) and sections[name].is_given(b):

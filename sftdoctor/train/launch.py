@@ -393,6 +393,27 @@ def gate(facts: Facts, plugins: bool) -> tuple[list, bool]:
     return findings, report.exit_code(findings) == 1
 
 
+def preflight(config: Path, plugins: bool, facts_file: Path | None = None) -> tuple[Facts, list, bool]:
+    """The gate of `sftdoctor train`, and of every trial of `sftdoctor sweep`: the run config and its data read
+    (bad input raises, before anything runs), the preflight checks run and shown; (facts, findings, any
+    error). `facts_file`: judge a recorded machine's facts (`sftdoctor facts`) instead of this one's."""
+    facts = Facts(Inputs(config=config, facts=facts_file))
+    facts.get("run")  # a bad run config or data file is bad input: exit 2 before anything runs
+    facts.get("data")
+    findings, blocked = gate(facts, plugins)
+    if facts.get("plan") is None:  # a probe of the run's inputs failed: nothing to launch
+        raise InputError(config, f"the run cannot be planned: {facts.why_missing('plan') or facts.why_missing('run')}")
+    return facts, findings, blocked
+
+
+def record_preflight(run_dir: Path, findings: list, forced: bool = False) -> None:
+    """The gate's findings appended to RUN_DIR/findings.jsonl (the report marks them before step 0)."""
+    with open(run_dir / FINDINGS, "a", encoding="utf-8") as log:
+        for finding in findings:
+            log.write(json.dumps({"phase": "preflight", "time": time.time(), "host": socket.gethostname(),
+                                  "forced": forced, **finding.to_json()}, default=str) + "\n")
+
+
 def rejoining(plan: Plan) -> bool:
     """A node other than 0 that finds its run in progress at the rendezvous (it crashed and is back, and the
     others wait in a restart round): it joins that round, without the shared gate or a rehearsal."""
@@ -443,12 +464,7 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
           batch: str | None = None) -> int:
     """`batch`: "write" the run as a Slurm batch script instead of training, or "submit" it too."""
     require_training_stack()
-    facts = Facts(Inputs(config=config))
-    facts.get("run")  # a bad run config or data file is bad input: exit 2 before anything runs
-    facts.get("data")
-    findings, blocked = gate(facts, plugins)
-    if facts.get("plan") is None:  # a probe of the run's inputs failed: nothing to launch
-        raise InputError(config, f"the run cannot be planned: {facts.why_missing('plan') or facts.why_missing('run')}")
+    facts, findings, blocked = preflight(config, plugins)
     plan = for_launch(facts.get("plan"), rehearsal=smoke, drill=drill, plugins=plugins, forced=force,
                       rehearse=rehearse_first)
     check_drill(drill, plan)
@@ -487,10 +503,7 @@ def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool
         print(f"sftdoctor: resuming from {checkpoint or 'scratch: no complete checkpoint'}")
     if plan.deepspeed is not None and owner(plan):
         write_json(run_dir / "deepspeed.json", plan.deepspeed)  # for the reader; the workers take it from the plan
-    with open(run_dir / FINDINGS, "a", encoding="utf-8") as log:
-        for finding in findings:
-            log.write(json.dumps({"phase": "preflight", "time": time.time(), "host": socket.gethostname(),
-                                  "forced": force and blocked, **finding.to_json()}, default=str) + "\n")
+    record_preflight(run_dir, findings, forced=force and blocked)
     if plan.rehearse and not rejoin:
         began, log = time.perf_counter(), node_file(run_dir, "rehearsal.log", plan)
         log.unlink(missing_ok=True)

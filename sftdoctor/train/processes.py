@@ -24,7 +24,7 @@ SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's 128 + sig
 GRACE_S = 10.0  # after SIGTERM, what the ranks get to finish before SIGKILL
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the launcher dies, even by SIGKILL (Linux PR_SET_PDEATHSIG)."""
     try:
         import ctypes
@@ -144,7 +144,7 @@ def run_workers(argv: list[str], env: dict[str, str], log: Path, echo: bool = Fa
     with open(log, "ab") as sink:
         console = Console(sink, terminal)
         try:
-            proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent,
+            proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=die_with_parent,
                                     stdin=subprocess.DEVNULL, stdout=write, stderr=subprocess.STDOUT)
         finally:
             os.close(write)
