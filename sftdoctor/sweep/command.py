@@ -103,7 +103,8 @@ def record(study, trial, outcome: Outcome, stop: Stop) -> None:
     elif outcome.state == "pruned":
         study.tell(trial, state=TrialState.PRUNED)
         where = "" if outcome.launched else "; not launched"
-        say(f"sftdoctor: trial {trial.number}: pruned by {why.get('id')}: {why.get('title')} ({took}{where})")
+        cause = why.get("title") if why.get("id") in ("pruner", "objective") else f"{why.get('id')}: {why.get('title')}"
+        say(f"sftdoctor: trial {trial.number}: pruned: {cause} ({took}{where})")
     elif outcome.state == "failed":
         study.tell(trial, state=TrialState.FAIL)
         say(f"sftdoctor: trial {trial.number}: failed: {why.get('title')} ({took})")
@@ -140,18 +141,22 @@ def finish(spec: Sweep, study, plugins: bool, ran: int, stop: Stop) -> int:
     for line in written.skipped:
         say(f"  not drawn    {line}")
     if written.report is not None:
-        say(f"  report       {display(written.report)} (the best {min(results.OVERLAID, len(results.best(study)[1]))} "
-            "runs overlaid)")
+        shown = min(results.OVERLAID, len(results.best(study)[1]))
+        say(f"  report       {display(written.report)} ("
+            + (f"the best {shown} runs overlaid)" if shown > 1 else "the best run)"))
     if stop.signal is not None:
         return SIGNAL_EXIT[stop.signal]
     return 0 if written.best is not None else 1
 
 
 def show_dry_run(spec: Sweep, space) -> int:
-    say("sftdoctor: the space sampled:")
-    for line in space_lines(space):
-        say(line)
+    from sftdoctor.sweep.config import Dim
+
     study = studies.existing(spec)
+    stored = (study.user_attrs.get("sweep") or {}).get("space") if study is not None else None
+    say("sftdoctor: the space sampled" + (" (the study's, as it was created):" if stored else ":"))
+    for line in space_lines(tuple(Dim.from_json(d) for d in stored) if stored else space):
+        say(line)
     if study is None:
         say(f"sftdoctor: no study yet in {display(spec.output_dir)}; nothing was run (--dry-run)")
         return 0

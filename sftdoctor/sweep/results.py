@@ -48,7 +48,9 @@ def why_of(t, retries: dict[int, int]) -> str:
         return f"retried as trial {retries[t.number]}" + (f" ({t.user_attrs['interrupted']})"
                                                           if t.user_attrs.get("interrupted") else "")
     why = t.user_attrs.get("why")
-    if isinstance(why, dict) and why.get("title") and t.value is None:
+    if isinstance(why, dict) and why.get("title") and state_of(t, retries) in ("pruned", "failed"):
+        if why.get("id") in ("pruner", "objective", "run"):
+            return why["title"]
         return f"{why['id']}: {why['title']}"
     if t.user_attrs.get("host") and show_running(t):
         return f"on {t.user_attrs['host']} (pid {t.user_attrs.get('pid')})"
@@ -62,13 +64,16 @@ def show_running(t) -> bool:
 
 
 def table(study, sweep: Sweep) -> str:
+    from optuna.trial import TrialState
+
     trials = study.get_trials(deepcopy=False)
     retries = {t.user_attrs["retry_of"]: t.number for t in trials if isinstance(t.user_attrs.get("retry_of"), int)}
     names = [d.name for d in sweep.space]
-    header = ["trial", "state", objective_name(sweep), *names, "pruned or failed by"]
+    header = ["trial", "state", objective_name(sweep), *names, "why pruned or failed"]
     rows = [header]
     for t in trials:
-        value = f"{t.value:.4f}" if t.value is not None else "-"
+        # a pruned trial's value is its last evaluation's (Optuna's), shown in parentheses
+        value = "-" if t.value is None else f"{t.value:.4f}" if t.state == TrialState.COMPLETE else f"({t.value:.4f})"
         rows.append([str(t.number), state_of(t, retries), value,
                      *[show(t.params[n]) if n in t.params else "-" for n in names], why_of(t, retries)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]

@@ -207,12 +207,24 @@ def sampler(sweep: Sweep, space: tuple[Dim, ...], worker: int):
 
     seed = sweep.seed + worker
     if sweep.sampler == "grid":
-        return optuna.samplers.GridSampler({d.name: list(d.choices) for d in space}, seed=seed)
+        return grid_sampler({d.name: list(d.choices) for d in space}, seed)
     if sweep.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     # a third of the budget (at most Optuna's 10) drawn at random before TPE models the results
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(2, sweep.trials // 3)),
                                       constant_liar=True)
+
+
+def grid_sampler(search_space: dict[str, list[Any]], seed: int):
+    """Optuna's grid, without its `study.stop()` once every point was visited (which only works inside
+    `study.optimize`): the budget, at most the grid's size, ends the sweep."""
+    from optuna.samplers import GridSampler
+
+    class Grid(GridSampler):
+        def after_trial(self, study, trial, state, values) -> None:
+            return None
+
+    return Grid(search_space, seed=seed)
 
 
 def eval_every(sweep: Sweep) -> int:
