@@ -202,12 +202,14 @@ def describe_change(stored: dict[str, Any], sweep: Sweep) -> str:
 
 
 def sampler(sweep: Sweep, space: tuple[Dim, ...], worker: int):
-    """TPE, random or grid, seeded per worker: two workers with one seed would draw the same points."""
+    """TPE or random seeded per worker (two workers with one seed would draw the same points); the grid with the
+    sweep's own seed on every worker: Optuna's grid gives trial k the k-th point of an order shuffled by the seed,
+    so one order over all workers gives every trial its own point."""
     import optuna
 
-    seed = sweep.seed + worker
     if sweep.sampler == "grid":
-        return grid_sampler({d.name: list(d.choices) for d in space}, seed)
+        return grid_sampler({d.name: list(d.choices) for d in space}, sweep.seed)
+    seed = sweep.seed + worker
     if sweep.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     # a third of the budget (at most Optuna's 10) drawn at random before TPE models the results
