@@ -392,7 +392,7 @@ def _range(section: str, k: str, kind: str, value: Any, step: Any, spec: Key, pa
                                      key=where))
             return None
         count = (high - low) / step
-        if abs(count - round(count)) > 1e-9 * max(1.0, abs(count)):
+        if not math.isfinite(count) or abs(count - round(count)) > 1e-9 * max(1.0, abs(count)):
             errors.append(InputError(path, f"step {show(step)} does not divide the range [{show(low)}, {show(high)}]",
                                      key=where))
             return None
