@@ -61,3 +61,28 @@ def trials(sweep_dir: Path, study: str = "sweep"):
     from sftdoctor.sweep.study import storage
 
     return optuna.load_study(study_name=study, storage=storage(sweep_dir)).get_trials(deepcopy=False)
+
+
+LIGHT_BASE = """[model]
+path = "org/model"
+
+[data]
+train = "train.jsonl"
+eval = "eval.jsonl"
+
+[training]
+max_steps = 20
+eval_steps = 5
+"""
+
+
+def light_sweep(folder: Path, space: str, sweep: str = "", name: str = "sweep.toml"):
+    """A Sweep over a base that names a hub model and local data: read and checked, nothing to train."""
+    from sftdoctor.sweep.config import load_sweep
+
+    for data in ("train.jsonl", "eval.jsonl"):
+        (folder / data).write_text('{"text": "a"}\n')
+    (folder / "base.toml").write_text(LIGHT_BASE)
+    path = folder / name
+    path.write_text(f'[sweep]\nbase = "base.toml"\n{sweep}\n[space]\n{space}\n')
+    return load_sweep(path)
