@@ -76,13 +76,13 @@ eval_steps = 5
 """
 
 
-def light_sweep(folder: Path, space: str, sweep: str = "", name: str = "sweep.toml"):
+def light_sweep(folder: Path, space: str, sweep: str = "", name: str = "sweep.toml", base_extra: str = ""):
     """A Sweep over a base that names a hub model and local data: read and checked, nothing to train."""
     from sftdoctor.sweep.config import load_sweep
 
     for data in ("train.jsonl", "eval.jsonl"):
         (folder / data).write_text('{"text": "a"}\n')
-    (folder / "base.toml").write_text(LIGHT_BASE)
+    (folder / "base.toml").write_text(LIGHT_BASE + base_extra)
     path = folder / name
     path.write_text(f'[sweep]\nbase = "base.toml"\n{sweep}\n[space]\n{space}\n')
     return load_sweep(path)

@@ -1,0 +1,153 @@
+"""One trial: the eval losses followed as the run writes them, the pruner's stop, what the run's end says."""
+
+import json
+import math
+import signal
+import sys
+import time
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from sweeprun import light_sweep
+
+from sftdoctor.sweep import study as studies
+from sftdoctor.sweep.trial import Follower, Stop, launched, verdict
+
+RANGE = "training.learning_rate = {log_uniform = [1e-6, 1e-4]}"
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    studies.quiet_optuna()
+
+
+def records(path, *rows):
+    with open(path, "a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def test_the_follower_gives_each_evaluation_once_as_it_is_written(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    follow = Follower(path)
+    assert follow.evals() == []  # not written yet
+    records(path, {"step": 1, "loss": 3.0}, {"step": 2, "eval_loss": 2.5})
+    with open(path, "a") as f:
+        f.write('{"step": 4, "eval_lo')  # a line still being written
+    assert follow.evals() == [(2, 2.5)]
+    with open(path, "a") as f:
+        f.write('ss": 2.0}\n{"step": 4, "train_loss": 1.0}\nnot json\n')
+    assert follow.evals() == [(4, 2.0)] and follow.last == (4, 2.0)
+    # a resumed launch rewrites the file without the records after its checkpoint, then logs them again
+    tmp = tmp_path / "new"
+    records(tmp, {"step": 2, "eval_loss": 2.5}, {"step": 4, "eval_loss": 1.9}, {"step": 6, "eval_loss": 1.7})
+    tmp.replace(path)
+    assert follow.evals() == [(6, 1.7)] and follow.last == (6, 1.7)
+
+
+def fake_launcher(losses, every):
+    """A stand-in for `sftdoctor train`: one evaluation every 0.2 s, then waits; stops on SIGINT or SIGTERM."""
+    return [sys.executable, "-c", f"""
+import json, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+try:
+    for i, loss in enumerate({list(losses)!r}, 1):
+        with open("metrics.jsonl", "a") as f:
+            f.write(json.dumps({{"step": i * {every}, "eval_loss": loss}}) + "\\n")
+        time.sleep(0.2)
+    time.sleep(60)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""]
+
+
+@pytest.fixture
+def median_study(tmp_path):
+    """Three finished trials whose eval loss fell to 1.0 by step 15, under the sweep's median pruner."""
+    sweep = light_sweep(tmp_path, RANGE, "trials = 8")
+    study = optuna.create_study(pruner=studies.pruner(sweep))
+    dist = studies.distributions(sweep.space)
+    for _ in range(3):
+        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=1.0, params={"training.learning_rate": 1e-5},
+                                                  distributions=dist, intermediate_values={5: 2.0, 10: 1.5, 15: 1.0}))
+    return sweep, study
+
+
+def test_a_trial_that_lags_the_median_is_stopped_at_once_and_pruned(tmp_path, median_study, monkeypatch):
+    sweep, study = median_study
+    trial = study.ask(studies.distributions(sweep.space))
+    run_dir = tmp_path / "trial-0003"
+    run_dir.mkdir()
+    monkeypatch.chdir(run_dir)
+    began = time.monotonic()
+    outcome = launched(sweep, study, trial, run_dir, fake_launcher([2.2, 2.1, 2.0, 1.9], 5), Stop())
+    assert time.monotonic() - began < 15  # stopped, not waited for
+    assert outcome.state == "pruned" and outcome.launched
+    assert outcome.why == {"id": "pruner", "title": "the median pruner stopped it at step 10: its best eval_loss so far "
+                                                    "2.1000 is worse than the median 1.5000 of 3 other trials at that step"}
+    # never before its second evaluation: step 5 was reported, not judged
+    assert study.trials[-1].intermediate_values == {5: 2.2, 10: 2.1}
+
+
+def test_a_trial_that_keeps_up_is_not_pruned_and_a_signal_stops_it_for_a_retry(tmp_path, median_study, monkeypatch):
+    sweep, study = median_study
+    trial = study.ask(studies.distributions(sweep.space))
+    run_dir = tmp_path / "trial-0003"
+    run_dir.mkdir()
+    monkeypatch.chdir(run_dir)
+    stop = Stop()
+    signal.signal(signal.SIGALRM, lambda *a: stop(signal.SIGTERM, None))
+    signal.setitimer(signal.ITIMER_REAL, 2.0)
+    try:
+        outcome = launched(sweep, study, trial, run_dir, fake_launcher([1.9, 1.4, 0.9], 5), stop)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    assert outcome.state == "interrupted"
+    assert study.trials[-1].intermediate_values == {5: 1.9, 10: 1.4, 15: 0.9}
+
+
+def ended(tmp_path, code, sweep=None, **files):
+    sweep = sweep or light_sweep(tmp_path, RANGE, "trials = 2")
+    run_dir = tmp_path / "trial-0000"
+    run_dir.mkdir(exist_ok=True)
+    for name, text in files.items():
+        (run_dir / name.replace("_", ".", 1)).write_text(text)
+    follower = Follower(run_dir / "metrics.jsonl")
+    return verdict(sweep, run_dir, code, follower)
+
+
+def test_the_objective_is_the_last_evaluation(tmp_path):
+    metrics = "\n".join(json.dumps(r) for r in ({"step": 5, "eval_loss": 2.0}, {"step": 10, "loss": 1.0},
+                                                {"step": 10, "eval_loss": 1.5})) + "\n"
+    outcome = ended(tmp_path, 0, metrics_jsonl=metrics)
+    assert (outcome.state, outcome.value, outcome.why["title"]) == ("complete", 1.5, "eval_loss at step 10")
+
+
+def test_a_run_without_an_evaluation_fails_and_one_that_diverged_is_pruned(tmp_path):
+    assert ended(tmp_path, 0, metrics_jsonl="").why == {"id": "objective", "title": "the run logged no eval_loss"}
+    diverged = ended(tmp_path, 0, metrics_jsonl=json.dumps({"step": 5, "eval_loss": math.nan}) + "\n")
+    assert diverged.state == "pruned" and diverged.why["title"] == "eval_loss at step 5 is nan: the run diverged"
+
+
+def test_a_watchers_stop_and_a_failed_rehearsal_prune_the_trial_anything_else_fails_it(tmp_path):
+    stopped = json.dumps({"id": "nan-loss", "title": "loss is nan at step 3", "exit_code": 3})
+    outcome = ended(tmp_path, 3, stopped_json=stopped)
+    assert (outcome.state, outcome.why["id"]) == ("pruned", "nan-loss")
+    assert outcome.why["title"] == "the nan-loss watcher stopped the run: loss is nan at step 3"
+    (tmp_path / "trial-0000" / "stopped.json").unlink()
+    rehearsal = ended(tmp_path, 1, rehearsal_log="Traceback (most recent call last):\nRuntimeError: boom\n")
+    assert rehearsal.state == "pruned" and rehearsal.why["id"] == "rehearsal"
+    assert rehearsal.why["title"].startswith("the rehearsal failed: ")
+    (tmp_path / "trial-0000" / "rehearsal.log").unlink()
+    failed = ended(tmp_path, 1, launch_log="step 3/8\nsftdoctor: the run failed (exit 1, after step 3): CUDA error\n")
+    assert (failed.state, failed.why["title"]) == ("failed", "the run failed (exit 1, after step 3): CUDA error")
+
+
+def test_an_lm_eval_objective_is_read_from_eval_json(tmp_path):
+    (tmp_path / "tasks").mkdir()
+    sweep = light_sweep(tmp_path, "lora.r = {choices = [8, 16]}", 'objective = "eval:count/acc"',
+                        base_extra='\n[eval]\ntasks = ["count"]\ninclude = "tasks"\n')
+    doc = {"metrics": {"count": {"acc": {"value": 0.75, "stderr": 0.1}, "acc_norm": {"value": 0.7, "stderr": 0.1}}}}
+    outcome = ended(tmp_path, 0, sweep, eval_json=json.dumps(doc))
+    assert (outcome.state, outcome.value, outcome.why["title"]) == ("complete", 0.75, "count acc")
