@@ -319,3 +319,11 @@ def test_a_broken_sweep_file_is_refused_in_one_line_per_problem_never_a_tracebac
             assert line.startswith("sftdoctor: error: "), shown
             assert str(path) in line or str(folder / "base.toml") in line, shown
     assert sorted(p.name for p in folder.rglob("*")) == before, shown
+
+
+def test_every_shipped_sweep_example_reads_and_narrows():
+    examples = sorted((Path(__file__).parents[2] / "examples" / "sweep").glob("*.toml"))
+    assert examples
+    for example in examples:
+        result, shown = cli(["sweep", example, "--dry-run"])
+        assert result.exit_code == 0, (example, shown)
