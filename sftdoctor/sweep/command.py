@@ -8,6 +8,7 @@ rerun the same command to go on).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -81,7 +82,8 @@ def sweep(path: Path, facts_file: Path | None = None, dry_run: bool = False, plu
                 study.tell(trial, state=TrialState.FAIL)
                 raise
             except BaseException:
-                studies.interrupted(study, trial, "its worker stopped with an error")
+                with contextlib.suppress(Exception):  # the error itself is what to show
+                    studies.interrupted(study, trial, "its worker stopped with an error")
                 raise
             record(study, trial, outcome, stop)
     finally:

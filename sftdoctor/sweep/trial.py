@@ -40,6 +40,7 @@ from sftdoctor.train.processes import GRACE_S, die_with_parent, stop_workers
 CONFIG, GATE_LOG, LAUNCH_LOG, REHEARSAL_LOG, EVAL_RESULT = "run.toml", "gate.log", "launch.log", "rehearsal.log", "eval.json"
 POLL_S = 1.0
 PRUNE_GRACE_S = GRACE_S + 20  # after SIGINT the launcher gives its ranks GRACE_S, then stops
+WAIT_S = 180.0  # at most, for a killed trial's ranks to finish saving before a retry takes over its folder
 
 
 def trial_dir(sweep: Sweep, number: int) -> Path:
@@ -125,14 +126,41 @@ def gate(config: Path, run_dir: Path, plugins: bool, facts_file: Path | None) ->
     return findings, blocked
 
 
-def adopt(sweep: Sweep, trial, run_dir: Path) -> bool:
+def using(folder: Path) -> list[int]:
+    """The processes of this host whose command line names `folder` (a launcher, its ranks)."""
+    found, mine = [], str(folder) + os.sep
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                words = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if any(w.startswith(mine) for w in words):
+                found.append(int(entry.name))
+    return found
+
+
+def wait_for(folder: Path, say: Callable[[str], None], limit_s: float = WAIT_S) -> None:
+    """A killed worker's trial: its launcher got SIGTERM when the worker died, and its ranks may still be saving
+    their checkpoint. Wait for them before the folder changes hands."""
+    deadline = time.monotonic() + limit_s
+    if using(folder):
+        say(f"sftdoctor: waiting for the processes of {display(folder)} to stop (at most {limit_s:.0f} s)")
+    while using(folder) and time.monotonic() < deadline:
+        time.sleep(1.0)
+
+
+def adopt(sweep: Sweep, trial, run_dir: Path, say: Callable[[str], None] = print) -> bool:
     """A retry of an interrupted trial takes over its run directory when it left a complete checkpoint (a
     SIGTERM lets the ranks save one), and resumes from it."""
     retry_of = trial.user_attrs.get("retry_of")
     if not isinstance(retry_of, int) or run_dir.exists():
         return False
     old = trial_dir(sweep, retry_of)
-    if not old.is_dir() or newest_complete(old) is None:
+    if not old.is_dir():
+        return False
+    wait_for(old, say)
+    if newest_complete(old) is None:
         return False
     os.replace(old, run_dir)
     trial.set_user_attr("resumed_from", old.name)
@@ -196,7 +224,7 @@ def run_trial(sweep: Sweep, study, trial, *, plugins: bool, facts_file: Path | N
     began = time.perf_counter()
     number, params = trial.number, dict(trial.params)
     run_dir = trial_dir(sweep, number)
-    resume = adopt(sweep, trial, run_dir)
+    resume = adopt(sweep, trial, run_dir, say)
     config = write_config(sweep, number, params, run_dir)
     trial.set_user_attr("run_dir", run_dir.name)
     findings, blocked = gate(config, run_dir, plugins, facts_file)
