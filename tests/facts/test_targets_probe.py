@@ -182,3 +182,14 @@ def test_a_copy_of_the_same_run_reads_the_probe_back_and_a_changed_template_prob
     changed = example(tmp_path / "c", max_length=24)
     assert [f.title for f in changed] != [f.title for f in first]
     assert len(list((tmp_path / "cache" / "probes").glob("targets-*.json"))) == 2
+
+
+def test_the_fields_the_probe_is_not_keyed_by_are_the_plans_own():
+    """A learning-rate sweep's trials differ only in fields the collated rows do not depend on: one answer
+    serves them all, and a misspelt field here would quietly key every trial apart."""
+    import dataclasses
+
+    from sftdoctor.facts.targets_probe import UNSEEN
+    from sftdoctor.run import Plan
+
+    assert UNSEEN <= {f.name for f in dataclasses.fields(Plan)}
