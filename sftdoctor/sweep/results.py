@@ -74,8 +74,9 @@ def table(study, sweep: Sweep) -> str:
     for t in trials:
         # a pruned trial's value is its last evaluation's (Optuna's), shown in parentheses
         value = "-" if t.value is None else f"{t.value:.4f}" if t.state == TrialState.COMPLETE else f"({t.value:.4f})"
+        params = t.params or t.system_attrs.get("fixed_params") or {}  # a waiting retry's values are fixed ones
         rows.append([str(t.number), state_of(t, retries), value,
-                     *[show(t.params[n]) if n in t.params else "-" for n in names], why_of(t, retries)])
+                     *[show(params[n]) if n in params else "-" for n in names], why_of(t, retries)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     return "\n".join("  ".join([c.ljust(w) for c, w in zip(r[:-1], widths)] + [r[-1]]).rstrip() for r in rows)
 

@@ -124,3 +124,22 @@ def test_two_workers_on_one_study_run_four_distinct_trials_between_them(tmp_path
     assert sorted(t.params["training.learning_rate"] for t in found) == [1e-4, 1e-3, 3e-3, 1e-2]
     assert len({t.user_attrs["pid"] for t in found}) == 2  # both workers ran trials
     assert sum("the budget is spent: 4 of 4 trials (4 complete)" in o for o in outputs) >= 1
+
+
+def test_ctrl_c_stops_the_running_trial_and_enqueues_it_for_the_rerun(tmp_path, tiny_data):
+    path = sweep_file(tmp_path, base(tmp_path, tiny_data["messages"]), LEARNING_RATE, trials=4)
+    sweep_dir = tmp_path / "sweeps" / "sweep"
+    proc = subprocess.Popen(sweep_command(path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not (sweep_dir / "trial-0000" / "train.log").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, out[-4000:]
+    assert "sftdoctor: trial 0: stopped by SIGINT; enqueued again for the rerun" in out
+    assert "stopped by SIGINT; rerun the same command to go on" in out
+    found = trials(sweep_dir)
+    assert [t.state for t in found] == [TrialState.FAIL, TrialState.WAITING]
+    assert found[0].user_attrs["interrupted"] == "the sweep was stopped by SIGINT"
+    assert not processes_using(sweep_dir / "trial-0000")  # its launcher and ranks were stopped
