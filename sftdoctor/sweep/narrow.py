@@ -55,6 +55,7 @@ def narrow(sweep: Sweep, facts_file: Path | None = None) -> Narrowed:
 
 
 def _narrow(sweep: Sweep, facts_file: Path | None, folder: Path) -> Narrowed:
+    from sftdoctor.errors import InputErrors
     from sftdoctor.facts import Facts, Inputs, Overlay
     from sftdoctor.run import resolve, validate
     from sftdoctor.run.gpus import describe_gpus, devices, smallest_memory
@@ -78,11 +79,16 @@ def _narrow(sweep: Sweep, facts_file: Path | None, folder: Path) -> Narrowed:
     sized: list[tuple[dict[str, Any], bool, int]] = []
     for values in itertools.product(*(d.candidates() for d in sweep.space)):
         params = dict(zip(names, values))
-        run = validate(sweep.trial_raw(params, folder / "run"), config)
+        try:
+            run = validate(sweep.trial_raw(params, folder / "run"), config)
+        except InputErrors:  # a combination the run config refuses: its trial is pruned by that, not sized
+            continue
         plan = resolve(run, Overlay(facts, run=run))
         current = memory_fit(plan, shape, memory).current
         sized.append((params, current.fits, current.estimate.gpu_peak))
     where = f"{describe_gpus(devices(gpus))}, {memory / 2**30:.1f} GiB"
+    if not sized:
+        return not_narrowed(sweep, "no corner of the space is a valid run config")
     smallest = min(peak for _, _, peak in sized) / 2**30
     if not any(fits for _, fits, _ in sized):
         return Narrowed(sweep.space, f"nothing in the space fits {where}: the smallest predicted peak is "
@@ -95,7 +101,7 @@ def _narrow(sweep: Sweep, facts_file: Path | None, folder: Path) -> Narrowed:
         kept = []
         for value in d.choices:
             with_it = [(fits, peak) for params, fits, peak in sized if params[d.name] == value]
-            if any(fits for fits, _ in with_it):
+            if not with_it or any(fits for fits, _ in with_it):
                 kept.append(value)
             else:
                 peak = min(p for _, p in with_it) / 2**30

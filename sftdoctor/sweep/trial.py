@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from sftdoctor.errors import InputErrors
 from sftdoctor.findings import Severity
+from sftdoctor.run import load_run_config
 from sftdoctor.run.checkpoints import newest_complete
 from sftdoctor.run.rundir import LOG, METRICS, STOPPED
 from sftdoctor.sweep.config import Sweep, display, dumps, show
@@ -227,6 +229,12 @@ def run_trial(sweep: Sweep, study, trial, *, plugins: bool, facts_file: Path | N
     resume = adopt(sweep, trial, run_dir, say)
     config = write_config(sweep, number, params, run_dir)
     trial.set_user_attr("run_dir", run_dir.name)
+    try:  # each value was checked alone; a combination may still be refused (cosine with a min_lr_rate)
+        load_run_config(config)
+    except InputErrors as exc:
+        first = exc.errors[0]
+        return Outcome("pruned", why={"id": "run-config", "title": f"{first.key}: {first.message}" if first.key
+                                      else first.message}, seconds=time.perf_counter() - began)
     findings, blocked = gate(config, run_dir, plugins, facts_file)
     if stop.signal is not None:
         return Outcome("interrupted", seconds=time.perf_counter() - began)

@@ -327,3 +327,10 @@ def test_every_shipped_sweep_example_reads_and_narrows():
     for example in examples:
         result, shown = cli(["sweep", example, "--dry-run"])
         assert result.exit_code == 0, (example, shown)
+
+
+def test_reading_a_sweep_file_imports_neither_optuna_nor_torch():
+    import subprocess
+
+    code = "import sys, sftdoctor.sweep.config; print(sorted(m for m in ('optuna', 'torch', 'transformers') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"

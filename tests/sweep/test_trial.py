@@ -151,3 +151,17 @@ def test_an_lm_eval_objective_is_read_from_eval_json(tmp_path):
     doc = {"metrics": {"count": {"acc": {"value": 0.75, "stderr": 0.1}, "acc_norm": {"value": 0.7, "stderr": 0.1}}}}
     outcome = ended(tmp_path, 0, sweep, eval_json=json.dumps(doc))
     assert (outcome.state, outcome.value, outcome.why["title"]) == ("complete", 0.75, "count acc")
+
+
+def test_a_combination_the_run_config_refuses_is_pruned_before_the_gate(tmp_path):
+    """Each value passes alone (the sweep file is read), the pair does not: several nodes need one given port."""
+    from sftdoctor.sweep.trial import run_trial
+
+    sweep = light_sweep(tmp_path, 'launch.nnodes = {choices = [1, 2]}\nlaunch.master_port = {choices = [29500, "auto"]}')
+    study = optuna.create_study()
+    study.enqueue_trial({"launch.nnodes": 2, "launch.master_port": "auto"})
+    trial = study.ask(studies.distributions(sweep.space))
+    outcome = run_trial(sweep, study, trial, plugins=False, facts_file=None, stop=Stop(), say=lambda line: None)
+    assert outcome.state == "pruned" and outcome.why["id"] == "run-config"
+    assert outcome.why["title"].startswith('[launch].master_port: master_port = "auto" works on one node only')
+    assert not (tmp_path / "sweeps" / "sweep" / "trial-0000" / "gate.log").exists()
