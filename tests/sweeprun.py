@@ -14,11 +14,11 @@ TINY_GPU = {"source": "nvidia-smi", "driver_version": "550.54.15", "cuda_version
             "devices": [{"index": 0, "name": "NVIDIA Tiny", "compute_capability": "8.0", "memory_total_mib": 1536}]}
 
 
-def base(folder: Path, data: Path, **training) -> Path:
+def base(folder: Path, data: Path, extra: dict | None = None, **training) -> Path:
     """The shortest run that evaluates: 4 steps of 4 rows of 64 tokens, an evaluation every 2 steps."""
     folder.mkdir(parents=True, exist_ok=True)
     path = run_config(folder, data, training={"max_steps": 4, "save_steps": 4, "eval_steps": 2, "logging_steps": 2,
-                                              "packing": False, **training})
+                                              "packing": False, **training}, extra=extra)
     text = path.read_text().replace("max_length = 128", "max_length = 64")
     (folder / "base.toml").write_text(text)
     path.unlink()

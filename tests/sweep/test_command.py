@@ -143,3 +143,22 @@ def test_ctrl_c_stops_the_running_trial_and_enqueues_it_for_the_rerun(tmp_path, 
     assert [t.state for t in found] == [TrialState.FAIL, TrialState.WAITING]
     assert found[0].user_attrs["interrupted"] == "the sweep was stopped by SIGINT"
     assert not processes_using(sweep_dir / "trial-0000")  # its launcher and ranks were stopped
+
+
+def test_an_lm_eval_metric_is_maximised_from_each_runs_eval_json(tmp_path, tiny_data):
+    data = tiny_data["messages"]
+    evaluation = {"eval": {"tasks": ["tiny_count_choice"], "include": str(data / "tasks"), "limit": 20, "base": False}}
+    space = {"training.learning_rate": {"choices": [1e-4, 3e-3]}}
+    path = sweep_file(tmp_path, base(tmp_path, data, extra=evaluation), space, objective="eval:tiny_count_choice/acc")
+    proc = run_sweep(path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    assert "objective eval:tiny_count_choice/acc (maximize)" in proc.stdout and ", none pruner," in proc.stdout
+    found = trials(tmp_path / "sweeps" / "sweep")
+    assert [t.state for t in found] == [TrialState.COMPLETE] * 2
+    for t in found:
+        import json
+
+        doc = json.loads((tmp_path / "sweeps" / "sweep" / f"trial-{t.number:04d}" / "eval.json").read_text())
+        assert t.value == doc["metrics"]["tiny_count_choice"]["acc"]["value"] and 0 <= t.value <= 1
+    best = max(found, key=lambda t: t.value)
+    assert f"best         trial {best.number}: tiny_count_choice/acc {best.value:.4f}" in proc.stdout
