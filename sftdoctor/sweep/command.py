@@ -9,7 +9,6 @@ rerun the same command to go on).
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 from pathlib import Path
 

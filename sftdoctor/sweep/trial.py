@@ -33,7 +33,7 @@ from sftdoctor.errors import InputErrors
 from sftdoctor.findings import Severity
 from sftdoctor.run import load_run_config
 from sftdoctor.run.checkpoints import newest_complete
-from sftdoctor.run.rundir import LOG, METRICS, STOPPED
+from sftdoctor.run.rundir import METRICS, STOPPED
 from sftdoctor.sweep.config import Sweep, display, dumps, show
 from sftdoctor.sweep.study import HEARTBEAT_S
 from sftdoctor.train import launch

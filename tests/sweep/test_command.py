@@ -3,6 +3,7 @@
 Each trial trains 4 steps of 4 rows of 64 tokens with an evaluation every 2 steps (about 20-30 s here, most
 of it the workers' start-up and the run's report)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -156,8 +157,6 @@ def test_an_lm_eval_metric_is_maximised_from_each_runs_eval_json(tmp_path, tiny_
     found = trials(tmp_path / "sweeps" / "sweep")
     assert [t.state for t in found] == [TrialState.COMPLETE] * 2
     for t in found:
-        import json
-
         doc = json.loads((tmp_path / "sweeps" / "sweep" / f"trial-{t.number:04d}" / "eval.json").read_text())
         assert t.value == doc["metrics"]["tiny_count_choice"]["acc"]["value"] and 0 <= t.value <= 1
     best = max(found, key=lambda t: t.value)

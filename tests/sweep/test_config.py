@@ -4,7 +4,6 @@ problem; the run configs it writes read back as written."""
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import sys
 import traceback
