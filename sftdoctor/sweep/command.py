@@ -17,8 +17,7 @@ from sftdoctor.sweep import results, study as studies
 from sftdoctor.sweep.config import Sweep, display, load_sweep
 from sftdoctor.sweep.narrow import narrow
 from sftdoctor.sweep.trial import Outcome, Stop, params_line, run_trial
-
-SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+from sftdoctor.train.processes import SIGNAL_EXIT
 
 
 def say(line: str) -> None:
