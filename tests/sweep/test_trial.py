@@ -165,3 +165,24 @@ def test_a_combination_the_run_config_refuses_is_pruned_before_the_gate(tmp_path
     assert outcome.state == "pruned" and outcome.why["id"] == "run-config"
     assert outcome.why["title"].startswith('[launch].master_port: master_port = "auto" works on one node only')
     assert not (tmp_path / "sweeps" / "sweep" / "trial-0000" / "gate.log").exists()
+
+
+def test_hyperband_stops_a_trial_far_behind_its_bracket_at_a_rung(tmp_path, monkeypatch):
+    """Optuna's HyperbandPruner as the sweep builds it: rungs from one evaluation (5 steps) to max_steps (20)."""
+    sweep = light_sweep(tmp_path, RANGE, 'trials = 16\npruner = "hyperband"')
+    study = optuna.create_study(study_name="hb", pruner=studies.pruner(sweep))
+    dist = studies.distributions(sweep.space)
+    for _ in range(9):  # earlier trials, reported and judged as the follower does: each rung remembers them
+        done = study.ask(dist)
+        for step, loss in ((5, 2.0), (10, 1.5), (15, 1.2), (20, 1.0)):
+            done.report(loss, step)
+            assert not done.should_prune()
+        study.tell(done, 1.0)
+    trial = study.ask(dist)
+    run_dir = tmp_path / "trial-0009"
+    run_dir.mkdir()
+    monkeypatch.chdir(run_dir)
+    outcome = launched(sweep, study, trial, run_dir, fake_launcher([9.0, 8.0, 7.0, 6.0], 5), Stop())
+    assert outcome.state == "pruned" and outcome.launched, outcome
+    assert outcome.why["title"].startswith("the hyperband pruner stopped it at step ")
+    assert "is not among the best of its bracket" in outcome.why["title"]
