@@ -336,6 +336,11 @@ def chat_template(run: RunConfig, shape: str | None, template: dict[str, Any] | 
                            "markers (renders the same text), so the loss covers the assistant turns only")
 
 
+def eval_interval(run: RunConfig) -> int:
+    """Optimizer steps between evaluations: eval_steps, else save_steps (one at each checkpoint)."""
+    return run.training.eval_steps or run.training.save_steps
+
+
 def evaluation(run: RunConfig) -> dict[str, Any] | None:
     e = run.eval
     if e is None:
@@ -461,7 +466,7 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
         checkpointing_reentrant=False, lora=lora,
         evaluation=evaluation(run),
         seed=t.seed, logging_steps=t.logging_steps, save_steps=t.save_steps, save_total_limit=t.save_total_limit,
-        eval_steps=t.eval_steps or t.save_steps,
+        eval_steps=eval_interval(run),
         deepspeed=ds, deepspeed_source=ds_source, zero_stage=stage, offload_optimizer=offload_optimizer,
         offload_params=offload_params,
         master_addr=addr, master_port=port, max_restarts=run.launch.max_restarts,

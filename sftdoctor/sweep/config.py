@@ -38,6 +38,7 @@ else:  # pragma: no cover
 from sftdoctor.errors import InputError, InputErrors, did_you_mean, parse_problem, read_text
 from sftdoctor.run.config import (SECTIONS, Key, RunConfig, Section, _bool, _choice, _int, _str, key, keys,
                                   read_section, unknown_key, unknown_section, validate)
+from sftdoctor.run.resolve import eval_interval
 
 OBJECTIVE = re.compile(r"eval:([^/\s]+)/(.+)")
 KINDS = ("choices", "uniform", "log_uniform", "int", "log_int")
@@ -441,7 +442,7 @@ def _assemble(section: SweepSection, space: tuple[Dim, ...], base: RunConfig, ba
             errors.append(InputError(path, f"objective eval_loss needs eval data: [data] eval or eval_fraction in "
                                            f"{section.base}", key="[sweep].objective"))
         t = base.training
-        every = t.eval_steps or t.save_steps
+        every = eval_interval(base)
         if t.max_steps and every > t.max_steps and not swept & {"training.eval_steps", "training.max_steps"}:
             errors.append(InputError(path, f"objective eval_loss: the base evaluates every {every} steps "
                                            f"(eval_steps{'' if t.eval_steps else ', from save_steps'}) and stops at "

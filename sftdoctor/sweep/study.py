@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sftdoctor.errors import InputError
+from sftdoctor.run.resolve import eval_interval
 from sftdoctor.sweep.config import Dim, Sweep
 
 JOURNAL = "study.journal"
@@ -229,18 +230,13 @@ def grid_sampler(search_space: dict[str, list[Any]], seed: int):
     return Grid(search_space, seed=seed)
 
 
-def eval_every(sweep: Sweep) -> int:
-    t = sweep.base.training
-    return t.eval_steps or t.save_steps
-
-
 def pruner(sweep: Sweep):
     """Fed each trial's eval loss at each evaluation (step = the optimizer step). Median: from the third trial
     on, a trial whose best loss so far is worse than the median of the others at that step stops, never
     before its second evaluation. Hyperband: brackets from one evaluation to the run's length."""
     import optuna
 
-    every = eval_every(sweep)
+    every = eval_interval(sweep.base)
     if sweep.pruner == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=2 * every)
     if sweep.pruner == "hyperband":

@@ -132,6 +132,16 @@ def drop_inbound(host, *ports: int) -> None:
     iptables(host, "-A", "INPUT", "-p", "tcp", "-j", "DROP")
 
 
+
+def train_everywhere(hosts, cfg: Path):
+    """`sftdoctor train` of one config on every host at once: the exit codes, then (seconds, stdout) per host."""
+    began = time.monotonic()
+    procs = [train_on(host, cfg) for host in hosts]
+    ends = finish_all(procs, began, timeout=500)
+    codes = [p.returncode for p in procs]
+    print(", ".join(f"node{i} stopped after {t:.1f} s" for i, (t, _, _) in enumerate(ends)) + f" (exit {codes})")
+    return codes, *((t, out) for t, out, _ in ends)
+
 def test_a_firewall_on_the_rendezvous_port_stops_both_nodes_at_the_gate_each_naming_its_side(hosts, tmp_path, tiny_data):
     """node0 drops inbound TCP from node1 (the rendezvous port with the rest). Both run `sftdoctor train`:
     node0 hosts the gate's store on master_port and names who came after join_timeout_s; node1's connect gets no
@@ -139,11 +149,7 @@ def test_a_firewall_on_the_rendezvous_port_stops_both_nodes_at_the_gate_each_nam
     port = free_port()
     cfg = run_config(tmp_path, tiny_data["text"], port, rehearse=False, join_timeout_s=10)
     drop_inbound(hosts[0])
-    began = time.monotonic()
-    procs = [train_on(host, cfg) for host in hosts]
-    (t0, out0, _), (t1, out1, _) = finish_all(procs, began, timeout=500)
-    codes = [p.returncode for p in procs]
-    print(f"node0 stopped after {t0:.1f} s, node1 after {t1:.1f} s (exit {codes})")
+    codes, (t0, out0), (t1, out1) = train_everywhere(hosts, cfg)
     # the checks take 17 s on an idle 2-core machine, over 60 s on a busy one; then 10 s at the gate
     assert codes == [1, 1] and t0 < 240 and t1 < 240, (codes, t0, t1, out0[-2000:], out1[-2000:])
     assert line_of(out0, "sftdoctor: not starting: ") == (
@@ -166,11 +172,7 @@ def test_a_firewall_open_only_on_the_rendezvous_port_stops_both_nodes_at_the_wor
     cfg = run_config(tmp_path, tiny_data["text"], port, rehearse=False, join_timeout_s=20)
     cfg.write_text(cfg.read_text() + "[watch]\nhang_timeout_s = 30\n")  # the check's join bound: 30 s
     drop_inbound(hosts[0], port)
-    began = time.monotonic()
-    procs = [train_on(host, cfg) for host in hosts]
-    (t0, out0, _), (t1, out1, _) = finish_all(procs, began, timeout=500)
-    codes = [p.returncode for p in procs]
-    print(f"node0 stopped after {t0:.1f} s, node1 after {t1:.1f} s (exit {codes})")
+    codes, (t0, out0), (t1, out1) = train_everywhere(hosts, cfg)
     # the checks, the gate, torchrun's rendezvous, 30 s in the check: 78 s idle, up to 140 s seen on a busy machine
     assert codes == [1, 1] and t0 < 300 and t1 < 300, (codes, t0, t1, out0[-2000:], out1[-2000:])
     for out in (out0, out1):

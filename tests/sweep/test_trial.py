@@ -74,12 +74,18 @@ def median_study(tmp_path):
     return sweep, study
 
 
-def test_a_trial_that_lags_the_median_is_stopped_at_once_and_pruned(tmp_path, median_study, monkeypatch):
-    sweep, study = median_study
+def asked(study, sweep, tmp_path, monkeypatch):
+    """The study's next trial and its run directory, the working directory of the fake launcher."""
     trial = study.ask(studies.distributions(sweep.space))
-    run_dir = tmp_path / "trial-0003"
+    run_dir = tmp_path / f"trial-{trial.number:04d}"
     run_dir.mkdir()
     monkeypatch.chdir(run_dir)
+    return trial, run_dir
+
+
+def test_a_trial_that_lags_the_median_is_stopped_at_once_and_pruned(tmp_path, median_study, monkeypatch):
+    sweep, study = median_study
+    trial, run_dir = asked(study, sweep, tmp_path, monkeypatch)
     began = time.monotonic()
     outcome = launched(sweep, study, trial, run_dir, fake_launcher([2.2, 2.1, 2.0, 1.9], 5), Stop())
     assert time.monotonic() - began < 15  # stopped, not waited for
@@ -92,10 +98,7 @@ def test_a_trial_that_lags_the_median_is_stopped_at_once_and_pruned(tmp_path, me
 
 def test_a_trial_that_keeps_up_is_not_pruned_and_a_signal_stops_it_for_a_retry(tmp_path, median_study, monkeypatch):
     sweep, study = median_study
-    trial = study.ask(studies.distributions(sweep.space))
-    run_dir = tmp_path / "trial-0003"
-    run_dir.mkdir()
-    monkeypatch.chdir(run_dir)
+    trial, run_dir = asked(study, sweep, tmp_path, monkeypatch)
     stop = Stop()
     signal.signal(signal.SIGALRM, lambda *a: stop(signal.SIGTERM, None))
     signal.setitimer(signal.ITIMER_REAL, 2.0)
@@ -178,10 +181,7 @@ def test_hyperband_stops_a_trial_far_behind_its_bracket_at_a_rung(tmp_path, monk
             done.report(loss, step)
             assert not done.should_prune()
         study.tell(done, 1.0)
-    trial = study.ask(dist)
-    run_dir = tmp_path / "trial-0009"
-    run_dir.mkdir()
-    monkeypatch.chdir(run_dir)
+    trial, run_dir = asked(study, sweep, tmp_path, monkeypatch)
     outcome = launched(sweep, study, trial, run_dir, fake_launcher([9.0, 8.0, 7.0, 6.0], 5), Stop())
     assert outcome.state == "pruned" and outcome.launched, outcome
     assert outcome.why["title"].startswith("the hyperband pruner stopped it at step ")
