@@ -28,7 +28,9 @@ def conf(folder: Path, host: str) -> str:
         f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}",
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
         "SchedulerType=sched/backfill", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
-        "ReturnToService=2", "KillWait=30", "JobAcctGatherType=jobacct_gather/none",
+        "ReturnToService=2", "KillWait=30",
+        # A requeued job waits cred_expire (default 120 s) before it may start again; the test need not.
+        "AuthInfo=cred_expire=10", "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none",
         f"NodeName={host} CPUs={os.cpu_count() or 1} RealMemory=2000 State=UNKNOWN",
         f"PartitionName=tests Nodes={host} Default=YES MaxTime=INFINITE State=UP", ""])
