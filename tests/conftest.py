@@ -18,11 +18,27 @@ EXAMPLES = Path(__file__).parents[1] / "examples"
 
 
 def pytest_configure(config):
+    """Each xdist worker's torch (and the runs it starts) gets one thread: two workers with torch's default of a
+    thread per core ran the suite slower than one worker did."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _session_cache(config)
+
+
+def _session_cache(config):
     """The model-building probes' cache (facts.probe_cache) lives for one test session: a run starts cold,
     never reads ~/.cache, and tests sharing the tiny example's files share its probe results."""
     if "SFTDOCTOR_CACHE" not in os.environ:
         os.environ["SFTDOCTOR_CACHE"] = tempfile.mkdtemp(prefix="sftdoctor-test-cache-")
         config._sftdoctor_cache = os.environ["SFTDOCTOR_CACHE"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """On xdist workers, the slow tests first (in their own order): each worker takes the next test as it
+    finishes one, so the minute-long runs overlap at the start and the short tests even out the end, instead
+    of one worker finishing a long run alone."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_unconfigure(config):

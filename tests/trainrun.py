@@ -44,9 +44,9 @@ def config(folder: Path, data: Path, training=None, launch=None, deepspeed=None,
     return write_config(folder, sections)
 
 
-def train(cfg: Path, *flags, timeout=600):
+def train(cfg: Path, *flags, timeout=600, env=None):
     return subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(cfg), *flags],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def metrics(run_dir: Path) -> list[dict]:

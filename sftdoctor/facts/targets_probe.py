@@ -20,12 +20,19 @@ from typing import Any
 
 from sftdoctor.facts.probe_cache import cached, folder_files
 
-# Plan fields the probe's answer does not depend on: it builds the trainer and collates rows, it never steps.
-UNSEEN = frozenset({"train_files", "eval_files", "model_path", "tokenizer_path", "reasons", "master_port", "master_addr",
-                    "learning_rate", "lr_scheduler", "lr_scheduler_kwargs", "warmup", "warmup_steps", "weight_decay",
-                    "max_grad_norm", "epochs", "total_steps", "logging_steps", "save_steps", "save_total_limit",
-                    "eval_steps", "hang_timeout_s", "ddp_timeout_s", "stop_grace_s", "join_timeout_s", "on_nan",
-                    "max_skips", "loss_spike_factor"})
+# Plan fields the probe's answer does not depend on: it builds the trainer and collates every sampled row in one
+# batch, on one CPU process, without LoRA, DeepSpeed or any step; so neither the optimizer and schedule nor the
+# batch, the world, the adapters or the watchers change what the collator gives the model.
+UNSEEN = frozenset({
+    "train_files", "eval_files", "model_path", "tokenizer_path", "reasons", "master_port", "master_addr",
+    "learning_rate", "lr_scheduler", "lr_scheduler_kwargs", "warmup", "warmup_steps", "weight_decay", "max_grad_norm",
+    "epochs", "total_steps", "logging_steps", "save_steps", "save_total_limit", "eval_steps",
+    "hang_timeout_s", "ddp_timeout_s", "stop_grace_s", "join_timeout_s", "on_nan", "max_skips", "loss_spike_factor",
+    "per_device_batch_size", "global_batch_size", "gradient_accumulation_steps", "nearest_global_batch_sizes",
+    "nproc_per_node", "nnodes", "node_rank", "world_size", "max_restarts", "distributed_check",
+    "distributed_check_bound_s", "zero_stage", "offload_optimizer", "offload_params", "deepspeed_source",
+    "checkpointing_arg", "checkpointing_reentrant", "load_dtype", "weights", "lora", "evaluation", "data_rows",
+    "eval_fraction", "length_grouping", "rehearse", "rehearsal", "drill", "plugins", "moe", "liger_available"})
 SAMPLE_ROWS = 64  # per data file: the first ones, plus its longest and shortest rows
 SHOWN_CHARS = 1200
 TIMEOUT_S = 600
@@ -43,9 +50,8 @@ def probe_training_targets(facts) -> dict[str, Any] | None:
     request = probe_plan(plan, "").to_json()
     files = [Path(name) for name in plan.train_files] + folder_files(tokenizer_folder(plan.model_path)) + \
         folder_files(folder)
-    # Paths are keyed by their files' content; the rendezvous (a fresh free port on every call with "auto"), the
-    # optimizer, the schedule and the logging do not change what the trainer's collator gives the model, so every
-    # trial of a learning-rate sweep reads the one answer back.
+    # Paths are keyed by their files' content; nothing in UNSEEN changes what the trainer's collator gives the
+    # model, so every trial of a learning-rate or batch-size sweep, and a rerun on more GPUs, reads one answer back.
     keyed = {k: v for k, v in request.items() if k not in UNSEEN}
     return cached("targets", keyed, files, lambda: _child(plan))
 

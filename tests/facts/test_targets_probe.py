@@ -19,7 +19,7 @@ GENERATION = ("{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgene
 
 
 def example(tmp_path, template=None, tokenizer_changes=None, text=None, max_length=256, packing=False,
-            post_processor=None, conversations=None, model_keys=None):
+            post_processor=None, conversations=None, model_keys=None, training_keys=None):
     """A copy of the tiny example with its tokenizer changed; the run's findings of training-targets."""
     model = tmp_path / "model"
     shutil.copytree(EXAMPLES / "tiny" / "model", model)
@@ -44,7 +44,8 @@ def example(tmp_path, template=None, tokenizer_changes=None, text=None, max_leng
         data.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations(rows)))
     cfg = write_config(tmp_path, {"model": {"path": str(model), "weights": "random", **(model_keys or {})},
                                   "data": {"train": str(data), "max_length": max_length},
-                                  "training": {"packing": packing, "max_steps": 4, "output_dir": "out"}})
+                                  "training": {"packing": packing, "max_steps": 4, "output_dir": "out",
+                                               **(training_keys or {})}})
     registry = load_checks(plugins=False)
     findings, _ = run_checks(registry.select(["training-targets"]), Facts(Inputs(config=cfg)))
     return findings
@@ -176,7 +177,9 @@ def test_a_copy_of_the_same_run_reads_the_probe_back_and_a_changed_template_prob
     """What `train`'s gate and `check` ask again and again: answered from the cache when the files are the same."""
     monkeypatch.setenv("SFTDOCTOR_CACHE", str(tmp_path / "cache"))
     first = example(tmp_path / "a")
-    again = example(tmp_path / "b")  # another folder, the same files
+    # another folder, the same files; another batch and optimizer, which the collated rows do not depend on
+    again = example(tmp_path / "b", training_keys={"per_device_batch_size": 2, "global_batch_size": 8,
+                                                   "learning_rate": 1e-5})
     assert [f.title for f in again] == [f.title for f in first]
     assert len(list((tmp_path / "cache" / "probes").glob("targets-*.json"))) == 1
     changed = example(tmp_path / "c", max_length=24)

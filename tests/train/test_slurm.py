@@ -13,6 +13,9 @@ from slurm import cluster, wait_for
 from sftdoctor.train.slurm import script
 from trainrun import EXAMPLES, complete, config, metrics
 
+# One worker runs them all: the Slurm instances they start share this host's munged, which one may stop.
+pytestmark = pytest.mark.xdist_group("slurm")
+
 
 def plan_and_run(tmp_path, **sections):
     from conftest import make_run, plan_of

@@ -102,7 +102,7 @@ def test_hang_drill_names_the_rank_behind_and_leaves_no_process(tmp_path, tiny_d
 
 def kill_rank_1_after_first_checkpoint(cfg, run_dir):
     """Start the run, SIGKILL rank 1 once checkpoint-4 is complete, and return (exit code, output)."""
-    launcher = subprocess.Popen([sys.executable, "-m", "sftdoctor", "train", str(cfg)],
+    launcher = subprocess.Popen([sys.executable, "-m", "sftdoctor", "train", str(cfg), "--no-rehearse"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not (run_dir / "checkpoint-4" / "sftdoctor-complete").exists():
