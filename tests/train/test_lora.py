@@ -30,6 +30,10 @@ def said(proc) -> str:
 
 # ---------------------------------------------------------------- one LoRA run, read by several tests
 
+# The tests that read it run on one xdist worker, so that it trains once.
+SHARES_LORA_RUN = pytest.mark.xdist_group("lora_run")
+
+
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("lora")
@@ -59,6 +63,7 @@ def logits(model, batch):
 
 
 @pytest.mark.slow
+@SHARES_LORA_RUN
 def test_lora_trains_the_tiny_example_and_the_loss_falls(lora_run):
     run_dir, proc = lora_run["run_dir"], lora_run["proc"]
     losses = [m["loss"] for m in metrics(run_dir)]
@@ -80,6 +85,7 @@ def test_lora_trains_the_tiny_example_and_the_loss_falls(lora_run):
 
 
 @pytest.mark.slow
+@SHARES_LORA_RUN
 def test_only_the_adapters_change(lora_run):
     """RUN_DIR/base is the seed's random init the workers trained over; the PeftModel rebuilt from final/ holds
     it bit for bit; the optimizer stepped exactly the adapters' tensors; the adapters left their init (B = 0)."""
@@ -122,6 +128,7 @@ def test_only_the_adapters_change(lora_run):
 
 
 @pytest.mark.slow
+@SHARES_LORA_RUN
 def test_the_adapter_reloads_onto_its_base_and_the_merged_model_equals_base_plus_adapter(lora_run):
     import torch
     from peft import AutoPeftModelForCausalLM, PeftModel
@@ -153,6 +160,7 @@ def test_the_adapter_reloads_onto_its_base_and_the_merged_model_equals_base_plus
 
 
 @pytest.mark.slow
+@SHARES_LORA_RUN
 def test_resume_continues_the_adapters_from_the_newest_complete_checkpoint(lora_run, tmp_path):
     """On a copy of the run above, as if killed while saving step 6: the resumed run starts from checkpoint-3's
     adapters and optimizer and ends where the uninterrupted run ended."""
