@@ -6,8 +6,8 @@ run in plain subprocesses, in the same run.
 The programs are built from the test fixtures (tests/fixtures/code): prompt + completion + test + check()
 for each problem's canonical solution and the wrong completions (trusted code only: the plain mode has no
 sandbox), cycled to --runs executions. "plain" is `python3 -I -S -c PROGRAM` with the sandbox's own
-interpreter and flags, so the ratio is the cost of the sandbox alone (namespaces, mounts, the prologue's
-setrlimit calls and output capping). Each worker count is timed --repeats times, plain and sandboxed
+interpreter and flags, so the ratio is the cost of the sandbox alone (namespaces, mounts, the seccomp
+filter, the sample's cgroup, the harness's setup and its pass token, output capping). Each worker count is timed --repeats times, plain and sandboxed
 interleaved; the table shows the best of each. Also checks that both modes agree on which samples pass.
 """
 
@@ -30,20 +30,22 @@ from sftdoctor.eval import code, sandbox
 FIXTURES = ROOT / "tests" / "fixtures" / "code"
 
 
-def programs(runs: int) -> list[str]:
+def programs(runs: int) -> list[sandbox.Program]:
     """Trusted programs only, since the plain mode has no sandbox: each problem's canonical solution and the
     fixtures' wrong completions, not the one that reaches for the network."""
     problems = code.read_problems(FIXTURES / "problems.jsonl")
     canonical = {json.loads(line)["task_id"]: json.loads(line)["canonical_solution"]
                  for line in (FIXTURES / "problems.jsonl").read_text().splitlines()}
     samples = [{"task_id": t, "completion": c} for t, c in canonical.items()]
-    samples += [s for s in code.read_completions(FIXTURES / "completions.jsonl", problems)
+    samples += [s for s in code.read_completions(FIXTURES / "completions.jsonl")
                 if "import" not in s["completion"] and s["completion"] != canonical[s["task_id"]]]
     every = [code.program(problems[s["task_id"]], s["completion"]) for s in samples]
     return [every[i % len(every)] for i in range(runs)]
 
 
-def plain(python: str, source: str, limits: sandbox.Limits) -> bool:
+def plain(python: str, program: sandbox.Program, limits: sandbox.Limits) -> bool:
+    """HumanEval's own way: the concatenated program, passed when it exits 0."""
+    source = f"{program.source}\n{program.test}\ncheck({program.entry_point})\n"
     try:
         done = subprocess.run([python, "-I", "-S", "-c", source], capture_output=True, timeout=limits.wall_s,
                               stdin=subprocess.DEVNULL, check=False)

@@ -334,14 +334,21 @@ def _eval(target, tasks, base, include, limit, num_fewshot, batch_size, compare,
             if k_values is not None and not all(k.isdigit() and int(k) > 0 for k in _names(k_values)):
                 raise InputError("--k", f"expected positive integers separated by commas, got {k_values!r}")
             from sftdoctor.eval.command import run_code_eval
+            from sftdoctor.runreport.command import Interrupted, interruptible
 
             try:
-                sys.exit(run_code_eval(code_problems, completions, code_model, samples=samples,
-                                       ks=tuple(int(k) for k in _names(k_values)), sandbox=sandbox_kind, workers=workers,
-                                       timeout_s=timeout_s, max_new_tokens=max_new_tokens, temperature=temperature,
-                                       out=out, json_out=as_json))
+                with interruptible():
+                    code = run_code_eval(code_problems, completions, code_model, samples=samples,
+                                         ks=tuple(int(k) for k in _names(k_values)), sandbox=sandbox_kind,
+                                         workers=workers, timeout_s=timeout_s, max_new_tokens=max_new_tokens,
+                                         temperature=temperature, out=out, json_out=as_json)
             except ModuleNotFoundError as exc:
                 _missing_stack(exc, "eval --model")
+            except Interrupted as exc:
+                click.echo("\nsftdoctor: interrupted; the running samples were killed and no results were written",
+                           err=True)
+                sys.exit(128 + exc.signum)
+            sys.exit(code)
         if not target:
             raise InputError("eval", "give TARGET (a run directory, checkpoint, model folder or hub id) and --tasks")
         if not _names(tasks):

@@ -3,12 +3,16 @@
 every sample run in a sandbox (sandbox.py), never in this process.
 
 Problems are HumanEval lines (task_id, prompt, test, entry_point); completions are lines of task_id and
-completion, several per task for several samples. A sample passes when the program
+completion, several per task for several samples. A sample passes when `check(entry_point)` returns after
+`prompt + completion` ran and then `test` (compiled on its own, so that a completion cannot swallow it), as
+the sandbox's harness sees it: an exit of any kind, whatever its code, is not a pass (human-eval's rule:
+the check ran to its end). pass@k is the unbiased estimator 1 - C(n-c, k) / C(n, k) averaged over the
+problems. The per-sample results are written as JSONL, one line a row for every reader (ASCII: no U+2028 or
+U+0085 inside a row), in a temporary file renamed at the end: whole or not at all.
 
-    prompt + completion + "\\n" + test + "\\n" + f"check({entry_point})\\n"
-
-exits 0. pass@k is the unbiased estimator 1 - C(n-c, k) / C(n, k) averaged over the problems. The
-per-sample results are written as JSONL (a temporary file renamed at the end: whole or not at all).
+Memory stays flat in the number of samples and in what they print: the completions file is read twice as a
+stream (checked and counted, then run), at most a few samples per worker are in flight, and each keeps only
+the last RESULT_TAIL bytes of its output.
 """
 
 from __future__ import annotations
@@ -20,20 +24,23 @@ import math
 import os
 import time
 import uuid
-from collections import Counter
+import zlib
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.errors import InputError, did_you_mean, one_line, parse_problem, read_text
+from sftdoctor.errors import InputError, did_you_mean, one_line, parse_problem
 from sftdoctor.eval import sandbox as sandboxes
 
 PROBLEM_KEYS = ("task_id", "prompt", "test", "entry_point")
 COMPLETION_KEYS = ("task_id", "completion")
 # Where a HumanEval completion ends: the function body is over when the model starts something else.
 STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
-RESULT_TAIL = 4096  # characters of each stream kept per sample in the results file
+RESULT_TAIL = 4096  # bytes of each stream kept per sample (in the results file)
+MAX_LINE = 16 << 20  # a longer line is no problem or completion (a .gz inflating to gigabytes, say)
+IN_FLIGHT = 2  # samples per worker started ahead of the one being written
 
 
 def read_problems(path: Path) -> dict[str, dict[str, str]]:
@@ -55,59 +62,99 @@ def read_problems(path: Path) -> dict[str, dict[str, str]]:
     return problems
 
 
-def read_completions(path: Path, problems: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
-    """The samples, in the file's order: {task_id, completion, line}."""
-    samples = [{**_fields(record, COMPLETION_KEYS, path, number, "task_id and completion"), "line": number}
-               for number, record in _records(path, "completions file")]
-    return check_completions(samples, problems, path)
+def count_completions(path: Path, problems: dict[str, dict[str, str]]) -> Counter:
+    """task_id -> samples, after checking every line (a first pass over the file: nothing is kept)."""
+    counts: Counter = Counter()
+    for sample in read_completions(path):
+        _known(sample, problems, path)
+        counts[sample["task_id"]] += 1
+    return _complete(counts, problems, path)
 
 
-def check_completions(samples: list[dict[str, Any]], problems: dict[str, dict[str, str]],
-                      source: Path | str) -> list[dict[str, Any]]:
-    """Every sample for a known problem, and at least one sample for every problem (leaving the hard ones
-    out would raise the score)."""
-    if not samples:
-        raise InputError(source, "no completions; expected one JSON object per line (task_id, completion)")
+def read_completions(path: Path) -> Iterator[dict[str, Any]]:
+    """The samples, in the file's order, one at a time: {task_id, completion, line}."""
+    for number, record in _records(path, "completions file"):
+        yield {**_fields(record, COMPLETION_KEYS, path, number, "task_id and completion"), "line": number}
+
+
+def count_generated(samples: list[dict[str, Any]], problems: dict[str, dict[str, str]]) -> Counter:
+    """The same checks for completions generated here (no file, no lines)."""
     for sample in samples:
-        if sample["task_id"] not in problems:
-            where = f"line {sample['line']}" if sample.get("line") else None
-            raise InputError(source, f"task_id {sample['task_id']!r} is not in the problems"
-                                     f"{did_you_mean(sample['task_id'], problems)}; expected one of their task_ids",
-                             key=where)
-    counts = Counter(s["task_id"] for s in samples)
+        _known(sample, problems, "--model")
+    return _complete(Counter(s["task_id"] for s in samples), problems, "--model")
+
+
+def _known(sample: dict[str, Any], problems: dict[str, dict[str, str]], source: Path | str) -> None:
+    if sample["task_id"] not in problems:
+        where = f"line {sample['line']}" if sample.get("line") else None
+        raise InputError(source, f"task_id {sample['task_id']!r} is not in the problems"
+                                 f"{did_you_mean(sample['task_id'], problems)}; expected one of their task_ids",
+                         key=where)
+
+
+def _complete(counts: Counter, problems: dict[str, dict[str, str]], source: Path | str) -> Counter:
+    """At least one sample for every problem (leaving the hard ones out would raise the score)."""
+    if not counts:
+        raise InputError(source, "no completions; expected one JSON object per line (task_id, completion)")
     missing = [task for task in problems if task not in counts]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise InputError(source, f"no completion for task_id {missing[0]!r}{more}; expected at least one sample "
                                  "for every problem")
-    return samples
+    return counts
 
 
 def _records(path: Path, what: str) -> Iterator[tuple[int, dict]]:
-    """(line number, JSON object) of each non-blank line of a .jsonl (or .jsonl.gz) file."""
-    for number, line in enumerate(_text(path, what).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError) as exc:
-            raise InputError(path, f"not valid JSON ({parse_problem(exc)}); expected one JSON object per line",
-                             key=f"line {number}") from None
-        if not isinstance(record, dict):
-            raise InputError(path, f"a JSON {type(record).__name__}; expected one JSON object per line",
-                             key=f"line {number}")
-        yield number, record
+    """(line number, JSON object) of each non-blank line of a .jsonl (or .jsonl.gz) file, read as a stream.
+    Lines end at "\\n" only: U+2028 and U+0085 are characters a JSON string may hold raw."""
+    with _open(path, what) as stream:
+        number = 0
+        while True:
+            number += 1
+            line = _line(stream, path, what, number)
+            if line is None:
+                return
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except (ValueError, RecursionError) as exc:
+                raise InputError(path, f"not valid JSON ({parse_problem(exc)}); expected one JSON object per line",
+                                 key=f"line {number}") from None
+            if not isinstance(record, dict):
+                raise InputError(path, f"a JSON {type(record).__name__}; expected one JSON object per line",
+                                 key=f"line {number}")
+            yield number, record
 
 
-def _text(path: Path, what: str) -> str:
-    if str(path).endswith(".gz"):  # HumanEval ships HumanEval.jsonl.gz
-        try:
-            return gzip.decompress(Path(path).read_bytes()).decode("utf-8")
-        except FileNotFoundError:
-            raise InputError(path, f"{what} not found") from None
-        except (OSError, EOFError, UnicodeDecodeError) as exc:
-            raise InputError(path, f"cannot read {what}: expected gzip-compressed UTF-8 JSONL ({exc})") from None
-    return read_text(path, what)
+def _open(path: Path, what: str):
+    try:
+        raw = open(path, "rb")  # noqa: SIM115 - closed by the caller's with
+    except FileNotFoundError:
+        raise InputError(path, f"{what} not found") from None
+    except IsADirectoryError:
+        raise InputError(path, f"expected a {what} file, got a directory") from None
+    except OSError as exc:
+        raise InputError(path, f"cannot read {what}: {exc.strerror or exc}") from None
+    return gzip.GzipFile(fileobj=raw, mode="rb") if str(path).endswith(".gz") else raw  # HumanEval.jsonl.gz
+
+
+def _line(stream, path: Path, what: str, number: int) -> str | None:
+    """The next line (None at the end), at most MAX_LINE bytes, decoded."""
+    try:
+        data = stream.readline(MAX_LINE + 1)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InputError(path, f"cannot read {what}: expected gzip-compressed UTF-8 JSONL ({exc})",
+                         key=f"line {number}") from None
+    if not data:
+        return None
+    if len(data) > MAX_LINE:
+        raise InputError(path, f"longer than {MAX_LINE >> 20} MiB; expected one JSON object per line",
+                         key=f"line {number}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(path, f"not UTF-8; expected a UTF-8 {what}", key=f"line {number}") from None
 
 
 def _fields(record: dict, keys: tuple[str, ...], path: Path, number: int, expected: str) -> dict[str, str]:
@@ -117,13 +164,17 @@ def _fields(record: dict, keys: tuple[str, ...], path: Path, number: int, expect
         if not isinstance(record[key], str):
             raise InputError(path, f"{key!r} is a JSON {type(record[key]).__name__}; expected a string",
                              key=f"line {number}")
+        try:
+            record[key].encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InputError(path, f"{key!r} holds {record[key][exc.start]!r}, half of a surrogate pair; "
+                                   "expected text that is valid UTF-8", key=f"line {number}") from None
     return {key: record[key] for key in keys}
 
 
-def program(problem: dict[str, str], completion: str) -> str:
-    """What HumanEval's execution.py runs for one sample."""
-    return (problem["prompt"] + completion + "\n" + problem["test"] + "\n"
-            + f"check({problem['entry_point']})\n")
+def program(problem: dict[str, str], completion: str) -> sandboxes.Program:
+    """What HumanEval's execution.py runs for one sample, with the test compiled apart from the sample."""
+    return sandboxes.Program(problem["prompt"] + completion + "\n", problem["test"], problem["entry_point"])
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -155,25 +206,36 @@ def choose_ks(ks: tuple[int, ...], samples: Counter, source: Path | str) -> tupl
     return tuple(sorted(set(ks)))
 
 
-def run_samples(problems: dict[str, dict[str, str]], samples: list[dict[str, Any]], box: sandboxes.Sandbox,
-                limits: sandboxes.Limits, workers: int) -> Iterator[sandboxes.Outcome]:
-    """The outcome of each sample, in order, `workers` sandboxes at a time (threads: each only waits on its
-    sandbox's pipes)."""
+def run_samples(problems: dict[str, dict[str, str]], samples: Iterable[dict[str, Any]], box: sandboxes.Sandbox,
+                limits: sandboxes.Limits, workers: int) -> Iterator[tuple[dict[str, Any], sandboxes.Outcome]]:
+    """(sample, outcome) in order, `workers` sandboxes at a time (threads: each only waits on its sandbox's
+    pipes), at most IN_FLIGHT per worker ahead of the one the caller is writing. On an error or Ctrl-C the
+    running sandboxes are killed (their whole trees) and nothing more starts."""
+    cancel = sandboxes.Cancel()
+    pending: deque = deque()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sftdoctor-sandbox") as pool:
-        futures = [pool.submit(box.run, program(problems[s["task_id"]], s["completion"]), limits) for s in samples]
         try:
-            for future in futures:
-                yield future.result()
-        finally:  # an error or Ctrl-C: start nothing more (the running ones end within their limits)
-            for future in futures:
+            for sample in samples:
+                pending.append((sample, pool.submit(box.run, program(problems[sample["task_id"]],
+                                                                     sample["completion"]), limits, cancel)))
+                if len(pending) >= workers * IN_FLIGHT:
+                    done, future = pending.popleft()
+                    yield done, future.result()
+            while pending:
+                done, future = pending.popleft()
+                yield done, future.result()
+        finally:
+            for _, future in pending:
                 future.cancel()
+            cancel.set()
+    cancel.close()
 
 
 def result_row(sample: dict[str, Any], index: int, outcome: sandboxes.Outcome) -> dict[str, Any]:
     return {"task_id": sample["task_id"], "sample": index, "status": outcome.status, "passed": outcome.passed,
             "exit_code": outcome.exit_code, "signal": outcome.signal, "error": outcome.error,
-            "wall_s": outcome.wall_s, "stdout": outcome.stdout[-RESULT_TAIL:],
-            "stderr": outcome.stderr[-RESULT_TAIL:], "dropped_bytes": outcome.dropped_bytes}
+            "wall_s": outcome.wall_s, "cpu_s": outcome.cpu_s, "memory_peak_bytes": outcome.memory_peak_bytes,
+            "stdout": outcome.stdout, "stderr": outcome.stderr, "dropped_bytes": outcome.dropped_bytes}
 
 
 class JsonlWriter:
@@ -194,7 +256,7 @@ class JsonlWriter:
         return self
 
     def write(self, row: dict[str, Any]) -> None:
-        self.file.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self.file.write(json.dumps(row) + "\n")  # ASCII: line breaks of other readers (U+2028) escaped
 
     def __exit__(self, kind, value, traceback) -> None:
         self.file.close()
@@ -215,13 +277,13 @@ def evaluate_code(problems: Path, completions: Path | None, *, out: Path, ks: tu
     (status error: the sandbox failed, not the program), so the scores are incomplete."""
     table = read_problems(problems)
     if completions is not None:
-        samples = read_completions(completions, table)
+        counts = count_completions(completions, table)
+        samples: Iterable[dict[str, Any]] = read_completions(completions)
         source: Path | str = completions
     elif generated is not None:
-        samples, source = check_completions(list(generated), table, "--model"), "--model"
+        counts, samples, source = count_generated(generated, table), generated, "--model"
     else:
         raise InputError("eval", "give --completions FILE, or --model TARGET --samples N")
-    counts = Counter(s["task_id"] for s in samples)
     ks = choose_ks(tuple(ks), counts, source)
     if workers < 1:
         raise InputError("--workers", f"{workers}; expected at least 1")
@@ -231,21 +293,23 @@ def evaluate_code(problems: Path, completions: Path | None, *, out: Path, ks: tu
     if why is not None:
         raise InputError("--sandbox", f"{why}; generated code only ever runs in a sandbox (there is no "
                                       "unsandboxed mode)")
-    limits = sandboxes.Limits(wall_s=timeout_s, cpu_s=max(1, math.ceil(timeout_s)))
+    box = sandboxes.sandbox(sandbox)
+    limits = sandboxes.Limits(wall_s=timeout_s, cpu_s=max(1, math.ceil(timeout_s)), output_bytes=RESULT_TAIL)
     start = time.monotonic()
     statuses: Counter = Counter()
     passed: Counter = Counter()
     seen: Counter = Counter()
-    outcomes = run_samples(table, samples, sandboxes.sandbox(sandbox), limits, workers)
+    outcomes = run_samples(table, samples, box, limits, workers)
     with JsonlWriter(out) as writer, contextlib.closing(outcomes):
-        for sample, outcome in zip(samples, outcomes):
+        for sample, outcome in outcomes:
             writer.write(result_row(sample, seen[sample["task_id"]], outcome))
             seen[sample["task_id"]] += 1
             statuses[outcome.status] += 1
             passed[sample["task_id"]] += outcome.passed
     per_task = {task: (counts[task], passed[task]) for task in table}
-    summary = {"problems": len(table), "samples": len(samples), "sandbox": sandbox, "workers": workers,
-               "timeout_s": timeout_s, "seconds": round(time.monotonic() - start, 3),
+    summary = {"problems": len(table), "samples": sum(counts.values()), "sandbox": sandbox,
+               "isolation": box.isolation(), "workers": workers, "timeout_s": timeout_s,
+               "seconds": round(time.monotonic() - start, 3),
                **pass_at_ks(per_task, ks), "statuses": {s: statuses[s] for s in sandboxes.STATUSES},
                "tasks": {task: {"samples": n, "passed": c} for task, (n, c) in per_task.items()},
                "results": str(out)}
@@ -259,7 +323,7 @@ def render(summary: dict[str, Any], ks: tuple[int, ...]) -> str:
     width = max(len(name) for name, _ in rows)
     head = (f"code: {summary['problems']} problems, {summary['samples']} samples, {summary['sandbox']} sandbox, "
             f"{summary['workers']} workers, {summary['seconds']:.1f} s")
-    lines = [head] + [f"  {name.ljust(width)}  {value:>7}" for name, value in rows]
+    lines = [head, f"  {summary['isolation']}"] + [f"  {name.ljust(width)}  {value:>7}" for name, value in rows]
     if summary["statuses"]["error"]:
         lines.append("some samples could not be run (status error in the results): the scores are incomplete")
     return "\n".join(lines + [f"results: {one_line(summary['results'])}"])

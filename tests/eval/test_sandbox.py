@@ -1,11 +1,13 @@
-"""The sandbox of `sftdoctor eval --code`, against hostile programs: each must fail safely within its limits,
-be reported as such, leave nothing running and write nothing outside its private /tmp; correct programs still
-pass. Then pass@k, the readers' one-line errors, the refusal without a sandbox, and evaluate_code end to end."""
+"""The sandbox of `sftdoctor eval --code`, against hostile programs, for real under bubblewrap: each must fail
+safely within its limits, be reported as what it was (never a forged pass, never a limit the evaluator did not
+see), leave nothing running and write nothing outside its private /tmp, reach no other process, no keyring
+and no network; correct programs still pass. Docker's command and its token path with a stand-in CLI.
+docs/sandbox.md is the threat model these tests hold the sandbox to."""
 
 from __future__ import annotations
 
 import json
-import math
+import sys
 import os
 import resource
 import socket
@@ -17,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sftdoctor.errors import InputError
-from sftdoctor.eval import code, sandbox
+from sftdoctor.eval import sandbox
 from sftdoctor.eval.sandbox import Limits
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,10 +39,14 @@ LIMITS = Limits(wall_s=5)
 
 
 def marked(source: str, marker: str) -> str:
-    """The program re-executed with a marker in its argv (rlimits survive exec), so that any process it
-    leaves behind can be found on the host by its command line."""
+    """The program run by a child re-executed with a marker in its argv (rlimits survive exec), so that any
+    process it leaves behind can be found on the host by its command line. The parent waits and exits with
+    the child's code: it runs to its end (the harness's pass) only when the child exited 0."""
     body = f"# {marker}\n{source}"
-    return f"import os\nos.execv({PYTHON!r}, [{PYTHON!r}, '-I', '-S', '-c', {body!r}])\n"
+    return (f"import os, sys\npid = os.fork()\nif pid == 0:\n"
+            f"    os.execv({PYTHON!r}, [{PYTHON!r}, '-I', '-S', '-c', {body!r}])\n"
+            "code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])\n"
+            "if code:\n    sys.exit(code if code > 0 else 128 - code)\n")
 
 
 def running(marker: str) -> list[int]:
@@ -187,14 +192,15 @@ def test_an_infinite_loop_times_out_and_is_killed(marker):
 @pytest.mark.slow
 def test_the_cpu_limit_kills_a_busy_child_that_the_wall_clock_would_let_run(marker):
     outcome = run(marked("while True:\n    pass\n", marker), Limits(wall_s=10, cpu_s=1))
-    assert outcome.status == "killed" and outcome.signal == 24  # SIGXCPU
-    assert "CPU-time limit" in outcome.error and outcome.wall_s < 5
+    assert outcome.status == "killed" and "CPU-time limit of 1 s reached" in outcome.error
+    assert outcome.wall_s < 5 and outcome.cpu_s >= 1
 
 
 @needs_bwrap
-def test_allocating_64_gb_is_refused_by_the_address_space_limit(marker):
-    outcome = run(marked("x = bytearray(64 << 30)\nprint('ALLOCATED')", marker))
-    assert outcome.status == "failed" and outcome.error == "MemoryError"
+def test_allocating_twice_the_memory_limit_is_refused(marker):
+    """2 GiB against a 1 GiB limit, on a machine with far more: only the limit refuses it."""
+    outcome = run(marked("x = bytearray(2 << 30)\nprint('ALLOCATED')", marker))
+    assert outcome.status == "failed" and outcome.error.startswith("MemoryError")
     assert "ALLOCATED" not in outcome.stdout
 
 
@@ -203,7 +209,7 @@ def test_allocating_64_gb_is_refused_by_the_address_space_limit(marker):
 def test_printing_1_gb_is_capped_and_the_evaluator_stays_small(marker):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     source = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.write(chunk)\nprint('END')"
-    outcome = run(marked(source, marker), Limits(wall_s=30))
+    outcome = run(marked(source, marker), Limits(wall_s=30, cpu_s=30))
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert outcome.status == "passed"
     assert len(outcome.stdout) == Limits().output_bytes and outcome.stdout.endswith("xEND\n")
@@ -212,13 +218,14 @@ def test_printing_1_gb_is_capped_and_the_evaluator_stays_small(marker):
 
 
 @needs_bwrap
-def test_killing_its_parent_only_kills_itself(marker):
+def test_killing_its_parent_only_kills_itself_and_is_no_limit(marker):
     source = ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"  # PID 1 of its namespace: ignored
               "try:\n    os.kill(-1, signal.SIGKILL)\n"  # every process it may signal: none but itself and PID 1
               "except ProcessLookupError:\n    print('nothing else to kill')\n"
               "print('parent', os.getppid(), flush=True)\nos.killpg(0, signal.SIGKILL)\nprint('NOT REACHED')")
-    outcome = run(marked(source, marker))
-    assert outcome.status == "killed" and outcome.signal == 9 and outcome.error == "killed by SIGKILL"
+    outcome = run(source)
+    assert outcome.status == "failed" and outcome.signal is None  # its own doing: the evaluator killed nothing
+    assert outcome.error.startswith("exit code 137: killed by SIGKILL, or an exit code of its own")
     assert outcome.stdout == "nothing else to kill\nparent 1\n"
     assert run("print('evaluator alive')").passed
 
@@ -237,29 +244,44 @@ def test_a_daemon_left_behind_is_gone_after_the_run(marker):
 # --- what the sandbox is ---------------------------------------------------------------------------------
 
 @needs_bwrap
-def test_inside_no_privileges_no_host_processes():
+def test_inside_no_privileges_no_host_processes_no_proc():
     source = textwrap.dedent("""\
-        import json, os
-        status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\\t" in line)
-        print(json.dumps({"uid": os.getuid(), "nnp": status["NoNewPrivs"], "cap": status["CapEff"],
-                          "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
-                          "host": os.uname().nodename, "root": sorted(os.listdir("/"))}))
+        import errno, json, os
+        def tried(call):
+            try:
+                call()
+                return "done"
+            except OSError as e:
+                return errno.errorcode[e.errno]
+        alive = []
+        for pid in range(1, 4096):
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        print(json.dumps({"uid": os.getuid(), "pids": alive, "host": os.uname().nodename,
+                          "root": sorted(os.listdir("/")), "setuid": tried(lambda: os.setuid(0)),
+                          "chown": tried(lambda: os.chown("/tmp", 0, 0))}))
         """)
     seen = json.loads(run(source).stdout)
-    assert seen["nnp"] == "1" and int(seen["cap"], 16) == 0 and seen["uid"] == 65534
-    assert seen["pids"] == [1, 2] and seen["host"] == "sandbox"
-    assert not {"home", "root", "work", "var", "srv", "opt", "mnt"} & set(seen["root"])
+    assert seen["uid"] == 65534 and seen["setuid"] != "done" and seen["chown"] != "done"  # root is not even mapped
+    assert seen["pids"] == [1, 2] and seen["host"] == "sandbox"  # bwrap's PID 1 and itself: no host process
+    assert not {"home", "root", "work", "var", "srv", "opt", "mnt", "proc"} & set(seen["root"])
 
 
-def test_the_bwrap_command_binds_nothing_writable_and_no_home():
-    argv = sandbox.Bubblewrap(python="/usr/bin/python3").command(Limits(), 5, 6)
+def test_the_bwrap_command_binds_nothing_writable_no_home_no_proc_and_filters_calls():
+    fds = {"source": 5, "test": 6, "seccomp": 7, "status": 8, "json": 9}
+    argv = sandbox.Bubblewrap(python="/usr/bin/python3").command(Limits(), fds)
     for flag in ("--unshare-user", "--unshare-pid", "--unshare-net", "--die-with-parent", "--new-session",
                  "--clearenv", "--disable-userns", "--tmpfs"):
         assert flag in argv
-    assert not {"--bind", "--bind-try", "--dev-bind", "--share-net"} & set(argv)
+    assert argv[argv.index("--seccomp") + 1] == "7" and argv[argv.index("--json-status-fd") + 1] == "9"
+    assert not {"--bind", "--bind-try", "--dev-bind", "--share-net", "--proc"} & set(argv)
     sources = [argv[i + 1] for i, a in enumerate(argv) if a in ("--ro-bind", "--ro-bind-try")]
     assert all(s == "/usr" or s.startswith(("/etc/ld.so.cache", "/lib", "/bin", "/sbin")) for s in sources), sources
     assert argv[-6:-1] == ["--", os.path.realpath("/usr/bin/python3"), "-I", "-S", "-c"]
+    assert argv[-1].startswith(sandbox.MARK) and "main(" in argv[-1] and ", 8, " in argv[-1]  # the token's fd
 
 
 @needs_bwrap
@@ -267,7 +289,8 @@ def test_correct_and_wrong_programs_and_the_kept_tail():
     assert run("print('ok')").status == "passed"
     wrong = run("def f():\n    return 1\nassert f() == 2\n")
     assert wrong.status == "failed" and wrong.error == "AssertionError" and wrong.exit_code == 1
-    assert 'File "/sandbox/main.py", line 3' in wrong.stderr
+    assert 'File "/sandbox/main.py", line 3' in wrong.stderr and "assert f() == 2" in wrong.stderr
+    assert wrong.stderr.startswith("Traceback") and '"<string>"' not in wrong.stderr  # no harness frames
     assert run("exit(3)").exit_code == 3  # exit() exists although site is skipped
     tail = run("print('a' * 100000 + 'END')", Limits(output_bytes=1024))
     assert tail.stdout == "a" * 1020 + "END\n" and tail.dropped_bytes == 100004 - 1024
@@ -279,236 +302,226 @@ def test_a_sandbox_that_cannot_start_is_an_error_not_a_failure():
     assert outcome.status == "error" and "no-such-python" in outcome.error
 
 
-# --- pass@k ------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("n, c, k, expected", [(5, 2, 1, 0.4), (5, 2, 2, 0.7), (5, 0, 1, 0.0), (5, 0, 3, 0.0),
-                                               (5, 5, 1, 1.0), (5, 5, 5, 1.0), (5, 4, 2, 1.0), (1, 1, 1, 1.0),
-                                               (10, 1, 10, 1.0), (4, 1, 2, 0.5)])
-def test_pass_at_k_by_hand(n, c, k, expected):
-    assert code.pass_at_k(n, c, k) == pytest.approx(expected)
 
 
-def test_pass_at_k_is_the_binomial_formula_and_stable_for_large_n():
-    for n in range(1, 12):
-        for c in range(n + 1):
-            for k in range(1, n + 1):
-                exact = 1 - math.comb(n - c, k) / math.comb(n, k)
-                assert code.pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12)
-    assert code.pass_at_k(10_000, 37, 100) == pytest.approx(1 - math.comb(9963, 100) / math.comb(10_000, 100))
-    assert code.pass_at_ks({"a": (5, 2), "b": (5, 0)}, (1, 2)) == {"pass@1": pytest.approx(0.2),
-                                                                    "pass@2": pytest.approx(0.35)}
-    with pytest.raises(ValueError):
-        code.pass_at_k(3, 1, 4)
+# --- a pass cannot be forged ---------------------------------------------------------------------------------
+
+# The test's names (METADATA, check) are its own: a sample that could see them could also swap them.
+WRONG = sandbox.Program("def f():\n", "METADATA = {}\n\ndef check(candidate):\n    assert candidate() == 1\n", "f")
+FORGERIES = {
+    "exit()": "    exit()\n",
+    "sys.exit(0)": "    import sys\n    sys.exit(0)\n",
+    "os._exit(0)": "    import os\n    os._exit(0)\n",
+    "raise SystemExit": "    raise SystemExit\n",
+    "an exit at module level": "    return 2\nexit(0)\n",
+    "sys.excepthook": "    return 2\nimport os, sys\nsys.excepthook = lambda *args: os._exit(0)\n",
+    "atexit": "    return 2\nimport atexit, os\natexit.register(os._exit, 0)\n",
+    "a thread calling os._exit(0)": ("    import os, threading, time\n"
+                                     "    threading.Thread(target=lambda: (time.sleep(0.05), os._exit(0))).start()\n"
+                                     "    time.sleep(2)\n    return 2\n"),
+    "the harness's own audit event": ("    import os, sys\n    sys.audit('sftdoctor.start')\n"
+                                      "    sys.audit('sftdoctor.checked')\n    os._exit(0)\n"),
+    "patching exec": ("    return 2\nimport builtins\n"
+                      "builtins.exec = lambda code, names, *a: names.__setitem__('check', lambda candidate: None)\n"),
+    "a thread swapping check": ("    return 2\nimport threading\ndef swap(g=globals()):\n    while True:\n"
+                                "        g['check'] = lambda candidate: None\n"
+                                "threading.Thread(target=swap, daemon=True).start()\n"),
+    "reading the test's own names": (
+        "    return 2 if 'METADATA' not in globals() else 1\n"),
+    "printing what looks like a pass": "    print('passed', flush=True)\n    import os\n    os._exit(0)\n",
+    "introspecting the harness": ("    import gc\n    [o for o in gc.get_objects() if callable(o)]\n"),
+}
 
 
-def test_truncate_at_the_first_stop_sequence():
-    assert code.truncate("    return 1\n\ndef other():\n    pass") == "    return 1\n"
-    assert code.truncate("    return 1\n# comment\nprint(1)") == "    return 1"
-    assert code.truncate("    return 1\n") == "    return 1\n"
+@needs_bwrap
+@pytest.mark.parametrize("how", sorted(FORGERIES))
+def test_a_wrong_answer_does_not_pass_by(how):
+    outcome = run(sandbox.Program(WRONG.source + FORGERIES[how], WRONG.test, WRONG.entry_point))
+    assert outcome.status == "failed", (how, outcome)
+    if outcome.exit_code == 0:
+        assert outcome.error == "exited with code 0 before the test ran to its end (an exit is not a pass)"
 
 
-# --- bad input ---------------------------------------------------------------------------------------------
-
-PROBLEM = {"task_id": "t/0", "prompt": "def f():\n", "test": "def check(c):\n    assert c() == 1\n", "entry_point": "f"}
-
-
-def jsonl(path: Path, *lines) -> Path:
-    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
-    return path
-
-
-def evaluate(tmp_path, problems, completions, **options):
-    settings = {"out": tmp_path / "results.jsonl", "ks": (), "sandbox": "bubblewrap", "workers": 2,
-                "timeout_s": 5.0, "json_out": False, **options}
-    return code.evaluate_code(problems, completions, **settings)
+@needs_bwrap
+def test_a_right_answer_passes_whatever_it_leaves_behind():
+    right = WRONG.source + "    return 1\n"
+    lingering = right + "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\n"
+    exits_3_after = right + "import atexit, os\natexit.register(os._exit, 3)\n"
+    for source in (right, lingering, exits_3_after):
+        outcome = run(sandbox.Program(source, WRONG.test, WRONG.entry_point), Limits(wall_s=3))
+        assert outcome.status == "passed", outcome  # the check ran to its end: human-eval's rule
+    assert run(sandbox.Program(right, "def check(candidate):\n    assert candidate() == 2\n", "f")).status == "failed"
 
 
-@pytest.mark.parametrize("problems, completions, message", [
-    ([PROBLEM, "{not json"], [], "problems.jsonl: line 2: not valid JSON"),
-    ([{k: v for k, v in PROBLEM.items() if k != "entry_point"}], [], "problems.jsonl: line 1: missing 'entry_point'; expected"),
-    ([{**PROBLEM, "prompt": 3}], [], "problems.jsonl: line 1: 'prompt' is a JSON int; expected a string"),
-    (["[1, 2]"], [], "problems.jsonl: line 1: a JSON list; expected one JSON object per line"),
-    ([PROBLEM, PROBLEM], [], "problems.jsonl: line 2: task_id 't/0' again (first on line 1); expected"),
-    ([], [], "problems.jsonl: no problems; expected"),
-    ([PROBLEM], [{"task_id": "t/0", "completion": "    return 1"}, "", "oops"], "completions.jsonl: line 3: not valid JSON"),
-    ([PROBLEM], [{"task_id": "t/0"}], "completions.jsonl: line 1: missing 'completion'; expected task_id and completion"),
-    ([PROBLEM], [{"task_id": "t/0", "completion": "x"}, {"task_id": "t/1", "completion": "x"}],
-     "completions.jsonl: line 2: task_id 't/1' is not in the problems (did you mean 't/0'?); expected"),
-    ([PROBLEM, {**PROBLEM, "task_id": "t/1"}], [{"task_id": "t/0", "completion": "x"}],
-     "completions.jsonl: no completion for task_id 't/1'; expected at least one sample"),
-])
-def test_bad_input_is_one_line_naming_file_and_line(tmp_path, problems, completions, message):
-    with pytest.raises(InputError) as caught:
-        evaluate(tmp_path, jsonl(tmp_path / "problems.jsonl", *problems),
-                 jsonl(tmp_path / "completions.jsonl", *completions))
-    text = str(caught.value)
-    assert "\n" not in text and "expected" in text
-    assert text.startswith(str(tmp_path / message.split(":")[0])) and message.split(": ", 1)[1] in text
-    assert not (tmp_path / "results.jsonl").exists()
+@needs_bwrap
+@pytest.mark.parametrize("source, signal_name", [("import os\nos._exit(137)", "SIGKILL"),
+                                                 ("import os\nos._exit(152)", "SIGXCPU")])
+def test_an_exit_code_of_a_signal_is_not_reported_as_the_signal(source, signal_name):
+    outcome = run(source)
+    assert outcome.status == "failed" and outcome.signal is None
+    assert f"killed by {signal_name}" in outcome.error and "or an exit code of its own" in outcome.error
 
 
-def test_k_larger_than_the_samples_is_bad_input(tmp_path):
-    problems = jsonl(tmp_path / "problems.jsonl", PROBLEM)
-    completions = jsonl(tmp_path / "completions.jsonl", *[{"task_id": "t/0", "completion": "    return 1"}] * 2)
-    with pytest.raises(InputError, match=r"completions.jsonl: k=5 but task_id 't/0' has 2 samples; expected at "
-                                         r"least k samples per task"):
-        evaluate(tmp_path, problems, completions, ks=(1, 5))
-    with pytest.raises(InputError, match="--k: k=0; expected a positive"):
-        evaluate(tmp_path, problems, completions, ks=(0,))
+@needs_bwrap
+def test_a_memory_error_it_prints_is_not_out_of_memory():
+    outcome = run("import sys\nprint('MemoryError', file=sys.stderr)\nsys.exit(1)")
+    assert outcome.status == "failed" and outcome.error == "MemoryError" and outcome.signal is None
 
 
-def test_missing_files_and_options(tmp_path):
-    with pytest.raises(InputError, match="problems file not found"):
-        evaluate(tmp_path, tmp_path / "nope.jsonl", None)
-    problems = jsonl(tmp_path / "problems.jsonl", PROBLEM)
-    with pytest.raises(InputError, match="give --completions FILE, or --model TARGET --samples N"):
-        evaluate(tmp_path, problems, None)
-    completions = jsonl(tmp_path / "completions.jsonl", {"task_id": "t/0", "completion": "    return 1"})
-    with pytest.raises(InputError, match="--workers: 0; expected at least 1"):
-        evaluate(tmp_path, problems, completions, workers=0)
-    with pytest.raises(InputError, match="--timeout"):
-        evaluate(tmp_path, problems, completions, timeout_s=float("nan"))
+# --- no other process, no keyring: the kernel's walls, tried by code without the harness's hooks ------------
+
+PROBE = r"""
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    ctypes.set_errno(0)
+    result = libc.syscall(ctypes.c_long(nr), *[a if isinstance(a, bytes) else ctypes.c_long(a) for a in args])
+    return errno.errorcode.get(ctypes.get_errno(), "?") if result < 0 else "done"
+harness = os.getppid()
+try:
+    init = os.pidfd_open(1)
+    getfd = {str(fd): call(438, init, fd, 0) for fd in range(3, 12)}   # pidfd_getfd: bwrap's eventfd among them
+except OSError as e:
+    getfd = {"pidfd_open": errno.errorcode[e.errno]}
+def opened(path):
+    try:
+        open(path, "rb").close()
+        return "done"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print(json.dumps({
+    "ptrace init": call(101, 16, 1, 0, 0), "ptrace harness": call(101, 16, harness, 0, 0),
+    "process_vm_readv": call(310, harness, 0, 0, 0, 0, 0), "pidfd_getfd": getfd,
+    "keyctl": call(250, 0, -3, 0), "add_key": call(248, b"user", b"sftdoctor-planted", b"x", 1, -3),
+    "request_key": call(249, b"user", KEY, 0, -3), "memfd_create": call(319, b"x", 0),
+    "io_uring_setup": call(425, 1, 0), "unshare": call(272, 0x10000000),
+    "/proc/1/mem": opened("/proc/1/mem"), "/proc/self/mem": opened("/proc/self/mem"),
+}))
+"""
 
 
-# --- no sandbox, no run ------------------------------------------------------------------------------------
+def keyring(call: str, *args):
+    """keyctl(2) and friends on this (the evaluator's) process, through ctypes."""
+    import ctypes
 
-def test_without_bwrap_on_path_it_refuses_and_names_the_package(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap, no docker
-    why = sandbox.available("bubblewrap")
-    assert "apt-get install bubblewrap" in why
-    with pytest.raises(InputError) as caught:
-        evaluate(tmp_path, FIXTURES / "problems.jsonl", FIXTURES / "completions.jsonl")
-    assert str(caught.value).startswith("--sandbox: bubblewrap (bwrap) not found on PATH: install it: apt-get install "
-                                        "bubblewrap") and "no unsandboxed mode" in str(caught.value)
-    assert "\n" not in str(caught.value) and not (tmp_path / "results.jsonl").exists()
-    assert "docker not found on PATH" in sandbox.available("docker")
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    numbers = {"add_key": 248, "keyctl": 250}
+    return libc.syscall(ctypes.c_long(numbers[call]), *[a if isinstance(a, bytes) else ctypes.c_long(a) for a in args])
 
 
-def test_docker_without_a_reachable_daemon_refuses(tmp_path, monkeypatch):
-    fake = tmp_path / "docker"
-    fake.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
-                    "Is the docker daemon running?' >&2\nexit 1\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    assert sandbox.available("docker").startswith("no Docker daemon reachable (docker info: Cannot connect")
-    with pytest.raises(InputError, match=r"^--sandbox: no Docker daemon reachable .*no unsandboxed mode\)$"):
-        evaluate(tmp_path, FIXTURES / "problems.jsonl", FIXTURES / "completions.jsonl", sandbox="docker")
-    assert sandbox.available("chroot").startswith("unknown sandbox 'chroot'")
+@needs_bwrap
+def test_no_other_process_no_keyring_no_memfd_even_for_code_without_the_harness(tmp_path):
+    name = f"sftdoctor-secret-{uuid.uuid4().hex[:8]}".encode()
+    secret = keyring("add_key", b"user", name, b"the caller's secret", 19, -3)  # the session keyring
+    assert secret > 0, "the evaluator's session keyring is not usable here"
+    try:
+        probe = PROBE.replace("KEY", repr(name))
+        python = os.path.realpath(sandbox.Bubblewrap().python)
+        source = (f"import subprocess\nrun = subprocess.run([{python!r}, '-I', '-S', '-c', {probe!r}], "
+                  "capture_output=True, text=True)\nprint(run.stdout, end='')\nprint(run.stderr[-2000:], end='')")
+        outcome = run(source)
+        assert outcome.status == "passed", outcome
+        seen = json.loads(outcome.stdout)
+        for call in ("ptrace init", "ptrace harness", "process_vm_readv", "keyctl", "add_key", "request_key",
+                     "memfd_create", "io_uring_setup", "unshare"):
+            assert seen[call] == "EPERM", (call, seen)
+        assert set(seen["pidfd_getfd"].values()) == {"EPERM"}, seen  # bwrap's eventfd stays out of reach
+        assert seen["/proc/1/mem"] == seen["/proc/self/mem"] == "ENOENT"  # no /proc at all
+        planted = keyring("keyctl", 10, -3, b"user", b"sftdoctor-planted", 0)  # KEYCTL_SEARCH
+        assert planted < 0, "a key planted in the sandbox outlived it in the caller's keyring"
+        assert keyring("keyctl", 10, -3, b"user", name, 0) == secret  # the caller's own key untouched
+    finally:
+        keyring("keyctl", 21, secret)  # KEYCTL_INVALIDATE
 
 
-def test_the_docker_command_has_the_limits():
-    argv = sandbox.Docker().command(Limits(processes=7, tmp_bytes=1 << 20), "name")
+# --- bounded per sample, and nothing outlives it -------------------------------------------------------------
+
+@needs_bwrap
+@pytest.mark.slow
+def test_four_processes_share_one_memory_limit():
+    source = ("import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        break\n"
+              "x = bytearray(700 << 20)\ntime.sleep(3)\nprint('held', flush=True)\n")
+    outcome = run(source, Limits(wall_s=20, cpu_s=20))
+    assert sandbox.layout().usable, sandbox.layout().why_not
+    assert outcome.status == "killed" and outcome.error.startswith("out of memory"), outcome
+    assert outcome.memory_peak_bytes <= (1 << 30) + (8 << 20) and "held" not in outcome.stdout
+
+
+@needs_bwrap
+@pytest.mark.slow
+def test_busy_processes_share_one_cpu_time_limit():
+    """Four busy loops against a 2 s limit: stopped when their time together reaches it (about 1 s on 2 CPUs),
+    not when one of them alone would have (RLIMIT_CPU: 2 s each, 4 s of wall time on 2 CPUs)."""
+    source = "import os\nfor _ in range(3):\n    if os.fork() == 0:\n        break\nwhile True:\n    pass\n"
+    outcome = run(source, Limits(wall_s=20, cpu_s=2))
+    assert outcome.status == "killed" and "all its processes together" in outcome.error, outcome
+    assert 2.0 <= outcome.cpu_s < 2.6 and outcome.wall_s < 2 * 2 / min(os.cpu_count() or 1, 4) + 0.8, outcome
+
+
+@needs_bwrap
+def test_a_process_holding_the_output_open_does_not_hold_the_evaluator(marker):
+    source = ("import os, signal, time\nif os.fork() == 0:\n    os.setsid()\n"
+              "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+              f"    os.execv('/bin/sh', ['sh', '-c', 'trap \"\" TERM HUP; sleep 1000; : {marker}'])\n"
+              "time.sleep(0.3)\nprint('leaving', flush=True)")
+    start = time.monotonic()
+    outcome = run(source, Limits(wall_s=10))
+    assert outcome.status == "passed" and time.monotonic() - start < 3  # not the wall clock: killed at the end
+    assert running(marker) == []
+
+
+@needs_bwrap
+def test_a_cancelled_run_is_killed_at_once(marker):
+    import threading
+
+    cancel = sandbox.Cancel()
+    try:
+        threading.Timer(0.5, cancel.set).start()
+        start = time.monotonic()
+        outcome = sandbox.Bubblewrap().run(marked("while True:\n    pass\n", marker), Limits(wall_s=30, cpu_s=30),
+                                           cancel)
+        assert time.monotonic() - start < 3
+        assert outcome.status == "error" and outcome.error.startswith("cancelled")
+        assert running(marker) == []
+    finally:
+        cancel.close()
+
+
+# --- Docker ------------------------------------------------------------------------------------------------
+
+def test_the_docker_command_has_the_limits_and_the_filter():
+    argv = sandbox.Docker().command(Limits(processes=7, tmp_bytes=1 << 20), "name", "/tmp/profile.json")
     joined = " ".join(argv[:-1])
-    for part in ("--network none", "--read-only", "--pids-limit 7", "--cap-drop ALL", "no-new-privileges",
-                 "--tmpfs /tmp:rw,nosuid,nodev,size=1048576", "--user 65534:65534", "--memory "):
+    for part in ("--rm", "--network none", "--read-only", "--pids-limit 7", "--cap-drop ALL", "no-new-privileges",
+                 "--security-opt seccomp=/tmp/profile.json", "--cpus 1", "--memory 1073741824",
+                 "--memory-swap 1073741824", "--tmpfs /tmp:rw,nosuid,nodev,size=1048576", "--user 65534:65534"):
         assert part in joined
     assert "RLIMIT_NPROC" not in argv[-1]  # counted host-wide under Docker: the cgroup's PID limit instead
+    assert argv[-1].startswith(sandbox.MARK) and ", 1, " in argv[-1]  # the token comes back on stdout
 
 
-def test_nothing_half_written_on_ctrl_c(tmp_path, monkeypatch):
-    class Interrupted:
-        name, calls = "fake", 0
-
-        def run(self, program, limits):
-            Interrupted.calls += 1
-            if Interrupted.calls == 2:
-                raise KeyboardInterrupt
-            return sandbox.Outcome("passed", 0, None, "", "", 0.0)
-
-    monkeypatch.setattr(sandbox, "available", lambda kind: None)
-    monkeypatch.setattr(sandbox, "sandbox", lambda kind: Interrupted())
-    with pytest.raises(KeyboardInterrupt):
-        evaluate(tmp_path, FIXTURES / "problems.jsonl", FIXTURES / "completions.jsonl", workers=1)
-    assert list(tmp_path.iterdir()) == []
-
-
-# --- end to end --------------------------------------------------------------------------------------------
-
-@needs_bwrap
-def test_evaluate_code_on_the_fixtures(tmp_path, capsys):
-    out = tmp_path / "results.jsonl"
-    assert evaluate(tmp_path, FIXTURES / "problems.jsonl", FIXTURES / "completions.jsonl", ks=(1, 2), out=out) == 0
-    printed = capsys.readouterr().out
-    assert "pass@1     0.500" in printed and "pass@2     1.000" in printed and f"results: {out}" in printed
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["task_id"], r["sample"], r["status"]) for r in rows] == [
-        ("sftdoctor/0", 0, "passed"), ("sftdoctor/0", 1, "failed"), ("sftdoctor/1", 0, "passed"),
-        ("sftdoctor/1", 1, "failed"), ("sftdoctor/2", 0, "passed"), ("sftdoctor/2", 1, "failed")]
-    assert rows[5]["error"] == "OSError: [Errno 101] Network is unreachable"
-    assert [p.name for p in tmp_path.iterdir()] == ["results.jsonl"]
-
-
-@needs_bwrap
-@pytest.mark.slow
-def test_evaluate_code_with_hostile_completions(tmp_path, capsys):
-    tag = uuid.uuid4().hex
-    completions = [
-        ("sftdoctor/0", "    return max(lo, min(x, hi))\n"),
-        ("sftdoctor/0", "    while True:\n        pass\n"),
-        ("sftdoctor/0", "    import os\n    while True:\n        try:\n            os.fork()\n        except OSError:\n            pass\n"),
-        ("sftdoctor/1", "    return sum(c in 'aeiouAEIOU' for c in text)\n"),
-        ("sftdoctor/1", "    import os, signal\n    os.killpg(0, signal.SIGKILL)\n"),
-        ("sftdoctor/1", f"    open('{REPO}/owned-{tag}', 'w').write('x')\n    return 0\n"),
-        ("sftdoctor/2", "    out = []\n    for n in numbers:\n        out.append(max(out[-1:] + [n]))\n    return out\n"),
-        ("sftdoctor/2", "    x = bytearray(64 << 30)\n    return numbers\n"),
-        ("sftdoctor/2", "    return numbers\n"),
-    ]
-    path = jsonl(tmp_path / "completions.jsonl", *[{"task_id": t, "completion": c} for t, c in completions])
-    out = tmp_path / "results.jsonl"
-    start = time.monotonic()
-    assert evaluate(tmp_path, FIXTURES / "problems.jsonl", path, ks=(1, 3), out=out, timeout_s=2.0, json_out=True) == 0
-    assert time.monotonic() - start < 2 * (2.0 + 5) + 3  # two waves of two workers, each within its limit
-    summary = json.loads(capsys.readouterr().out)
-    assert summary["statuses"] == {"passed": 3, "failed": 3, "timeout": 2, "killed": 1, "error": 0}
-    assert summary["pass@1"] == pytest.approx(1 / 3) and summary["pass@3"] == pytest.approx(1.0)
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["status"] for r in rows] == ["passed", "timeout", "timeout", "passed", "killed", "failed",
-                                          "passed", "failed", "failed"]
-    assert rows[5]["error"].startswith("FileNotFoundError") and not (REPO / f"owned-{tag}").exists()
-    assert rows[7]["error"] == "MemoryError"
-
-
-# --- generation and the CLI --------------------------------------------------------------------------------
-
-@pytest.mark.slow
-def test_generate_completions_with_a_tiny_random_model():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    model_dir = REPO / "examples" / "tiny" / "model"
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(model_dir)).eval()
-    problems = dict(list(code.read_problems(FIXTURES / "problems.jsonl").items())[:2])
-    records = code.generate_completions(model, tokenizer, problems, samples=3, max_new_tokens=8, temperature=0.8)
-    assert [r["task_id"] for r in records] == ["sftdoctor/0"] * 3 + ["sftdoctor/1"] * 3
-    assert all(isinstance(r["completion"], str) and not any(s in r["completion"] for s in code.STOP) for r in records)
-    greedy = code.generate_completions(model, tokenizer, problems, samples=2, max_new_tokens=8, temperature=0)
-    assert greedy[0] == greedy[1]
-
-
-def test_the_cli_prints_one_line_and_exits_2(tmp_path):
-    from click.testing import CliRunner
-
-    from sftdoctor import cli
-
-    problems = jsonl(tmp_path / "problems.jsonl", PROBLEM, "{oops")
-    result = CliRunner().invoke(cli.main, ["eval", "--code", str(problems), "--completions", str(problems)])
-    assert result.exit_code == 2 and "Traceback" not in result.output
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"sftdoctor: error: {problems}: line 2: not valid JSON")
-
-
-@needs_bwrap
-@pytest.mark.slow
-def test_the_cli_scores_the_fixture_completions_in_the_sandbox(tmp_path):
-    from click.testing import CliRunner
-
-    from sftdoctor import cli
-
-    out = tmp_path / "results.jsonl"
-    result = CliRunner().invoke(cli.main, ["eval", "--code", str(FIXTURES / "problems.jsonl"), "--completions",
-                                           str(FIXTURES / "completions.jsonl"), "--out", str(out), "--timeout", "5"])
-    assert result.exit_code == 0, result.output
-    assert "pass@1" in result.output
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert {r["status"] for r in rows} >= {"passed", "failed"}
+def test_docker_passes_on_the_token_alone_and_removes_every_container(tmp_path, monkeypatch):
+    """A stand-in docker CLI that runs the harness directly (trusted programs only) and logs the rest."""
+    log = tmp_path / "docker.log"
+    fake = tmp_path / "docker"
+    fake.write_text(f"""#!/bin/sh
+echo "$*" >> {log}
+case "$1" in
+  run) while [ "$1" != "-c" ]; do shift; done; exec {sys.executable} -I -S -c "$2" ;;
+esac
+exit 0
+""")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    box = sandbox.Docker()
+    assert box.available() is None
+    right = box.run(sandbox.Program(WRONG.source + "    print('hi')\n    return 1\n", WRONG.test, "f"), LIMITS)
+    assert right.status == "passed" and right.stdout == "hi\n"  # the token is not left in the output
+    forged = box.run(sandbox.Program(WRONG.source + FORGERIES["os._exit(0)"], WRONG.test, "f"), LIMITS)
+    assert forged.status == "failed" and forged.exit_code == 0
+    runs = [line.split()[line.split().index("--name") + 1] for line in log.read_text().splitlines()
+            if line.startswith("run ")]
+    removed = [line.split()[-1] for line in log.read_text().splitlines() if line.startswith("rm -f ")]
+    assert len(runs) == 2 and removed == runs
