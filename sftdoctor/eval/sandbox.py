@@ -525,9 +525,11 @@ def _bwrap_probe(bwrap: str, python: str) -> str | None:
     outcome = Bubblewrap(python).run("pass", Limits(wall_s=30))
     if outcome.passed:
         return None
-    return (f"bubblewrap cannot create a sandbox here ({outcome.error or outcome.status}): it needs unprivileged "
-            "user namespaces (sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu "
-            "kernel.apparmor_restrict_unprivileged_userns=0)")
+    why = outcome.error or outcome.status
+    if why.startswith("cannot make the sample's cgroup"):
+        return f"bubblewrap cannot run here: {why}"
+    return (f"bubblewrap cannot create a sandbox here ({why}): it needs unprivileged user namespaces "
+            "(sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu kernel.apparmor_restrict_unprivileged_userns=0)")
 
 
 def _killpg(proc: subprocess.Popen) -> None:

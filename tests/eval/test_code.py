@@ -361,7 +361,8 @@ def test_a_gzip_bomb_is_refused_at_its_long_line_without_inflating_it(tmp_path):
 @needs_bwrap
 @pytest.mark.slow
 def test_the_evaluators_memory_does_not_grow_with_samples_or_their_output(tmp_path):
-    loud = "    import sys\n    sys.stdout.write('o' * (1 << 20))\n    sys.stderr.write('e' * (1 << 20))\n    return 1\n"
+    loud = ("    import sys\n    sys.stdout.write('o' * (1 << 20))\n    sys.stderr.write('e' * (1 << 20))\n    return 1\n"
+            f"# {'c' * (256 << 10)}\n")  # a long completion: samples started far ahead would all be held
     problems = jsonl(tmp_path / "problems.jsonl", PROBLEM)
     peaks = {}
     for n in (10, 160):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sftdoctor.eval import sandbox
+from sftdoctor.eval import cgroup, sandbox
 from sftdoctor.eval.sandbox import Limits
 
 REPO = Path(__file__).resolve().parents[2]
@@ -470,6 +470,36 @@ def test_a_process_holding_the_output_open_does_not_hold_the_evaluator(marker):
     outcome = run(source, Limits(wall_s=10))
     assert outcome.status == "passed" and time.monotonic() - start < 3  # not the wall clock: killed at the end
     assert running(marker) == []
+
+
+@needs_bwrap
+def test_the_evaluator_kills_what_bubblewraps_own_cleanup_would_leave(marker, monkeypatch):
+    """Without --die-with-parent, bwrap's PID 1 outlives bwrap while a daemon lives, and the daemon with it:
+    the evaluator's kill at the end of the sample is what ends them (as it would a PID 1 kept alive)."""
+    command = sandbox.Bubblewrap.command
+    monkeypatch.setattr(sandbox.Bubblewrap, "command",
+                        lambda self, *a: [arg for arg in command(self, *a) if arg != "--die-with-parent"])
+    source = ("import os\nif os.fork() == 0:\n    os.setsid()\n"
+              f"    os.execv('/bin/sh', ['sh', '-c', 'sleep 1000; : {marker}'])\nprint('leaving')")
+    assert run(source).status == "passed"
+    assert running(marker) == []
+
+
+@needs_bwrap
+def test_without_a_cgroup_the_limits_are_per_process_and_the_tree_still_dies(marker, monkeypatch):
+    """No cgroup (a read-only /sys/fs/cgroup, say): the summary says so, and PID 1's pidfd is the kill."""
+    monkeypatch.setattr(sandbox, "layout", lambda: cgroup.Layout(why_not="a read-only cgroup mount"))
+    command = sandbox.Bubblewrap.command
+    monkeypatch.setattr(sandbox.Bubblewrap, "command",
+                        lambda self, *a: [arg for arg in command(self, *a) if arg != "--die-with-parent"])
+    box = sandbox.Bubblewrap()
+    assert box.isolation().startswith("limits per process (rlimits): a read-only cgroup mount")
+    source = ("import os\nif os.fork() == 0:\n    os.setsid()\n"
+              f"    os.execv('/bin/sh', ['sh', '-c', 'sleep 1000; : {marker}'])\nprint('leaving')")
+    outcome = box.run(source, LIMITS)
+    assert outcome.status == "passed" and outcome.cpu_s is None and outcome.memory_peak_bytes is None
+    assert running(marker) == []
+    assert box.run(marked("import os\nos._exit(152)", marker), LIMITS).error.startswith("exit code 152")
 
 
 @needs_bwrap
