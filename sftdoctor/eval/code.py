@@ -278,7 +278,8 @@ def evaluate_code(problems: Path, completions: Path | None, *, out: Path, ks: tu
     table = read_problems(problems)
     if completions is not None:
         counts = count_completions(completions, table)
-        samples: Iterable[dict[str, Any]] = read_completions(completions)
+        samples: Iterable[dict[str, Any]] = (sample for sample in read_completions(completions)
+                                             if _known(sample, table, completions) is None)
         source: Path | str = completions
     elif generated is not None:
         counts, samples, source = count_generated(generated, table), generated, "--model"
@@ -306,6 +307,8 @@ def evaluate_code(problems: Path, completions: Path | None, *, out: Path, ks: tu
             seen[sample["task_id"]] += 1
             statuses[outcome.status] += 1
             passed[sample["task_id"]] += outcome.passed
+        if seen != counts:  # read twice: the scores need the same samples both times
+            raise InputError(source, "changed while it was read; expected a file that stays as it is")
     per_task = {task: (counts[task], passed[task]) for task in table}
     summary = {"problems": len(table), "samples": sum(counts.values()), "sandbox": sandbox,
                "isolation": box.isolation(), "workers": workers, "timeout_s": timeout_s,

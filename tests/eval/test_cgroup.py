@@ -120,3 +120,25 @@ def test_a_sample_cgroup_limits_counts_kills_and_goes(here):
     finally:
         group.remove()
     assert not any(directory.exists() for directory in directories)
+
+
+def test_a_v2_cgroup_counts_cpu_time_and_kills_the_tree_at_once(here):
+    """This machine's v2 hierarchy has no memory controller, but its core files work as on a v2 host: the
+    CPU time from cpu.stat, the tree killed by cgroup.kill, joined through cgroup.procs."""
+    unified = [(point, root) for kind, point, root, _ in cgroup._mounts(Path(cgroup.MOUNTINFO).read_text())
+               if kind == "cgroup2"]
+    if not unified:
+        assert not CI, "CI's machine has a cgroup2 mount"
+        pytest.skip("no cgroup2 mount here")
+    point, root = unified[0]
+    own = cgroup._directory(point, root, cgroup._own(Path(cgroup.OWN).read_text()).get(""))
+    group = cgroup.SampleCgroup(cgroup.Layout(memory=here.memory, usage=(2, own)))
+    group.create(64 << 20, 8)
+    try:
+        assert str(own / group.name / "cgroup.procs") in group.join_files()
+        busy = joined(group, "while :; do :; done & while :; do :; done & wait")
+        time.sleep(0.6)
+        assert 0.3 < group.cpu_seconds() < 2.0
+        assert group.kill(wait_s=2) and busy.wait(timeout=5) == -9 and group.pids() == set()
+    finally:
+        group.remove()
