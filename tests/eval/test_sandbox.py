@@ -441,8 +441,10 @@ def test_no_other_process_no_keyring_no_memfd_even_for_code_without_the_harness(
 @needs_bwrap
 @pytest.mark.slow
 def test_four_processes_share_one_memory_limit():
-    source = ("import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n        break\n"
-              "x = bytearray(700 << 20)\ntime.sleep(3)\nprint('held', flush=True)\n")
+    source = ("import os, time\nchildren = []\nfor _ in range(3):\n    pid = os.fork()\n    if pid == 0:\n"
+              "        x = bytearray(700 << 20)\n        time.sleep(2)\n        os._exit(0)\n"
+              "    children.append(pid)\nx = bytearray(700 << 20)\n"
+              "assert all(os.waitpid(pid, 0)[1] == 0 for pid in children)\nprint('held', flush=True)\n")
     outcome = run(source, Limits(wall_s=20, cpu_s=20))
     assert sandbox.layout().usable, sandbox.layout().why_not
     assert outcome.status == "killed" and outcome.error.startswith("out of memory"), outcome
