@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 from collections.abc import Iterable
 
@@ -49,17 +50,25 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def read_text(path, what: str) -> str:
-    """A UTF-8 text file the user named, or one InputError saying why it cannot be read."""
-    from pathlib import Path
-
+@contextlib.contextmanager
+def reading(path, what: str):
+    """An OSError while opening or reading a file the user named, as one InputError saying why."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        yield
     except FileNotFoundError:
         raise InputError(path, f"{what} not found") from None
     except IsADirectoryError:
         raise InputError(path, f"expected a {what} file, got a directory") from None
     except OSError as exc:
         raise InputError(path, f"cannot read {what}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise InputError(path, f"expected a UTF-8 {what}, got binary data") from None
+
+
+def read_text(path, what: str) -> str:
+    """A UTF-8 text file the user named, or one InputError saying why it cannot be read."""
+    from pathlib import Path
+
+    with reading(path, what):
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise InputError(path, f"expected a UTF-8 {what}, got binary data") from None

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.errors import InputError, did_you_mean, one_line, parse_problem
+from sftdoctor.errors import InputError, did_you_mean, one_line, parse_problem, reading
 from sftdoctor.eval import sandbox as sandboxes
 
 PROBLEM_KEYS = ("task_id", "prompt", "test", "entry_point")
@@ -127,16 +127,12 @@ def _records(path: Path, what: str) -> Iterator[tuple[int, dict]]:
             yield number, record
 
 
+@contextlib.contextmanager
 def _open(path: Path, what: str):
-    try:
-        raw = open(path, "rb")  # noqa: SIM115 - closed by the caller's with
-    except FileNotFoundError:
-        raise InputError(path, f"{what} not found") from None
-    except IsADirectoryError:
-        raise InputError(path, f"expected a {what} file, got a directory") from None
-    except OSError as exc:
-        raise InputError(path, f"cannot read {what}: {exc.strerror or exc}") from None
-    return gzip.GzipFile(fileobj=raw, mode="rb") if str(path).endswith(".gz") else raw  # HumanEval.jsonl.gz
+    with reading(path, what):
+        raw = open(path, "rb")  # noqa: SIM115 - closed below
+    with raw:
+        yield gzip.GzipFile(fileobj=raw, mode="rb") if str(path).endswith(".gz") else raw  # HumanEval.jsonl.gz
 
 
 def _line(stream, path: Path, what: str, number: int) -> str | None:
