@@ -604,7 +604,7 @@ class _Execution:
             try:
                 self._watch(selector, sinks, exited)
             finally:
-                self.reaper.kill()  # whatever is left, however the wait ended: daemons, a process that outlived the first
+                self.reaper.kill()  # whatever is left, however the wait ended: daemons included
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -676,10 +676,11 @@ class _Execution:
         if self.reason == "cancelled":
             return "error", int(signal.SIGKILL), "cancelled: the evaluation was interrupted, the sandbox killed"
         if self.reason == "timeout":
-            return "timeout", int(signal.SIGKILL), f"wall-clock limit of {limits.wall_s:g} s reached: the sandbox was killed"
+            return ("timeout", int(signal.SIGKILL),
+                    f"wall-clock limit of {limits.wall_s:g} s reached: the sandbox was killed")
         if self.group is not None and self.group.oom_kills():
-            return ("killed", int(signal.SIGKILL), f"out of memory: its processes together reached the limit of "
-                                              f"{limits.memory_bytes / (1 << 20):g} MiB")
+            limit = f"{limits.memory_bytes / (1 << 20):g} MiB"
+            return "killed", int(signal.SIGKILL), f"out of memory: its processes together reached the limit of {limit}"
         if self.reason == "cpu" or (cpu_s is not None and cpu_s >= limits.cpu_s):
             return ("killed", int(signal.SIGKILL) if self.reason == "cpu" else None,
                     f"CPU-time limit of {limits.cpu_s} s reached (all its processes together): the sandbox was killed")

@@ -347,7 +347,8 @@ def test_a_gzip_bomb_is_refused_at_its_long_line_without_inflating_it(tmp_path):
     bomb = tmp_path / "completions.jsonl.gz"
     compressor = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip framing
     with open(bomb, "wb") as f:
-        f.write(compressor.compress(b'{"task_id": "t/0", "completion": "    return 1\\n"}\n{"task_id": "t/0", "completion": "'))
+        f.write(compressor.compress(b'{"task_id": "t/0", "completion": "    return 1\\n"}\n'))
+        f.write(compressor.compress(b'{"task_id": "t/0", "completion": "'))
         chunk = b"x" * (1 << 20)
         for _ in range(256):  # 256 MiB inflated, in a file of a few hundred KiB
             f.write(compressor.compress(chunk))
@@ -361,7 +362,8 @@ def test_a_gzip_bomb_is_refused_at_its_long_line_without_inflating_it(tmp_path):
 @needs_bwrap
 @pytest.mark.slow
 def test_the_evaluators_memory_does_not_grow_with_samples_or_their_output(tmp_path):
-    loud = ("    import sys\n    sys.stdout.write('o' * (1 << 20))\n    sys.stderr.write('e' * (1 << 20))\n    return 1\n"
+    loud = ("    import sys\n    sys.stdout.write('o' * (1 << 20))\n    sys.stderr.write('e' * (1 << 20))\n"
+            "    return 1\n"
             f"# {'c' * (256 << 10)}\n")  # a long completion: samples started far ahead would all be held
     problems = jsonl(tmp_path / "problems.jsonl", PROBLEM)
     peaks = {}

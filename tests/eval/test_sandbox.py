@@ -191,9 +191,9 @@ def test_an_infinite_loop_times_out_and_is_killed(marker):
 @needs_bwrap
 @pytest.mark.slow
 def test_the_cpu_limit_kills_a_busy_child_that_the_wall_clock_would_let_run(marker):
-    outcome = run(marked("while True:\n    pass\n", marker), Limits(wall_s=10, cpu_s=1))
-    assert outcome.status == "killed" and "CPU-time limit of 1 s reached" in outcome.error
-    assert outcome.wall_s < 5 and outcome.cpu_s >= 1
+    outcome = run(marked("while True:\n    pass\n", marker), Limits(wall_s=30, cpu_s=1))
+    assert outcome.status == "killed" and "CPU-time limit of 1 s reached" in outcome.error  # not the wall clock
+    assert outcome.cpu_s >= 1
 
 
 @needs_bwrap
@@ -454,12 +454,12 @@ def test_four_processes_share_one_memory_limit():
 @needs_bwrap
 @pytest.mark.slow
 def test_busy_processes_share_one_cpu_time_limit():
-    """Four busy loops against a 2 s limit: stopped when their time together reaches it (about 1 s on 2 CPUs),
-    not when one of them alone would have (RLIMIT_CPU: 2 s each, 4 s of wall time on 2 CPUs)."""
+    """Four busy loops against a 2 s limit: stopped when their time together reaches it, not when each of them
+    alone would have (RLIMIT_CPU: 2 s each, 8 s together)."""
     source = "import os\nfor _ in range(3):\n    if os.fork() == 0:\n        break\nwhile True:\n    pass\n"
-    outcome = run(source, Limits(wall_s=20, cpu_s=2))
+    outcome = run(source, Limits(wall_s=60, cpu_s=2))
     assert outcome.status == "killed" and "all its processes together" in outcome.error, outcome
-    assert 2.0 <= outcome.cpu_s < 2.6 and outcome.wall_s < 2 * 2 / min(os.cpu_count() or 1, 4) + 0.8, outcome
+    assert 2.0 <= outcome.cpu_s < 4, outcome
 
 
 @needs_bwrap
@@ -469,8 +469,8 @@ def test_a_process_holding_the_output_open_does_not_hold_the_evaluator(marker):
               f"    os.execv('/bin/sh', ['sh', '-c', 'trap \"\" TERM HUP; sleep 1000; : {marker}'])\n"
               "time.sleep(0.3)\nprint('leaving', flush=True)")
     start = time.monotonic()
-    outcome = run(source, Limits(wall_s=10))
-    assert outcome.status == "passed" and time.monotonic() - start < 3  # not the wall clock: killed at the end
+    outcome = run(source, Limits(wall_s=60))
+    assert outcome.status == "passed" and time.monotonic() - start < 20  # not the wall clock: killed at the end
     assert running(marker) == []
 
 
@@ -512,9 +512,9 @@ def test_a_cancelled_run_is_killed_at_once(marker):
     try:
         threading.Timer(0.5, cancel.set).start()
         start = time.monotonic()
-        outcome = sandbox.Bubblewrap().run(marked("while True:\n    pass\n", marker), Limits(wall_s=30, cpu_s=30),
+        outcome = sandbox.Bubblewrap().run(marked("while True:\n    pass\n", marker), Limits(wall_s=60, cpu_s=60),
                                            cancel)
-        assert time.monotonic() - start < 3
+        assert time.monotonic() - start < 20  # not the limits: the cancel
         assert outcome.status == "error" and outcome.error.startswith("cancelled")
         assert running(marker) == []
     finally:
