@@ -166,13 +166,50 @@ def _read(path: Path) -> str:
         return ""
 
 
+PREFIX = "sftdoctor-sample-"
+
+
+def _pid_namespace() -> int:
+    """The inode of this process's PID namespace: a pid in a cgroup's name means something only within it
+    (another container's evaluator may share the hierarchy)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _name() -> str:
+    return f"{PREFIX}{_pid_namespace()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def sweep(found: Layout) -> int:
+    """Kill and remove the sample cgroups an evaluator left when it died (SIGKILL, out of memory) before its
+    own cleanup: those made in this PID namespace whose evaluator pid (in the name) is gone. A live pid,
+    reused or not, is left alone, and so is every cgroup of another namespace. Returns how many went."""
+    removed, namespace = 0, str(_pid_namespace())
+    for parent in {role[1] for role in found.roles()}:
+        try:
+            names = [entry.name for entry in os.scandir(parent) if entry.name.startswith(PREFIX)]
+        except OSError:
+            continue
+        for name in names:
+            fields = name[len(PREFIX):].split("-")
+            if len(fields) == 3 and fields[0] == namespace and not os.path.exists(f"/proc/{fields[1]}"):
+                stale = SampleCgroup(found, {role[1] / name: role[0] for role in found.roles()
+                                             if (role[1] / name).is_dir()}, name)
+                stale.kill(wait_s=2)
+                stale.remove()
+                removed += 1
+    return removed
+
+
 @dataclass
 class SampleCgroup:
     """The cgroups of one sample, one per hierarchy that serves a role."""
 
     layout: Layout
     directories: dict[Path, int] = field(default_factory=dict)  # directory -> cgroup version
-    name: str = field(default_factory=lambda: f"sftdoctor-sample-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    name: str = field(default_factory=_name)
 
     def create(self, memory_bytes: int, processes: int) -> None:
         """Make the directories and set the limits; OSError (with everything made so far removed) when the

@@ -56,7 +56,8 @@ INSTALL_BUBBLEWRAP = "apt-get install bubblewrap (dnf install bubblewrap; pacman
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 MARK = "# sftdoctor sandbox"  # in the argv of every sandboxed interpreter: `ps` shows what is ours
 SOURCE_NAME, TEST_NAME = "/sandbox/main.py", "/sandbox/test.py"
-HARNESS = (Path(__file__).with_name("inside.py")).read_text(encoding="utf-8")
+_INSIDE = Path(__file__).with_name("inside.py").read_text(encoding="utf-8")
+HARNESS = _INSIDE[_INSIDE.index('"""', 3) + 3:].lstrip()  # its docstring is for readers, not for `ps`
 # A JSON status line of bwrap's is small; more than this on its status pipe is not bwrap's.
 STATUS_CAP = 1 << 16
 
@@ -335,10 +336,13 @@ def _joining(group: cgroup.SampleCgroup | None) -> list[str]:
 
 @lru_cache(maxsize=1)
 def layout() -> cgroup.Layout:
-    """The cgroups this process can give samples; with root, also needs setpriv to drop to nobody."""
+    """The cgroups this process can give samples (with root, setpriv is needed too, to drop to nobody), once
+    the cgroups of evaluators that died before their cleanup are swept."""
     found = cgroup.layout()
     if found.usable and os.geteuid() == 0 and shutil.which("setpriv") is None:
         return cgroup.Layout(why_not="setpriv (util-linux) not found: it drops the sandbox to nobody inside a cgroup")
+    if found.usable:
+        cgroup.sweep(found)
     return found
 
 

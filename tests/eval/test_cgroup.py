@@ -142,3 +142,27 @@ def test_a_v2_cgroup_counts_cpu_time_and_kills_the_tree_at_once(here):
         assert group.kill(wait_s=2) and busy.wait(timeout=5) == -9 and group.pids() == set()
     finally:
         group.remove()
+
+
+def test_the_cgroups_of_an_evaluator_that_died_are_swept(here):
+    """An evaluator killed by SIGKILL leaves its sample's cgroup, and maybe a process in it: the next one
+    removes both. A cgroup whose evaluator lives, or that another PID namespace made, is not touched."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid, now free (a reused one would count as alive: left alone)
+    namespace = cgroup._pid_namespace()
+    stale = cgroup.SampleCgroup(here, name=f"{cgroup.PREFIX}{namespace}-{dead.pid}-{os.urandom(4).hex()}")
+    elsewhere = cgroup.SampleCgroup(here, name=f"{cgroup.PREFIX}{namespace + 1}-{dead.pid}-{os.urandom(4).hex()}")
+    mine = cgroup.SampleCgroup(here)
+    for group in (stale, elsewhere, mine):
+        group.create(64 << 20, 8)
+    try:
+        left = joined(stale, "sleep 100")
+        deadline = time.monotonic() + 5
+        while not stale.pids() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cgroup.sweep(here) == 1
+        assert left.wait(timeout=5) == -9 and not any(d.exists() for d in stale.directories)
+        assert all(d.exists() for d in [*mine.directories, *elsewhere.directories])  # another PID namespace's
+    finally:
+        for group in (stale, elsewhere, mine):
+            group.remove()
