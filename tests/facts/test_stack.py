@@ -22,10 +22,15 @@ INSTALLED = {"cosine_with_min_lr": True, "min_lr_rate": True, "min_lr": True,
              "length_grouping_arg": "train_sampling_strategy"}
 
 
-def test_the_installed_transformers_5_24_reads_as_its_features():
+VERIFIED = ("5.24.", "5.25.")  # the minors these features were read from (and pyproject's cap admits)
+
+
+def test_the_installed_transformers_reads_as_its_features():
     import transformers
 
-    assert transformers.__version__ == "5.24.0"
+    assert transformers.__version__.startswith(VERIFIED), (
+        f"transformers {transformers.__version__} was not read yet: check its source, then add it to VERIFIED "
+        "and to the cap in pyproject.toml")
     assert probe_transformers_features(Facts()) == INSTALLED
     assert Facts().get("transformers_features") == INSTALLED
 
