@@ -334,7 +334,7 @@ def _eval(target, tasks, base, include, limit, num_fewshot, batch_size, compare,
             if k_values is not None and not all(k.isdigit() and int(k) > 0 for k in _names(k_values)):
                 raise InputError("--k", f"expected positive integers separated by commas, got {k_values!r}")
             from sftdoctor.eval.command import run_code_eval
-            from sftdoctor.runreport.command import Interrupted, interruptible
+            from sftdoctor.errors import Interrupted, interruptible
 
             try:
                 with interruptible():
@@ -436,7 +436,8 @@ def report(runs, output, by, as_json, no_plugins):
 
     from sftdoctor.checks import plugins_enabled
     from sftdoctor.errors import InputError
-    from sftdoctor.runreport.command import Interrupted, build, show
+    from sftdoctor.errors import Interrupted
+    from sftdoctor.runreport.command import build, show
 
     if find_spec("matplotlib") is None:
         click.echo("sftdoctor: error: `sftdoctor report` draws with matplotlib, which is not installed: "

@@ -72,3 +72,34 @@ def read_text(path, what: str) -> str:
             return Path(path).read_text(encoding="utf-8")
         except UnicodeDecodeError:
             raise InputError(path, f"expected a UTF-8 {what}, got binary data") from None
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM while a command wrote its output: what it staged was removed on the way out."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def interruptible():
+    """SIGTERM (a scheduler, `kill`) raises like Ctrl-C inside the block, so that the block's cleanup runs
+    (staged files removed, sandboxes killed) instead of a sudden death. Main thread only: elsewhere no
+    handler can be set, and the block runs as it is."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Interrupted(signum)
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        raise exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT) from None
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -39,7 +39,7 @@ class Layout:
 
     memory: tuple[int, Path] | None = None  # (cgroup version, parent directory)
     pids: tuple[int, Path] | None = None  # None: RLIMIT_NPROC, counted in the sandbox's user namespace
-    cpu: tuple[int, Path] | None = None  # the CPU quota (one CPU); None: no rate limit, the CPU time still counts
+    cpu: tuple[int, Path] | None = None  # v2's CPU quota (one CPU); None: no rate limit, the CPU time still counts
     usage: tuple[int, Path] | None = None  # CPU time used (v2 cpu.stat, v1 cpuacct)
     why_not: str | None = None
 
@@ -235,13 +235,8 @@ class SampleCgroup:
             _write_if(directory / "memory.memsw.limit_in_bytes", memory_bytes)  # no swap beyond the limit
         if self.layout.pids is not None:
             _write(self._at(self.layout.pids)[1] / "pids.max", processes)
-        if self.layout.cpu is not None:  # one CPU: N workers use at most N CPUs, whatever a sample spawns
-            version, directory = self._at(self.layout.cpu)
-            if version == 2:
-                _write(directory / "cpu.max", f"{CPU_PERIOD_US} {CPU_PERIOD_US}")
-            else:
-                _write(directory / "cpu.cfs_period_us", CPU_PERIOD_US)
-                _write(directory / "cpu.cfs_quota_us", CPU_PERIOD_US)
+        if self.layout.cpu is not None:  # one CPU (v2 only): N workers use at most N CPUs, whatever they spawn
+            _write(self._at(self.layout.cpu)[1] / "cpu.max", f"{CPU_PERIOD_US} {CPU_PERIOD_US}")
 
     def _at(self, role: tuple[int, Path]) -> tuple[int, Path]:
         return role[0], role[1] / self.name

@@ -12,9 +12,10 @@ and `sandbox(kind).run(program, limits)` runs one program to an `Outcome`:
              "MemoryError" printed by the program, is the program's own doing: failed.
     error    the sandbox itself could not run it (bwrap failed to set up, docker failed): not the program's fault
 
-Limits. Each sample gets a cgroup of its own where the machine allows one (cgroup.py): memory (with tmpfs,
-memfd and shared memory pages), processes and one CPU for all of its processes together, its CPU time read
-from outside, and the whole tree killed at the end of every sample, however it ended. The rlimits (CPU time,
+Limits. Each sample gets a cgroup of its own where the machine allows one (cgroup.py): memory (with tmpfs
+and shared memory pages) for all of its processes together, and where the hierarchy has them its processes
+and one CPU; its CPU time read from outside, and the whole tree killed at the end of every sample, however
+it ended. The rlimits (CPU time,
 address space, processes, file size, open files, no core dumps) are set in every case by the sandboxed
 interpreter's first lines, soft = hard so that they cannot be raised. RLIMIT_NPROC counts per user namespace
 (Linux 5.14+), so it counts this sandbox's processes; it does not bind uid 0, so bwrap runs as nobody.

@@ -7,13 +7,10 @@ run's earlier post-run records in its findings.jsonl, so a report made twice rec
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +18,7 @@ from typing import Any
 
 from sftdoctor import report
 from sftdoctor.checks import Skipped, load_checks, run_checks
-from sftdoctor.errors import InputError
+from sftdoctor.errors import InputError, interruptible
 from sftdoctor.facts.run_records import read_run
 from sftdoctor.findings import Finding, Severity
 from sftdoctor.run import rundir
@@ -172,33 +169,6 @@ def write(judged: list[Judged], output: Path, by: str) -> Written:
     finally:
         shutil.rmtree(old, ignore_errors=True)
     return Written(html, [target / f"{panel.name}.png" for panel, _ in drawn], judged)
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM while the report was being made: nothing was left half-written."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def interruptible():
-    """SIGTERM (a scheduler, `kill`) raises like Ctrl-C while the report is made, so the staged files are
-    removed on the way out instead of left behind by a sudden death."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        raise Interrupted(signum)
-    before = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    except KeyboardInterrupt as exc:
-        raise exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT) from None
-    finally:
-        signal.signal(signal.SIGTERM, before)
 
 
 def build(paths: list[Path], output: Path | None = None, by: str = "step", plugins: bool = True) -> Written:

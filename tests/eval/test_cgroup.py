@@ -93,6 +93,15 @@ def here():
     return found
 
 
+def busy_for(group: cgroup.SampleCgroup, seconds: float) -> float:
+    """Wait until the group's processes have used `seconds` of CPU (a loaded machine takes longer): its usage."""
+    deadline = time.monotonic() + 30
+    while (used := group.cpu_seconds()) < seconds:
+        assert time.monotonic() < deadline, f"the CPU time stayed at {used} s"
+        time.sleep(0.05)
+    return used
+
+
 def joined(group: cgroup.SampleCgroup, command: str) -> subprocess.Popen:
     files = " ".join(group.join_files())
     return subprocess.Popen(["/bin/sh", "-c", f'for f in {files}; do echo 0 > "$f"; done; {command}'])
@@ -111,9 +120,9 @@ def test_a_sample_cgroup_limits_counts_kills_and_goes(here):
         while len(group.pids()) < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert len(group.pids()) == 4  # the shell and its three sleeps
+        assert group.cpu_seconds() < 0.2
         busy = joined(group, "while :; do :; done")
-        time.sleep(0.5)
-        assert 0.2 < group.cpu_seconds() < 1.5
+        busy_for(group, 0.3)  # counted, read from outside
         assert group.kill(wait_s=5) and group.pids() == set()
         assert starter.wait(timeout=5) == -9 and busy.wait(timeout=5) == -9
         assert group.oom_kills() == 0
@@ -136,9 +145,9 @@ def test_a_v2_cgroup_counts_cpu_time_and_kills_the_tree_at_once(here):
     group.create(64 << 20, 8)
     try:
         assert str(own / group.name / "cgroup.procs") in group.join_files()
+        assert group.cpu_seconds() < 0.2
         busy = joined(group, "while :; do :; done & while :; do :; done & wait")
-        time.sleep(0.6)
-        assert 0.3 < group.cpu_seconds() < 2.0
+        busy_for(group, 0.3)
         assert group.kill(wait_s=2) and busy.wait(timeout=5) == -9 and group.pids() == set()
     finally:
         group.remove()
