@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from itertools import combinations
 from typing import Any
 
@@ -83,29 +84,54 @@ def gpu_topology(topology: dict[str, Any] | None = None, gpus: dict[str, Any] | 
     names = visible_gpus(topology, env)
     if len(names) < 2:
         return [ok("one GPU in use: no GPU-to-GPU traffic")] + _p2p_env(env)
-    pairs = {(a, b): link(topology, a, b) or "?" for a, b in combinations(names, 2)}
+    known = {(a, b): link(topology, a, b) for a, b in combinations(names, 2)}
+    unknown = [pair for pair, code in known.items() if code is None]
+    pairs = {pair: code for pair, code in known.items() if code is not None}
     kinds = {pair: path_kind(code) for pair, code in pairs.items()}
     linked = [p for p, k in kinds.items() if k == "NV"]
     evidence = {"gpus": names, "pairs": {f"{a}-{b}": c for (a, b), c in pairs.items()}}
-    islands = nvlink_islands(names, pairs)
+    # A pair the matrix does not show counts as NVLink here: islands found even so are certain.
+    islands = nvlink_islands(names, {**pairs, **{pair: "NV" for pair in unknown}})
     unlinked = [p for p in pairs if kinds[p] != "NV"]
-    unlinked_text = ", ".join(f"{a}-{b} {pairs[(a, b)]}" for a, b in unlinked[:12]) + (
-        f" and {len(unlinked) - 12} more" if len(unlinked) > 12 else "")
-    if len(linked) == len(pairs):
+    unlinked_text = _pairs_text(unlinked, pairs)
+    if len(islands) > 1:
+        worst = max((kinds[p] for p in unlinked), key=lambda k: PATH_RANK.get(k, 9))
+        findings = [_pcie_warning(names, islands, unlinked_text, worst, evidence)]
+    elif unknown:
+        findings = [info(
+            f"cannot judge {len(unknown)} of {len(known)} GPU pairs: the matrix does not show them",
+            detail=f"Not shown: {_pairs_text(unknown, {})}. Of the pairs it shows, {len(linked)} are NVLink"
+                   + (f" and these are not: {unlinked_text}" if unlinked else "") + ".",
+            fix="paste the whole output of `nvidia-smi topo -m` (or give the file with --topology)",
+            evidence={**evidence, "unknown_pairs": [f"{a}-{b}" for a, b in unknown]})]
+    elif len(linked) == len(pairs):
         counts = sorted({nvlink_count(c) for c in pairs.values()})
         findings = [ok(f"all {len(pairs)} pairs of {len(names)} GPUs linked by NVLink "
                        f"({'/'.join(f'NV{c}' for c in counts)})", evidence=evidence)]
-    elif len(islands) == 1:
+    else:
         findings = [info(
             f"partial NVLink: {len(unlinked)} of {len(pairs)} GPU pairs are not directly linked",
             detail=f"Not linked: {unlinked_text}. Every GPU still reaches every other over NVLink hops "
                    "(e.g. a V100 hybrid cube mesh), so NCCL builds its rings over NVLink and all-reduce "
                    "keeps NVLink speed; point-to-point traffic between unlinked pairs is slower.",
             evidence=evidence)]
-    else:
-        worst = max((kinds[p] for p in unlinked), key=lambda k: PATH_RANK.get(k, 9))
-        findings = [_pcie_warning(names, islands, unlinked_text, worst, evidence)]
+    if incomplete := {row: what for row, what in topology.get("incomplete", {}).items() if row in names}:
+        findings[0] = _noting_incomplete(findings[0], incomplete)
     return findings + _p2p_env(env)
+
+
+def _pairs_text(pairs: list[tuple[str, str]], codes: dict[tuple[str, str], str]) -> str:
+    named = [f"{a}-{b}" + (f" {codes[(a, b)]}" if (a, b) in codes else "") for a, b in pairs[:12]]
+    return ", ".join(named) + (f" and {len(pairs) - 12} more" if len(pairs) > 12 else "")
+
+
+def _noting_incomplete(finding, incomplete: dict[str, str]):
+    """The verdict, saying which rows of a pasted matrix were missing or cut and where their pairs came from."""
+    rows = "; ".join(f"{row}: {what}" for row, what in incomplete.items())
+    note = (f"The matrix is incomplete ({rows}); those rows' pairs were read from their columns in the other rows "
+            "(the matrix is symmetric).")
+    return dataclasses.replace(finding, detail=f"{finding.detail} {note}".strip(),
+                               evidence={**finding.evidence, "incomplete": incomplete})
 
 
 def _pcie_warning(names, islands, unlinked_text, worst, evidence):

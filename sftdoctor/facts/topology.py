@@ -2,14 +2,20 @@
 
 Handles tab- and space-aligned output, with or without the legend, old drivers (SOC for
 SYS, NIC rows named mlx5_0) and new ones (NIC0.. with a "NIC Legend", NUMA columns), and
-the terminal underline escapes nvidia-smi prints around the header. The fact is:
+the terminal underline escapes nvidia-smi prints around the header. Pastes too: a markdown
+table (`| GPU0 | GPU1 |`), a markdown quote (`> ` before each line), a row wrapped onto the
+next line, and a paste cut off in its last rows. The matrix is symmetric, so a row that is
+missing or cut short is read from its column in the other rows; what could not be read is
+named in "incomplete" (present only then). The fact is:
 {"source": ..., "devices": ["GPU0", ..., "NIC0"], "nics": {"NIC0": "mlx5_0"},
  "links": {"GPU0": {"GPU1": "NV12", "NIC0": "PXB", ...}, ...},
- "affinity": {"GPU0": {"CPU Affinity": "0-47", "NUMA Affinity": "0"}}}
+ "affinity": {"GPU0": {"CPU Affinity": "0-47", "NUMA Affinity": "0"}},
+ "incomplete": {"GPU7": "no row"}}
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import subprocess
@@ -23,6 +29,8 @@ _LINK = re.compile(r"X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC|PSB|NA|N/A")
 _NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 _AFFINITY_NAMES = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _AFFINITY_START = {"CPU", "NUMA", "GPU"}  # a header word that is not a device name
+_QUOTE = re.compile(r"^\s*(?:>\s?)+")
+_TABLE_RULE = re.compile(r"[\s|:\-]*-[\s|:\-]*")
 
 # Closeness of a path, best first (the order of nvidia-smi's legend).
 PATH_RANK = {"NV": 0, "PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
@@ -40,7 +48,7 @@ def nvlink_count(code: str) -> int:
 
 
 def parse_topology(text: str, source: str = "<topology>") -> dict[str, Any]:
-    lines = [_ANSI.sub("", line).rstrip() for line in text.splitlines()]
+    lines = [_plain(line) for line in text.splitlines()]
     header_at = next((i for i, line in enumerate(lines) if re.match(r"\s*GPU0(\s|$)", line)), None)
     if header_at is None:
         raise InputError(source, "no `nvidia-smi topo -m` matrix found: expected a header line starting with GPU0")
@@ -57,18 +65,21 @@ def parse_topology(text: str, source: str = "<topology>") -> dict[str, Any]:
     links: dict[str, dict[str, str]] = {}
     affinity: dict[str, dict[str, str]] = {}
     nics: dict[str, str] = {}
-    for number, line in enumerate(lines[header_at + 1 :], start=header_at + 2):
-        legend = _NIC_LEGEND.match(line)
-        if legend:
-            nics[legend[1]] = legend[2]
+    cut: tuple[int, str, int] | None = None  # a row with too few link codes: (line, row, codes read)
+    rows = _rows(lines, header_at + 1, columns)
+    for number, row, values in rows:
+        if row is None:
+            nics[values[0]] = values[1]
             continue
-        cells = line.split()
-        if not cells or cells[0] not in columns or cells[0] in links:
-            continue  # blank, legend or prose line
-        row, values = cells[0], cells[1:]
-        codes = values[: len(columns)]
-        if len(codes) < len(columns) or not all(_LINK.fullmatch(code) for code in codes):
-            raise InputError(source, f"line {number}: row {row} should have {len(columns)} link codes (X, NV#, PIX, PXB, PHB, NODE, SYS)")
+        if cut is not None:  # a row follows the short one: it was not cut off at the end of a paste
+            raise InputError(source, _short(cut[:2], len(columns)))
+        codes = list(itertools.takewhile(_LINK.fullmatch, values[: len(columns)]))
+        if len(values) < len(columns) and len(codes) >= len(values) - 1:  # link codes up to where it stops
+            cut = (number, row, len(codes))
+            links[row] = dict(zip(columns, codes[:-1]))  # its last code may be cut too (NV1 of NV12)
+            continue
+        if len(codes) < len(columns):
+            raise InputError(source, _short((number, row), len(columns)))
         if codes[columns.index(row)] != "X":
             raise InputError(source, f"line {number}: row {row} should have X in its own column")
         links[row] = dict(zip(columns, codes))
@@ -76,15 +87,49 @@ def parse_topology(text: str, source: str = "<topology>") -> dict[str, Any]:
         if extra:
             affinity[row] = dict(zip(affinity_names, extra))
 
-    missing = [c for c in columns if c not in links and c.startswith("GPU")]
-    if missing:
-        raise InputError(source, f"no matrix row for {', '.join(missing)}")
-    devices = [c for c in columns if c in links]
+    incomplete = {c: "no row" for c in columns if c not in links and c.startswith("GPU")}
+    if cut is not None:
+        incomplete[cut[1]] = f"row cut after {cut[2]} of {len(columns)} link codes"
+    if len(incomplete) == len([c for c in columns if c.startswith("GPU")]):
+        raise InputError(source, f"no complete matrix row for {', '.join(incomplete)}")
+    devices = [c for c in columns if c in links or c in incomplete]
     for name in devices:  # a NIC column without its row: keep what the GPU rows say
         links.setdefault(name, {})
     if not any(d.startswith("GPU") for d in devices):
         raise InputError(source, "the matrix has no GPU rows")
-    return {"devices": devices, "nics": nics, "links": links, "affinity": affinity}
+    fact = {"devices": devices, "nics": nics, "links": links, "affinity": affinity}
+    return {**fact, "incomplete": incomplete} if incomplete else fact
+
+
+def _plain(line: str) -> str:
+    """A line without escape codes, markdown quote marks or table pipes; a table's `|---|` row is blank."""
+    line = _QUOTE.sub("", _ANSI.sub("", line)).rstrip()
+    if line.count("|") >= 2:
+        line = "" if _TABLE_RULE.fullmatch(line) else line.replace("|", "  ")
+    return line.rstrip()
+
+
+def _rows(lines: list[str], start: int, columns: list[str]) -> list[tuple[int, str | None, list[str]]]:
+    """(line number, row name, its cells) of each matrix row after the header, a row wrapped onto the next
+    lines joined back; (line number, None, [NIC, name]) for each NIC legend line."""
+    rows: list[tuple[int, str | None, list[str]]] = []
+    seen: set[str] = set()
+    for number, line in enumerate(lines[start:], start=start + 1):
+        if legend := _NIC_LEGEND.match(line):
+            rows.append((number, None, [legend[1], legend[2]]))
+            continue
+        cells = line.split()
+        if cells and cells[0] in columns and cells[0] not in seen:
+            seen.add(cells[0])
+            rows.append((number, cells[0], cells[1:]))
+        elif cells and rows and rows[-1][1] is not None and len(rows[-1][2]) < len(columns) and _LINK.fullmatch(cells[0]):
+            rows[-1][2].extend(cells)  # the rest of a row the terminal or the paste wrapped
+    return rows
+
+
+def _short(at: tuple[int, str], width: int) -> str:
+    number, row = at
+    return f"line {number}: row {row} should have {width} link codes (X, NV#, PIX, PXB, PHB, NODE, SYS)"
 
 
 def gpu_names(topology: dict[str, Any]) -> list[str]:

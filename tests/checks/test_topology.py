@@ -58,3 +58,39 @@ def test_without_a_matrix_nvml_link_counts_still_tell(run):
     for device in gpus["devices"]:
         device["nvlink_links_up"] = None
     assert isinstance(run("gpu-topology", gpus=gpus), Skipped)
+
+
+def _pasted(text):
+    from sftdoctor.facts.topology import parse_topology
+
+    return {"source": "paste", **parse_topology(text, "paste")}
+
+
+FOUR = ("\tGPU0\tGPU1\tGPU2\tGPU3\n"
+        "GPU0\t X \tNV4\tNV4\tNV4\n"
+        "GPU1\tNV4\t X \tNV4\tNV4\n"
+        "GPU2\tNV4\tNV4\t X \tNV4\n"
+        "GPU3\tNV4\tNV4\tNV4\t X \n")
+
+
+def test_a_cut_off_last_row_is_judged_from_its_column_and_the_verdict_says_so(run):
+    findings = run("gpu-topology", topology=_pasted(FOUR[:FOUR.index("GPU3\tNV4\tNV4") + 9]))
+    assert severities(findings) == ["ok"] and "all 6 pairs" in findings[0].title
+    assert "GPU3: row cut after 1 of 4 link codes" in findings[0].detail
+    assert findings[0].evidence["incomplete"] == {"GPU3": "row cut after 1 of 4 link codes"}
+
+
+def test_pairs_the_matrix_does_not_show_are_not_passed(run):
+    """GPU2 and GPU3 have no rows: their own pair is shown nowhere, so no ✓ for all pairs."""
+    findings = run("gpu-topology", topology=_pasted(FOUR[:FOUR.index("GPU2\tNV4")]))
+    assert severities(findings) == ["info"]
+    assert findings[0].title == "cannot judge 1 of 6 GPU pairs: the matrix does not show them"
+    assert "Not shown: GPU2-GPU3" in findings[0].detail
+    assert findings[0].evidence["unknown_pairs"] == ["GPU2-GPU3"]
+
+
+def test_pcie_islands_are_still_a_warning_when_some_pairs_are_not_shown(run):
+    split = FOUR.replace("GPU0\t X \tNV4\tNV4\tNV4", "GPU0\t X \tNV4\tSYS\tSYS").replace(
+        "GPU1\tNV4\t X \tNV4\tNV4", "GPU1\tNV4\t X \tSYS\tSYS")
+    findings = run("gpu-topology", topology=_pasted(split[:split.index("\nGPU2\t") + 1]))
+    assert severities(findings) == ["warning"] and "islands" in findings[0].title

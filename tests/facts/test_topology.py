@@ -51,11 +51,60 @@ def test_terminal_underline_escapes_around_the_header_are_ignored():
     assert topo["affinity"]["GPU1"] == {"CPU Affinity": "0-11", "NUMA Affinity": "0"}
 
 
+MARKDOWN = """\
+|        | GPU0 | GPU1 | GPU2 | GPU3 | CPU Affinity | NUMA Affinity |
+|--------|------|------|------|------|--------------|---------------|
+| GPU0   | X    | NV4  | SYS  | SYS  | 0-15         | 0             |
+| GPU1   | NV4  | X    | SYS  | SYS  | 0-15         | 0             |
+| GPU2   | SYS  | SYS  | X    | NV4  | 16-31        | 1             |
+| GPU3   | SYS  | SYS  | NV4  | X    | 16-31        | 1             |
+"""
+
+
+def test_a_matrix_pasted_as_a_markdown_table_reads_like_the_plain_one():
+    topo = parse_topology(MARKDOWN)
+    assert gpu_names(topo) == ["GPU0", "GPU1", "GPU2", "GPU3"]
+    assert link(topo, "GPU0", "GPU1") == "NV4" and link(topo, "GPU1", "GPU2") == "SYS"
+    assert topo["affinity"]["GPU2"] == {"CPU Affinity": "16-31", "NUMA Affinity": "1"}
+    assert "incomplete" not in topo
+
+
+def test_a_matrix_quoted_in_markdown_reads_like_the_plain_one():
+    quoted = "".join(f"> {line}\n" for line in MARKDOWN.splitlines())
+    assert parse_topology(quoted) == parse_topology(MARKDOWN)
+
+
+def test_a_paste_cut_in_its_last_row_is_read_from_the_other_rows_and_says_what_was_missing():
+    cut = MARKDOWN[:MARKDOWN.index("\n| GPU3") + len("\n| GPU3   | SYS  | SY")]
+    topo = parse_topology(cut)
+    assert link(topo, "GPU2", "GPU3") == "NV4" and link(topo, "GPU0", "GPU3") == "SYS"
+    assert topo["incomplete"] == {"GPU3": "row cut after 1 of 4 link codes"}
+    without = parse_topology(MARKDOWN[:MARKDOWN.index("\n| GPU3")])
+    assert without["incomplete"] == {"GPU3": "no row"} and link(without, "GPU1", "GPU3") == "SYS"
+
+
+def test_two_missing_rows_leave_their_own_pair_unknown():
+    topo = parse_topology(MARKDOWN[:MARKDOWN.index("\n| GPU2")])
+    assert topo["incomplete"] == {"GPU2": "no row", "GPU3": "no row"}
+    assert link(topo, "GPU2", "GPU3") is None and link(topo, "GPU0", "GPU2") == "SYS"
+
+
+def test_a_row_the_terminal_wrapped_is_joined_back():
+    text = ("\tGPU0\tGPU1\tGPU2\tCPU Affinity\n"
+            "GPU0\t X \tNV12\n\tNV12\t0-7\n"
+            "GPU1\tNV12\t X \tNV12\t0-7\n"
+            "GPU2\tNV12\tNV12\t X \t0-7\n")
+    topo = parse_topology(text)
+    assert link(topo, "GPU0", "GPU2") == "NV12" and topo["affinity"]["GPU0"] == {"CPU Affinity": "0-7"}
+    assert "incomplete" not in topo
+
+
 @pytest.mark.parametrize("text, message", [
     ("", "no `nvidia-smi topo -m` matrix"),
     ("Failed to initialize NVML: Driver/library version mismatch", "no `nvidia-smi topo -m` matrix"),
-    ("\tGPU0\tGPU1\nGPU0\t X\tNV2\n", "no matrix row for GPU1"),
-    ("\tGPU0\tGPU1\nGPU0\t X\tNV2\nGPU1\tNV2\n", "row GPU1 should have 2 link codes"),
+    ("\tGPU0\tGPU1\n\nLegend:\n", "no complete matrix row for GPU0, GPU1"),
+    ("\tGPU0\tGPU1\tGPU2\nGPU0\t X\tNV2\nGPU1\tNV2\t X\tNV2\n", "line 2: row GPU0 should have 3 link codes"),
+    ("\tGPU0\tGPU1\nGPU0\t X\tNV2\nGPU1\tNV2\t XX\n", "line 3: row GPU1 should have 2 link codes"),
     ("\tGPU0\tGPU1\nGPU0\tNV2\t X\nGPU1\tNV2\t X\n", "row GPU0 should have X in its own column"),
 ])
 def test_broken_matrices_are_named_errors(text, message):
