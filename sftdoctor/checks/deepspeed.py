@@ -66,6 +66,8 @@ def deepspeed_precision(deepspeed_config: dict[str, Any], plan=None, model_confi
     flags = ds_precision_flags(cfg)
     precision, why = requested_precision(plan, None)
     fp16, bf16 = _resolve(flags["fp16"], precision, "fp16"), _resolve(flags["bf16"], precision, "bf16")
+    bf16_added = precision == "bf16" and flags["bf16_key"] is None and fp16 is not True
+    bf16 = True if bf16_added else bf16
     zero = cfg.get("zero_optimization") if isinstance(cfg.get("zero_optimization"), dict) else {}
     stage = zero.get("stage", 0)
     evidence = {"path": path, "fp16": flags["fp16"], "bf16": flags["bf16"], "bf16_key": flags["bf16_key"],
@@ -104,6 +106,8 @@ def deepspeed_precision(deepspeed_config: dict[str, Any], plan=None, model_confi
                 f"{path}: fp16 with a static loss scale of {cfg['fp16']['loss_scale']}",
                 detail="A static scale never adapts: too high overflows every step, too low underflows small gradients.",
                 fix='"loss_scale": 0 selects dynamic loss scaling', evidence=evidence))
+    elif bf16_added:
+        findings.append(_bf16_section_added(path, flags, evidence))
     if flags["bf16_key"] == "bfloat16":
         findings.append((warning if flags["bf16"] == "auto" else info)(
             f"{path}: legacy key \"bfloat16\"",
@@ -134,6 +138,20 @@ def deepspeed_precision(deepspeed_config: dict[str, Any], plan=None, model_confi
         findings.insert(0, ok(f"{path}: ZeRO-{stage}, {mode}, gradient_clipping={evidence['gradient_clipping']}",
                               evidence=evidence))
     return findings
+
+
+def _bf16_section_added(path: str, flags: dict[str, Any], evidence):
+    """A bf16 run whose JSON has no bf16 section. transformers fills only keys that are present, so "fp16":
+    "auto" becomes false and nothing says bf16; accelerate then adds {"bf16": {"enabled": true}} because the
+    run's mixed precision is bf16 (DeepSpeedPlugin.set_mixed_precision, accelerate 1.16, pinned by a test).
+    The run trains in bf16, but only by that step: the JSON alone reads as fp32."""
+    fp16 = f'"fp16": {{"enabled": {json.dumps(flags["fp16"])}}} and ' if flags["fp16"] is not None else ""
+    return info(
+        f"{path}: no bf16 section for a bf16 run; accelerate adds one, so it trains in bf16",
+        detail=f"{fp16}no \"bf16\" section: transformers fills only the keys present (\"auto\" under fp16 "
+               "becomes false), then accelerate adds {\"bf16\": {\"enabled\": true}} for the run's bf16. "
+               "Given to deepspeed.initialize by a loop of your own, the same JSON trains in fp32.",
+        fix='add "bf16": {"enabled": "auto"} so the JSON says what runs', evidence=evidence)
 
 
 def _gradient_clipping(path: str, cfg: dict[str, Any], defaults: dict[str, Any] | None, with_trainer: bool, evidence):

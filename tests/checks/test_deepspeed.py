@@ -136,3 +136,33 @@ def test_fixed_optimizer_and_clipping_values_that_differ_from_the_run_are_the_tr
     every_auto = run("deepspeed-precision", deepspeed_config=ds("stanford_alpaca_default_offload_opt_param.json"),
                      plan=plan("bf16", gpus=A100), gpus=recorded_gpus(A100), deepspeed_defaults=DS_019)
     assert not [f for f in every_auto if "transformers refuses" in f.title]
+
+
+@pytest.mark.parametrize("name", ["FastChat_deepspeed_config_s2.json", "transformers_ds_config_zero3.json"])
+def test_fp16_auto_without_a_bf16_section_trains_in_bf16_through_accelerate_and_says_so(run, name):
+    """Real configs with "fp16": {"enabled": "auto"} and no bf16 section, for a bf16 run."""
+    findings = run("deepspeed-precision", deepspeed_config=ds(name), plan=plan("bf16", gpus=A100),
+                   gpus=recorded_gpus(A100), deepspeed_defaults=DS_019)
+    [added] = [f for f in findings if "bf16 section" in f.title]
+    assert added.severity.value == "info" and added.evidence["resolved"]["bf16"] is True
+    assert added.title == f"{name}: no bf16 section for a bf16 run; accelerate adds one, so it trains in bf16"
+    assert added.fix == 'add "bf16": {"enabled": "auto"} so the JSON says what runs'
+    fp16_run = run("deepspeed-precision", deepspeed_config=ds(name), plan=plan("fp16", gpus=V100),
+                   gpus=recorded_gpus(V100), deepspeed_defaults=DS_019)
+    assert not any("bf16 section" in f.title for f in fp16_run)
+
+
+def test_accelerate_adds_the_bf16_section_a_bf16_run_lacks():
+    """What the rule above rests on, in the installed transformers + accelerate: the JSON's "auto" filled from
+    TrainingArguments(bf16=True), then accelerate's DeepSpeed plugin given the run's mixed precision."""
+    from accelerate.utils import DeepSpeedPlugin
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+    from transformers import TrainingArguments
+
+    config = {"fp16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}}
+    hf = HfTrainerDeepSpeedConfig(config)
+    hf.trainer_config_process(TrainingArguments("out", bf16=True, use_cpu=True, report_to=[]))
+    plugin = DeepSpeedPlugin(hf_ds_config=hf)
+    plugin.set_mixed_precision("bf16")
+    assert plugin.deepspeed_config["fp16"]["enabled"] is False
+    assert plugin.deepspeed_config["bf16"] == {"enabled": True}
