@@ -30,6 +30,9 @@ _NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 _AFFINITY_NAMES = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _AFFINITY_START = {"CPU", "NUMA", "GPU"}  # a header word that is not a device name
 _QUOTE = re.compile(r"^\s*(?:>\s?)+")
+_MARKDOWN = re.compile(r"\\([\\_*|`])")
+# The header: GPU0 as a word, followed by another device, an affinity column or nothing (not prose).
+_HEADER = re.compile(r"(?:^|\s)GPU0(?:\s+(?:GPU1|NIC0|CPU|NUMA|[A-Za-z]+\d*_\d+)\b|\s*$)")
 _TABLE_RULE = re.compile(r"[\s|:\-]*-[\s|:\-]*")
 
 # Closeness of a path, best first (the order of nvidia-smi's legend).
@@ -49,28 +52,31 @@ def nvlink_count(code: str) -> int:
 
 def parse_topology(text: str, source: str = "<topology>") -> dict[str, Any]:
     lines = [_plain(line) for line in text.splitlines()]
-    header_at = next((i for i, line in enumerate(lines) if re.match(r"\s*GPU0(\s|$)", line)), None)
+    header_at = next((i for i, line in enumerate(lines) if _HEADER.search(line)), None)
     if header_at is None:
-        raise InputError(source, "no `nvidia-smi topo -m` matrix found: expected a header line starting with GPU0")
+        raise InputError(source, "no `nvidia-smi topo -m` matrix found: expected a header line with GPU0")
     words = lines[header_at].split()
+    first = words.index("GPU0")  # a table may put the affinity columns first
     columns: list[str] = []
-    for word in words:
+    for word in words[first:]:
         if word in _AFFINITY_START:
             break
         columns.append(word)
     if len(set(columns)) != len(columns):
         raise InputError(source, f"line {header_at + 1}: repeated device column in the header")
-    affinity_names = [name for name in _AFFINITY_NAMES if name in " ".join(words[len(columns):])]
+    leading = [name for name in _AFFINITY_NAMES if name in " ".join(words[:first])]
+    affinity_names = leading + [name for name in _AFFINITY_NAMES if name in " ".join(words[first + len(columns):])]
 
     links: dict[str, dict[str, str]] = {}
     affinity: dict[str, dict[str, str]] = {}
     nics: dict[str, str] = {}
     cut: tuple[int, str, int] | None = None  # a row with too few link codes: (line, row, codes read)
-    rows = _rows(lines, header_at + 1, columns)
+    rows = _rows(lines, header_at + 1, columns, len(leading))
     for number, row, values in rows:
         if row is None:
             nics[values[0]] = values[1]
             continue
+        before, values = values[:len(leading)], values[len(leading):]
         if cut is not None:  # a row follows the short one: it was not cut off at the end of a paste
             raise InputError(source, _short(cut[:2], len(columns)))
         codes = list(itertools.takewhile(_LINK.fullmatch, values[: len(columns)]))
@@ -83,9 +89,8 @@ def parse_topology(text: str, source: str = "<topology>") -> dict[str, Any]:
         if codes[columns.index(row)] != "X":
             raise InputError(source, f"line {number}: row {row} should have X in its own column")
         links[row] = dict(zip(columns, codes))
-        extra = values[len(columns) :]
-        if extra:
-            affinity[row] = dict(zip(affinity_names, extra))
+        if extra := {name: cell for name, cell in zip(affinity_names, before + values[len(columns):]) if cell}:
+            affinity[row] = extra
 
     incomplete = {c: "no row" for c in columns if c not in links and c.startswith("GPU")}
     if cut is not None:
@@ -102,16 +107,19 @@ def parse_topology(text: str, source: str = "<topology>") -> dict[str, Any]:
 
 
 def _plain(line: str) -> str:
-    """A line without escape codes, markdown quote marks or table pipes; a table's `|---|` row is blank."""
+    """A line without escape codes, markdown quote marks or table pipes; a table's `|---|` row is blank, its
+    escapes (`mlx5\\_0`) and bold marks dropped."""
     line = _QUOTE.sub("", _ANSI.sub("", line)).rstrip()
     if line.count("|") >= 2:
-        line = "" if _TABLE_RULE.fullmatch(line) else line.replace("|", "  ")
+        line = "" if _TABLE_RULE.fullmatch(line) else _MARKDOWN.sub(r"\1", line).replace("**", "").replace("|", "  ")
     return line.rstrip()
 
 
-def _rows(lines: list[str], start: int, columns: list[str]) -> list[tuple[int, str | None, list[str]]]:
-    """(line number, row name, its cells) of each matrix row after the header, a row wrapped onto the next
-    lines joined back; (line number, None, [NIC, name]) for each NIC legend line."""
+def _rows(lines: list[str], start: int, columns: list[str], leading: int
+          ) -> list[tuple[int, str | None, list[str]]]:
+    """(line number, row name, its cells: the `leading` affinity cells a table put before the name, then the
+    rest) of each matrix row after the header, a row wrapped onto the next lines joined back; (line number,
+    None, [NIC, name]) for each NIC legend line."""
     rows: list[tuple[int, str | None, list[str]]] = []
     seen: set[str] = set()
     for number, line in enumerate(lines[start:], start=start + 1):
@@ -119,10 +127,12 @@ def _rows(lines: list[str], start: int, columns: list[str]) -> list[tuple[int, s
             rows.append((number, None, [legend[1], legend[2]]))
             continue
         cells = line.split()
-        if cells and cells[0] in columns and cells[0] not in seen:
-            seen.add(cells[0])
-            rows.append((number, cells[0], cells[1:]))
-        elif cells and rows and rows[-1][1] is not None and len(rows[-1][2]) < len(columns) and _LINK.fullmatch(cells[0]):
+        at = next((i for i, cell in enumerate(cells[:leading + 1]) if cell in columns), None)
+        if at is not None and cells[at] not in seen:
+            seen.add(cells[at])
+            rows.append((number, cells[at], [""] * (leading - at) + cells[:at] + cells[at + 1:]))
+        elif cells and rows and rows[-1][1] is not None and _LINK.fullmatch(cells[0]) and \
+                len(rows[-1][2]) < leading + len(columns):
             rows[-1][2].extend(cells)  # the rest of a row the terminal or the paste wrapped
     return rows
 

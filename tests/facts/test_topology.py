@@ -30,6 +30,14 @@ def test_the_collection_covers_the_layouts_users_paste():
     assert any("SOC" in fixture_text("topology", f) for f in files)  # old drivers
     assert any("NIC Legend" in fixture_text("topology", f) for f in files)  # new drivers
     assert any("Legend" not in fixture_text("topology", f) for f in files)
+    assert sum(e.get("layout") == "markdown-table" for e in TOPOLOGIES) >= 2  # pasted into issues and READMEs
+
+
+def test_a_table_that_puts_the_affinity_columns_first_reads_them_per_gpu():
+    """ALCF's Polaris guide: `| CPU Affinity | NUMA Affinity | | GPU0 |...` and NIC names escaped `mlx5\\_0`."""
+    topo = recorded_topology("a100_4x_polaris_markdown_table_affinity_first_argonne.txt")
+    assert topo["affinity"]["GPU3"] == {"CPU Affinity": "0-7,32-39", "NUMA Affinity": "0"}
+    assert "mlx5_0" in topo["devices"] and "mlx5_0" not in topo["affinity"]
 
 
 def test_nic_legend_maps_nic_columns_to_device_names():
