@@ -83,12 +83,28 @@ def _take(hit, by_needle, summaries: dict[str, Summary], ctx: Context, matched: 
     if line.rank is not None and len(ctx.ranks_seen) < 4096:
         ctx.ranks_seen.add(line.rank)
     for sig in here:
-        if sig.role == "benign" or not (match := sig.regex.search(line.joined(sig.wraps) if sig.wraps else line.text)):
+        if sig.role == "benign" or not (match := _search(sig, line)):
             continue
         matched[sig.id] += 1
         if sig.role != "cascade":
             at = line if sig.wraps or match.start() <= QUOTE_BEFORE else _from(line, match.start())
             _summary(summaries, sig).add(sig, at, _groups(match))
+
+
+def _search(sig: Signature, line: Line):
+    """The signature's match in the line, or in it and the lines it wraps onto: joined at a space, else (a
+    terminal that cut a word at its width) with nothing between; then from the line before (a message whose
+    start a paste wrapped onto the line before the needle's)."""
+    if not sig.wraps:
+        return sig.regex.search(line.text)
+    spaced, tight = line.joined(sig.wraps), line.joined(sig.wraps, "")
+    if match := sig.regex.search(spaced) or sig.regex.search(tight):
+        return match
+    for before in line.earlier(1):
+        for text in (f"{before} {spaced}", before + tight):
+            if (match := sig.regex.search(text)) and match.start() < len(before) < match.end():
+                return match  # only a message that runs from the line before into this one
+    return None
 
 
 QUOTE_BEFORE = 160  # a progress bar or a long prefix before the message is cut from the quote
@@ -115,9 +131,10 @@ def _summary(summaries: dict[str, Summary], sig: Signature) -> Summary:
     return summaries[key]
 
 
-def _only_if(by_needle: dict[bytes, list[Signature]]) -> dict[bytes, tuple[bytes, ...]]:
-    """Needles whose every signature looks only at lines with one of some words."""
-    return {needle: tuple(w.encode() for s in group for w in s.only_if)
+def _only_if(by_needle: dict[bytes, list[Signature]]) -> dict[bytes, tuple[tuple[bytes, ...], int]]:
+    """Needles whose every signature looks only at lines with one of some words: the words, and how many lines
+    after the needle's they may be on (a message that wraps)."""
+    return {needle: (tuple(w.encode() for s in group for w in s.only_if), max(s.wraps for s in group))
             for needle, group in by_needle.items() if all(s.only_if for s in group)}
 
 

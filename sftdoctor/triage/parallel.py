@@ -37,7 +37,7 @@ def line_start(handle, offset: int, max_line: int = MAX_LINE) -> int:
     return offset + min(ends) if ends else offset  # an enormous line: cut it here
 
 
-def scan_range(path: str, start: int, end: int, needles: list[bytes], only_if: dict[bytes, tuple[bytes, ...]]
+def scan_range(path: str, start: int, end: int, needles: list[bytes], only_if: dict[bytes, tuple[tuple[bytes, ...], int]]
                ) -> RangeResult:
     with open(path, "rb") as handle:
         first, last = line_start(handle, start), line_start(handle, end)

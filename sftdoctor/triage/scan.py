@@ -8,9 +8,11 @@ whatever the file; a line longer than `MAX_LINE` is cut into pieces (no signatur
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import re
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO, Iterable, Iterator, NamedTuple
 
 from sftdoctor.triage.needles import finder, holders
@@ -25,8 +27,8 @@ MAX_LINE = 64 << 10
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Prefixes that launchers put before a rank's lines, possibly nested (`0: [rank0]:[E ...] ...`):
 # torch >= 2.2 `[rank3]:`, torchrun --tee / accelerate `[default3]:`, srun -l `3: `; a bare `[12345] `
-# (a pid or a line number some tools add) is dropped.
-_PREFIX = re.compile(r"\s*(?:\[(?:rank|default)(\d+)\]:|(\d{1,5}): |\[\d+\] )")
+# (a pid or a line number some tools add) and a markdown quote's `> ` (a log pasted into an issue) are dropped.
+_PREFIX = re.compile(r"\s*(?:\[(?:rank|default)(\d+)\]:|(\d{1,5}): |\[\d+\] |>(?: |$))")
 # torch's own messages: `[Rank 3]`, `[PG 1 Rank 3]` (2.3), `[PG ID 0 PG GUID 0(default_pg) Rank 3]` (>= 2.4).
 _RANK_IN_TEXT = re.compile(r"\[(?:PG (?:ID )?\d+ (?:PG GUID [^\]]*? )?)?[Rr]ank (\d+)\]")
 
@@ -37,12 +39,24 @@ class Line:
     text: str  # decoded, escape codes and launcher prefixes removed
     rank: int | None
     following: bytes = b""  # what comes after the line, for messages that wrap
-    before: tuple[int, tuple[bytes, ...]] | None = None  # for an `only_if` needle: lines skipped, the last few
+    before: dict[bytes, tuple[int, tuple[bytes, ...]]] = field(default_factory=dict)  # per `only_if` needle:
+    # the lines of that needle skipped before this one, and the last few
+    preceding: bytes = b""  # what came before the line (up to PRECEDING bytes; less at a chunk's start)
 
-    def joined(self, lines: int = 2) -> str:
-        """The line and the next `lines` (at most `LOOKAHEAD`) non-blank lines, cleaned, joined by spaces."""
-        after = [part for part in self.following.replace(b"\r", b"\n").split(b"\n") if part.strip()][:lines]
-        return " ".join([self.text, *(_clean(part)[0] for part in after)])
+    def joined(self, lines: int = 2, separator: str = " ") -> str:
+        """The line and the next `lines` (at most `LOOKAHEAD`) non-blank lines, cleaned, joined by `separator`
+        (spaces for a message that goes on; "" for a line a terminal cut at its width)."""
+        return separator.join([self.text, *self.after(lines)])
+
+    def after(self, lines: int) -> list[str]:
+        """Up to `lines` non-blank lines after this one, cleaned."""
+        parts = (_clean(part)[0] for part in self.following.replace(b"\r", b"\n").split(b"\n") if part.strip())
+        return list(itertools.islice(filter(None, parts), lines))
+
+    def earlier(self, lines: int) -> list[str]:
+        """Up to `lines` non-blank lines before this one, cleaned, nearest first."""
+        parts = reversed(self.preceding.replace(b"\r", b"\n").split(b"\n"))
+        return list(itertools.islice(filter(None, (_clean(part)[0] for part in parts)), lines))
 
 
 def read_chunks(stream: BinaryIO, size: int = CHUNK) -> Iterator[bytes]:
@@ -51,13 +65,14 @@ def read_chunks(stream: BinaryIO, size: int = CHUNK) -> Iterator[bytes]:
 
 
 def candidate_lines(chunks: Iterable[bytes], needles: Iterable[bytes], max_line: int = MAX_LINE,
-                    only_if: dict[bytes, tuple[bytes, ...]] | None = None, limit: int | None = None,
+                    only_if: dict[bytes, tuple[tuple[bytes, ...], int]] | None = None, limit: int | None = None,
                     tallies: dict[bytes, Tally] | None = None, totals: Totals | None = None) -> Iterator[Hit]:
     """Every line that holds one of `needles`, in order.
 
     A needle in `only_if` is frequent and mostly dull (a Trainer dict at every logging step): its
-    line is passed on only if it also holds one of the words given; the others are counted, and the
-    last few kept, so the line passed on can say what came before it.
+    line is passed on only if it (or one of the next N lines, N given with the words) also holds one of
+    the words given; the others are counted, and the last few kept, so the line passed on can say what
+    came before it.
 
     The text after a line (up to `LOOKAHEAD` more lines) is for messages that wrap onto the next
     line, so the last lines of each chunk wait for the next one before they are searched.
@@ -68,23 +83,33 @@ def candidate_lines(chunks: Iterable[bytes], needles: Iterable[bytes], max_line:
     needles = tuple(sorted(set(needles)))
     search = _Search(needles, tallies if tallies is not None else {}, only_if or {})
     totals = totals if totals is not None else Totals()
-    carry, base = b"", 0
+    # `carry` holds the lines not searched yet, after up to PRECEDING bytes of searched ones (`begin` of them)
+    # that the lines after them may look back on.
+    carry, base, begin = b"", 0, 0
     for chunk in chunks:
         buf = carry + chunk if carry else chunk
         seps = _last_separators(buf, 2 * LOOKAHEAD + 1)
         data_end = seps[0] + 1 if seps else 0
         search_end = seps[-1] + 1 if len(seps) > 2 * LOOKAHEAD else 0
-        if search_end == 0 and len(buf) > 4 * max_line:
-            search_end = data_end = data_end or len(buf)  # enormous lines: take them in pieces
+        if search_end <= begin and len(buf) - begin > 4 * max_line:
+            search_end = data_end = data_end if data_end > begin else len(buf)  # enormous lines: in pieces
+        search_end = max(search_end, begin)
         if limit is not None and base + search_end >= limit:
-            yield from _scan(buf, limit - base, data_end, search, totals, max_line)
+            yield from _scan(buf, begin, limit - base, data_end, search, totals, max_line)
             return
-        yield from _scan(buf, search_end, data_end, search, totals, max_line)
-        base += search_end
-        carry = buf[search_end:]
-    if carry:
+        yield from _scan(buf, begin, search_end, data_end, search, totals, max_line)
+        cut = _kept_from(buf, search_end)
+        base, begin, carry = base + cut, search_end - cut, buf[cut:]
+    if len(carry) > begin:
         end = len(carry) if limit is None else min(len(carry), limit - base)
-        yield from _scan(carry, end, len(carry), search, totals, max_line)
+        yield from _scan(carry, begin, max(end, begin), len(carry), search, totals, max_line)
+
+
+def _kept_from(buf: bytes, searched: int) -> int:
+    """Where the searched lines kept for looking back on start: whole lines, up to PRECEDING bytes."""
+    if (first := searched - PRECEDING) <= 0:
+        return 0
+    return buf.find(b"\n", first, searched) + 1 or searched
 
 
 class Totals:
@@ -93,10 +118,10 @@ class Totals:
     def __init__(self):
         self.bytes, self.newlines, self.last = 0, 0, b""
 
-    def add(self, buf: bytes, end: int) -> None:
-        if end > 0:
-            self.bytes += end
-            self.newlines += buf.count(b"\n", 0, end)
+    def add(self, buf: bytes, begin: int, end: int) -> None:
+        if end > begin:
+            self.bytes += end - begin
+            self.newlines += buf.count(b"\n", begin, end)
             self.last = buf[end - 1:end]
 
     def extend(self, after: Totals) -> None:
@@ -118,15 +143,17 @@ class Tally:
 
     KEEP = 5
 
-    def __init__(self, words: tuple[bytes, ...]):
-        self.count, self.recent, self.holding = 0, deque(maxlen=self.KEEP), holders(words)
+    def __init__(self, words: tuple[bytes, ...], reach: int = 0):
+        self.count, self.recent = 0, deque(maxlen=self.KEEP)
+        self.reach = reach  # lines after the needle's that may hold the word (a wrapped line)
+        self.holding = holders(words) if not reach else _Reaching(words, reach)
 
-    def keep(self, buf: bytes, spans: list[Span]) -> list[tuple[int, int, int, tuple]]:
-        """The spans whose line holds one of the words, each with the snapshot before it; the others are
-        counted and the last few kept. One search for all of a chunk's lines: a log holds a Trainer dict
-        for every logging step, and almost none holds a nan."""
+    def keep(self, buf: bytes, spans: list[Span], data_end: int) -> list[tuple[int, int, int, tuple]]:
+        """The spans whose line (or the `reach` lines after it) holds one of the words, each with the snapshot
+        before it; the others are counted and the last few kept. One search for all of a chunk's lines: a log
+        holds a Trainer dict for every logging step, and almost none holds a nan."""
         kept, counted = [], 0
-        for i in self.holding(buf, spans):
+        for i in (self.holding(buf, spans) if not self.reach else self.holding(buf, spans, data_end)):
             self._skip(buf, spans[counted:i])
             kept.append((*spans[i], self.snapshot()))
             counted = i + 1
@@ -147,10 +174,33 @@ class Hit(NamedTuple):
     needles: list[bytes]
     following: bytes
     before: dict[bytes, tuple[int, tuple[bytes, ...]]]  # per `only_if` needle: lines skipped, the last few
+    preceding: bytes = b""  # what comes before the line in the buffer (up to PRECEDING), for a wrapped line's start
+
+
+class _Reaching:
+    """`holding` for words that may sit up to `reach` lines after the needle's line. The words are rare and the
+    needle's lines are not (a loss at every step), so each word found marks the lines that reach it."""
+
+    def __init__(self, words: tuple[bytes, ...], reach: int):
+        self.find, self.reach = finder(tuple(w for w in words if b"\n" not in w and b"\r" not in w)), reach
+        self.lengths = [len(w) for w in words]
+
+    def __call__(self, buf: bytes, spans: list[Span], data_end: int) -> list[int]:
+        if not spans:
+            return []
+        starts = [start for _, start, _ in spans]
+        held: set[int] = set()
+        for word_end, _ in self.find(buf, data_end):
+            first = word_end  # the start of the `reach` lines before the word's line
+            for _ in range(self.reach + 1):
+                first = buf.rfind(b"\n", 0, first - 1) + 1 if first > 0 else 0
+            held.update(range(bisect.bisect_left(starts, first), bisect.bisect_right(starts, word_end - 1)))
+        return sorted(held)
 
 
 LOOKAHEAD = 2  # lines after a hit that a wrapped message may run on to
 FOLLOWING = 4096  # bytes of them kept
+PRECEDING = 1024  # bytes kept of what came before a hit's line (less at the start of a chunk)
 
 
 def _last_separators(buf: bytes, n: int) -> list[int]:
@@ -161,35 +211,35 @@ def _last_separators(buf: bytes, n: int) -> list[int]:
     return found
 
 
-def _scan(buf: bytes, search_end: int, data_end: int, search: _Search, totals: Totals, max_line: int
+def _scan(buf: bytes, begin: int, search_end: int, data_end: int, search: _Search, totals: Totals, max_line: int
           ) -> Iterator[Hit]:
-    line_no, counted = totals.newlines + 1, 0
-    for start, (hit, stop, found, before) in search.lines(buf, search_end, data_end):
+    line_no, counted = totals.newlines + 1, begin
+    for start, (hit, stop, found, before) in search.lines(buf, begin, search_end, data_end):
         line_no += buf.count(b"\n", counted, start)
         counted = start
         line = buf[max(start, hit - max_line // 2):min(stop, hit + max_line // 2)]
         yield Hit(line_no, line, [search.needles[i] for i in sorted(found)], buf[stop:min(data_end, stop + FOLLOWING)],
-                  {search.needles[i]: before[i] for i in sorted(before)})
-    totals.add(buf, search_end)
+                  {search.needles[i]: before[i] for i in sorted(before)}, buf[_kept_from(buf, start):start])
+    totals.add(buf, begin, search_end)
 
 
 class _Search:
     """One scan's needles, the engine that finds them, and the tallies of its `only_if` ones."""
 
     def __init__(self, needles: tuple[bytes, ...], tallies: dict[bytes, Tally],
-                 only_if: dict[bytes, tuple[bytes, ...]]):
-        tallies.update({needle: Tally(words) for needle, words in only_if.items()})
+                 only_if: dict[bytes, tuple[tuple[bytes, ...], int]]):
+        tallies.update({needle: Tally(words, reach) for needle, (words, reach) in only_if.items()})
         self.needles, self.find = needles, finder(needles)
         self.lengths = [len(needle) for needle in needles]
         self.tallies = [tallies.get(needle) for needle in needles]
 
-    def lines(self, buf: bytes, end: int, data_end: int) -> list:
+    def lines(self, buf: bytes, begin: int, end: int, data_end: int) -> list:
         """(line start, [first hit, line end, needle indexes in it, tallies before it]) of each line holding a
         needle, in order."""
         lines: dict[int, list] = {}
-        for index, spans in self._spans(buf, end, data_end).items():
+        for index, spans in self._spans(buf, begin, end, data_end).items():
             tally = self.tallies[index]
-            kept = spans if tally is None else tally.keep(buf, spans)
+            kept = spans if tally is None else tally.keep(buf, spans, data_end)
             for hit, start, stop, *before in kept:  # a span an `only_if` tally kept carries its snapshot
                 if (entry := lines.get(start)) is None:
                     lines[start] = entry = [hit, stop, [], {}]
@@ -199,15 +249,17 @@ class _Search:
                     entry[3][index] = before[0]
         return sorted(lines.items())
 
-    def _spans(self, buf: bytes, end: int, data_end: int) -> dict[int, list[Span]]:
+    def _spans(self, buf: bytes, begin: int, end: int, data_end: int) -> dict[int, list[Span]]:
         """Per needle index, (first hit, line start, line end) of each line it is found on, in order: its later
         occurrences on a line change nothing. This loop runs for every Trainer dict (~700k per GB)."""
         spans: dict[int, list[Span]] = {}
         done = [0] * len(self.needles)  # per needle: where the last line it was found on ends
         lengths = self.lengths
+        start = stop = -1  # the line of the last hit: several needles on one line (a Trainer dict) share it
         for hit_end, index in self.find(buf, end):
-            if (hit := hit_end - lengths[index]) >= done[index]:
-                start, stop = _line_around(buf, hit, data_end)
+            if (hit := hit_end - lengths[index]) >= done[index] and hit >= begin:
+                if not start <= hit < stop:
+                    start, stop = _line_around(buf, hit, data_end)
                 done[index] = stop
                 spans.setdefault(index, []).append((hit, start, stop))
         return spans
@@ -233,7 +285,7 @@ def decode(hit: Hit) -> Line:
     text, rank = _clean(hit.line)
     if match := _RANK_IN_TEXT.search(text):
         rank = int(match.group(1))
-    return Line(hit.number, text, rank, hit.following, next(iter(hit.before.values()), None))
+    return Line(hit.number, text, rank, hit.following, hit.before, hit.preceding)
 
 
 def _clean(raw: bytes) -> tuple[str, int | None]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sftdoctor.findings import Finding, Severity
+from sftdoctor.triage import trainer_lines
 from sftdoctor.triage.scan import Line
 from sftdoctor.triage.signatures import Signature
 
@@ -55,6 +56,12 @@ def fill(template: str, groups: dict[str, Any]) -> str:
 
 def where(line: Line) -> str:
     return f"line {line.number}" + (f", rank {line.rank}" if line.rank is not None else "")
+
+
+def before(sig: Signature, line: Line) -> tuple[int, tuple[bytes, ...]]:
+    """The lines of `sig`'s needle that the scan skipped before `line`: how many, and the last few."""
+    needles = [sig.needle] if isinstance(sig.needle, str) else sig.needle
+    return next((line.before[n.encode()] for n in needles if n.encode() in line.before), (0, ()))
 
 
 def clip(text: str) -> str:
@@ -265,58 +272,180 @@ def log_fields(text: str) -> dict[str, str]:
 
 
 class LossLog(Summary):
-    """Logged losses (Trainer dicts, sftdoctor step lines, metrics.jsonl): where they first went
-    non-finite, and the trend of the finite entries just before."""
+    """Logged losses and gradient norms, in any trainer's format (trainer_lines.py): where they first went
+    non-finite, and the trend of the finite entries just before. Megatron's quiet forms too: a loss field
+    that vanishes from the iteration lines, its NaN-iterations counter, and skipped iterations that go on."""
+
+    RECENT = 5
+    SKIPPING = 3  # logged intervals in a row with skipped iterations, after one without, that make a warning
 
     def __init__(self):
         self.first_bad: tuple[Line, dict[str, str], list[dict[str, str]], int] | None = None
         self.finite = 0  # lines seen here that held a nan/inf elsewhere (a learning rate) but a finite loss
         self.bad = 0
         self.sig = None
+        self.last_line = 0  # a line two signatures match is one entry
+        self.recent: deque[dict[str, str]] = deque(maxlen=self.RECENT)  # finite entries seen here (a Megatron
+        # line holds "nan iterations", so every one is seen here and no tally keeps them)
+        self.megatron_losses: list[str] = []  # the loss fields Megatron's lines have shown
+        self.advanced = False  # a Megatron interval without skipped iterations was seen
+        self.skipping: list = []  # [first Line, intervals, iterations skipped, sig] of the current run
+        self.consumed = 0  # the last line of the Megatron entry read last (a wrapped one spans several)
 
     def add(self, sig, line, groups):
-        values = {**log_fields(line.text), **{k: v for k, v in groups.items() if v is not None}}
-        if "loss" not in values:
+        if line.number == self.last_line or line.number <= self.consumed:
+            return  # a line two signatures match is one entry; so is a wrapped Megatron line
+        self.last_line = line.number
+        values = _entry(sig, line, groups)
+        if (megatron := trainer_lines.megatron(line.text)) is not None:
+            values.update(self._megatron(sig, line, megatron))
+        if "loss" not in values and "grad_norm" not in values:
             return
         if not _non_finite(values):
             self.finite += 1
+            self.recent.append(values)
             return
         self.bad += 1
         if self.first_bad is None:
-            skipped, recent = line.before or (0, ())
-            trend = [log_fields(raw.decode("utf-8", "replace")) for raw in recent]
+            skipped, recent = before(sig, line)
+            trend = [_entry_fields(raw.decode("utf-8", "replace")) for raw in recent] or list(self.recent)
             self.first_bad, self.sig = (line, values, trend, skipped + self.finite + 1), sig
+
+    def _megatron(self, sig, line: Line, fields: dict[str, str]) -> dict[str, str]:
+        """What a Megatron iteration line says beyond its values: a NaN the line hides. A line a paste wrapped
+        is read whole: the counters are at its end."""
+        lines = trainer_lines.entry(line.text, line.after(WRAPPED))
+        fields = trainer_lines.megatron_entry(lines)
+        self.consumed = line.number + len(lines) - 1  # (blank lines between would make it more: they are rare)
+        losses = trainer_lines.megatron_losses(fields)
+        skipped = trainer_lines.count(fields, "number of skipped iterations")
+        nans = trainer_lines.count(fields, "number of nan iterations")
+        self._skipped(sig, line, skipped)
+        at = {"step": fields["iteration"], "step_label": "iteration"}
+        for kind, key in (("loss", next(iter(losses), None)), ("grad_norm", "grad norm")):
+            if key in fields:
+                at.update({kind: fields[key].split()[0] if fields[key].split() else "", f"{kind}_key": key})
+        if nans:
+            return {**at, "loss": "nan", "loss_key": (losses or self.megatron_losses or ["the loss"])[0],
+                    "note": f"Megatron counted {nans} iteration{'s' if nans > 1 else ''} with a non-finite loss in "
+                            "this logging interval (number of nan iterations)"}
+        if losses:
+            self.megatron_losses = losses
+            return at
+        if skipped == 0:  # iterations advanced, yet no average to print: it was NaN (`if avg > 0.0` is false)
+            key = self.megatron_losses[0] if self.megatron_losses else "the loss"
+            return {**at, "loss": "nan", "loss_key": key, "note": f"{key} vanished from the iteration line with 0 "
+                    "skipped iterations: Megatron prints a loss only when its average is > 0, so it was NaN"}
+        return at
+
+    def _skipped(self, sig, line: Line, skipped: int | None) -> None:
+        if not skipped:
+            self.advanced, self.skipping = self.advanced or skipped == 0, []
+        elif self.advanced:  # skips at the very start are fp16's loss scale settling
+            if not self.skipping:
+                self.skipping = [line, 0, 0, sig]
+            self.skipping[1] += 1
+            self.skipping[2] += skipped
 
     def results(self, ctx):
         if self.first_bad is None:
-            return []
+            return self._skipping()
         line, values, trend, entry = self.first_bad
-        which = " and ".join(_non_finite(values))
-        at = f"step {values['step']}" if "step" in values else f"logged entry {entry}"
+        kinds = _non_finite(values)
+        which = " and ".join(values.get(f"{kind}_key", kind) for kind in kinds)
+        at = (f"{values.get('step_label', 'step')} {values['step']}" if "step" in values
+              else f"logged entry {entry}")
         if "epoch" in values:
             at += f" (epoch {values['epoch']})"
-        title = f"{which} went {values.get('grad_norm') if which == 'grad_norm' else values['loss']} at {at}"
+        title = f"{which} went {values['grad_norm'] if kinds == ['grad_norm'] else values['loss']} at {at}"
         notes = [f"{self.bad} non-finite entr{'y' if self.bad == 1 else 'ies'}"]
-        if which == "grad_norm":
+        if "note" in values:
+            notes.append(values["note"])
+        if kinds == ["grad_norm"] and "loss" in values:
             notes.append(f"the loss still reads {values['loss']}: transformers' logging_nan_inf_filter hides a "
-                         "non-finite loss in the log, the weights are already being corrupted")
+                         "non-finite loss in the log, the weights are already being corrupted" if self.sig.id in _HF
+                         else f"the loss still reads {values['loss']}: the gradients are already non-finite, and "
+                              "unless the optimizer skips the step the weights are being corrupted")
         if trend:
             notes.append("the entries before it: " + ", ".join(
                 f"loss {t.get('loss', '?')}" + (f" grad_norm {t['grad_norm']}" if "grad_norm" in t else "") for t in trend))
         detail = "; ".join(notes) + f"; first at {where(line)}: {clip(line.text)}"
         specifics = {"first_bad_entry": entry, "step": _int(values.get("step")), "epoch": values.get("epoch"),
                      "last_finite_loss": trend[-1].get("loss") if trend else None, "non_finite_entries": self.bad,
-                     "grad_norms_before": [t.get("grad_norm") for t in trend] or None}
+                     "grad_norms_before": [t.get("grad_norm") for t in trend] or None,
+                     "key": values.get(f"{kinds[0]}_key"), "step_label": values.get("step_label")}
         finding = Finding(Severity.ERROR, title, detail, self.sig.fix, self.sig.topic,
                           _evidence(self.sig, line, self.bad, set(), specifics), self.sig.topic)
         return [Located(line.number, "root", finding)]
 
+    def _skipping(self) -> list[Located]:
+        if not self.skipping or self.skipping[1] < self.SKIPPING:
+            return []
+        line, intervals, iterations, sig = self.skipping
+        title = (f"skipped iterations in {intervals} logged intervals in a row ({iterations} iterations), "
+                 f"from {where(line).split(',')[0]}")
+        detail = ("Megatron skips an update whose gradients overflowed or went NaN. After iterations that advanced, "
+                  f"a run of skips that does not end means the run no longer learns; first at {where(line)}: "
+                  f"{clip(line.text)}")
+        specifics = {"intervals": intervals, "skipped_iterations": iterations}
+        finding = Finding(Severity.WARNING, title, detail, sig.fix, sig.topic,
+                          _evidence(sig, line, intervals, set(), specifics), sig.topic)
+        return [Located(line.number, "root", finding)]
 
-def _non_finite(values: dict[str, str]) -> list[str]:
-    return [k for k in ("loss", "grad_norm") if values.get(k, "").lower() in _NON_FINITE]
+
+_HF = ("trainer-loss-dict", "sftdoctor-step-line")  # transformers' own logging, with its NaN filter
+
+
+def _entry(sig: Signature, line: Line, groups: dict[str, Any]) -> dict[str, str]:
+    """The values of one logged entry: a Trainer dict's fields (or the signature's groups), else whatever
+    loss and gradient norm the line holds, in any trainer's format, with its step."""
+    values = {**log_fields(line.text), **{k: v for k, v in groups.items() if v is not None}}
+    if "loss" in values:
+        return values
+    found = trainer_lines.fields(line.text)
+    if not _non_finite(found):
+        for joined in trainer_lines.joins(trainer_lines.entry(line.text, line.after(WRAPPED))):
+            if _non_finite(wrapped := trainer_lines.fields(joined)):
+                found = wrapped
+                break
+    values.update(found)
+    if at := _step(line):
+        values["step_label"], values["step"] = at[0], str(at[1])
+    return values
+
+
+def _step(line: Line) -> tuple[str, int] | None:
+    """The step the line is at: on it, else (a line a paste wrapped) in the entry it belongs to: the lines
+    before it back to the entry's start, and the lines after that go on with it."""
+    if at := trainer_lines.step(line.text):
+        return at
+    lines = [line.text]
+    if not trainer_lines.starts_entry(line.text):
+        for earlier in line.earlier(WRAPPED):
+            lines.insert(0, earlier)
+            if trainer_lines.starts_entry(earlier) or trainer_lines.step(earlier):
+                break
+    after = line.after(WRAPPED)
+    forward = trainer_lines.entry(line.text, after)[1:]
+    if len(forward) < len(after) and trainer_lines.counter_only(after[len(forward)]):
+        forward.append(after[len(forward)])  # a progress bar's counter printed after its description
+    return next(filter(None, map(trainer_lines.step, trainer_lines.joins(lines + forward))), None)
+
+
+WRAPPED = 6  # physical lines a wrapped entry may span before the one that names a loss
+
+
+def _entry_fields(text: str) -> dict[str, str]:
+    """The loss and gradient norm of a line a tally kept, for the trend."""
+    fields = log_fields(text)
+    return fields if "loss" in fields else trainer_lines.fields(text)
 
 
 WARN_SCALE = 32  # a dynamic fp16 loss scale this low means almost every step overflows
+
+
+def _non_finite(values: dict[str, str]) -> list[str]:
+    return [k for k in ("loss", "grad_norm") if values.get(k, "").lower() in _NON_FINITE]
 
 
 class LossScale(Summary):
@@ -482,6 +611,72 @@ class Failures(Summary):
         return [Located(self.line.number, "root", finding)]
 
 
+class CudaBuild(Summary):
+    """An extension that refused torch's CUDA build (apex, xformers, torchvision/torchaudio, bitsandbytes,
+    flash-attn): the first refusal, with the toolkit (nvcc -V, CMake) and torch the log printed before it."""
+
+    def __init__(self):
+        self.toolkit: str | None = None
+        self.torch_version: str | None = None
+        self.first: tuple[Signature, Line, dict[str, Any]] | None = None
+        self.count = 0
+
+    def add(self, sig, line, groups):
+        if sig.role == "context":
+            self.toolkit = groups.get("toolkit") or self.toolkit
+            self.torch_version = groups.get("torch_version") or self.torch_version
+            return
+        if sig.id == "xformers-built-for" and groups.get("have_cu") in (None, groups["built_cu"]):
+            return  # built for another torch of the same CUDA: not a CUDA mismatch
+        self.count += 1
+        if self.first is None:
+            self.first = (sig, line, {"installed": self.toolkit, **{k: v for k, v in groups.items() if v is not None}})
+
+    def results(self, ctx):
+        if self.first is None:
+            return []
+        sig, line, groups = self.first
+        torch_cuda = _cuda_of(self.torch_version)
+        if sig.id == "bitsandbytes-cuda-library":
+            groups = {**groups, "torch": _bnb_cuda(groups["torch"])}
+        title = {
+            "apex-cuda-mismatch": lambda g: f"nvcc is CUDA {g['installed'] or '?'}, torch was built with CUDA "
+                                            f"{g['torch']}: apex refuses to build",
+            "xformers-built-for": lambda g: f"xformers was built for torch {g['built_torch']}+{g['built_cu']} (CUDA "
+                                            f"{_xformers_cuda(g['built'])}), this torch is {g['have_torch']}+"
+                                            f"{g['have_cu']}: its kernels will not load",
+            "companion-cuda-mismatch": lambda g: f"{g['ext']} was built for CUDA {g['installed']}, torch for CUDA "
+                                                 f"{g['torch']}: {g['ext']} refuses to load",
+            "bitsandbytes-cuda-library": lambda g: f"bitsandbytes has no library for torch's CUDA {g['torch']}"
+                                                   + (f" (it was built with CUDA {g['installed']})" if g["installed"] else ""),
+            "extension-needs-newer-nvcc": lambda g: f"{g['ext']} needs nvcc CUDA {g['minimum']} or newer"
+                                                    + (f", found {g['installed']}" if g["installed"] else "")
+                                                    + (f" (torch is built with CUDA {torch_cuda})" if torch_cuda else ""),
+        }[sig.id](groups)
+        seen = f"; {self.count} times" if self.count > 1 else ""
+        detail = f"first at {where(line)}{seen}: {clip(line.text)}"
+        specifics = {"torch": torch_cuda, **groups} if sig.id != "xformers-built-for" else groups
+        finding = Finding(Severity.ERROR, title, detail, fill(sig.fix, groups), sig.topic,
+                          _evidence(sig, line, self.count, set(), specifics), sig.topic)
+        return [Located(line.number, "root", finding)]
+
+
+def _cuda_of(torch_version: str | None) -> str | None:
+    """2.0.1+cu117 -> 11.7."""
+    match = re.search(r"\+cu(\d+)(\d)$", torch_version or "")
+    return f"{match[1]}.{match[2]}" if match else None
+
+
+def _xformers_cuda(code: str) -> str:
+    """xformers' setup.py writes CUDA as major * 100 + the minor's first digit: 1201 -> 12.1."""
+    return f"{int(code) // 100}.{int(code) % 100}" if code.isdigit() else code
+
+
+def _bnb_cuda(code: str) -> str:
+    """bitsandbytes names its libraries by CUDA major and minor run together: 121 -> 12.1."""
+    return f"{code[:-1]}.{code[-1]}" if code.isdigit() and len(code) > 1 else code
+
+
 class FirstException(Summary):
     """The first Python exception line, offered only when nothing else was recognised."""
 
@@ -497,4 +692,5 @@ class FirstException(Summary):
 
 
 SUMMARIES = {"watchdog": Watchdog, "cuda-oom": CudaOom, "loss": LossLog, "loss-scale": LossScale, "nccl": NcclError,
+             "cuda-build": CudaBuild,
              "failures": Failures, "exception": FirstException}
