@@ -33,6 +33,7 @@ BUILTIN_MODULES = (
     "sftdoctor.checks.topology",
     "sftdoctor.checks.deepspeed",
     "sftdoctor.checks.flash_attn",
+    "sftdoctor.checks.advisories",
     "sftdoctor.checks.nccl_env",
     "sftdoctor.checks.run_config",
     "sftdoctor.checks.memory",

@@ -63,6 +63,19 @@ def version(name: str) -> str | None:
     return _header_version(path)
 
 
+def direct_url(name: str) -> str | None:
+    """The URL pip installed a distribution from (PEP 610 direct_url.json: a wheel file or link given to pip;
+    absent for an install from an index)."""
+    import json
+
+    path = _metadata_dirs().get(normalize(name))
+    try:
+        url = json.loads((path / "direct_url.json").read_text(encoding="utf-8")).get("url") if path else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return url if isinstance(url, str) else None
+
+
 def entry_points(group: str) -> list[tuple[str, str, str]]:
     """(name, "module:attr" value, distribution) for every entry point in `group`."""
     found = []

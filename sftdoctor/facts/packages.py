@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.facts.distributions import version as _version
+from sftdoctor.facts.distributions import direct_url, version as _version
 
 # Distribution names as published on PyPI.
 PACKAGES = (
@@ -108,8 +108,12 @@ _BNB_IMPORT = "import torch, bitsandbytes; from bitsandbytes.nn import Linear4bi
 
 def probe_flash_attn(facts) -> dict[str, Any]:
     """Whether flash-attn imports against this torch. Runs in a child process: importing it
-    loads torch and CUDA, and an ABI mismatch only shows as an ImportError there."""
-    return _imports("flash-attn", _FLASH_IMPORT)
+    loads torch and CUDA, and an ABI mismatch only shows as an ImportError there. With the wheel's URL
+    when pip recorded one: its name says the torch it was built for (`+cu12torch2.6cxx11abiFALSE`)."""
+    found = _imports("flash-attn", _FLASH_IMPORT)
+    if found["installed"] and (url := direct_url("flash-attn")):
+        found["wheel"] = url
+    return found
 
 
 def probe_bitsandbytes(facts) -> dict[str, Any]:
