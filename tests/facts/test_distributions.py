@@ -27,3 +27,20 @@ def test_entry_points_agree_with_importlib():
     ours = sorted((name, value) for name, value, _ in entry_points("console_scripts"))
     theirs = sorted((ep.name, ep.value) for ep in importlib.metadata.entry_points(group="console_scripts"))
     assert ours == theirs and ("sftdoctor", "sftdoctor.cli:main") in ours
+
+
+def test_direct_urls_agree_with_importlib_and_an_editable_install_has_one():
+    """PEP 610: pip records where it installed from when given a file, a link or a folder (sftdoctor's -e)."""
+    import json
+
+    from sftdoctor.facts.distributions import direct_url
+
+    seen = set()
+    for dist in importlib.metadata.distributions():
+        name = normalize(dist.metadata["Name"])
+        if name in seen:
+            continue
+        seen.add(name)
+        text = dist.read_text("direct_url.json")
+        assert direct_url(name) == (json.loads(text)["url"] if text else None), name
+    assert direct_url("sftdoctor").startswith("file://")
