@@ -29,18 +29,25 @@ def test_entry_points_agree_with_importlib():
     assert ours == theirs and ("sftdoctor", "sftdoctor.cli:main") in ours
 
 
-def test_direct_urls_agree_with_importlib_and_an_editable_install_has_one():
-    """PEP 610: pip records where it installed from when given a file, a link or a folder (sftdoctor's -e)."""
+def test_direct_urls_agree_with_importlib(tmp_path, monkeypatch):
+    """PEP 610: pip records the URL it installed a wheel from; the flash-attn advisory reads the wheel's name."""
     import json
 
-    from sftdoctor.facts.distributions import direct_url
+    from sftdoctor.facts import distributions
 
-    seen = set()
-    for dist in importlib.metadata.distributions():
-        name = normalize(dist.metadata["Name"])
-        if name in seen:
-            continue
-        seen.add(name)
-        text = dist.read_text("direct_url.json")
-        assert direct_url(name) == (json.loads(text)["url"] if text else None), name
-    assert direct_url("sftdoctor").startswith("file://")
+    url = ("https://github.com/Dao-AILab/flash-attention/releases/download/v2.3.4/"
+           "flash_attn-2.3.4%2Bcu122torch2.1cxx11abiFALSE-cp311-cp311-linux_x86_64.whl")
+    info = tmp_path / "flash_attn-2.3.4.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_attn\nVersion: 2.3.4\n\n")
+    (info / "direct_url.json").write_text(json.dumps({"url": url, "archive_info": {}}))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    distributions._metadata_dirs.cache_clear()
+    try:
+        [dist] = importlib.metadata.distributions(path=[str(tmp_path)])
+        assert distributions.direct_url("flash-attn") == json.loads(dist.read_text("direct_url.json"))["url"] == url
+        assert distributions.direct_url("surely-not-installed-anywhere") is None
+        (info / "direct_url.json").write_text("{not json")
+        assert distributions.direct_url("flash-attn") is None
+    finally:
+        distributions._metadata_dirs.cache_clear()
