@@ -264,7 +264,6 @@ class CudaOom(Summary):
 
 
 _FIELD = re.compile(r"""['"](\w+)['"]:\s*['"]?([^,'"}\s]+)""")
-_NON_FINITE = {"nan", "-nan", "inf", "-inf", "infinity", "-infinity"}
 
 
 def log_fields(text: str) -> dict[str, str]:
@@ -445,7 +444,7 @@ WARN_SCALE = 32  # a dynamic fp16 loss scale this low means almost every step ov
 
 
 def _non_finite(values: dict[str, str]) -> list[str]:
-    return [k for k in ("loss", "grad_norm") if values.get(k, "").lower() in _NON_FINITE]
+    return [k for k in ("loss", "grad_norm") if trainer_lines.non_finite(values.get(k))]
 
 
 class LossScale(Summary):

@@ -7,7 +7,7 @@ comes from): a key that names a loss or a gradient norm, a separator, a number-l
     Megatron-LM/-DeepSpeed  iteration  100/ 1000 | ... | lm loss: NAN | grad norm: nan |   ({:.6E} gives NAN)
     nanoGPT                 iter 100: loss nan, time 52.3ms             step 1000: train loss nan, val loss nan
     litgpt                  Epoch 1 | iter 10 step 5 | loss train: nan, val: n/a
-    Lightning / tqdm        12/500 [00:10<01:15, 5.80it/s, loss=nan, v_num=0]
+    Lightning / tqdm        12/500 [00:10<01:15, 5.80it/s, loss=nan, v_num=0]   (Lightning 2.x: train_loss=nan.0)
     torchtune               1|25|Loss: nan:  ...
     mmengine (xtuner)       Epoch(train) [1][240/735]  lr: 1.9e-04 ... loss: 2.51  grad_norm: nan
     fairseq                 {"epoch": 73, "train_loss": "nan", ..., "train_gnorm": "nan", "train_num_updates": "9291"}
@@ -15,8 +15,9 @@ comes from): a key that names a loss or a gradient norm, a separator, a number-l
     plain prints            loss = nan, loss: tensor(nan, device='cuda:0'), loss is nan, Batch 7/100 loss nan
                             (CosyVoice's "Batch 7/100" is epoch 7, batch 100: a "N/M" without a bar is no step)
 
-Python prints a float NaN as `nan` (`NAN` with `E` formats, `NaN` in JSON), an infinity as `inf`/`-inf`
-(`Infinity` in JSON). A key holding "scale" (Megatron's `loss scale`, fairseq's `loss_scale`) is the fp16
+Python prints a float NaN as `nan` (`NAN` with `E` formats, `NaN` in JSON, `np.float64(nan)` for a numpy 2
+scalar in a dict), an infinity as `inf`/`-inf` (`Infinity` in JSON); Lightning 2.x's bar pads them to five
+characters (`nan.0`, `-inf.`). A key holding "scale" (Megatron's `loss scale`, fairseq's `loss_scale`) is the fp16
 loss scale, not a loss.
 """
 
@@ -32,8 +33,8 @@ _QUALIFIER = r"(?:(?:lm|train|training|val|valid|validation|eval|test|total|avg|
 _KEY_VALUE = re.compile(
     rf"""(?<![\w.])(?P<key>{_QUALIFIER}(?:[A-Za-z_][\w/.\[\]-]*?)?loss[\w/.-]*(?:\s(?:train|val|valid|eval|avg|mean)\b)?
          |(?:[A-Za-z_][\w/.-]*?)?(?:grad[\s_-]?norm|gnorm)[\w/.-]*)
-         ['"]?\s*(?:[:=]\s*|\s+(?:is\s+|was\s+)?)['"]?(?:tensor\(\[?)?
-         (?P<value>[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?))(?!\w|\.\d)""",
+         ['"]?\s*(?:[:=]\s*|\s+(?:is\s+|was\s+)?)['"]?(?:tensor\(\[?|np\.float\d+\()?
+         (?P<value>-inf\.(?!\d)|[-+]?(?:(?:nan|inf(?:inity)?)(?:\.0)?|\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?))(?!\w|\.\d)""",
     re.IGNORECASE | re.VERBOSE)
 
 # Where a line says which step it is at, most specific first.
@@ -68,7 +69,8 @@ def values(text: str) -> list[Value]:
 
 
 def non_finite(value: str | None) -> bool:
-    return value is not None and value.lower() in NON_FINITE
+    """nan, NAN, -inf, Infinity; Lightning 2.x pads them to 5 characters (`nan.0`, `-inf.`)."""
+    return value is not None and re.sub(r"\.0?$", "", value.lower()) in NON_FINITE
 
 
 def fields(text: str) -> dict[str, str]:

@@ -19,6 +19,10 @@ from sftdoctor.triage import trainer_lines
      {"loss": "inf", "loss_key": "loss train"}),
     # Lightning / tqdm postfix
     ("Epoch 0:  19%|█▉  | 2013/10572 [3:51:13<16:23:08,  6.89s/it, loss=nan, v_num=11]", {"loss": "nan", "loss_key": "loss"}),
+    # Lightning 2.x's TQDMProgressBar.format_num pads a float to five characters
+    ("Epoch 0:  12%|█▏  | 60/500 [00:10<01:15, 5.80it/s, v_num=0, train_loss=nan.0]", {"loss": "nan.0", "loss_key": "train_loss"}),
+    ("{'loss': np.float64(nan), 'grad_norm': np.float64(inf)}",
+     {"loss": "nan", "loss_key": "loss", "grad_norm": "inf", "grad_norm_key": "grad_norm"}),
     # torchtune: the bar's description f"{epoch}|{step}|Loss: {loss}"; its metric logger "loss:nan grad_norm:tensor(nan, ...)"
     ("1|25|Loss: nan:  12%|█▏ | 25/200", {"loss": "nan", "loss_key": "Loss"}),
     ("Step 25 | loss:1.25 lr:2e-05 grad_norm:tensor(nan, device='cuda:0')",
@@ -112,3 +116,10 @@ def test_any_text_gives_values_taken_from_it(text):
         assert found.value in text and found.key.strip() and text.find(found.key, found.start) >= 0
     trainer_lines.step(text)
     trainer_lines.megatron(text)
+
+
+@pytest.mark.parametrize("value, bad", [("nan", True), ("NAN", True), ("-inf", True), ("Infinity", True),
+                                        ("nan.0", True), ("-inf.", True), ("2.5128", False), ("0.0", False),
+                                        ("n/a", False), (None, False)])
+def test_non_finite_values_as_each_printer_renders_them(value, bad):
+    assert trainer_lines.non_finite(value) is bad
