@@ -90,11 +90,11 @@ def gpu_topology(topology: dict[str, Any] | None = None, gpus: dict[str, Any] | 
     kinds = {pair: path_kind(code) for pair, code in pairs.items()}
     linked = [p for p, k in kinds.items() if k == "NV"]
     evidence = {"gpus": names, "pairs": {f"{a}-{b}": c for (a, b), c in pairs.items()}}
-    # A pair the matrix does not show counts as NVLink here: islands found even so are certain.
-    islands = nvlink_islands(names, {**pairs, **{pair: "NV" for pair in unknown}})
+    islands = nvlink_islands(names, pairs)
     unlinked = [p for p in pairs if kinds[p] != "NV"]
     unlinked_text = _pairs_text(unlinked, pairs)
-    if len(islands) > 1:
+    # A pair the matrix does not show may be NVLink: islands that stay apart even so are certain.
+    if len(nvlink_islands(names, {**pairs, **{pair: "NV" for pair in unknown}})) > 1:
         worst = max((kinds[p] for p in unlinked), key=lambda k: PATH_RANK.get(k, 9))
         findings = [_pcie_warning(names, islands, unlinked_text, worst, evidence)]
     elif unknown:

@@ -93,18 +93,10 @@ def _take(hit, by_needle, summaries: dict[str, Summary], ctx: Context, matched: 
 
 def _search(sig: Signature, line: Line):
     """The signature's match in the line, or in it and the lines it wraps onto: joined at a space, else (a
-    terminal that cut a word at its width) with nothing between; then from the line before (a message whose
-    start a paste wrapped onto the line before the needle's)."""
+    terminal that cut a word at its width) with nothing between."""
     if not sig.wraps:
         return sig.regex.search(line.text)
-    spaced, tight = line.joined(sig.wraps), line.joined(sig.wraps, "")
-    if match := sig.regex.search(spaced) or sig.regex.search(tight):
-        return match
-    for before in line.earlier(1):
-        for text in (f"{before} {spaced}", before + tight):
-            if (match := sig.regex.search(text)) and match.start() < len(before) < match.end():
-                return match  # only a message that runs from the line before into this one
-    return None
+    return sig.regex.search(line.joined(sig.wraps)) or sig.regex.search(line.joined(sig.wraps, ""))
 
 
 QUOTE_BEFORE = 160  # a progress bar or a long prefix before the message is cut from the quote

@@ -32,6 +32,7 @@ def advisories(findings):
     ("axolotl_zero1.json", True),  # ZeRO-1 reads overlap_comm since 0.13.0
     ("LLaMA-Factory_ds_z2_config.json", False),  # "overlap_comm": false, for this bug
     ("LLaMA-Factory_ds_z0_config.json", False),
+    ("DeepSpeedExamples_ds_fp16_z1_config.json", False),  # no overlap_comm key: off by default for ZeRO-1/2
 ])
 def test_zero12_overlap_comm_on_a_deepspeed_before_0_19_is_a_warning_with_its_sources(run, name, hit):
     findings = run("known-bad-versions", packages={**CURRENT, "deepspeed": "0.16.4"}, torch_build=TORCH,

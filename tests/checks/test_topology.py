@@ -94,3 +94,12 @@ def test_pcie_islands_are_still_a_warning_when_some_pairs_are_not_shown(run):
         "GPU1\tNV4\t X \tNV4\tNV4", "GPU1\tNV4\t X \tSYS\tSYS")
     findings = run("gpu-topology", topology=_pasted(split[:split.index("\nGPU2\t") + 1]))
     assert severities(findings) == ["warning"] and "islands" in findings[0].title
+
+
+def test_islands_that_a_pair_the_matrix_does_not_show_could_join_are_not_called_islands(run):
+    """GPU0-GPU2 and GPU1-GPU3 are NVLink pairs; GPU2-GPU3, both rows missing, may be NVLink too."""
+    text = ("\tGPU0\tGPU1\tGPU2\tGPU3\n"
+            "GPU0\t X \tSYS\tNV4\tSYS\n"
+            "GPU1\tSYS\t X \tSYS\tNV4\n")
+    findings = run("gpu-topology", topology=_pasted(text))
+    assert severities(findings) == ["info"] and findings[0].title.startswith("cannot judge 1 of 6 GPU pairs")

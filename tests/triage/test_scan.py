@@ -3,6 +3,7 @@ the chunks cut it, with its line number and rank, and never by reading a whole f
 
 import io
 import itertools
+import textwrap
 import tracemalloc
 
 import pytest
@@ -23,6 +24,16 @@ def test_chunk_boundaries_do_not_change_the_diagnosis(chunk):
         small, whole = diagnosis_of(entry["file"], chunk), diagnosis_of(entry["file"])
         assert located(small) == located(whole), entry["file"]
         assert small.lines == whole.lines
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_a_wrapped_entry_split_across_chunks_still_gives_its_step(chunk):
+    """The lines before a hit at the start of a chunk come with it: a wrapped mmengine entry, its step on the
+    first line and the NaN on the third, read in chunks that cut it anywhere."""
+    text = log_bytes("nan-xtuner-mmengine-grad-norm-nan.log").decode()
+    wrapped = "".join(textwrap.fill(line, 60) + "\n" for line in text.splitlines()).encode()
+    found = {loc.finding.id: loc.finding.evidence for loc in diagnose(io.BytesIO(wrapped), chunk=chunk).findings}
+    assert found["nan-loss"]["step"] == 240
 
 
 @pytest.mark.parametrize("prefix", [b"[rank3]:", b"[default3]:", b"3: ", b"0: [rank3]:", b"[rank3]:[12345] ",

@@ -132,6 +132,7 @@ def test_megatron_skipping_every_interval_after_it_had_advanced_is_a_warning():
 def test_megatron_skips_at_the_start_are_the_loss_scale_settling_and_a_run_that_recovers_is_fine():
     assert diagnose(io.BytesIO(_megatron([(1, 0), (1, 0), (1, 0), (0, 0), (0, 0)]))).findings == []
     assert diagnose(io.BytesIO(_megatron([(0, 0), (1, 0), (1, 0), (0, 0), (0, 0)]))).findings == []
+    assert diagnose(io.BytesIO(_megatron([(1, 0), (1, 0), (1, 0), (1, 0)]))).findings == []  # a paste of the start
 
 
 def test_megatrons_nan_iterations_counter_is_a_non_finite_loss_at_that_iteration():

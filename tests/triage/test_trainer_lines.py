@@ -49,7 +49,7 @@ def test_each_trainers_loss_line_gives_its_key_and_value(line, expected):
 
 @pytest.mark.parametrize("line", [
     " iteration 5 | lm loss: 2.504220E+00 | loss scale: inf | grad norm: 0.231 |",  # the fp16 scale, not a loss
-    "epoch 001:      2 / 78 loss_scale=32, train_wall=0",
+    "epoch 001:      2 / 78 loss_scale=inf, train_wall=0",
     "iter 0: loss 4.2627, ppl 71.0037, time 3286.79ms",
     "Epoch 1 | iter 46 step 1 | loss train: 3.724, val: n/a",
     "NCCL INFO loss of connection to nanode7: retrying with infiniband",
@@ -58,6 +58,11 @@ def test_each_trainers_loss_line_gives_its_key_and_value(line, expected):
 def test_a_finite_line_or_a_nan_word_that_is_no_value_is_not_non_finite(line):
     found = trainer_lines.fields(line)
     assert not any(trainer_lines.non_finite(found.get(kind)) for kind in ("loss", "grad_norm")), found
+
+
+def test_the_fp16_loss_scale_is_no_loss():
+    """fairseq's warm-up lines carry only `loss_scale=32`: no loss to trend, whatever its value."""
+    assert trainer_lines.fields("epoch 001:      2 / 78 loss_scale=32, train_wall=0, wall=6") == {}
 
 
 @pytest.mark.parametrize("line, expected", [
