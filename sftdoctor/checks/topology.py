@@ -148,6 +148,7 @@ def _pcie_warning(names, islands, unlinked_text, worst, evidence):
     if worst == "SYS":
         detail += " Peer-to-peer across CPU sockets is often unsupported, so NCCL stages that traffic through host memory."
     return warning(title, detail=detail,
-                   fix="raise gradient accumulation so each all-reduce serves more tokens; keep ZeRO-2 overlap_comm on (DeepSpeed >= 0.19.0: older releases corrupt gradients with it, see known-bad-versions); "
+                   fix="raise gradient accumulation so each all-reduce serves more tokens; keep ZeRO-2 overlap_comm on "
+                       "(DeepSpeed >= 0.19.0: older releases corrupt gradients with it, see known-bad-versions); "
                        "for multi-GPU jobs on a subset, pick GPUs of one island/switch with CUDA_VISIBLE_DEVICES",
                    evidence=evidence)

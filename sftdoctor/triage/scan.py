@@ -44,7 +44,7 @@ class Line:
     preceding: bytes = b""  # what came before the line (up to PRECEDING bytes; less at a chunk's start)
 
     def joined(self, lines: int = 2, separator: str = " ") -> str:
-        """The line and the next `lines` (at most `LOOKAHEAD`) non-blank lines, cleaned, joined by `separator`
+        """The line and the next `lines` non-blank lines (at least `LOOKAHEAD` are there), cleaned, joined by `separator`
         (spaces for a message that goes on; "" for a line a terminal cut at its width)."""
         return separator.join([self.text, *self.after(lines)])
 
@@ -145,15 +145,15 @@ class Tally:
 
     def __init__(self, words: tuple[bytes, ...], reach: int = 0):
         self.count, self.recent = 0, deque(maxlen=self.KEEP)
-        self.reach = reach  # lines after the needle's that may hold the word (a wrapped line)
-        self.holding = holders(words) if not reach else _Reaching(words, reach)
+        plain = holders(words)
+        self.holding = _Reaching(words, reach) if reach else (lambda buf, spans, _end: plain(buf, spans))
 
     def keep(self, buf: bytes, spans: list[Span], data_end: int) -> list[tuple[int, int, int, tuple]]:
         """The spans whose line (or the `reach` lines after it) holds one of the words, each with the snapshot
         before it; the others are counted and the last few kept. One search for all of a chunk's lines: a log
         holds a Trainer dict for every logging step, and almost none holds a nan."""
         kept, counted = [], 0
-        for i in (self.holding(buf, spans) if not self.reach else self.holding(buf, spans, data_end)):
+        for i in self.holding(buf, spans, data_end):
             self._skip(buf, spans[counted:i])
             kept.append((*spans[i], self.snapshot()))
             counted = i + 1
@@ -183,7 +183,6 @@ class _Reaching:
 
     def __init__(self, words: tuple[bytes, ...], reach: int):
         self.find, self.reach = finder(tuple(w for w in words if b"\n" not in w and b"\r" not in w)), reach
-        self.lengths = [len(w) for w in words]
 
     def __call__(self, buf: bytes, spans: list[Span], data_end: int) -> list[int]:
         if not spans:
@@ -198,7 +197,7 @@ class _Reaching:
         return sorted(held)
 
 
-LOOKAHEAD = 2  # lines after a hit that a wrapped message may run on to
+LOOKAHEAD = 3  # lines after a hit that are always there to read (a wrapped message, a pasted entry)
 FOLLOWING = 4096  # bytes of them kept
 PRECEDING = 1024  # bytes kept of what came before a hit's line (less at the start of a chunk)
 

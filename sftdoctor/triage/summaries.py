@@ -296,8 +296,8 @@ class LossLog(Summary):
             return  # a line two signatures match is one entry; so is a wrapped Megatron line
         self.last_line = line.number
         values = _entry(sig, line, groups)
-        if (megatron := trainer_lines.megatron(line.text)) is not None:
-            values.update(self._megatron(sig, line, megatron))
+        if trainer_lines.megatron(line.text) is not None:
+            values.update(self._megatron(sig, line))
         if "loss" not in values and "grad_norm" not in values:
             return
         if not _non_finite(values):
@@ -310,7 +310,7 @@ class LossLog(Summary):
             trend = [_entry_fields(raw.decode("utf-8", "replace")) for raw in recent] or list(self.recent)
             self.first_bad, self.sig = (line, values, trend, skipped + self.finite + 1), sig
 
-    def _megatron(self, sig, line: Line, fields: dict[str, str]) -> dict[str, str]:
+    def _megatron(self, sig, line: Line) -> dict[str, str]:
         """What a Megatron iteration line says beyond its values: a NaN the line hides. A line a paste wrapped
         is read whole: the counters are at its end."""
         lines = trainer_lines.entry(line.text, line.after(WRAPPED))
@@ -323,7 +323,7 @@ class LossLog(Summary):
         at = {"step": fields["iteration"], "step_label": "iteration"}
         for kind, key in (("loss", next(iter(losses), None)), ("grad_norm", "grad norm")):
             if key in fields:
-                at.update({kind: fields[key].split()[0] if fields[key].split() else "", f"{kind}_key": key})
+                at.update({kind: (fields[key].split() or [""])[0], f"{kind}_key": key})
         if nans:
             return {**at, "loss": "nan", "loss_key": (losses or self.megatron_losses or ["the loss"])[0],
                     "note": f"Megatron counted {nans} iteration{'s' if nans > 1 else ''} with a non-finite loss in "
@@ -382,7 +382,7 @@ class LossLog(Summary):
             return []
         line, intervals, iterations, sig = self.skipping
         title = (f"skipped iterations in {intervals} logged intervals in a row ({iterations} iterations), "
-                 f"from {where(line).split(',')[0]}")
+                 f"from line {line.number}")
         detail = ("Megatron skips an update whose gradients overflowed or went NaN. After iterations that advanced, "
                   f"a run of skips that does not end means the run no longer learns; first at {where(line)}: "
                   f"{clip(line.text)}")
@@ -393,6 +393,7 @@ class LossLog(Summary):
 
 
 _HF = ("trainer-loss-dict", "sftdoctor-step-line")  # transformers' own logging, with its NaN filter
+WRAPPED = 6  # physical lines a wrapped entry may span around the one that names a loss
 
 
 def _entry(sig: Signature, line: Line, groups: dict[str, Any]) -> dict[str, str]:
@@ -429,9 +430,6 @@ def _step(line: Line) -> tuple[str, int] | None:
     if len(forward) < len(after) and trainer_lines.counter_only(after[len(forward)]):
         forward.append(after[len(forward)])  # a progress bar's counter printed after its description
     return next(filter(None, map(trainer_lines.step, trainer_lines.joins(lines + forward))), None)
-
-
-WRAPPED = 6  # physical lines a wrapped entry may span before the one that names a loss
 
 
 def _entry_fields(text: str) -> dict[str, str]:
@@ -638,26 +636,30 @@ class CudaBuild(Summary):
         torch_cuda = _cuda_of(self.torch_version)
         if sig.id == "bitsandbytes-cuda-library":
             groups = {**groups, "torch": _bnb_cuda(groups["torch"])}
-        title = {
-            "apex-cuda-mismatch": lambda g: f"nvcc is CUDA {g['installed'] or '?'}, torch was built with CUDA "
-                                            f"{g['torch']}: apex refuses to build",
-            "xformers-built-for": lambda g: f"xformers was built for torch {g['built_torch']}+{g['built_cu']} (CUDA "
-                                            f"{_xformers_cuda(g['built'])}), this torch is {g['have_torch']}+"
-                                            f"{g['have_cu']}: its kernels will not load",
-            "companion-cuda-mismatch": lambda g: f"{g['ext']} was built for CUDA {g['installed']}, torch for CUDA "
-                                                 f"{g['torch']}: {g['ext']} refuses to load",
-            "bitsandbytes-cuda-library": lambda g: f"bitsandbytes has no library for torch's CUDA {g['torch']}"
-                                                   + (f" (it was built with CUDA {g['installed']})" if g["installed"] else ""),
-            "extension-needs-newer-nvcc": lambda g: f"{g['ext']} needs nvcc CUDA {g['minimum']} or newer"
-                                                    + (f", found {g['installed']}" if g["installed"] else "")
-                                                    + (f" (torch is built with CUDA {torch_cuda})" if torch_cuda else ""),
-        }[sig.id](groups)
+        title = _refusal(sig.id, groups, torch_cuda)
         seen = f"; {self.count} times" if self.count > 1 else ""
         detail = f"first at {where(line)}{seen}: {clip(line.text)}"
         specifics = {"torch": torch_cuda, **groups} if sig.id != "xformers-built-for" else groups
         finding = Finding(Severity.ERROR, title, detail, fill(sig.fix, groups), sig.topic,
                           _evidence(sig, line, self.count, set(), specifics), sig.topic)
         return [Located(line.number, "root", finding)]
+
+
+def _refusal(sig_id: str, g: dict[str, Any], torch_cuda: str | None) -> str:
+    """The title of an extension's CUDA refusal, in its own terms."""
+    if sig_id == "apex-cuda-mismatch":
+        return f"nvcc is CUDA {g['installed'] or '?'}, torch was built with CUDA {g['torch']}: apex refuses to build"
+    if sig_id == "xformers-built-for":
+        return (f"xformers was built for torch {g['built_torch']}+{g['built_cu']} (CUDA {_xformers_cuda(g['built'])}), "
+                f"this torch is {g['have_torch']}+{g['have_cu']}: its kernels will not load")
+    if sig_id == "companion-cuda-mismatch":
+        return f"{g['ext']} was built for CUDA {g['installed']}, torch for CUDA {g['torch']}: {g['ext']} refuses to load"
+    if sig_id == "bitsandbytes-cuda-library":
+        built = f" (it was built with CUDA {g['installed']})" if g["installed"] else ""
+        return f"bitsandbytes has no library for torch's CUDA {g['torch']}{built}"
+    found = f", found {g['installed']}" if g["installed"] else ""
+    torch = f" (torch is built with CUDA {torch_cuda})" if torch_cuda else ""
+    return f"{g['ext']} needs nvcc CUDA {g['minimum']} or newer{found}{torch}"
 
 
 def _cuda_of(torch_version: str | None) -> str | None:
