@@ -160,3 +160,11 @@ def test_a_megatron_loss_field_that_vanishes_with_nothing_skipped_is_a_nan_loss(
 def test_a_nan_assertion_inside_the_step_is_the_root_cause(line, title):
     root = diagnose(io.BytesIO(line)).root.finding
     assert root.id == "nan-loss" and root.title == title
+
+
+def test_a_mismatch_printed_from_pips_isolated_build_says_whose_torch_it_is():
+    """vllm#602: the "PyTorch (11.7)" of torch's message is pip's build-isolation copy; the user's torch is 12.1."""
+    found = [loc.finding for loc in diagnosis_of("gpu-cuda-mismatch-vllm-build-isolation-torch-cu117-vs-env-cu121.log").findings]
+    assert [f.id for f in found] == ["torch-cuda-match", "torch-cuda-match"]
+    assert found[1].title.startswith("the build used pip's isolated copy of torch")
+    assert found[1].fix.startswith("pip install --no-build-isolation")
