@@ -54,7 +54,13 @@ def test_a_cuda_oom_with_little_memory_unallocated_is_not_called_fragmentation()
 @given(st.lists(st.sampled_from([b"\n", b"\r", b"\r\n", b"\x00", b"\xff\xfe", b"\x1b[31m", b"[rank3]:", b"9: ",
                                  b"Watchdog caught collective operation timeout", b"CUDA out of memory", b"{'loss': ",
                                  b"exitcode", b"Attempted loss scale: ", b"NCCL error", b"NCCL WARN", b"Error: ",
-                                 b"\xe2\x96\x88", b"\xc3", b"nan", b"1e309", b"99999999999999999999", b"(", b")", b"'"]),
+                                 b"\xe2\x96\x88", b"\xc3", b"nan", b"1e309", b"99999999999999999999", b"(", b")", b"'",
+                                 b"> ", b" loss", b"loss=", b": NAN", b"nan.0", b"grad_norm: ", b" iteration 5/ 10 |",
+                                 b"consumed samples:", b" number of skipped iterations:   3 |", b"number of nan iterations: ",
+                                 b"found NaN in local", b"returned nan", b"values in its", b"xFormers was built for:",
+                                 b"Detected that PyTorch and", b"Library not found: ", b"libbitsandbytes_cuda",
+                                 b"is only supported on CUDA", b"Cuda compilation tools, release ", b"/pip-build-env-",
+                                 b"compiled with a version of Cuda", b"step:", b"[00:15<", b"|"]),
                 max_size=200),
        st.integers(min_value=1, max_value=64))
 def test_fragments_of_signatures_in_any_order_never_raise(parts, chunk):
