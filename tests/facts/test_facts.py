@@ -106,6 +106,10 @@ def test_a_check_json_document_is_accepted_as_a_snapshot(tmp_path):
      "facts.topology.links.GPU0.GPU1: expected a string, got ['NV18']"),
     ({"schema": SCHEMA, "facts": {"topology": {"devices": "GPU0 GPU1", "links": {}}}}, "facts.topology.devices: expected a list"),
     ({"schema": SCHEMA, "facts": {"topology": {}}}, "facts.topology.devices: missing"),
+    ({"schema": SCHEMA, "facts": {"topology": {"devices": ["GPU0"], "links": {}, "incomplete": ["GPU1"]}}},
+     "facts.topology.incomplete: expected an object"),
+    ({"schema": SCHEMA, "facts": {"flash_attn": {"installed": True, "wheel": 5}}},
+     "facts.flash_attn.wheel: expected a string or null, got 5"),
     ({"schema": SCHEMA, "facts": {"torch_build": {"version": "2.6.0+cu124", "cuda": True}}},
      "facts.torch_build.cuda: expected a version string or null, got True"),
     ([1, 2], "expected a JSON object with a 'facts' object"),
@@ -166,7 +170,10 @@ FACT = st.fixed_dictionaries({}, optional={
     "env": st.dictionaries(st.sampled_from(["NCCL_IB_TIMEOUT", "CUDA_VISIBLE_DEVICES", "NCCL_P2P_DISABLE"]), JSON),
     "packages": st.dictionaries(st.sampled_from(["torch", "flash-attn", "deepspeed"]), JSON),
     "toolkit": st.dictionaries(st.sampled_from(["nvcc_version", "cuda_home"]), JSON),
-    "flash_attn": st.dictionaries(st.sampled_from(["installed", "import_ok", "import_error", "version"]), JSON),
+    "flash_attn": st.dictionaries(st.sampled_from(["installed", "import_ok", "import_error", "version", "wheel"]), JSON),
+    "topology": st.fixed_dictionaries({"devices": st.just(["GPU0", "GPU1"]),
+                                       "links": st.just({"GPU0": {"GPU0": "X", "GPU1": "NV4"}})},
+                                      optional={"incomplete": JSON}),
     "rendezvous": st.dictionaries(st.sampled_from(["master_port", "in_use", "source", "error"]), JSON),
 })
 
