@@ -22,16 +22,19 @@ import gzip
 import json
 import math
 import os
+import signal
+import threading
 import time
 import uuid
 import zlib
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.errors import InputError, did_you_mean, one_line, parse_problem, reading
+from sftdoctor.errors import InputError, Interrupted, did_you_mean, one_line, parse_problem, reading
 from sftdoctor.eval import sandbox as sandboxes
 
 PROBLEM_KEYS = ("task_id", "prompt", "test", "entry_point")
@@ -209,22 +212,65 @@ def run_samples(problems: dict[str, dict[str, str]], samples: Iterable[dict[str,
     running sandboxes are killed (their whole trees) and nothing more starts."""
     cancel = sandboxes.Cancel()
     pending: deque = deque()
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sftdoctor-sandbox") as pool:
+    with _signals_cancel(cancel) as check, ThreadPoolExecutor(max_workers=workers,
+                                                              thread_name_prefix="sftdoctor-sandbox") as pool:
         try:
             for sample in samples:
+                check()
                 pending.append((sample, pool.submit(box.run, program(problems[sample["task_id"]],
                                                                      sample["completion"]), limits, cancel)))
                 if len(pending) >= workers * IN_FLIGHT:
                     done, future = pending.popleft()
-                    yield done, future.result()
+                    yield done, _outcome(future, check)
             while pending:
                 done, future = pending.popleft()
-                yield done, future.result()
+                yield done, _outcome(future, check)
         finally:
             for _, future in pending:
                 future.cancel()
             cancel.set()
     cancel.close()
+
+
+@contextlib.contextmanager
+def _signals_cancel(cancel: sandboxes.Cancel):
+    """Ctrl-C and SIGTERM kill the running sandboxes at once (the cancel pipe), and the run stops with
+    Interrupted where the main thread checks: never inside the thread pool's own bookkeeping, where an
+    exception can leave a started worker the pool does not know of, running a sample after the cancel (and
+    the interpreter waiting for it at exit). Outside the main thread no handler can be set: as it was."""
+    received: list[int] = []
+
+    def check() -> None:
+        if received:
+            raise Interrupted(received[0])
+
+    if threading.current_thread() is not threading.main_thread():
+        yield check
+        return
+
+    def note(signum, frame):
+        received.append(signum)
+        cancel.set()
+
+    before = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield check
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _outcome(future, check) -> sandboxes.Outcome:
+    """The sample's outcome, waited for in short slices so that a signal is acted on; never one the cancel cut
+    short (checked after it returns)."""
+    while True:
+        try:
+            outcome = future.result(timeout=0.2)
+        except FutureTimeout:
+            check()
+            continue
+        check()
+        return outcome
 
 
 def result_row(sample: dict[str, Any], index: int, outcome: sandboxes.Outcome) -> dict[str, Any]:
