@@ -233,8 +233,6 @@ def _run(packages, plan, deepspeed_config, torch_build, flash_attn) -> Run:
         config = (deepspeed_config or {}).get("config") if deepspeed_config else None
         zero = (config.get("zero_optimization") or {}) if isinstance(config, dict) else None
         accumulation, liger = _json_accumulation(config), None
-    if isinstance(zero, dict) and zero.get("stage") is None and zero:
-        zero = {**zero, "stage": 0}
     cuda = version_tuple((torch_build or {}).get("cuda"))
     return Run(packages, version_tuple((torch_build or {}).get("version")), cuda[0] if cuda else None,
                zero if isinstance(zero, dict) else None, accumulation, liger, _wheel((flash_attn or {}).get("wheel")))
