@@ -1,6 +1,8 @@
+import ipaddress
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +42,60 @@ def pytest_collection_modifyitems(config, items):
     of one worker finishing a long run alone."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def under_ci() -> bool:
+    """CI sets CI=true (GitHub, GitLab and .ci/run do); there every part the tests use is installed."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI a skip is a failure: a test skips only when a part is missing (Slurm, ip netns, Chromium,
+    iptables, bubblewrap), and CI installs every part, so a skip there means the part broke, not that it is absent."""
+    report = (yield).get_result()
+    if report.skipped and under_ci() and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI, where every part is installed: {reason}"
+
+
+class NetworkReached(AssertionError):
+    """A unit test tried to reach another host: the tests run where nothing but loopback may be reached."""
+
+
+def _remote(address) -> bool:
+    if not isinstance(address, tuple) or not address or not isinstance(address[0], str):
+        return False  # AF_UNIX paths and the like stay on this machine
+    host = address[0]
+    if host in ("localhost", ""):
+        return False
+    try:
+        return not ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return True  # a name to resolve: somewhere else
+
+
+@pytest.fixture(autouse=True)
+def no_network(request, monkeypatch):
+    """Unit tests (all but `slow`) reach no other host: a connect() to anything but loopback fails the test.
+    Slow tests may (the two-host tests talk across their own network namespaces)."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
+
+    def guarded(real):
+        def connect(self, address):
+            if self.family in (socket.AF_INET, socket.AF_INET6) and _remote(address):
+                raise NetworkReached(f"a unit test reached the network: connect({address!r})")
+            return real(self, address)
+        return connect
+
+    monkeypatch.setattr(socket.socket, "connect", guarded(real_connect))
+    monkeypatch.setattr(socket.socket, "connect_ex", guarded(real_connect_ex))
+    yield
 
 
 def pytest_unconfigure(config):

@@ -1,6 +1,7 @@
 """A real Slurm on this machine for the tests: munged, slurmctld and slurmd (Debian's slurm-wlm) started with a
 generated slurm.conf in a temporary folder, one node (this host) in one partition, torn down after. The tests
-skip with the reason when Slurm is not installed or does not start (CI installs it: .ci/run)."""
+skip with the reason when Slurm is not installed or does not start; under CI, which installs it (.ci/run), that
+skip fails the run (conftest)."""
 
 from __future__ import annotations
 
@@ -54,12 +55,17 @@ def _munge() -> tuple[str | None, bool]:
     return None, True
 
 
+def require_slurm(*commands: str) -> None:
+    """Skip (a failure under CI, conftest) unless these Slurm commands are installed and this is root."""
+    missing = [c for c in commands if shutil.which(c) is None]
+    if missing or os.geteuid() != 0:
+        pytest.skip(f"no Slurm here ({', '.join(missing) or 'needs root'}; apt-get install slurm-wlm munge)")
+
+
 @contextlib.contextmanager
 def cluster(folder: Path):
     """The environment to run Slurm commands with (SLURM_CONF set)."""
-    missing = [d for d in DAEMONS if shutil.which(d) is None]
-    if missing or os.geteuid() != 0:
-        pytest.skip(f"no Slurm here ({', '.join(missing) or 'needs root'}; apt-get install slurm-wlm munge)")
+    require_slurm(*DAEMONS)
     why, started = _munge()
     if why:
         pytest.skip(why)

@@ -21,33 +21,54 @@ SCONTROL_TIMEOUT_S = 10
 
 def expand_nodelist(text: str) -> list[str]:
     """Slurm's hostlist expression, expanded: "gpu[01-03,07],login5" -> gpu01 gpu02 gpu03 gpu07 login5.
-    Zero padding is kept (01-03), several bracket groups multiply (a[1-2]b[3-4])."""
+    Zero padding is kept (01-03), several bracket groups multiply (a[1-2]b[3-4]), commas and blanks separate.
+    Raises ValueError on what Slurm 22-24 refuses ("Invalid hostlist"): a backwards, empty or non-numeric
+    range, an unclosed, nested or stray bracket, text after a name's last bracket group."""
     hosts: list[str] = []
-    for part in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text):
+    for part in _parts(text):
+        if part.count("[") != part.count("]") or re.search(r"\[[^\]]*\[|\][^\[]*\]", part) or \
+                part.find("]") < part.find("["):
+            raise ValueError(f"unbalanced brackets in {part!r}")
+        if "]" in part and not part.endswith("]"):
+            raise ValueError(f"text after the last bracket group in {part!r}")
         names = [""]
-        for literal, group in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", part):
-            choices = [literal]
-            if group:
-                choices = [literal + item for item in _range(group)]
+        for literal, group in re.findall(r"([^\[]*)\[([^\]]*)\]", part) or [(part, None)]:
+            choices = [literal + item for item in _range(group)] if group is not None else [literal]
             names = [name + choice for name in names for choice in choices]
-        hosts += [name for name in names if name]
+        hosts += names
     return hosts
+
+
+def _parts(text: str) -> list[str]:
+    """The comma- or blank-separated names of a hostlist, commas inside brackets kept."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += (char == "[") - (char == "]")
+        if depth == 0 and (char == "," or char.isspace()):
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return [part for part in parts + [current] if part]
 
 
 def _range(group: str) -> list[str]:
     items = []
     for piece in group.split(","):
-        low, _, high = piece.partition("-")
-        if high and low.isdigit() and high.isdigit():
-            width = len(low)
-            items += [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
-        elif piece:
-            items.append(piece)
+        low, dash, high = piece.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise ValueError(f"invalid range {piece!r}")
+        if not dash:
+            items.append(low)
+            continue
+        if int(high) < int(low):
+            raise ValueError(f"backwards range {piece!r}")
+        items += [str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
     return items
 
 
 def hostnames(nodelist: str) -> tuple[list[str], str]:
-    """(hosts, how they were read)."""
+    """(hosts, how they were read); no hosts and the reason when the list is one Slurm would refuse."""
     if shutil.which("scontrol"):
         try:
             out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
@@ -56,7 +77,10 @@ def hostnames(nodelist: str) -> tuple[list[str], str]:
                 return out.stdout.split(), "scontrol show hostnames"
         except (OSError, subprocess.TimeoutExpired):
             pass
-    return expand_nodelist(nodelist), "parsed"
+    try:
+        return expand_nodelist(nodelist), "parsed"
+    except ValueError as error:
+        return [], f"unreadable SLURM_JOB_NODELIST {nodelist!r}: {error}"
 
 
 def _int(value: str | None) -> int | None:

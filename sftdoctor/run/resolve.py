@@ -156,8 +156,11 @@ def world(run: RunConfig, gpus: dict[str, Any] | None, slurm: dict[str, Any] | N
 
 def master_addr(run: RunConfig, slurm: dict[str, Any] | None) -> tuple[str, str]:
     """The rendezvous host, and why: the run config's, else the allocation's first node."""
-    if run.launch.is_given("master_addr") or not (slurm or {}).get("hosts"):
-        return run.launch.master_addr, "[launch].master_addr" if run.launch.is_given("master_addr") else "the default"
+    if run.launch.is_given("master_addr"):
+        return run.launch.master_addr, "[launch].master_addr"
+    if not (slurm or {}).get("hosts"):
+        # inside an allocation whose node list could not be read, say so: the default is then a guess
+        return run.launch.master_addr, f"the default ({slurm['hosts_from']})" if slurm else "the default"
     return slurm["hosts"][0], f"the first node of Slurm job {slurm['job_id']} ({slurm['hosts_from']})"
 
 
