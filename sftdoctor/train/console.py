@@ -5,7 +5,10 @@ the same lines, with what says nothing folded: a rank prefix repeated on one lin
 >= 2.2 under torchrun) is shown once; torchrun's own traceback and its ChildFailedError report, which only
 restate which rank failed first, are left to the log after their first line, since the launcher then prints
 the root cause itself; the stack's harmless lines (noise.QUIET_LINES) are not shown. A line that comes in
-pieces with carriage returns (a progress bar redrawn) passes as it comes.
+pieces with carriage returns (a progress bar redrawn) passes as it comes. Once the user has stopped the run
+(Ctrl-C, SIGTERM) only sftdoctor's own lines still show: what the ranks print as they die (a KeyboardInterrupt
+traceback each, torchrun's death-signal warnings) goes to train.log, and the launcher's one line says where the
+run stopped and how to resume it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ PREFIXED = re.compile(_PREFIX)
 TORCHRUN_FAILED = re.compile(r"elastic/multiprocessing/api\.py:\d+\] failed \(exitcode: -?\d+\)")
 TORCHRUN_LOG = re.compile(r"^[EWI]\d{4} \d\d:\d\d:\d\d")  # torchrun's own log lines: level, date, time
 REPORT_RULE = re.compile(r"^={20,}$")  # the report opens and closes with a rule of '='
+OWN_LINE = re.compile(rf"^(?:{_PREFIX} ?)*sftdoctor: ")  # a rank's "sftdoctor: SIGTERM: checkpoint-8 saved"
 
 
 class Console:
@@ -33,6 +37,7 @@ class Console:
         self.skip = 0  # lines still to hide that belong to a hidden one
         self.failed = False  # torchrun has said a rank failed: its traceback and report may follow
         self.report_rules: int | None = None  # inside torchrun's traceback and report: its '=' rules seen so far
+        self.stopping = False  # the user stopped the run: only sftdoctor's own lines still show
 
     def feed(self, data: bytes) -> None:
         self.log.write(data)
@@ -60,6 +65,8 @@ class Console:
 
     def show(self, text: str) -> str | None:
         """The line as the terminal shows it, or None."""
+        if self.stopping and not OWN_LINE.match(text):
+            return None
         if self.skip:
             self.skip -= 1
             return None

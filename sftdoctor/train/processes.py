@@ -150,7 +150,12 @@ def run_workers(argv: list[str], env: dict[str, str], log: Path, echo: bool = Fa
             os.close(write)
         reader = threading.Thread(target=_pump, args=(read, console), daemon=True)
         reader.start()
-        previous = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in SIGNAL_EXIT}
+
+        def stop(signum, frame):
+            console.stopping = True  # from now on the ranks' dying words go to the log alone
+            received.append(signum)
+
+        previous = {sig: signal.signal(sig, stop) for sig in SIGNAL_EXIT}
         try:
             while proc.poll() is None and not received:
                 time.sleep(0.2)

@@ -62,3 +62,32 @@ def test_the_stacks_harmless_lines_are_kept_out_of_the_terminal_only():
             b"step 1/4  loss 5.9\n")
     terminal, log = shown(data)
     assert terminal == "step 1/4  loss 5.9\n" and log == data
+
+
+STOPPED = RECORDED.parent / "ctrl-c-2ranks.log"
+
+
+def test_after_ctrl_c_the_ranks_dying_tracebacks_go_to_the_log_only():
+    first, rest = STOPPED.read_bytes().split(b"\n", 1)
+    log, terminal = io.BytesIO(), io.BytesIO()
+    console = Console(log, terminal)
+    console.feed(first + b"\n")
+    console.stopping = True  # what the launcher's signal handler sets
+    console.feed(rest)
+    console.close()
+    assert terminal.getvalue().decode() == "step 12/400  eval_loss 4.6605\n"  # shown before the stop, nothing after
+    assert log.getvalue() == STOPPED.read_bytes() and log.getvalue().count(b"KeyboardInterrupt") == 2
+
+
+def test_after_sigterm_the_ranks_own_save_lines_still_show():
+    """Recorded from a 2-rank run stopped by SIGTERM (the same run as ctrl-c-2ranks.log, 2026-12-04)."""
+    terminal = io.BytesIO()
+    console = Console(io.BytesIO(), terminal)
+    console.stopping = True
+    console.feed(b"sftdoctor: SIGTERM (seen first by rank 0): every rank stops after step 9 with a checkpoint "
+                 b"(saving takes about 0.0 s; 30 s of grace left)\n"
+                 b"step 9/400  loss 5.3302  grad_norm 1.882  lr 0.002  tok/s 1363\n"
+                 b"[rank1]: [rank1]: sftdoctor: SIGTERM: checkpoint-9 saved in 0.0 s\n")
+    shown_lines = terminal.getvalue().decode().splitlines()
+    assert [line[:40] for line in shown_lines] == [
+        "sftdoctor: SIGTERM (seen first by rank 0", "[rank1]: sftdoctor: SIGTERM: checkpoint-"]

@@ -229,6 +229,9 @@ def test_ctrl_c_or_sigterm_stops_every_rank_and_says_how_to_resume(tmp_path, tin
     assert not job_processes(run_dir)  # no rank left training, no torchrun
     last = [line for line in out.splitlines() if line.startswith("sftdoctor: stopped by")]
     assert last and f"resume with: sftdoctor train {cfg} --resume" in last[0] and "checkpoint-" in last[0]
+    # the one line, and none of what the two ranks and torchrun print as they stop (train.log keeps that)
+    assert out.rstrip().splitlines()[-1] == last[0]
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err and "death signal" not in out + err
     newest = complete(run_dir)[-1]
     assert (run_dir / newest / "trainer_state.json").is_file()  # intact: marked complete only when whole
     assert not (run_dir / "final").exists()
