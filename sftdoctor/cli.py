@@ -174,6 +174,7 @@ def train(config, resume, dry_run, smoke, force, drill, no_plugins, no_rehearse,
     from sftdoctor.errors import InputError, InputErrors
     from sftdoctor.train.launch import parse_drill, train as run_training
 
+    _sigterm_interrupts()
     try:
         if submit and not sbatch:
             raise InputError("--submit", "goes with --sbatch")
@@ -185,10 +186,26 @@ def train(config, resume, dry_run, smoke, force, drill, no_plugins, no_rehearse,
         _bad_input(exc)
     except ModuleNotFoundError as exc:
         _missing_stack(exc, "train")
-    except KeyboardInterrupt:  # during the checks, before any worker started: nothing to stop
-        click.echo("\nsftdoctor: interrupted before training started", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt:  # during the checks, before any worker started: a probe's child is killed on the way out
+        name, code = ("SIGTERM", 143) if _terminated else ("SIGINT", 130)
+        click.echo(f"\nsftdoctor: interrupted ({name}) before training started", err=True)
+        sys.exit(code)
     sys.exit(code)
+
+
+_terminated: list[int] = []
+
+
+def _sigterm_interrupts() -> None:
+    """SIGTERM (scancel, docker stop) unwinds like Ctrl-C: subprocess.run kills the probe it waits on, instead of
+    this process dying and leaving it running. The launcher installs its own handlers while workers run."""
+    import signal
+
+    def interrupt(signum, frame):
+        _terminated.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 @main.command("sweep")

@@ -12,7 +12,7 @@ from pathlib import Path
 from sftdoctor.run import Plan
 from sftdoctor.run.resolve import base_path
 from sftdoctor.run.checkpoints import checkpoints, is_complete
-from sftdoctor.train.processes import run_workers
+from sftdoctor.train.processes import SIGNAL_EXIT, run_workers
 
 RESULT = "eval.json"
 
@@ -37,11 +37,13 @@ def targets(plan: Plan, run_dir: Path) -> list[tuple[Path, Path]]:
 
 
 def evaluate_run(plan: Plan, run_dir: Path, env: dict[str, str], log: Path) -> int:
-    """Exit code of the first evaluation that failed, else 0."""
+    """Exit code of the first evaluation that failed (130 or 143 when one was stopped by a signal), else 0."""
     for target, out in targets(plan, run_dir):
         code, sig = run_workers(command(plan, target, out), env, log, echo=True)
-        if sig is not None or code:
-            return code or 1
+        if sig is not None:
+            return SIGNAL_EXIT[sig]
+        if code:
+            return code
     return 0
 
 

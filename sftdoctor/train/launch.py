@@ -304,7 +304,9 @@ def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_aft
         line = result_line(run_dir) if evaluated == 0 else None
         print("\n" + text + (f"\n  eval         {line}" if line else ""), flush=True)
         if evaluated:
-            print(f"\nsftdoctor: the evaluation failed (exit {evaluated}); the trained model is in "
+            how = (f"was stopped by {signal.Signals(evaluated - 128).name}" if evaluated in SIGNAL_EXIT.values()
+                   else f"failed (exit {evaluated})")
+            print(f"\nsftdoctor: the evaluation {how}; the trained model is in "
                   f"{os.path.normpath(run_dir / 'final')} (line {line_count(log)} of {os.path.normpath(log)})", flush=True)
             return evaluated
     return code

@@ -146,6 +146,31 @@ def test_ctrl_c_stops_the_running_trial_and_enqueues_it_for_the_rerun(tmp_path, 
     assert not processes_using(sweep_dir / "trial-0000")  # its launcher and ranks were stopped
 
 
+def test_sigterm_gives_the_running_trial_its_grace_to_save_then_exits_143(tmp_path, tiny_data):
+    """scancel or a pre-emption: the trial's ranks save a checkpoint within the grace (none was scheduled), the
+    trial is enqueued again, the sweep exits 143 with nothing left running."""
+    long_run = base(tmp_path, tiny_data["messages"], max_steps=400, save_steps=400, logging_steps=1, eval_steps=400)
+    path = sweep_file(tmp_path, long_run, LEARNING_RATE, trials=4)
+    sweep_dir = tmp_path / "sweeps" / "sweep"
+    metrics = sweep_dir / "trial-0000" / "metrics.jsonl"
+    proc = subprocess.Popen(sweep_command(path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and '"loss"' in metrics.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=180)[0]
+    assert proc.returncode == 143, out[-4000:]
+    assert "Traceback" not in out
+    assert "sftdoctor: trial 0: stopped by SIGTERM; enqueued again for the rerun" in out
+    assert "stopped by SIGTERM; rerun the same command to go on" in out
+    saved = list((sweep_dir / "trial-0000").glob("checkpoint-*/sftdoctor-complete"))
+    assert saved, out[-4000:]  # saved in the grace: the rerun resumes from it
+    found = trials(sweep_dir)
+    assert [t.state for t in found] == [TrialState.FAIL, TrialState.WAITING]
+    assert not processes_using(sweep_dir / "trial-0000")
+
+
 def test_an_lm_eval_metric_is_maximised_from_each_runs_eval_json(tmp_path, tiny_data):
     data = tiny_data["messages"]
     evaluation = {"eval": {"tasks": ["tiny_count_choice"], "include": str(data / "tasks"), "limit": 20, "base": False}}
