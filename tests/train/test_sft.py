@@ -66,15 +66,36 @@ def test_the_bundled_example_trains_and_the_loss_falls(tmp_path):
     assert inked > 0.02 and colours > 100, (inked, colours)  # not a blank page
 
 
-@pytest.mark.parametrize("shape, packing", [("messages", True), ("prompt_completion", True), ("text", "auto")])
-def test_each_row_shape_trains(tmp_path, tiny_data, shape, packing):
-    proc = train(config(tmp_path, tiny_data[shape], training={"packing": packing}))
+ROW_SHAPES = {"messages": True, "prompt_completion": True, "text": "auto"}
+
+
+@pytest.fixture(scope="module")
+def row_shape_run(tmp_path_factory, tiny_data):
+    """One run per row shape, read by several tests (the text run also reports to TensorBoard)."""
+    runs = {}
+
+    def run(shape):
+        if shape not in runs:
+            folder = tmp_path_factory.mktemp(shape)
+            extra = {"report": {"to": "tensorboard"}} if shape == "text" else None
+            runs[shape] = folder / "out", train(config(folder, tiny_data[shape], training={"packing": ROW_SHAPES[shape]},
+                                                       extra=extra))
+        return runs[shape]
+
+    return run
+
+
+@pytest.mark.xdist_group("sft-row-shapes")
+@pytest.mark.parametrize("shape", ROW_SHAPES)
+def test_each_row_shape_trains(row_shape_run, shape):
+    run_dir, proc = row_shape_run(shape)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    plan = json.loads((tmp_path / "out" / "resolved.json").read_text())
+    plan = json.loads((run_dir / "resolved.json").read_text())
+    packing = ROW_SHAPES[shape]
     assert plan["data_shape"] == shape and plan["packing"] is (packing is True)
     # auto under sdpa: one sample per row, batched by length (transformers 5's LengthGroupedSampler)
     assert plan["length_grouping"] == ({} if packing is True else {"train_sampling_strategy": "group_by_length"})
-    assert [m["step"] for m in metrics(tmp_path / "out")] == [1, 2, 3, 4]
+    assert [m["step"] for m in metrics(run_dir)] == [1, 2, 3, 4]
 
 
 def test_two_processes_ddp_over_gloo(tmp_path, tiny_data):
@@ -259,17 +280,17 @@ def test_sharegpt_and_alpaca_rows_train_as_chat(tmp_path, tiny_data, fmt):
     assert [m["step"] for m in metrics(tmp_path / "out")] == [1, 2]
 
 
-def test_tensorboard_gets_the_same_values_as_metrics_jsonl(tmp_path, tiny_data):
+@pytest.mark.xdist_group("sft-row-shapes")
+def test_tensorboard_gets_the_same_values_as_metrics_jsonl(row_shape_run):
     """[report] to = "tensorboard": every value a step's record carries for the curves is a scalar there too."""
-    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    proc = train(config(tmp_path, tiny_data["text"], extra={"report": {"to": "tensorboard"}}))
+    run_dir, proc = row_shape_run("text")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    [events] = {p.parent for p in (tmp_path / "out").rglob("events.out.tfevents.*")}
+    [events] = {p.parent for p in run_dir.rglob("events.out.tfevents.*")}
     board = EventAccumulator(str(events))
     board.Reload()
-    last = metrics(tmp_path / "out")[-1]
+    last = metrics(run_dir)[-1]
     for key in ("loss", "grad_norm", "learning_rate", "max_grad_norm", "tokens_per_second", "tokens_seen",
                 "padding_fraction", "step_time_s", "host_rss_gib"):
         [*_, scalar] = board.Scalars(f"train/{key}")
