@@ -41,19 +41,37 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path) -> list[tuple[int, str]]:
-    """(line, module) of every sftdoctor import in the file, wherever it stands."""
+def imports(path: Path, module: str | None = None) -> list[tuple[int, str]]:
+    """(line, module) of every sftdoctor import in the file, wherever it stands: `import`, `from ... import`
+    (relative ones resolved against `module`, the file's own name), importlib.import_module("...") and
+    __import__("...") with a literal name."""
+    module = module or module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # from .x import y, from .. import z
+                anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            found.append((node.lineno, base))
             # `from sftdoctor import report` imports the module sftdoctor.report
-            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names
-                      if (PACKAGE.parent / f"{node.module}.{a.name}".replace(".", "/")).with_suffix(".py").exists()
-                      or (PACKAGE.parent / f"{node.module}.{a.name}".replace(".", "/")).is_dir()]
+            found += [(node.lineno, f"{base}.{a.name}") for a in node.names
+                      if (PACKAGE.parent / f"{base}.{a.name}".replace(".", "/")).with_suffix(".py").exists()
+                      or (PACKAGE.parent / f"{base}.{a.name}".replace(".", "/")).is_dir()]
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                   or (isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__")))):
+            found.append((node.lineno, node.args[0].value))
     return [(line, name) for line, name in found if name == "sftdoctor" or name.startswith("sftdoctor.")]
+
+
+def upward(path: Path, module: str | None = None) -> list[str]:
+    own = layer(module or module_name(path))
+    return [f"{path.name}:{line} imports {name}" for line, name in imports(path, module) if layer(name) > own]
 
 
 SOURCES = sorted(PACKAGE.rglob("*.py"))
@@ -61,9 +79,38 @@ SOURCES = sorted(PACKAGE.rglob("*.py"))
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_no_module_imports_a_layer_above_its_own(path):
-    own = layer(module_name(path))
-    upward = [f"{path.name}:{line} imports {name}" for line, name in imports(path) if layer(name) > own]
-    assert not upward, upward
+    assert not upward(path), upward(path)
+
+
+UPWARD = """
+import sftdoctor.train.launch
+from sftdoctor.sweep import command
+from ..train import launch
+from .. import eval
+import importlib
+
+
+def lazily():
+    from sftdoctor.cli import main
+    return importlib.import_module("sftdoctor.plan.command")
+
+
+class Probe:
+    def method(self):
+        import sftdoctor.runreport.page
+"""
+
+
+def test_every_form_of_upward_import_is_caught(tmp_path):
+    """Each way a check (layer 3) could import a higher layer, fed to the detector as sftdoctor.checks.memory."""
+    path = tmp_path / "memory.py"
+    path.write_text(UPWARD)
+    found = {line.split(" imports ")[1] for line in upward(path, "sftdoctor.checks.memory")}
+    assert found >= {"sftdoctor.train.launch", "sftdoctor.sweep", "sftdoctor.sweep.command", "sftdoctor.train",
+                     "sftdoctor.train.launch", "sftdoctor.eval", "sftdoctor.cli", "sftdoctor.plan.command",
+                     "sftdoctor.runreport.page"}, found
+    path.write_text("from . import common\nfrom ..facts import configs\nimport sftdoctor.run.resolve\n")
+    assert upward(path, "sftdoctor.checks.memory") == []  # same layer and below: fine
 
 
 def test_the_contract_can_fail():
