@@ -146,29 +146,42 @@ def test_ctrl_c_stops_the_running_trial_and_enqueues_it_for_the_rerun(tmp_path, 
     assert not processes_using(sweep_dir / "trial-0000")  # its launcher and ranks were stopped
 
 
-def test_sigterm_gives_the_running_trial_its_grace_to_save_then_exits_143(tmp_path, tiny_data):
+def test_sigterm_gives_the_running_trial_its_grace_to_save_and_the_rerun_resumes_from_that_checkpoint(tmp_path, tiny_data):
     """scancel or a pre-emption: the trial's ranks save a checkpoint within the grace (none was scheduled), the
-    trial is enqueued again, the sweep exits 143 with nothing left running."""
-    long_run = base(tmp_path, tiny_data["messages"], max_steps=400, save_steps=400, logging_steps=1, eval_steps=400)
-    path = sweep_file(tmp_path, long_run, LEARNING_RATE, trials=4)
+    trial is enqueued again and the sweep exits 143 with nothing left running; the rerun's retry continues from
+    that checkpoint, not from step 1."""
+    long_run = base(tmp_path, tiny_data["messages"], max_steps=300, save_steps=400, logging_steps=1, eval_steps=150)
+    path = sweep_file(tmp_path, long_run, LEARNING_RATE, trials=1)
     sweep_dir = tmp_path / "sweeps" / "sweep"
     metrics = sweep_dir / "trial-0000" / "metrics.jsonl"
     proc = subprocess.Popen(sweep_command(path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while not (metrics.exists() and '"loss"' in metrics.read_text()):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:]
-        time.sleep(0.5)
+        time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=180)[0]
     assert proc.returncode == 143, out[-4000:]
     assert "Traceback" not in out
     assert "sftdoctor: trial 0: stopped by SIGTERM; enqueued again for the rerun" in out
     assert "stopped by SIGTERM; rerun the same command to go on" in out
-    saved = list((sweep_dir / "trial-0000").glob("checkpoint-*/sftdoctor-complete"))
-    assert saved, out[-4000:]  # saved in the grace: the rerun resumes from it
+    [saved] = [p.parent.name for p in (sweep_dir / "trial-0000").glob("checkpoint-*/sftdoctor-complete")]
+    saved_step = int(saved.split("-")[1])  # saved in the grace: none was scheduled before step 400
     found = trials(sweep_dir)
     assert [t.state for t in found] == [TrialState.FAIL, TrialState.WAITING]
     assert not processes_using(sweep_dir / "trial-0000")
+
+    rerun = run_sweep(path)
+    assert rerun.returncode == 0, rerun.stdout[-4000:] + rerun.stderr[-3000:]
+    assert "(resumed from the checkpoint of trial 0)" in rerun.stdout
+    retry = trials(sweep_dir)[1]
+    assert retry.state == TrialState.COMPLETE and retry.user_attrs["resumed_from"] == "trial-0000"
+    log = (sweep_dir / "trial-0001" / "train.log").read_text()
+    assert f"resuming from {sweep_dir / 'trial-0001' / saved}" in log
+    steps = [json.loads(line)["step"] for line in (sweep_dir / "trial-0001" / "metrics.jsonl").read_text().splitlines()
+             if '"loss"' in line]
+    assert steps == list(range(1, 301)), steps  # steps 1..saved_step once: continued, not started again
+    assert saved_step < 300
 
 
 def test_an_lm_eval_metric_is_maximised_from_each_runs_eval_json(tmp_path, tiny_data):
