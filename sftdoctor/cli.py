@@ -64,7 +64,44 @@ def _bad_input(exc: Exception) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class UsageLine(click.ClickException):
+    """A usage error as one line like every other refusal (click prints usage, a hint and the error on four)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, exc: click.UsageError):
+        super().__init__(" ".join(exc.format_message().split()))
+        self.command = exc.ctx.command_path if exc.ctx else "sftdoctor"
+
+    def show(self, file=None) -> None:
+        click.echo(f"sftdoctor: error: {self.command}: {self.message} (see {self.command} --help)", err=True)
+
+
+# click >= 8.2 raises this for a bare `sftdoctor`: it prints the help, which stays as it is.
+_HELP_FOR_NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+class Doctor(click.Group):
+    """Parses the command line, its subcommand's too, turning each usage error into one line."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except _HELP_FOR_NO_ARGS:
+            raise
+        except click.UsageError as exc:
+            raise UsageLine(exc) from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except _HELP_FOR_NO_ARGS:
+            raise
+        except click.UsageError as exc:
+            raise UsageLine(exc) from None
+
+
+@click.group(cls=Doctor, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sftdoctor")
 def main():
     """Find what will break an LLM fine-tuning run before it starts, and say how to fix it."""
@@ -90,6 +127,12 @@ def main():
 def check(config, model_config, deepspeed, topology, facts_file, select, list_checks, as_json, no_plugins, verbose,
           distributed, seconds, bound, out, drill):
     """Run the preflight checks. Exit 0: no error; 1: an error finding; 2: bad input."""
+    ctx = click.get_current_context()
+    alone = [name for name in ("seconds", "bound", "out", "drill")
+             if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE]
+    if alone and not distributed:  # silently ignored, it would read as if it had been applied
+        click.echo(f"sftdoctor: error: --{alone[0]}: goes with --distributed", err=True)
+        sys.exit(EXIT_BAD_INPUT)
     if distributed:
         from sftdoctor.cluster.run import main as distributed_main
 
@@ -178,7 +221,7 @@ def train(config, resume, dry_run, smoke, force, drill, no_plugins, no_rehearse,
     try:
         if submit and not sbatch:
             raise InputError("--submit", "goes with --sbatch")
-        fault = parse_drill(drill) if drill else None
+        fault = parse_drill(drill) if drill is not None else None
         code = run_training(config, resume=resume, dry_run=dry_run, smoke=smoke, force=force, drill=fault,
                             plugins=plugins_enabled(no_plugins), rehearse_first=not no_rehearse,
                             batch="submit" if submit else "write" if sbatch else None)
@@ -348,7 +391,7 @@ def _eval(target, tasks, base, include, limit, num_fewshot, batch_size, compare,
         if code_problems is not None:
             if target or tasks:
                 raise InputError("eval", "give --code PROBLEMS or TARGET --tasks, not both")
-            if k_values is not None and not all(k.isdigit() and int(k) > 0 for k in _names(k_values)):
+            if k_values is not None and not all(k.isdecimal() and int(k) > 0 for k in _names(k_values)):
                 raise InputError("--k", f"expected positive integers separated by commas, got {k_values!r}")
             from sftdoctor.eval.command import run_code_eval
             from sftdoctor.errors import Interrupted, interruptible
@@ -370,7 +413,7 @@ def _eval(target, tasks, base, include, limit, num_fewshot, batch_size, compare,
             raise InputError("eval", "give TARGET (a run directory, checkpoint, model folder or hub id) and --tasks")
         if not _names(tasks):
             raise InputError("eval", "give --tasks NAMES (comma-separated lm-eval task names)")
-        if batch_size is not None and batch_size != "auto" and not (batch_size.isdigit() and int(batch_size) > 0):
+        if batch_size is not None and batch_size != "auto" and not (batch_size.isdecimal() and int(batch_size) > 0):
             raise InputError("--batch-size", f"expected a positive integer or auto, got {batch_size!r}")
         from sftdoctor.eval.command import run_eval
 
@@ -415,10 +458,20 @@ def explain(topic, list_topics, log_file, as_json, jobs):
         _bad_input(exc)
 
 
+def _head(stream) -> bytes:
+    """The first bytes of a log file, the file left at its start for the scan."""
+    from sftdoctor.triage.sniff import SAMPLE
+
+    head = stream.read(SAMPLE)
+    stream.seek(0)
+    return head
+
+
 def _triage(log_file: str, as_json: bool, jobs: int) -> int:
     from sftdoctor.errors import InputError
     from sftdoctor.triage import diagnose
     from sftdoctor.triage.render import render_diagnosis, render_diagnosis_json
+    from sftdoctor.triage.sniff import SAMPLE, unreadable
 
     try:
         stream = sys.stdin.buffer if log_file == "-" else open(log_file, "rb")
@@ -426,6 +479,9 @@ def _triage(log_file: str, as_json: bool, jobs: int) -> int:
         raise InputError(log_file, f"cannot read the log: {exc.strerror or exc}") from None
     with stream:
         try:
+            why = unreadable(stream.peek(SAMPLE)[:SAMPLE] if log_file == "-" else _head(stream))
+            if why:
+                raise InputError(log_file, f"cannot triage the log: {why}")
             diagnosis = diagnose(stream, "<stdin>" if log_file == "-" else log_file, jobs=jobs)
         except OSError as exc:  # a directory, a vanished file
             raise InputError(log_file, f"cannot read the log: {exc.strerror or exc}") from None

@@ -1,5 +1,6 @@
 """The `sftdoctor` command as a user runs it: exit codes, output, bad input."""
 
+import gzip
 import json
 import re
 import subprocess
@@ -13,6 +14,7 @@ from conftest import FIXTURES
 TOPO = FIXTURES / "topology"
 DS = FIXTURES / "deepspeed"
 MODELS = FIXTURES / "model_config"
+LOGS = FIXTURES / "logs"
 
 
 def sftdoctor(*args, stdin=None):
@@ -94,13 +96,36 @@ def test_select_and_list():
     (["explain", "nan-loss", "--log", "-"], "give a TOPIC or --log FILE, not both"),
     (["explain", "nan-loss", "--json"], "--json goes with --log FILE"),
     (["check", "--distributed"], "--distributed runs under a launcher: torchrun"),
-    (["check", "--bogus"], "No such option"),
+    (["check", "--bogus"], "sftdoctor check: No such option '--bogus'"),
+    # click's own usage errors, one line like the rest, not its four (usage, hint, blank, error)
+    (["check", "--seconds", "abc"], "sftdoctor check: Invalid value for '--seconds': 'abc' is not a valid float range"),
+    (["plan", "--mfu", "nan", "run.toml"], "sftdoctor plan: Invalid value for '--mfu': 'nan' is not a finite number"),
+    (["plan"], "sftdoctor plan: Missing argument 'CONFIG'. (see sftdoctor plan --help)"),
+    (["trian"], "sftdoctor: No such command 'trian'"),
+    (["explain", "--log", "-", "--jobs", "0"], "'-j' / '--jobs': 0 is not in the range x>=1"),
+    (["check", "--seconds", "3"], "--seconds: goes with --distributed"),  # not silently ignored
+    (["train", "run.toml", "--drill", "nan-loss@\u00b2"], "--drill: expected nan-loss@STEP[:RANK]"),  # '²'.isdigit()
+    (["train", "run.toml", "--drill", ""], "--drill: expected nan-loss@STEP[:RANK]"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(args, says):
     proc = sftdoctor(*args)
     assert proc.returncode == 2
-    assert says in proc.stderr
-    assert "Traceback" not in proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("sftdoctor: error: ") and says in line
+
+
+@pytest.mark.parametrize("log, says", [
+    (b"", "-: cannot triage the log: empty: there is nothing to triage"),
+    (gzip.compress((LOGS / "gpu-negative-healthy-trl-dpo-logs.log").read_bytes()),
+     "-: cannot triage the log: a gzip file, not a text log: decompress it first (zcat FILE"),
+    (bytes(range(256)) * 64, "-: cannot triage the log: binary data, not a text log"),
+])
+def test_a_log_that_cannot_be_read_as_text_is_refused_not_found_healthy(log, says):
+    """A false "nothing recognised" (exit 0) on bytes that were never a log is the worst answer: refuse them."""
+    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "explain", "--log", "-"], input=log, capture_output=True)
+    assert proc.returncode == 2 and proc.stdout == b""
+    [line] = proc.stderr.decode().splitlines()
+    assert line.startswith(f"sftdoctor: error: {says}")
 
 
 def test_a_broken_run_config_lists_every_problem(tmp_path):
@@ -152,7 +177,6 @@ def test_check_works_on_a_box_without_the_training_stack(tmp_path):
     assert doc["facts"]["facts"]["packages"]["transformers"] is None
 
 
-LOGS = FIXTURES / "logs"
 
 
 def test_explain_log_names_the_root_cause_first_and_exits_1():

@@ -25,7 +25,7 @@ def visible_gpus(topology: dict[str, Any], env: dict[str, str] | None) -> list[s
     visible = (env or {}).get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return names
-    picked = [f"GPU{i.strip()}" for i in visible.split(",") if i.strip().isdigit()]
+    picked = [f"GPU{i.strip()}" for i in visible.split(",") if i.strip().isdecimal()]
     return [n for n in picked if n in names] if picked else names
 
 

@@ -14,23 +14,79 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from sftdoctor.errors import InputError
 
 SIZES = [2**k for k in range(16, 29)]  # 64 KiB .. 256 MiB
 CPU_MAX = 16 * 2**20
 
 
-def env_int(name: str, default: int | None = None) -> int:
-    value = os.environ.get(name)
-    if value is None:
-        if default is None:
-            raise KeyError(name)
+@dataclass(frozen=True)
+class Launcher:
+    """What the launcher (torchrun, srun, mpirun wrappers) told this rank through its environment."""
+
+    rank: int
+    world: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+
+def _env_number(environ: Mapping[str, str], name: str, low: int, high: int | None = None,
+                default: int | None = None) -> int:
+    value = environ.get(name)
+    if value is None and default is not None:
         return default
-    return int(value)
+    bound = f"{low}..{high}" if high is not None else f">= {low}"
+    if value is None:
+        raise InputError("environment", f"not set; expected an integer {bound} from the launcher (torchrun sets it)", name)
+    try:
+        number = int(value.strip())
+    except ValueError:
+        number = None
+    if number is None or number < low or (high is not None and number > high):
+        raise InputError("environment", f"expected an integer {bound}, got {value!r}", name)
+    return number
+
+
+def launcher(environ: Mapping[str, str] = os.environ) -> Launcher:
+    """The rank's place in the job, every variable checked: a bad one is bad input, not a traceback on each rank."""
+    world = _env_number(environ, "WORLD_SIZE", 1)
+    rank = _env_number(environ, "RANK", 0, world - 1)
+    local_rank = _env_number(environ, "LOCAL_RANK", 0, world - 1, default=0)
+    addr = (environ.get("MASTER_ADDR") or "").strip()
+    if not addr:
+        raise InputError("environment", "not set; expected the host of rank 0 (torchrun sets it)", "MASTER_ADDR")
+    return Launcher(rank, world, local_rank, addr, _env_number(environ, "MASTER_PORT", 1, 65535))
+
+
+def absent_rank(drill: str | None, world: int) -> int | None:
+    """The rank `--drill absent:RANK` keeps away."""
+    if drill is None:
+        return None
+    match = re.fullmatch(r"absent:(\d+)", drill.strip())
+    if not match or int(match[1]) >= world:
+        raise InputError("--drill", f"expected absent:RANK with RANK 0..{world - 1}, got {drill!r}")
+    return int(match[1])
+
+
+def snapshot_path(template: str | None, rank: int, local_rank: int, node: str) -> Path | None:
+    """--facts for this rank: the template with {rank}, {local_rank} and {node} filled in."""
+    if template is None:
+        return None
+    try:
+        return Path(template.format(rank=rank, local_rank=local_rank, node=node))
+    except (KeyError, IndexError, ValueError) as exc:
+        raise InputError("--facts", f"expected a path with only {{rank}}, {{local_rank}} or {{node}} in braces, "
+                                    f"got {template!r} ({type(exc).__name__}: {exc})") from None
 
 
 def record(rank: int, local_rank: int, node: str, facts) -> dict[str, Any]:
@@ -72,20 +128,20 @@ def visible(devices: list[dict[str, Any]], mask: str | None) -> list[dict[str, A
     return out
 
 
-def connect(bound: float):
+def connect(job: Launcher, bound: float):
     """A client of the launcher's store (torchrun's agent store), or rank 0 hosts one."""
     import torch.distributed as dist
 
-    rank, world = env_int("RANK"), env_int("WORLD_SIZE")
+    rank, world = job.rank, job.world
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     # multi_tenant: rank 0 hosts the workers' store when the agent does not (sftdoctor's launcher turns the
     # agent's off), and init_process_group then opens the same port again: one server serves both.
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], env_int("MASTER_PORT"), world, is_master=(rank == 0 and not agent),
+    store = dist.TCPStore(job.master_addr, job.master_port, world, is_master=(rank == 0 and not agent),
                           timeout=timedelta(seconds=bound), wait_for_workers=False, multi_tenant=True)
     # The agent's store outlives restart rounds: key by the round. Rank 0's own store is the round's alone, and
     # the restart count is not the same on every node (a node that came back starts again from 0).
     round_ = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") if agent else "own"
-    run = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}-{os.environ['MASTER_PORT']}-{round_}"
+    run = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}-{job.master_port}-{round_}"
     return dist.PrefixStore(f"sftdoctor-check/{run}/", store)
 
 
@@ -188,17 +244,19 @@ def main(bound: float, budget: float, out: Path, facts_template: str | None, as_
     from sftdoctor.checks import load_checks, run_checks
     from sftdoctor.facts import Facts, Inputs
 
-    rank, world, local_rank = env_int("RANK"), env_int("WORLD_SIZE"), env_int("LOCAL_RANK", 0)
+    job = launcher()
+    rank, world, local_rank = job.rank, job.world, job.local_rank
     node = os.environ.get("SFTDOCTOR_NODE") or socket.gethostname()
-    if drill == f"absent:{rank}":  # a rank that never comes: the others must name it, not hang
+    if absent_rank(drill, world) == rank:  # a rank that never comes: the others must name it, not hang
         time.sleep(10 * bound)
         return 1
-    snapshot = facts_template.format(rank=rank, local_rank=local_rank, node=node) if facts_template else None
-    facts = Facts(Inputs(facts=Path(snapshot) if snapshot else None))
+    if out.exists() and not out.is_dir():
+        raise InputError(out, "exists and is not a folder (expected the folder for each rank's record and the findings)")
+    facts = Facts(Inputs(facts=snapshot_path(facts_template, rank, local_rank, node)))
     mine = record(rank, local_rank, node, facts)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank-{rank}.json").write_text(json.dumps(mine, indent=2) + "\n")
-    store = connect(bound)
+    store = connect(job, bound)
     records, missing = join(store, rank, world, mine, bound)
     cluster: dict[str, Any] = {"ranks": records, "missing": missing, "bound_s": bound, "world_size": world}
     if not missing:

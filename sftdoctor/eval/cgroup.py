@@ -142,7 +142,7 @@ def _choose(mounts, own: dict[str, str]) -> Layout:
 
 
 def _kernel() -> tuple[int, int]:
-    numbers = [int(part) for part in os.uname().release.split("-")[0].split(".")[:2] if part.isdigit()]
+    numbers = [int(part) for part in os.uname().release.split("-")[0].split(".")[:2] if part.isdecimal()]
     return (numbers + [0, 0])[0], (numbers + [0, 0])[1]
 
 
@@ -256,7 +256,7 @@ class SampleCgroup:
                     return int(line.split()[1]) / 1e6
             return None
         text = _read(directory / "cpuacct.usage").strip()
-        return int(text) / 1e9 if text.isdigit() else None
+        return int(text) / 1e9 if text.isdecimal() else None
 
     def oom_kills(self) -> int:
         version, directory = self._at(self.layout.memory)
@@ -269,12 +269,12 @@ class SampleCgroup:
     def memory_peak(self) -> int | None:
         version, directory = self._at(self.layout.memory)
         text = _read(directory / ("memory.peak" if version == 2 else "memory.max_usage_in_bytes")).strip()
-        return int(text) if text.isdigit() else None
+        return int(text) if text.isdecimal() else None
 
     def pids(self) -> set[int]:
         found: set[int] = set()
         for directory in self.directories:
-            found.update(int(p) for p in _read(directory / "cgroup.procs").split() if p.isdigit())
+            found.update(int(p) for p in _read(directory / "cgroup.procs").split() if p.isdecimal())
         return found
 
     def kill(self, wait_s: float = 5.0) -> bool:

@@ -126,7 +126,7 @@ def parse_query_csv(text: str) -> list[dict[str, Any]]:
     devices = []
     for line in text.strip().splitlines():
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) != 7 or not cells[0].isdigit():
+        if len(cells) != 7 or not cells[0].isdecimal():
             continue
         index, name, uuid, bus, memory, cc, _driver = cells
         devices.append(
@@ -136,7 +136,7 @@ def parse_query_csv(text: str) -> list[dict[str, Any]]:
                 "uuid": uuid,
                 "pci_bus_id": bus,
                 "compute_capability": cc if re.fullmatch(r"\d+\.\d+", cc) else compute_capability_from_name(name),
-                "memory_total_mib": int(memory) if memory.isdigit() else None,
+                "memory_total_mib": int(memory) if memory.isdecimal() else None,
                 "nvlink_links_up": None,
             }
         )

@@ -79,7 +79,7 @@ def _listed(config: dict[str, Any], folder: str, trust: bool, lora: dict[str, An
         if not name:
             continue
         leaf = name.rsplit(".", 1)[-1]  # what modules_to_save names; its parameters are trained in full
-        if not leaf.isdigit():
+        if not leaf.isdecimal():
             modules[leaf] = modules.get(leaf, 0) + sum(p.numel() for p in module.parameters())
         shape = _linear_shape(module)
         if shape is None:

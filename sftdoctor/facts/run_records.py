@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -133,12 +134,34 @@ def log_file(path: Path) -> Path:
                            "Trainer output directory)")
 
 
+# The settings of resolved.json the curves are judged against, and the JSON types each may have.
+NUMBER, WHOLE, TEXT, TABLE = (int, float), (int,), (str,), (dict,)
+PLAN_SHAPE = {"total_steps": WHOLE, "learning_rate": NUMBER, "lr_scheduler": TEXT, "lr_scheduler_kwargs": TABLE,
+              "warmup": TABLE, "warmup_steps": WHOLE, "max_grad_norm": NUMBER, "save_steps": WHOLE,
+              "eval_steps": WHOLE, "precision": TEXT, "deepspeed": TABLE}
+
+
 def _plan(folder: Path) -> dict[str, Any]:
-    try:
-        plan = json.loads((folder / rundir.RESOLVED).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    """The run's resolved settings; {} for a Trainer's directory, which has none. One that is there but
+    unreadable is bad input: read as "no settings", the schedule would pass unchecked."""
+    path = folder / rundir.RESOLVED
+    if not path.exists():
         return {}
-    return plan if isinstance(plan, dict) else {}
+    try:
+        plan = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(path, f"cannot read the run's resolved settings: {getattr(exc, 'strerror', None) or exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise InputError(path, f"not valid JSON ({parse_problem(exc)}); expected the run's resolved settings") from None
+    if not isinstance(plan, dict):
+        raise InputError(path, f"expected a JSON object (the run's resolved settings), got {type(plan).__name__}")
+    for key, types in PLAN_SHAPE.items():
+        value = plan.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            raise InputError(path, f"expected {' or '.join(t.__name__ for t in types)}, got {value!r}", key=key)
+        if types is NUMBER and value is not None and not math.isfinite(value):  # a tolerance of inf passes anything
+            raise InputError(path, f"expected a finite number, got {value!r}", key=key)
+    return plan
 
 
 def _stopped(folder: Path) -> dict[str, Any] | None:
@@ -167,13 +190,18 @@ def read_run(path: Path) -> dict[str, Any]:
     last = max(s["steps"][-1] for s in series.values())
     planned = reader.extra.get("planned_steps") or plan.get("total_steps")
     clip = _number(plan.get("max_grad_norm"))
+    try:
+        schedule = schedule_of(plan, planned) if plan else None
+    except (TypeError, ValueError, ArithmeticError, AttributeError) as exc:  # e.g. a min_lr_rate of "a"
+        raise InputError(folder / rundir.RESOLVED, "lr_scheduler, learning_rate, warmup and lr_scheduler_kwargs do "
+                                                   f"not make a schedule ({type(exc).__name__}: {exc})") from None
     return {
         # a log named on its own (runs/a-trainer_state.json) is called by its own name
         "name": source.stem if path.is_file() and source.name not in LOG_FILES else folder.name or str(folder),
         "path": str(folder),
         "source": source.name,
         "series": series,
-        "schedule": schedule_of(plan, planned) if plan else None,
+        "schedule": schedule,
         "max_grad_norm": clip if clip is not None else reader.extra.get("max_grad_norm"),
         "precision": plan.get("precision"),
         "planned_steps": planned,

@@ -56,7 +56,7 @@ def _range(group: str) -> list[str]:
     items = []
     for piece in group.split(","):
         low, dash, high = piece.partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
+        if not low.isdecimal() or (dash and not high.isdecimal()):
             raise ValueError(f"invalid range {piece!r}")
         if not dash:
             items.append(low)
@@ -84,7 +84,7 @@ def hostnames(nodelist: str) -> tuple[list[str], str]:
 
 
 def _int(value: str | None) -> int | None:
-    return int(value) if value and value.strip().isdigit() else None
+    return int(value) if value and value.strip().isdecimal() else None
 
 
 def probe_slurm(facts) -> dict[str, Any] | None:

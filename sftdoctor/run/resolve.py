@@ -367,7 +367,7 @@ def master_port(run: RunConfig, rendezvous: dict[str, Any] | None, slurm: dict[s
     on one node the default 29500, when taken, and "auto" become a free port; inside a Slurm allocation, a port
     of the job's own (two jobs may share a first node)."""
     launch, seen = run.launch, rendezvous or {}
-    if slurm and not launch.is_given("master_port") and str(slurm.get("job_id", "")).isdigit():
+    if slurm and not launch.is_given("master_port") and str(slurm.get("job_id", "")).isdecimal():
         return SLURM_PORTS[0] + int(slurm["job_id"]) % (SLURM_PORTS[1] - SLURM_PORTS[0]), \
             f"Slurm job {slurm['job_id']}'s own port"
     free = seen.get("free_port")

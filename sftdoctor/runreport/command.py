@@ -64,8 +64,10 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     """findings.jsonl's records; a line that is not one (a writer killed mid-line) is left out."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
+    except FileNotFoundError:
         return []
+    except OSError as exc:  # a folder, no permission: the gate's and the watchers' findings would go missing
+        raise InputError(path, f"cannot read the run's findings: {exc.strerror or exc}") from None
     records = []
     for line in text.splitlines():
         try:

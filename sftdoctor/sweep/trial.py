@@ -132,7 +132,7 @@ def using(folder: Path) -> list[int]:
     """The processes of this host whose command line names `folder` (a launcher, its ranks)."""
     found, mine = [], str(folder) + os.sep
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+        if entry.name.isdecimal():
             try:
                 words = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
             except OSError:

@@ -40,7 +40,8 @@ def parse_drill(text: str) -> dict[str, Any]:
     """"nan-loss@5" -> a non-finite loss at step 5 on every rank; "hang@3:1" -> rank 1 blocks at step 3."""
     kind, _, where = text.partition("@")
     step, _, rank = where.partition(":")
-    if kind not in ("nan-loss", "hang") or not step.isdigit() or int(step) < 1 or (rank and not rank.isdigit()):
+    if (kind not in ("nan-loss", "hang") or not re.fullmatch(r"[0-9]+", step) or int(step) < 1
+            or (rank and not re.fullmatch(r"[0-9]+", rank))):
         raise InputError("--drill", f"expected nan-loss@STEP[:RANK] or hang@STEP[:RANK], got {text!r}")
     return {"kind": kind, "step": int(step), "rank": int(rank) if rank else None}
 

@@ -46,7 +46,7 @@ def descendants(pid: int) -> list[int]:
     process group holds them all)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+        if entry.name.isdecimal():
             ppid = _parent(int(entry.name))
             if ppid is not None:
                 children.setdefault(ppid, []).append(int(entry.name))

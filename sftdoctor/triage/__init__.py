@@ -109,7 +109,7 @@ def _from(line: Line, start: int) -> Line:
 def _groups(match) -> dict:
     """Named groups; NAME_2, NAME_3 (alternatives of one regex) fill NAME when it is empty."""
     groups = match.groupdict()
-    for name in [n for n in groups if n.rpartition("_")[2].isdigit()]:
+    for name in [n for n in groups if n.rpartition("_")[2].isdecimal()]:
         value, base = groups.pop(name), name.rpartition("_")[0]
         if groups.get(base) is None:
             groups[base] = value

@@ -172,7 +172,7 @@ class Watchdog(Summary):
 def _majority(values):
     """The most common value; on a tie the highest (for sequence numbers: the ranks that are ahead and waiting)."""
     counts = Counter(v for v in values if v is not None)
-    return max(counts, key=lambda v: (counts[v], str(v).isdigit() and int(v), str(v))) if counts else None
+    return max(counts, key=lambda v: (counts[v], str(v).isdecimal() and int(v), str(v))) if counts else None
 
 
 def _differs(entry: dict[str, Any], op, seq) -> bool:
@@ -182,7 +182,7 @@ def _differs(entry: dict[str, Any], op, seq) -> bool:
 
 
 def _int(value):
-    return int(value) if value is not None and str(value).lstrip("-").isdigit() else value
+    return int(value) if value is not None and str(value).lstrip("-").isdecimal() else value
 
 
 _SIZE = r"(\d+(?:\.\d+)? (?:bytes|[KMGT]iB|B))"
@@ -670,12 +670,12 @@ def _cuda_of(torch_version: str | None) -> str | None:
 
 def _xformers_cuda(code: str) -> str:
     """xformers' setup.py writes CUDA as major * 100 + the minor's first digit: 1201 -> 12.1."""
-    return f"{int(code) // 100}.{int(code) % 100}" if code.isdigit() else code
+    return f"{int(code) // 100}.{int(code) % 100}" if code.isdecimal() else code
 
 
 def _bnb_cuda(code: str) -> str:
     """bitsandbytes names its libraries by CUDA major and minor run together: 121 -> 12.1."""
-    return f"{code[:-1]}.{code[-1]}" if code.isdigit() and len(code) > 1 else code
+    return f"{code[:-1]}.{code[-1]}" if code.isdecimal() and len(code) > 1 else code
 
 
 class FirstException(Summary):

@@ -158,4 +158,4 @@ def megatron_losses(line: dict[str, str]) -> list[str]:
 
 def count(line: dict[str, str], key: str) -> int | None:
     value = line.get(key, "").strip()
-    return int(value) if value.isdigit() else None
+    return int(value) if value.isdecimal() else None

@@ -61,6 +61,37 @@ def test_a_deepspeed_scheduler_block_means_the_schedule_is_not_known(tmp_path):
     assert read_run(tmp_path)["schedule"] is None
 
 
+GOOD_PLAN = {"lr_scheduler": "cosine_with_min_lr", "learning_rate": 1e-3, "lr_scheduler_kwargs": {"min_lr_rate": 0.1},
+             "warmup_steps": 1, "total_steps": 10}
+
+
+@pytest.mark.parametrize("text, says", [
+    (b"\x88\x00binary", "cannot read the run's resolved settings"),
+    (b'{"lr_scheduler": "cosine",', "not valid JSON ("),
+    (b"[1, 2]", "expected a JSON object (the run's resolved settings), got list"),
+    (json.dumps({**GOOD_PLAN, "total_steps": "x"}).encode(), "total_steps: expected int, got 'x'"),
+    (json.dumps({**GOOD_PLAN, "learning_rate": True}).encode(), "learning_rate: expected int or float, got True"),
+    (json.dumps({**GOOD_PLAN, "learning_rate": float("inf")}).encode(), "learning_rate: expected a finite number"),
+    (json.dumps({**GOOD_PLAN, "max_grad_norm": float("nan")}).encode(), "max_grad_norm: expected a finite number"),
+    (json.dumps({**GOOD_PLAN, "lr_scheduler_kwargs": {"min_lr_rate": "a"}}).encode(), "do not make a schedule"),
+    (json.dumps({**GOOD_PLAN, "warmup": {"warmup_steps": float("nan")}}).encode(), "do not make a schedule"),
+])
+def test_a_broken_resolved_json_is_refused_not_read_as_no_schedule(tmp_path, text, says):
+    """Read as "no configured schedule", a run whose floor was dropped would pass the lr-curve reader."""
+    write_lines(tmp_path / "metrics.jsonl", [{"step": 1, "loss": 1.0, "learning_rate": 1e-3}])
+    (tmp_path / "resolved.json").write_bytes(text)
+    with pytest.raises(InputError) as caught:
+        read_run(tmp_path)
+    assert str(caught.value).startswith(f"{tmp_path / 'resolved.json'}: ") and says in str(caught.value)
+
+
+def test_a_trainer_directory_without_resolved_json_has_no_schedule(tmp_path):
+    write_lines(tmp_path / "metrics.jsonl", [{"step": 1, "loss": 1.0, "learning_rate": 1e-3}])
+    assert read_run(tmp_path)["schedule"] is None
+    (tmp_path / "resolved.json").write_text(json.dumps(GOOD_PLAN))
+    assert read_run(tmp_path)["schedule"]["name"] == "cosine_with_min_lr"
+
+
 def test_a_resumed_log_keeps_the_later_launchs_records(tmp_path):
     """Steps 3-4 logged by the first launch, then again by the resumed one: the resume's count."""
     write_lines(tmp_path / "metrics.jsonl", [{"step": s, "loss": 10.0 + s} for s in (1, 2, 3, 4)]

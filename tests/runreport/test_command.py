@@ -145,6 +145,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_findings_file_that_cannot_be_read_is_bad_input_not_an_empty_history(tmp_path):
+    folder = run_dir(tmp_path / "run")
+    (folder / "findings.jsonl").unlink(missing_ok=True)
+    (folder / "findings.jsonl").mkdir()
+    proc = cli(str(folder), "--no-plugins", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"sftdoctor: error: {folder / 'findings.jsonl'}: cannot read the run's findings: Is a directory\n"
+    assert not (folder / "report.html").exists()
+
+
 def test_sigterm_while_drawing_leaves_nothing_behind(tmp_path):
     """A scheduler's SIGTERM in the middle of a long report: exit 143, no staging folder, no page."""
     folder = run_dir(tmp_path / "run", steps=60_000)  # long enough to be caught drawing
