@@ -33,6 +33,7 @@ def _run_eval(target: str, tasks: list[str], *, base: str | None, include: Path 
     if include is not None and not include.is_dir():
         raise InputError(include, "not a folder of lm-eval task YAMLs", key="--include")
     manager = harness.task_manager(tasks, include.resolve() if include else None)  # before any model loads
+    path = writable(out or default_output(wanted))
     device_ = device()
     batch = (("auto" if device_ == "cuda" else 8) if batch_size == "default" else
              batch_size if batch_size == "auto" else int(batch_size))
@@ -48,7 +49,6 @@ def _run_eval(target: str, tasks: list[str], *, base: str | None, include: Path 
             raise InputError(compare, "evaluated with other settings, so the numbers do not compare: "
                                       + "; ".join(problems), key="--compare")
         doc["compared"] = {"file": str(compare), "metrics": previous["metrics"]}
-    path = out or default_output(wanted)
     write_json(path, doc)
     if wanted.run_dir is not None:
         _record(wanted.run_dir, doc)
@@ -122,12 +122,31 @@ def default_output(target: Target) -> Path:
     return Path(target.path) / "eval.json"
 
 
+def writable(path: Path) -> Path:
+    """Where the result goes, refused before the evaluation (minutes to hours) rather than after it."""
+    if path.is_dir():
+        raise InputError(path, "is a folder; expected the JSON file to write the result to", key="--out")
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise InputError(path, f"{parent} is a file, not a folder; expected the JSON file to write the result to",
+                         key="--out")
+    return path
+
+
 def write_json(path: Path, doc: dict[str, Any]) -> None:
-    """Whole or not at all: a temporary file in the same folder, renamed."""
+    """Whole or not at all: a temporary file in the same folder, renamed (and removed if the rename fails)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8") as f:
-        json.dump(doc, f, indent=2, default=float)
-    os.replace(f.name, path)
+        try:
+            json.dump(doc, f, indent=2, default=float)
+        except BaseException:
+            os.unlink(f.name)
+            raise
+    try:
+        os.replace(f.name, path)
+    except BaseException:
+        os.unlink(f.name)
+        raise
 
 
 def _record(run_dir: Path, doc: dict[str, Any]) -> None:

@@ -72,9 +72,16 @@ def evaluate(model, tokenizer, tasks: list[str], manager, *, include: Path | Non
 
     lm = QuietHFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device)
     with _working_dir(include):
-        out = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, num_fewshot=num_fewshot,
-                                      limit=limit, log_samples=False, fewshot_random_seed=FEWSHOT_SEED,
-                                      bootstrap_iters=1000)
+        try:
+            out = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, num_fewshot=num_fewshot,
+                                          limit=limit, log_samples=False, fewshot_random_seed=FEWSHOT_SEED,
+                                          bootstrap_iters=1000)
+        except ValueError as exc:
+            # lm-eval 0.4.x draws the shots with random.sample, which refuses more than the split holds
+            if num_fewshot and "Sample larger than population" in str(exc):
+                raise InputError("--num-fewshot", f"{num_fewshot} few-shot examples: more than a task's few-shot "
+                                                  "split (or its test split, less the question) holds") from None
+            raise
     return {"metrics": _metrics(out["results"]), "settings": _settings(out, tasks, num_fewshot, limit)}
 
 

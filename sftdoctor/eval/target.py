@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sftdoctor.errors import InputError
-from sftdoctor.facts.configs import hub_cache_config, is_hub_id
+from sftdoctor.facts.configs import hub_cache_config, is_hub_id, read_json_object
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -53,16 +53,14 @@ def resolve_target(given: str, option: str = "TARGET") -> Target:
 def _folder(given: str, folder: Path, run_dir: Path | None, option: str) -> Target:
     adapter = folder / "adapter_config.json"
     if adapter.is_file():
-        try:
-            base = json.loads(adapter.read_text(encoding="utf-8")).get("base_model_name_or_path")
-        except ValueError:
-            raise InputError(adapter, "not valid JSON (peft's adapter_config.json)") from None
+        base = read_json_object(adapter, "peft adapter_config.json").get("base_model_name_or_path")
         if not isinstance(base, str) or not base:
             raise InputError(adapter, "names no base model (base_model_name_or_path)")
         return Target(given, str(folder), "adapter", run_dir, base, _tokenizer(folder, run_dir, base))
     if not (folder / "config.json").is_file():
         raise InputError(given, "a folder with neither config.json (a model) nor adapter_config.json (an adapter)",
                          key=option)
+    read_json_object(folder / "config.json", "model config.json")  # before minutes of loading, not after
     return Target(given, str(folder), "model", run_dir, None, _tokenizer(folder, run_dir, str(folder)))
 
 
@@ -81,10 +79,29 @@ def _tokenizer(folder: Path, run_dir: Path | None, fallback: str) -> str:
 def load(target: Target, device: str, dtype: str = "auto"):
     """(model, tokenizer) ready for the harness: an adapter merged onto its base in memory."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-    tokenizer = AutoTokenizer.from_pretrained(target.tokenizer)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target.tokenizer)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(target.tokenizer, f"its tokenizer cannot be loaded ({_first_line(exc)})") from None
+    from safetensors import SafetensorError  # a cut or corrupt .safetensors file
+
+    try:
+        model = _model(target, torch_dtype)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as exc:  # config, weights, adapter
+        raise InputError(target.path, f"cannot be loaded ({_first_line(exc)})") from None
+    return model.to(device).eval(), tokenizer
+
+
+def _first_line(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+
+
+def _model(target: Target, torch_dtype):
+    from transformers import AutoModelForCausalLM
+
     if target.kind == "adapter":
         import warnings
 
@@ -94,6 +111,5 @@ def load(target: Target, device: str, dtype: str = "auto"):
         with warnings.catch_warnings():  # peft 0.21 reads transformers 5.24's deprecated is_gradient_checkpointing
             warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
             model = PeftModel.from_pretrained(base, target.path).merge_and_unload()
-    else:
-        model = AutoModelForCausalLM.from_pretrained(target.path, dtype=torch_dtype)
-    return model.to(device).eval(), tokenizer
+        return model
+    return AutoModelForCausalLM.from_pretrained(target.path, dtype=torch_dtype)

@@ -80,6 +80,39 @@ def test_an_unknown_task_is_named_with_a_did_you_mean_before_any_model_loads(mod
     assert "evaluating" not in result.output
 
 
+def broken_copy(models, tmp_path, name, damage):
+    folder = tmp_path / name
+    shutil.copytree(models / "base", folder)
+    damage(folder)
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["weights cut", "config not JSON", "out is a folder", "more shots than the split"])
+def test_a_model_or_option_that_cannot_be_used_is_one_line_and_nothing_written(models, tmp_path, case):
+    """Each one crashed inside transformers, safetensors or lm-eval with a traceback; --out a folder after the
+    whole evaluation had run."""
+    target, extra, says = models / "base", [], None
+    if case == "weights cut":
+        target = broken_copy(models, tmp_path, "cut", lambda f: (f / "model.safetensors").write_bytes(
+            (models / "base" / "model.safetensors").read_bytes()[:1000]))
+        says = f"{target}: cannot be loaded (SafetensorError: "
+    elif case == "config not JSON":
+        target = broken_copy(models, tmp_path, "cfg", lambda f: (f / "config.json").write_bytes(b"\x00\x01"))
+        says = f"{target / 'config.json'}: not valid JSON"
+    elif case == "out is a folder":
+        (tmp_path / "folder").mkdir()
+        extra, says = ["--out", tmp_path / "folder"], f"{tmp_path / 'folder'}: --out: is a folder"
+    else:
+        extra, says = ["--num-fewshot", 100000], "--num-fewshot: 100000 few-shot examples: more than"
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    result = invoke(target, "--tasks", "tiny_count_choice", "--include", TASKS, "--limit", 2, *extra)
+    assert result.exit_code == 2, result.output
+    assert f"sftdoctor: error: {says}" in result.output and "Traceback" not in result.output
+    assert result.output.count("sftdoctor: error:") == 1
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no eval.json, no temporary file
+
+
 @pytest.mark.parametrize("args, message", [
     ([], "give TARGET"),
     (["m"], "give --tasks NAMES"),
