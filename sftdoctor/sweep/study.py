@@ -19,6 +19,7 @@ Optuna 5.0's public API throughout: ask/tell, enqueue_trial, user attributes, Jo
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import time
@@ -49,8 +50,34 @@ def storage(folder: Path):
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
-    path = str(folder / JOURNAL)
-    return JournalStorage(JournalFileBackend(path, lock_obj=JournalFileSymlinkLock(path)))
+    journal = folder / JOURNAL
+    if journal.exists() and not journal.is_file():
+        raise InputError(journal, "is not a file; expected the study's Optuna journal (move it away for a new study)")
+    if journal.is_file():
+        garbled(journal)
+    path = str(journal)
+    try:  # the journal is replayed here: a file someone else wrote, or garbled, fails in Optuna's reader
+        return JournalStorage(JournalFileBackend(path, lock_obj=JournalFileSymlinkLock(path)))
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, AssertionError) as exc:
+        raise InputError(journal, f"not an Optuna journal ({type(exc).__name__}: {str(exc)[:120]}); move it away "
+                                  "for a new study, or restore it from a copy") from None
+
+
+def garbled(journal: Path) -> None:
+    """Every finished line of an Optuna journal is one JSON object with an op_code. Optuna raises on a bad line
+    only once another follows it (the last may be a write in progress), so at the study's next write, mid-sweep."""
+    with journal.open("rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.endswith(b"\n"):
+                return  # being written
+            try:
+                record = json.loads(line)
+            except ValueError as exc:  # UnicodeDecodeError included
+                raise InputError(journal, f"line {number}: not an Optuna journal ({type(exc).__name__}: "
+                                          f"{str(exc)[:120]}); move it away for a new study, or restore it") from None
+            if not isinstance(record, dict) or not isinstance(record.get("op_code"), int):
+                raise InputError(journal, f"line {number}: not an Optuna journal (a record with no op_code); move "
+                                          "it away for a new study, or restore it")
 
 
 @contextlib.contextmanager
@@ -270,7 +297,7 @@ def existing(sweep: Sweep):
     """The study of a sweep directory, read only (for --dry-run), or None."""
     import optuna
 
-    if not (sweep.output_dir / JOURNAL).is_file():
+    if not (sweep.output_dir / JOURNAL).exists():
         return None
     try:
         return optuna.load_study(study_name=sweep.study, storage=storage(sweep.output_dir))

@@ -127,3 +127,22 @@ def test_the_space_is_the_one_the_study_was_created_with(tmp_path):
     _, space, _ = studies.open_study(sweep, narrowed, {"note": "narrowed here"})
     _, again, _ = studies.open_study(sweep, sweep.space, {"note": "nothing dropped on that machine"})
     assert space == again == narrowed
+
+
+@pytest.mark.parametrize("journal, says", [
+    (b"\x91\xfe binary\n", "line 1: not an Optuna journal (UnicodeDecodeError"),
+    (b'{"op_code": 0, "study_name": "sweep"}\nnot json\n', "line 2: not an Optuna journal (JSONDecodeError"),
+    (b"[1, 2]\n", "line 1: not an Optuna journal (a record with no op_code)"),
+    (b'{"op_code": 0}\n', "not an Optuna journal (KeyError: 'study_name')"),
+    (b'{"op_code": 99, "worker_id": "x"}\n', "not an Optuna journal (AssertionError"),  # optuna 4.x's replay
+    (None, "is not a file; expected the study's Optuna journal"),
+])
+def test_a_garbled_journal_is_named_when_the_study_is_opened_or_shown(tmp_path, journal, says):
+    sweep = light_sweep(tmp_path, RANGE, "trials = 2")
+    sweep.output_dir.mkdir(parents=True)
+    path = sweep.output_dir / studies.JOURNAL
+    path.mkdir() if journal is None else path.write_bytes(journal)
+    for opening in (lambda: worker(sweep), lambda: studies.existing(sweep)):  # a run, and --dry-run
+        with pytest.raises(InputError) as caught:
+            opening()
+        assert str(caught.value).startswith(f"{path}: ") and says in str(caught.value)
