@@ -26,13 +26,26 @@ class Finite(click.FloatRange):
         return number
 
 
+class NonEmptyPath(click.Path):
+    """A path that is not "" (an unset shell variable: `--config $CFG`), which click turns into ".", the current
+    folder, and the command then calls a folder where a file was meant."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.strip():
+            self.fail("an empty path (an unset shell variable?)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+PATH = NonEmptyPath(path_type=Path)
+
+
 def _input_options(func):
     options = [
-        click.option("--config", "config", type=click.Path(path_type=Path), help="The run config (TOML) of `sftdoctor train`."),
-        click.option("--model-config", type=click.Path(path_type=Path), help="A model's config.json, or its folder."),
-        click.option("--deepspeed", type=click.Path(path_type=Path), help="A DeepSpeed JSON config."),
-        click.option("--topology", type=click.Path(path_type=Path), help="A saved `nvidia-smi topo -m` output, read instead of the local one."),
-        click.option("--facts", "facts_file", type=click.Path(path_type=Path), help="Replay a saved facts snapshot (`sftdoctor facts`) instead of probing."),
+        click.option("--config", "config", type=PATH, help="The run config (TOML) of `sftdoctor train`."),
+        click.option("--model-config", type=PATH, help="A model's config.json, or its folder."),
+        click.option("--deepspeed", type=PATH, help="A DeepSpeed JSON config."),
+        click.option("--topology", type=PATH, help="A saved `nvidia-smi topo -m` output, read instead of the local one."),
+        click.option("--facts", "facts_file", type=PATH, help="Replay a saved facts snapshot (`sftdoctor facts`) instead of probing."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -121,7 +134,7 @@ def main():
               help="With --distributed: time budget of the all-reduce sweep.")
 @click.option("--bound", type=Finite(min=1.0), default=60.0, show_default=True,
               help="With --distributed: seconds to wait for a rank to join, or a collective to finish.")
-@click.option("--out", type=click.Path(path_type=Path), default=Path("sftdoctor-distributed"), show_default=True,
+@click.option("--out", type=PATH, default=Path("sftdoctor-distributed"), show_default=True,
               help="With --distributed: where each rank's record and the findings are written.")
 @click.option("--drill", help="With --distributed: absent:RANK keeps that rank away, to see it named.")
 def check(config, model_config, deepspeed, topology, facts_file, select, list_checks, as_json, no_plugins, verbose,
@@ -200,7 +213,7 @@ def facts(config, model_config, deepspeed, topology, facts_file):
 
 
 @main.command()
-@click.argument("config", type=click.Path(path_type=Path))
+@click.argument("config", type=PATH)
 @click.option("--resume", is_flag=True, help="Continue from the newest complete checkpoint in the run directory.")
 @click.option("--dry-run", is_flag=True, help="Resolve, run the checks and print the plan; do not train.")
 @click.option("--smoke", is_flag=True, help="Rehearse the whole pipeline in seconds on a shrunk model, with a save and a resume.")
@@ -252,8 +265,8 @@ def _sigterm_interrupts() -> None:
 
 
 @main.command("sweep")
-@click.argument("sweep_file", metavar="SWEEP.toml", type=click.Path(path_type=Path))
-@click.option("--facts", "facts_file", type=click.Path(path_type=Path),
+@click.argument("sweep_file", metavar="SWEEP.toml", type=PATH)
+@click.option("--facts", "facts_file", type=PATH,
               help="Judge the trials (the gate, the narrowing) on a recorded machine's facts (`sftdoctor facts`) "
                    "instead of this one's; with --dry-run, see what fits there.")
 @click.option("--dry-run", is_flag=True, help="Check the sweep file, narrow the space and show it, with the study so far; "
@@ -307,7 +320,7 @@ class Size(click.ParamType):
 
 
 @main.command()
-@click.argument("config", type=click.Path(path_type=Path))
+@click.argument("config", type=PATH)
 @click.option("--gpu-memory", type=Size(), help="Plan for GPUs of this memory (e.g. 80GiB) instead of the ones found.")
 @click.option("--gpus", "gpus_per_node", type=click.IntRange(min=1), help="GPUs per node to plan for (default: the run's).")
 @click.option("--nodes", type=click.IntRange(min=1), help="Nodes to plan for (default: the run's).")
@@ -342,16 +355,16 @@ def _names(value: str | None) -> list[str]:
 @click.argument("target", required=False)
 @click.option("--tasks", metavar="NAMES", help="lm-eval tasks, comma-separated (e.g. mmlu,gsm8k,hellaswag).")
 @click.option("--base", metavar="MODEL", help="Also evaluate this model (the base), side by side with the difference.")
-@click.option("--include", type=click.Path(path_type=Path), help="A folder of lm-eval task YAMLs of your own (with their local data).")
+@click.option("--include", type=PATH, help="A folder of lm-eval task YAMLs of your own (with their local data).")
 @click.option("--limit", type=click.IntRange(min=1), help="At most this many examples per task.")
 @click.option("--num-fewshot", type=click.IntRange(min=0), help="Few-shot examples (default: each task's own).")
 @click.option("--batch-size", default=None, metavar="N|auto", help="Per forward pass (default: auto on a GPU, 8 on a CPU).")
-@click.option("--compare", type=click.Path(path_type=Path), help="A result of an earlier `sftdoctor eval` to compare with (same settings only).")
-@click.option("--out", type=click.Path(path_type=Path), help="Where to write the result (default: RUN_DIR/eval.json, or eval.json in the model folder).")
+@click.option("--compare", type=PATH, help="A result of an earlier `sftdoctor eval` to compare with (same settings only).")
+@click.option("--out", type=PATH, help="Where to write the result (default: RUN_DIR/eval.json, or eval.json in the model folder).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document.")
-@click.option("--code", "code_problems", type=click.Path(path_type=Path), metavar="PROBLEMS.jsonl",
+@click.option("--code", "code_problems", type=PATH, metavar="PROBLEMS.jsonl",
               help="Score generated code on these HumanEval-format problems; every sample runs in a sandbox.")
-@click.option("--completions", type=click.Path(path_type=Path), metavar="FILE",
+@click.option("--completions", type=PATH, metavar="FILE",
               help="With --code: the samples to score (task_id + completion lines, several per task).")
 @click.option("--model", "code_model", metavar="TARGET", help="With --code: generate the samples with this model.")
 @click.option("--samples", type=click.IntRange(min=1), default=1, show_default=True, help="With --model: samples per problem.")
@@ -446,6 +459,8 @@ def explain(topic, list_topics, log_file, as_json, jobs):
         if log_file is not None:
             if topic or list_topics:
                 raise InputError("explain", "give a TOPIC or --log FILE, not both")
+            if not log_file.strip():
+                raise InputError("--log", "an empty path (an unset shell variable?); expected a log file, or - for stdin")
             sys.exit(_triage(log_file, as_json, jobs or min(os.cpu_count() or 1, 8)))
         if as_json:
             raise InputError("explain", "--json goes with --log FILE")
@@ -490,8 +505,8 @@ def _triage(log_file: str, as_json: bool, jobs: int) -> int:
 
 
 @main.command()
-@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--output", "-o", type=click.Path(path_type=Path),
+@click.argument("runs", nargs=-1, required=True, type=PATH)
+@click.option("--output", "-o", type=PATH,
               help="Folder to write report.html and its panels in (default: the run directory; with several runs, "
                    "./sftdoctor-report).")
 @click.option("--x", "by", type=click.Choice(["step", "tokens"]), default="step", show_default=True,
