@@ -1,6 +1,7 @@
 """The check registry and runner: injection by name, skips, isolation of a broken check, and plugins."""
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -122,8 +123,13 @@ def site_broken(env):
 
 
 def check_json(env, *args):
+    # nccl-env probes the rendezvous port: its own free one, not torchrun's 29500, which another xdist worker's
+    # training (or test_a_busy_default_port_does_not_block_train) may hold at this moment
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     proc = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--json", "--select", *args],
-                          capture_output=True, text=True, env=env)
+                          capture_output=True, text=True, env={**env, "MASTER_PORT": str(port)})
     return proc.returncode, json.loads(proc.stdout) if proc.stdout else proc.stderr
 
 

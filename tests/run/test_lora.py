@@ -226,6 +226,45 @@ def test_llama2_7b_built_on_the_meta_device_trains_what_peft_reports(tmp_path):
         (32, 11008, 4096)
 
 
+def llama_like(c: dict) -> tuple[int, dict[str, tuple[int, int, int]]]:
+    """Parameters and linear shapes of a llama/qwen2 decoder from its config, by hand: the oracle the recorded
+    listings (written by the probe under test) are held to."""
+    h, i, layers, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    head = h // c["num_attention_heads"]
+    kv = c.get("num_key_value_heads", c["num_attention_heads"]) * head
+    bias = c["model_type"] == "qwen2"  # qwen2's q, k and v carry biases
+    attention = h * h + 2 * h * kv + h * h + (h + 2 * kv if bias else 0)
+    per_layer = attention + 3 * h * i + 2 * h  # + the two RMSNorm weights
+    tied = c.get("tie_word_embeddings", False)
+    total = v * h * (1 if tied else 2) + layers * per_layer + h
+    shapes = {"q_proj": (layers, h, h), "k_proj": (layers, h, kv), "v_proj": (layers, h, kv), "o_proj": (layers, h, h),
+              "gate_proj": (layers, h, i), "up_proj": (layers, h, i), "down_proj": (layers, i, h), "lm_head": (1, h, v)}
+    return total, shapes
+
+
+def gpt2_like(c: dict) -> tuple[int, dict[str, tuple[int, int, int]]]:
+    h, layers, v, p = c["n_embd"], c["n_layer"], c["vocab_size"], c["n_positions"]
+    inner = c.get("n_inner") or 4 * h
+    per_layer = 2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (h * inner + inner) + (inner * h + h)
+    total = v * h + p * h + layers * per_layer + 2 * h  # lm_head tied to wte
+    return total, {"c_attn": (layers, h, 3 * h), "c_fc": (layers, h, inner), "lm_head": (1, h, v)}
+
+
+# Published totals: Llama-2-7b, 6,738,415,616 (peft's print_trainable_parameters for r=8 on q_proj,v_proj prints
+# "trainable params: 4,194,304 || all params: 6,742,609,920"); GPT-2 small, 124,439,808.
+PUBLISHED = {"Llama-2-7b-chat-hf.json": 6_738_415_616, "gpt2.json": 124_439_808}
+
+
+@pytest.mark.parametrize("entry", index("lora_modules"), ids=lambda e: e["file"])
+def test_the_recorded_listings_hold_the_counts_worked_out_by_hand(entry):
+    config = json.loads((EXAMPLES.parent / entry["config"]).read_text())
+    total, shapes = (gpt2_like if config["model_type"] == "gpt2" else llama_like)(config)
+    listing = recorded(entry["file"])
+    assert listing["parameters"] == total == PUBLISHED.get(entry["file"], total)
+    found = {e["pattern"].rsplit(".", 1)[-1]: (e["count"], e["in"], e["out"]) for e in listing["linear"]}
+    assert {k: found[k] for k in shapes} == shapes
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("entry", index("lora_modules"), ids=lambda e: e["file"])
 def test_the_recorded_listings_are_what_the_probe_lists_today(entry):
