@@ -28,6 +28,10 @@ def unreadable(head: bytes) -> str | None:
     for magic, (kind, cat) in COMPRESSED.items():
         if head.startswith(magic):
             return f"a {kind} file, not a text log: decompress it first ({cat} FILE | sftdoctor explain --log -)"
+    wide = _utf16_or_32(head)
+    if wide:  # PowerShell's Tee-Object and Out-File write UTF-16: the needles, in UTF-8, would never match
+        return (f"a {wide} text file, not UTF-8: convert it first (iconv -f {wide} -t UTF-8 FILE | "
+                "sftdoctor explain --log -)")
     # NUL bytes do not count against a log: a file truncated in place under a writer (logrotate's
     # copytruncate) starts with a hole of them.
     rest = head.replace(b"\x00", b"")
@@ -35,4 +39,20 @@ def unreadable(head: bytes) -> str | None:
     if not rest or non_text > MAX_NON_TEXT * len(rest):
         return ("binary data, not a text log" + (" (only NUL bytes at its start: tr -d '\\000' < FILE | "
                                                   "sftdoctor explain --log -)" if not rest else ""))
+    return None
+
+
+def _utf16_or_32(head: bytes) -> str | None:
+    """UTF-32 or UTF-16 by their byte-order mark, or UTF-16 without one: ASCII text in it puts a NUL at every
+    other byte, where a log truncated in place has them in one run."""
+    if head.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        return "UTF-32"
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "UTF-16"
+    pairs = len(head) // 2
+    if pairs < 16:
+        return None
+    even, odd = head[0:2 * pairs:2].count(0), head[1:2 * pairs:2].count(0)
+    if max(even, odd) > 0.4 * pairs and min(even, odd) < 0.05 * pairs:
+        return "UTF-16LE" if odd > even else "UTF-16BE"  # ASCII's high byte, after it or before
     return None
