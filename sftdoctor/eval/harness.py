@@ -23,20 +23,77 @@ COMPARED = ("num_fewshot", "limit", "apply_chat_template", "generation", "task_v
 
 
 def task_manager(tasks: list[str], include: Path | None):
-    """lm-eval's registry holding every task of `tasks`, or a one-line error naming the unknown one."""
+    """lm-eval's registry holding every task of `tasks`, or a one-line error naming the unknown one. The
+    tasks of the user's own folder are built here too (their data read, their templates tried on the first
+    document), before any model loads: a mistake in one would otherwise surface as a traceback from lm-eval,
+    datasets or jinja after minutes of loading."""
     from lm_eval.tasks import TaskManager
 
     include_path = str(include) if include else None
-    if include_path:
-        local = TaskManager(include_path=include_path, include_defaults=False)
-        if all(name in local.all_tasks for name in tasks):
-            return local
+    local = TaskManager(include_path=include_path, include_defaults=False) if include_path else None
+    if local is not None and all(name in local.all_tasks for name in tasks):
+        build_local(local, tasks, include)
+        return local
     manager = TaskManager(include_path=include_path)
     for name in tasks:
         if name not in manager.all_tasks:
+            unread = unreadable_yamls(include) if include else []
             raise InputError("--tasks", f"no lm-eval task {name!r}{did_you_mean(name, manager.all_tasks)}"
-                                        + ("" if include else " (a task of your own: --include FOLDER)"))
+                                        + ("" if include else " (a task of your own: --include FOLDER)")
+                                        + (f"; --include holds YAML lm-eval cannot read: {'; '.join(unread[:3])}"
+                                           if unread else ""))
+    if local is not None:
+        build_local(manager, [name for name in tasks if name in local.all_tasks], include)
     return manager
+
+
+def build_local(manager, names: list[str], include: Path) -> None:
+    """Build the user's own tasks as lm-eval will (a task's config, data and first document rendered)."""
+    import logging
+
+    datasets_log = logging.getLogger("datasets")
+    level = datasets_log.level
+    datasets_log.setLevel(logging.CRITICAL)  # it logs the cause at ERROR before raising; the one line says it
+    try:
+        for name in names:
+            try:
+                with _working_dir(include):
+                    manager.load([name])
+            except Exception as exc:  # noqa: BLE001 - the user's task: any failure of it is bad input
+                raise InputError(include, f"task {name!r} cannot be built by lm-eval ({_root(exc)})",
+                                 key="--include") from None
+    finally:
+        datasets_log.setLevel(level)
+
+
+def _root(exc: BaseException) -> str:
+    """The innermost cause ("DatasetGenerationError: An error occurred" says nothing), on one line."""
+    while exc.__cause__ is not None or (exc.__context__ is not None and not exc.__suppress_context__):
+        exc = exc.__cause__ or exc.__context__
+    text = (str(exc).strip().splitlines() or [""])[0][:240]
+    if isinstance(exc, StopIteration):
+        text = "no documents in its split"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def unreadable_yamls(include: Path) -> list[str]:
+    """The folder's YAML files that lm-eval skips without a word (not UTF-8, not YAML), each with why."""
+    import yaml
+
+    class Tagged(yaml.SafeLoader):  # lm-eval's own tags (!function) are not the problem here
+        pass
+
+    Tagged.add_multi_constructor("!", lambda loader, suffix, node: None)
+    found = []
+    for path in sorted(p for p in include.rglob("*.y*ml") if p.is_file()):
+        try:
+            yaml.load(path.read_bytes().decode("utf-8"), Loader=Tagged)  # noqa: S506 - a SafeLoader
+        except UnicodeDecodeError:
+            found.append(f"{path.name}: not UTF-8")
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            found.append(f"{path.name}: not YAML" + (f" (line {mark.line + 1})" if mark else ""))
+    return found
 
 
 @contextlib.contextmanager

@@ -1,0 +1,60 @@
+"""The user's own lm-eval tasks (--include) are built before any model loads: a mistake in one is one line
+naming the folder and the task, not a traceback from lm-eval, datasets or jinja after the model loaded."""
+
+import shutil
+
+import pytest
+
+from conftest import EXAMPLES
+from sftdoctor.errors import InputError
+from sftdoctor.eval.harness import task_manager, unreadable_yamls
+
+TASKS = EXAMPLES / "tiny" / "tasks"
+CHOICE = (TASKS / "tiny_count_choice.yaml").read_text().replace("tiny_count_choice", "mine")
+
+
+def folder(tmp_path, yaml: str | bytes, data: bytes | None = None):
+    shutil.copy(TASKS / "count.jsonl", tmp_path / "count.jsonl")
+    if data is not None:
+        (tmp_path / "count.jsonl").write_bytes(data)
+    path = tmp_path / "mine.yaml"
+    path.write_bytes(yaml if isinstance(yaml, bytes) else yaml.encode())
+    return tmp_path
+
+
+@pytest.mark.parametrize("yaml, data, says", [
+    (CHOICE.replace("count.jsonl", "gone.jsonl"), None, "(FileNotFoundError: Unable to find"),
+    (CHOICE, b"not json\n", "(ValueError: "),
+    (CHOICE, b"", "(StopIteration: no documents in its split)"),
+    (CHOICE.replace("{{choices}}", "{{no_such_field}}"), None, "(UndefinedError: 'no_such_field' is undefined)"),
+    (CHOICE.replace("output_type: multiple_choice", "output_type: choose"), None, "Got invalid output_type 'choose'"),
+    (CHOICE.replace('doc_to_text: "', 'doc_to_text: !function utils.nope\n#'), None, "(ModuleNotFoundError: No module named 'utils')"),
+])
+def test_a_task_of_ones_own_that_cannot_be_built_is_named_before_the_model_loads(tmp_path, yaml, data, says):
+    include = folder(tmp_path, yaml, data)
+    with pytest.raises(InputError) as caught:
+        task_manager(["mine"], include)
+    message = str(caught.value)
+    assert message.startswith(f"{include}: --include: task 'mine' cannot be built by lm-eval (") and says in message
+
+
+@pytest.mark.slow  # a name not in the folder indexes lm-eval's 14,000 bundled tasks: 7 s
+@pytest.mark.parametrize("yaml, says", [(b"\xff\xfe task: mine", "mine.yaml: not UTF-8"),
+                                        ("task: mine\n  bad: [indent\n", "mine.yaml: not YAML (line 2)")])
+def test_a_yaml_lm_eval_skips_in_silence_is_named_with_the_unknown_task(tmp_path, yaml, says):
+    with pytest.raises(InputError) as caught:
+        task_manager(["mine"], folder(tmp_path, yaml))
+    assert str(caught.value) == f"--tasks: no lm-eval task 'mine'; --include holds YAML lm-eval cannot read: {says}"
+
+
+def test_the_bundled_tasks_build():
+    assert {"tiny_count_choice", "tiny_count_gen"} <= set(task_manager(["tiny_count_choice", "tiny_count_gen"],
+                                                                       TASKS).all_tasks)
+
+
+def test_only_yaml_that_cannot_be_read_is_listed(tmp_path):
+    (tmp_path / "a.yaml").write_text("task: a\ndoc_to_text: !function utils.prompt\n")  # lm-eval's tag: fine
+    (tmp_path / "b.yaml").write_bytes(b"\xff\xfe")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.yml").write_text("task: [c\n")
+    assert unreadable_yamls(tmp_path) == ["b.yaml: not UTF-8", "c.yml: not YAML (line 2)"]
