@@ -22,29 +22,14 @@ from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
+from sftdoctor.facts.catalogue import PHASES, unavailable_to
 from sftdoctor.findings import Finding, Severity
 
 ENTRY_POINT_GROUP = "sftdoctor.checks"
-PHASES = ("preflight", "runtime", "distributed", "postrun")  # distributed: `check --distributed`, over every rank;
-# postrun: the curve readers, over a run's logged series (`sftdoctor report`, and `train` at the end of a run)
-BUILTIN_MODULES = (
-    "sftdoctor.checks.torch_cuda",
-    "sftdoctor.checks.precision",
-    "sftdoctor.checks.topology",
-    "sftdoctor.checks.deepspeed",
-    "sftdoctor.checks.flash_attn",
-    "sftdoctor.checks.advisories",
-    "sftdoctor.checks.nccl_env",
-    "sftdoctor.checks.run_config",
-    "sftdoctor.checks.memory",
-    "sftdoctor.checks.packing",
-    "sftdoctor.checks.targets",
-    "sftdoctor.checks.lora",
-    "sftdoctor.checks.evaluation",
-    "sftdoctor.checks.runtime",
-    "sftdoctor.checks.curves",
-    "sftdoctor.checks.cluster",
-)
+# Every module of this package is scanned for checks (a new one needs no registration). This only orders the
+# output table, the checks a practitioner reads first at the top; a module not named here comes after these.
+SHOWN_FIRST = ("torch_cuda", "precision", "topology", "deepspeed", "flash_attn", "advisories", "nccl_env", "run_config",
+               "memory", "packing", "targets", "lora", "evaluation", "runtime", "curves", "cluster")
 _ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 
 
@@ -91,6 +76,13 @@ class Registry:
     problems: list[Finding] = field(default_factory=list)  # plugins that failed to load
 
     def add(self, spec: CheckSpec) -> None:
+        wrong = next((why for why in (unavailable_to(name, spec.phase) for name, _ in spec.facts) if why), None)
+        if wrong:  # it would be skipped on every run, or never be called: refused here, where it is seen
+            self.problems.append(Finding(
+                Severity.WARNING, f"check {spec.id!r} from {spec.origin} not loaded: it {wrong}",
+                fix=f"name a fact of the {spec.phase} phase (`sftdoctor explain plugins` lists them)",
+                id="plugin-load", explain="plugins"))
+            return
         if spec.id in self.checks:
             first = self.checks[spec.id].origin
             self.problems.append(Finding(
@@ -124,9 +116,18 @@ def plugins_enabled(no_plugins: bool = False) -> bool:
     return not no_plugins and os.environ.get(PLUGINS_OFF, "") in ("", "0")
 
 
+def builtin_modules() -> list[str]:
+    """The modules of sftdoctor.checks, in the order their checks are shown."""
+    import pkgutil
+
+    found = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
+    rank = {name: i for i, name in enumerate(SHOWN_FIRST)}
+    return [f"{__name__}.{name}" for name in sorted(found, key=lambda n: (rank.get(n, len(rank)), n))]
+
+
 def load_checks(plugins: bool = True) -> Registry:
     registry = Registry()
-    for name in BUILTIN_MODULES:
+    for name in builtin_modules():
         registry.scan(importlib.import_module(name), "sftdoctor")
     if plugins:
         from sftdoctor.facts.distributions import entry_points, load_entry_point

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from sftdoctor import __version__
 from sftdoctor.errors import InputError, InputErrors, did_you_mean, parse_problem, read_text
+from sftdoctor.facts.catalogue import CATALOGUE
 
 SCHEMA = 2
 READS = (1, 2)  # schema 1 named the run config "run_config"; it is derived from the inputs, so ignored
@@ -44,52 +45,16 @@ class Probe:
 
 
 def _probes() -> dict[str, Probe]:
-    from sftdoctor.facts import (configs, data, eval_tasks, gpus, lora_modules, model_shape, nics, packages, packing_probe,
-                                 slurm, stack, system, targets_probe, tokenizer, topology)
+    """The probe of each preflight fact in the catalogue, imported here (the CLI pays for it on `check` only)."""
+    import importlib
 
-    config, model, ds = ("config",), ("config", "model_config"), ("config", "deepspeed")
-    return {
-        "packages": Probe(packages.probe_packages),
-        "torch_build": Probe(packages.probe_torch_build, why_missing="torch is not installed"),
-        "deepspeed_defaults": Probe(packages.probe_deepspeed_defaults, why_missing="deepspeed is not installed"),
-        "flash_attn": Probe(packages.probe_flash_attn),
-        "bitsandbytes": Probe(packages.probe_bitsandbytes),
-        "gpus": Probe(gpus.probe_gpus),
-        "topology": Probe(topology.probe_topology, ("topology",),
-                          "no `nvidia-smi topo -m` available (give a saved one with --topology)"),
-        "nics": Probe(nics.probe_nics, why_missing="no `ibstat` (InfiniBand/RoCE tools) on this machine"),
-        "toolkit": Probe(system.probe_toolkit),
-        "env": Probe(system.probe_env),
-        "rendezvous": Probe(system.probe_rendezvous),
-        "slurm": Probe(slurm.probe_slurm, why_missing="not inside a Slurm allocation (SLURM_JOB_ID is not set)"),
-        "transformers_features": Probe(stack.probe_transformers_features, why_missing="transformers is not installed"),
-        "run": Probe(configs.probe_run_config, config, "no run config given (--config)"),
-        "model_config": Probe(configs.probe_model_config, model,
-                              "no model config given (--model-config, or [model].path in --config)"),
-        "deepspeed_config": Probe(configs.probe_deepspeed_config, ds,
-                                  "no DeepSpeed config given (--deepspeed, or [deepspeed] config in --config)"),
-        "data": Probe(data.probe_data, config, "no run config given (--config)"),
-        "chat_template": Probe(tokenizer.probe_chat_template, config, "no run config, or its tokenizer has no files here"),
-        "packing_probe": Probe(packing_probe.probe_packing, config,
-                               "packing is off, or no run config / model config to probe"),
-        "model_shape": Probe(model_shape.probe_model_shape, model,
-                             "no model config, or an architecture sftdoctor counts only where there are GPUs"),
-        "lora_modules": Probe(lora_modules.probe_lora_modules, model,
-                              "no [lora] in the run config, or no model config.json to list its layers from"),
-        "eval_tasks": Probe(eval_tasks.probe_eval_tasks, config, "no [eval] in the run config (or no --config)"),
-        "plan": Probe(_probe_plan, config, "no run config given (--config)"),
-        "training_targets": Probe(targets_probe.probe_training_targets, config,
-                                  "the run's model has no config.json and tokenizer files here to build its trainer from"),
-        "cluster": Probe(lambda facts: None,
-                         why_missing="only under `sftdoctor check --distributed` (every rank of a job)"),
-    }
-
-
-def _probe_plan(facts: "Facts"):
-    from sftdoctor.run import resolve
-
-    run = facts.get("run")
-    return resolve(run, facts) if run is not None else None
+    probes = {}
+    for name, fact in CATALOGUE.items():
+        if fact.probe:
+            module, function = fact.probe.split(":")
+            func = getattr(importlib.import_module(f"sftdoctor.facts.{module}"), function)
+            probes[name] = Probe(func, fact.inputs, fact.why_missing)
+    return probes
 
 
 class Facts:
@@ -113,7 +78,7 @@ class Facts:
         return facts
 
     def known(self, name: str) -> bool:
-        return name in self.probes
+        return name in CATALOGUE
 
     def get(self, name: str) -> Any:
         if name not in self._values and name not in self._missing:
@@ -130,8 +95,8 @@ class Facts:
 
     def _collect(self, name: str) -> None:
         probe = self.probes.get(name)
-        if probe is None:
-            self._missing[name] = f"no probe provides the fact {name!r}"
+        if probe is None:  # a fact of another phase (a run's moment, a job's ranks), or none at all
+            self._missing[name] = CATALOGUE[name].why_missing if name in CATALOGUE else f"no fact {name!r}"
             return
         if self._replayed is not None and not self.derived_here(name):
             if self._replayed.get(name) is not None:
@@ -175,11 +140,6 @@ def _plain(value: Any) -> Any:
     return value.to_json() if hasattr(value, "to_json") else value
 
 
-# What each recorded fact must be; a fact of another type is a malformed snapshot, not a check crash.
-OBJECT_FACTS = {"packages", "torch_build", "deepspeed_defaults", "flash_attn", "gpus", "topology", "nics", "toolkit",
-                "env", "rendezvous", "slurm", "transformers_features", "cluster"}
-
-
 def load_snapshot(path: Path, probes: dict[str, Probe]) -> tuple[dict[str, Any], str]:
     from sftdoctor.facts.shapes import fact_problem
 
@@ -203,12 +163,13 @@ def load_snapshot(path: Path, probes: dict[str, Probe]) -> tuple[dict[str, Any],
     for name, value in doc["facts"].items():
         if name in LEGACY:
             continue
-        if name not in probes:
-            raise InputError(path, f"unknown fact{did_you_mean(name, probes)}; known facts: {', '.join(probes)}",
+        fact = CATALOGUE.get(name)
+        if fact is None:
+            raise InputError(path, f"unknown fact{did_you_mean(name, CATALOGUE)}; known facts: {', '.join(probes)}",
                              key=f"facts.{name}")
-        if "config" in probes[name].inputs:
+        if "config" in fact.inputs:
             continue  # derived from the run's configs: computed from what is given now
-        if value is not None and name in OBJECT_FACTS and not isinstance(value, dict):
+        if value is not None and fact.is_object and not isinstance(value, dict):
             raise InputError(path, f"expected an object, got {type(value).__name__}", key=f"facts.{name}")
         found = fact_problem(name, value) if value is not None else None
         if found:

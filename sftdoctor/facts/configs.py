@@ -44,6 +44,14 @@ def probe_run_config(facts):
     return load_run_config(facts.inputs.config)
 
 
+def probe_plan(facts):
+    """The run's settings, decided once by sftdoctor.run.resolve from the run config and the other facts."""
+    from sftdoctor.run import resolve
+
+    run = facts.get("run")
+    return resolve(run, facts) if run is not None else None
+
+
 # ---------------------------------------------------------------- model config.json
 
 # transformers >= 4.56 (PR #39782) writes "dtype"; earlier versions wrote "torch_dtype", which

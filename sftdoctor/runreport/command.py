@@ -19,6 +19,7 @@ from typing import Any
 from sftdoctor import report
 from sftdoctor.checks import Skipped, load_checks, run_checks
 from sftdoctor.errors import InputError, interruptible
+from sftdoctor.facts.catalogue import fact_names
 from sftdoctor.facts.run_records import read_run
 from sftdoctor.findings import Finding, Severity
 from sftdoctor.run import rundir
@@ -35,7 +36,7 @@ class PostrunFacts:
         self.curves = curves
 
     def known(self, name: str) -> bool:
-        return name == "curves"
+        return name in fact_names("postrun")
 
     def get(self, name: str) -> Any:
         return self.curves if name == "curves" else None

@@ -28,6 +28,7 @@ from transformers import TrainerCallback
 
 from sftdoctor import report
 from sftdoctor.checks import load_checks, run_check
+from sftdoctor.facts.catalogue import fact_names
 from sftdoctor.findings import Finding
 from sftdoctor.run import Plan
 from sftdoctor.train import compat
@@ -56,10 +57,13 @@ class RuntimeFacts:
     """The facts of one moment of the run (a step's statistics, a logged loss, a hang report)."""
 
     def __init__(self, values: dict[str, Any]):
+        unknown = set(values) - set(fact_names("runtime"))
+        if unknown:  # the checks would wait for a name no check can ask for (facts/catalogue.py)
+            raise ValueError(f"not runtime facts of the catalogue: {sorted(unknown)}")
         self.values = values
 
     def known(self, name: str) -> bool:
-        return True
+        return name in self.values
 
     def get(self, name: str) -> Any:
         return self.values.get(name)

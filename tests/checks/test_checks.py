@@ -4,11 +4,12 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import install_plugin
-from sftdoctor.checks import BUILTIN_MODULES, NotApplicable, Registry, check, load_checks, run_check
+from sftdoctor.checks import NotApplicable, Registry, builtin_modules, check, load_checks, run_check
 from sftdoctor.facts import Facts
 from sftdoctor.findings import ok
 
@@ -105,7 +106,6 @@ def test_declaring_a_check_has_no_side_effect():
         return ok("x")
 
     assert set(load_checks(plugins=False).checks) == before
-    assert all(m.startswith("sftdoctor.checks.") for m in BUILTIN_MODULES)
 
 
 PLUGIN = '''
@@ -199,3 +199,43 @@ def test_a_plugin_that_fails_to_import_is_a_warning(tmp_path):
     problem = next(f for f in doc["findings"] if f["id"] == "plugin-load")
     assert problem["severity"] == "warning" and "ModuleNotFoundError" in problem["title"]
     assert code == 0
+
+
+def test_every_module_of_the_package_is_scanned_without_being_listed(tmp_path, monkeypatch):
+    """A new check module needs no registration: it is found, and its checks shown after the known ones."""
+    import sftdoctor.checks as package
+
+    (tmp_path / "zz_site.py").write_text("from sftdoctor.checks import check\nfrom sftdoctor.findings import ok\n\n"
+                                         "@check('zz-site', 'found without a list')\ndef zz(env):\n    return ok('x')\n")
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    modules = builtin_modules()
+    assert modules[0] == "sftdoctor.checks.torch_cuda" and modules[-1] == "sftdoctor.checks.zz_site"
+    assert "sftdoctor.checks.common" in modules  # helpers are scanned too: they simply declare nothing
+
+
+@pytest.mark.parametrize("source, says", [
+    ("def c(step_stat):", "asks for the fact 'step_stat', which does not exist (did you mean 'step_stats'?)"),
+    ("def c(gpus, hang):", "asks for the fact 'hang', which only runtime checks receive, not preflight ones"),
+])
+def test_a_check_asking_for_a_fact_that_never_comes_is_refused_at_load(source, says):
+    """It would never run (a runtime check whose fact name is misspelt) or always be skipped: said at load."""
+    namespace: dict = {}
+    exec(f"from sftdoctor.findings import ok\n{source}\n    return ok('x')\n", namespace)
+    registry = Registry()
+    registry.scan(check("site-typo", "a typo")(namespace["c"]), "plugin site")
+    assert "site-typo" not in registry.checks
+    [problem] = registry.problems
+    assert problem.title == f"check 'site-typo' from plugin site not loaded: it {says}"
+
+
+def test_every_builtin_check_asks_only_for_facts_of_its_phase():
+    registry = load_checks(plugins=False)
+    assert registry.problems == [] and len(registry.checks) >= 30
+
+
+def test_the_plugins_topic_names_every_fact_a_check_can_ask_for():
+    from sftdoctor.facts.catalogue import CATALOGUE
+
+    text = (Path(__file__).resolve().parents[2] / "sftdoctor" / "kb" / "topics" / "plugins.md").read_text()
+    assert [name for name in CATALOGUE if f"`{name}`" not in text] == []

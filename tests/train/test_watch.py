@@ -235,3 +235,12 @@ def test_ctrl_c_or_sigterm_stops_every_rank_and_says_how_to_resume(tmp_path, tin
     newest = complete(run_dir)[-1]
     assert (run_dir / newest / "trainer_state.json").is_file()  # intact: marked complete only when whole
     assert not (run_dir / "final").exists()
+
+
+def test_the_watchers_pass_only_runtime_facts_of_the_catalogue():
+    """A misspelt name would leave the checks that ask for the real one waiting for ever."""
+    from sftdoctor.train.watch import RuntimeFacts
+
+    assert RuntimeFacts({"step_stats": {"step": 1}}).known("step_stats")
+    with pytest.raises(ValueError, match=r"not runtime facts of the catalogue: \['step_stat'\]"):
+        RuntimeFacts({"step_stat": {"step": 1}})
