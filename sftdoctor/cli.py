@@ -147,7 +147,7 @@ def check(config, model_config, deepspeed, topology, facts_file, select, list_ch
         click.echo(f"sftdoctor: error: --{alone[0]}: goes with --distributed", err=True)
         sys.exit(EXIT_BAD_INPUT)
     if distributed:
-        from sftdoctor.cluster.run import main as distributed_main
+        from sftdoctor.distributed.command import main as distributed_main
 
         if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
             click.echo("sftdoctor: error: --distributed runs under a launcher: torchrun --nproc-per-node G "
@@ -165,7 +165,7 @@ def check(config, model_config, deepspeed, topology, facts_file, select, list_ch
     from sftdoctor.checks import load_checks, plugins_enabled, run_checks
     from sftdoctor.errors import InputError, InputErrors, did_you_mean
     from sftdoctor.facts import Facts
-    from sftdoctor import report
+    from sftdoctor import render
 
     registry = load_checks(plugins_enabled(no_plugins))
     specs = registry.phase("preflight")
@@ -190,10 +190,10 @@ def check(config, model_config, deepspeed, topology, facts_file, select, list_ch
         _bad_input(exc)
     findings = registry.problems + findings
     if as_json:
-        report.render_json(findings, skipped, facts.collected())
+        render.render_json(findings, skipped, facts.collected())
     else:
-        report.render_table(findings, skipped, verbose=verbose)
-    sys.exit(report.exit_code(findings))
+        render.render_table(findings, skipped, verbose=verbose)
+    sys.exit(render.exit_code(findings))
 
 
 @main.command()
@@ -333,7 +333,7 @@ def plan(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_
     import json
 
     from sftdoctor.errors import InputError, InputErrors
-    from sftdoctor.plan import command, report
+    from sftdoctor.plan import command, render
 
     try:
         _, fitted, timing = command.make(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second)
@@ -341,9 +341,9 @@ def plan(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_
         _bad_input(exc)
 
     if as_json:
-        click.echo(json.dumps(report.to_json(fitted, timing), indent=2))
+        click.echo(json.dumps(render.to_json(fitted, timing), indent=2))
     else:
-        click.echo(report.render(fitted, timing))
+        click.echo(render.render(fitted, timing))
     sys.exit(0 if fitted.current.fits else 1)
 
 
@@ -525,7 +525,7 @@ def report(runs, output, by, as_json, no_plugins):
     from sftdoctor.checks import plugins_enabled
     from sftdoctor.errors import InputError
     from sftdoctor.errors import Interrupted
-    from sftdoctor.runreport.command import build, show
+    from sftdoctor.report.command import build, show
 
     if find_spec("matplotlib") is None:
         click.echo("sftdoctor: error: `sftdoctor report` draws with matplotlib, which is not installed: "

@@ -1,4 +1,4 @@
-"""The layering contract: run -> facts -> checks -> report/kb -> triage -> runreport -> plan -> cluster -> eval -> train -> sweep -> cli,
+"""The layering contract: run -> facts -> checks -> render/kb -> triage -> report -> plan -> distributed -> eval -> train -> sweep -> cli,
 from the floor up. No module imports a layer above its own, lazily (inside a function) or not: read from
 the source, so an import that only runs on a rare path is caught too."""
 
@@ -13,11 +13,11 @@ LAYERS = [
     ("sftdoctor.run",),
     ("sftdoctor.facts",),
     ("sftdoctor.checks",),
-    ("sftdoctor.report", "sftdoctor.kb"),
+    ("sftdoctor.render", "sftdoctor.kb"),
     ("sftdoctor.triage",),
-    ("sftdoctor.runreport",),
+    ("sftdoctor.report",),
     ("sftdoctor.plan",),
-    ("sftdoctor.cluster",),
+    ("sftdoctor.distributed",),
     ("sftdoctor.eval",),
     ("sftdoctor.train",),
     ("sftdoctor.sweep",),
@@ -57,7 +57,7 @@ def imports(path: Path, module: str | None = None) -> list[tuple[int, str]]:
                 anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
                 base = ".".join(anchor + ([node.module] if node.module else []))
             found.append((node.lineno, base))
-            # `from sftdoctor import report` imports the module sftdoctor.report
+            # `from sftdoctor import render` imports the module sftdoctor.render
             found += [(node.lineno, f"{base}.{a.name}") for a in node.names
                       if (PACKAGE.parent / f"{base}.{a.name}".replace(".", "/")).with_suffix(".py").exists()
                       or (PACKAGE.parent / f"{base}.{a.name}".replace(".", "/")).is_dir()]
@@ -97,7 +97,7 @@ def lazily():
 
 class Probe:
     def method(self):
-        import sftdoctor.runreport.page
+        import sftdoctor.report.page
 """
 
 
@@ -108,7 +108,7 @@ def test_every_form_of_upward_import_is_caught(tmp_path):
     found = {line.split(" imports ")[1] for line in upward(path, "sftdoctor.checks.memory")}
     assert found >= {"sftdoctor.train.launch", "sftdoctor.sweep", "sftdoctor.sweep.command", "sftdoctor.train",
                      "sftdoctor.train.launch", "sftdoctor.eval", "sftdoctor.cli", "sftdoctor.plan.command",
-                     "sftdoctor.runreport.page"}, found
+                     "sftdoctor.report.page"}, found
     path.write_text("from . import common\nfrom ..facts import configs\nimport sftdoctor.run.resolve\n")
     assert upward(path, "sftdoctor.checks.memory") == []  # same layer and below: fine
 

@@ -1,5 +1,5 @@
 """Checks over every rank of a job (`sftdoctor check --distributed`): the fact `cluster` holds each
-rank's record (versions, node, the GPU it will use) and the all-reduce sweep (sftdoctor.cluster.run)."""
+rank's record (versions, node, the GPU it will use) and the all-reduce sweep (sftdoctor.distributed.command)."""
 
 from __future__ import annotations
 

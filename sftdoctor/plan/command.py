@@ -12,7 +12,7 @@ from typing import Any
 from sftdoctor.errors import InputError
 from sftdoctor.facts import Facts, Inputs, Overlay
 from sftdoctor.facts.model_shape import shape_in_child
-from sftdoctor.plan.report import timing
+from sftdoctor.plan.render import timing
 from sftdoctor.plan.tokens import dataset_tokens, steps_and_tokens
 from sftdoctor.run import Plan, resolve
 from sftdoctor.run.gpus import devices, smallest_memory

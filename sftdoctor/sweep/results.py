@@ -232,7 +232,7 @@ def write(study, sweep: Sweep, plugins: bool = True) -> Written:
         out.skipped.append(f"{IMPORTANCES}: {why}")
     runs = [trial_dir(sweep, t.number) for t in ranked[:OVERLAID] if (trial_dir(sweep, t.number) / "metrics.jsonl").is_file()]
     if runs:
-        from sftdoctor.runreport.command import build
+        from sftdoctor.report.command import build
 
         try:
             out.report = build(runs, folder / REPORT, "step", plugins).html

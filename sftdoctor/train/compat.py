@@ -113,7 +113,7 @@ def default_store():
 def rendezvous_key(run_id: str) -> str:
     """The key torchrun's c10d rendezvous keeps its state under in the rendezvous store (node 0's TCPStore at
     the endpoint): `torch.distributed.elastic.rendezvous.c10d_rendezvous_backend.C10dRendezvousBackend._key`.
-    A node coming back finds by it that the run it left is still on (sftdoctor.cluster.gate.in_progress).
+    A node coming back finds by it that the run it left is still on (sftdoctor.distributed.gate.in_progress).
 
     Verified with torch 2.13.0: "torch.rendezvous." + run_id, unprefixed."""
     return "torch.rendezvous." + run_id

@@ -19,9 +19,9 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from sftdoctor import report
+from sftdoctor import render
 from sftdoctor.checks import load_checks, run_checks
-from sftdoctor.cluster import gate as shared_gate
+from sftdoctor.distributed import gate as shared_gate
 from sftdoctor.errors import InputError
 from sftdoctor.findings import Severity
 from sftdoctor.facts import Facts, Inputs
@@ -91,7 +91,7 @@ def schedule(plan: Plan) -> str:
 
 
 def memory_summary(plan: Plan, facts: Facts) -> str:
-    from sftdoctor.plan.report import summary
+    from sftdoctor.plan.render import summary
     from sftdoctor.run.gpus import devices, smallest_memory
     from sftdoctor.run.resolve import memory_fit
     from sftdoctor.run.shape import Shape
@@ -319,7 +319,7 @@ def report_of(run_dir: Path, plan: Plan) -> str | None:
     if not (run_dir / METRICS).is_file():
         return None
     try:
-        from sftdoctor.runreport.command import build
+        from sftdoctor.report.command import build
 
         written = build([run_dir], plugins=plan.plugins)
     except ModuleNotFoundError as exc:
@@ -330,7 +330,7 @@ def report_of(run_dir: Path, plan: Plan) -> str | None:
         return f"not written: {type(exc).__name__}: {exc}"
     [judged] = written.judged
     print("\nsftdoctor: the curves, read after the run:")
-    report.render_table(judged.verdicts, judged.skipped)
+    render.render_table(judged.verdicts, judged.skipped)
     return f"{os.path.normpath(written.html)} ({len(written.panels)} panels)"
 
 
@@ -392,8 +392,8 @@ def gate(facts: Facts, plugins: bool) -> tuple[list, bool]:
     registry = load_checks(plugins)
     findings, skipped = run_checks(registry.phase("preflight"), facts)
     findings = registry.problems + findings
-    report.render_table(findings, skipped)
-    return findings, report.exit_code(findings) == 1
+    render.render_table(findings, skipped)
+    return findings, render.exit_code(findings) == 1
 
 
 def preflight(config: Path, plugins: bool, facts_file: Path | None = None) -> tuple[Facts, list, bool]:
@@ -431,7 +431,7 @@ def rejoining(plan: Plan) -> bool:
 
 
 def nodes_agree(plan: Plan, findings: list, blocked: bool) -> bool:
-    """Every node's gate verdict, shared (sftdoctor.cluster.gate): whether all of them let the run start. Says
+    """Every node's gate verdict, shared (sftdoctor.distributed.gate): whether all of them let the run start. Says
     which node stops it, or which never came."""
     errors = [f.title for f in findings if f.severity is Severity.ERROR]
     print(f"\nsftdoctor: waiting for all {plan.nnodes} nodes' checks at {plan.master_addr}:{plan.master_port}", flush=True)

@@ -155,7 +155,7 @@ def main(argv: list[str]) -> int:
     run_dir = Path(plan.output_dir)
     # The rehearsal's resume skips it: its first launch checked the same ranks seconds before.
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and plan.distributed_check and not (plan.rehearsal and options.resume):
-        from sftdoctor.cluster.run import main as distributed_check
+        from sftdoctor.distributed.command import main as distributed_check
 
         # Every rank, before the model loads: the same stack, a GPU each, all joined, exact all-reduces.
         if distributed_check(plan.distributed_check_bound_s, DISTRIBUTED_CHECK_SECONDS, run_dir / "distributed",

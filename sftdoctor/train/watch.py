@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from sftdoctor import report
+from sftdoctor import render
 from sftdoctor.checks import load_checks, run_check
 from sftdoctor.facts.catalogue import fact_names
 from sftdoctor.findings import Finding
@@ -92,7 +92,7 @@ class Reporter:
     def publish(self, findings: list[Finding], step: int, force: bool = False) -> None:
         if not findings or (rank_world()[0] != 0 and not force):
             return
-        report.render_table(findings, [], with_summary=False)
+        render.render_table(findings, [], with_summary=False)
         sys.stdout.flush()
         with open(self.run_dir / FINDINGS, "a", encoding="utf-8") as log:
             for finding in findings:

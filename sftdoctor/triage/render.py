@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from sftdoctor import __version__
-from sftdoctor.report import render_table
+from sftdoctor.render import render_table
 from sftdoctor.triage import Diagnosis
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from sftdoctor.checks import load_checks
 from sftdoctor.facts.run_records import read_run
-from sftdoctor.runreport.command import judge
+from sftdoctor.report.command import judge
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "curves"
 INDEX = json.loads((FIXTURES / "index.json").read_text())

@@ -9,7 +9,7 @@ import pytest
 from triage.helpers import LOGS, by_file, diagnosis_of, line_of, log_bytes, oom_then_cascade
 from sftdoctor import __version__
 from sftdoctor.findings import Severity
-from sftdoctor.report import MARKS
+from sftdoctor.render import MARKS
 from sftdoctor.triage import diagnose
 from sftdoctor.triage.render import render_diagnosis, render_diagnosis_json
 

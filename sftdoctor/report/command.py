@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sftdoctor import report
+from sftdoctor.render import exit_code, render_table
 from sftdoctor.checks import Skipped, load_checks, run_checks
 from sftdoctor.errors import InputError, interruptible
 from sftdoctor.facts.catalogue import fact_names
 from sftdoctor.facts.run_records import read_run
 from sftdoctor.findings import Finding, Severity
 from sftdoctor.run import rundir
-from sftdoctor.runreport import page
-from sftdoctor.runreport.panels import COLOURS, Axis, Run, render, shown
+from sftdoctor.report import page
+from sftdoctor.report.panels import COLOURS, Axis, Run, render, shown
 
 AXES = ("step", "tokens")
 
@@ -206,11 +206,11 @@ def show(written: Written, as_json: bool) -> int:
                                     "findings": [f.to_json() for f in j.verdicts],
                                     "skipped": [{"id": s.id, "reason": s.reason} for s in j.skipped]}
                                    for j in written.judged]}, indent=2, default=str))
-        return report.exit_code(findings)
+        return exit_code(findings)
     for j in written.judged:
         if len(written.judged) > 1:
             print(f"{j.run.label} ({os.path.normpath(j.run.curves['path'])}):")
-        report.render_table(j.verdicts, j.skipped)
+        render_table(j.verdicts, j.skipped)
     print(f"sftdoctor: report written: {os.path.normpath(written.html)} ({len(written.panels)} panels in "
           f"{os.path.normpath(written.html.parent / rundir.PANELS)})")
-    return report.exit_code(findings)
+    return exit_code(findings)

@@ -1,4 +1,4 @@
-"""`sftdoctor report` (runreport/command.py): what it writes, what it records, overlays, and bad input."""
+"""`sftdoctor report` (report/command.py): what it writes, what it records, overlays, and bad input."""
 
 import json
 import math
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from sftdoctor.errors import InputError
-from sftdoctor.runreport import command
-from sftdoctor.runreport.command import build
+from sftdoctor.report import command
+from sftdoctor.report.command import build
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "curves"
 

@@ -91,7 +91,7 @@ def snapshot_path(template: str | None, rank: int, local_rank: int, node: str) -
 
 def record(rank: int, local_rank: int, node: str, facts) -> dict[str, Any]:
     """What this rank runs and which GPU it will use (cuda:LOCAL_RANK among the visible ones)."""
-    from sftdoctor.cluster.expect import inter_node, intra_node
+    from sftdoctor.distributed.expect import inter_node, intra_node
 
     packages = facts.get("packages") or {}
     build = facts.get("torch_build") or {}
@@ -240,7 +240,7 @@ def main(bound: float, budget: float, out: Path, facts_template: str | None, as_
     import torch
     import torch.distributed as dist
 
-    from sftdoctor import report
+    from sftdoctor import render
     from sftdoctor.checks import load_checks, run_checks
     from sftdoctor.facts import Facts, Inputs
 
@@ -281,10 +281,10 @@ def main(bound: float, budget: float, out: Path, facts_template: str | None, as_
         findings = registry.problems + findings
         (out / "findings.json").write_text(json.dumps([f.to_json() for f in findings], indent=2, default=str) + "\n")
         if as_json:
-            report.render_json(findings, skipped, {"cluster": cluster})
+            render.render_json(findings, skipped, {"cluster": cluster})
         else:
-            report.render_table(findings, skipped)
-        code = report.exit_code(findings)
+            render.render_table(findings, skipped)
+        code = render.exit_code(findings)
         store.set("verdict", str(code))
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -11,7 +11,7 @@ from typing import Any
 
 from sftdoctor import __version__
 from sftdoctor.findings import Severity
-from sftdoctor.report import MARKS, SKIP_MARK
+from sftdoctor.render import MARKS, SKIP_MARK
 from sftdoctor.run.schedule import floor
 
 STYLE = """

@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import recorded_topology
-from sftdoctor.cluster.expect import EFFICIENCY, intra_node, pcie_generation
+from sftdoctor.distributed.expect import EFFICIENCY, intra_node, pcie_generation
 
 
 @pytest.mark.parametrize("name, cc, links, per_link", [
@@ -49,7 +49,7 @@ def test_ibstat_ports_of_recorded_nodes_and_what_they_promise_across_nodes():
     from hypothesis import given, settings, strategies as st
 
     from conftest import FIXTURES, index
-    from sftdoctor.cluster.expect import inter_node
+    from sftdoctor.distributed.expect import inter_node
     from sftdoctor.facts.nics import active_gbps, parse_ibstat
 
     for entry in index("ibstat"):

@@ -1,4 +1,4 @@
-"""sftdoctor.plan.report: the `sftdoctor plan` text, the `train --dry-run` summary, the JSON and the run's timing."""
+"""sftdoctor.plan.render: the `sftdoctor plan` text, the `train --dry-run` summary, the JSON and the run's timing."""
 
 import json
 import re
@@ -8,7 +8,7 @@ import pytest
 from conftest import FIXTURES
 from sftdoctor.run.memory import HEADROOM, Run, Setting, adapters, fit
 from sftdoctor.run.shape import closed_form
-from sftdoctor.plan.report import LORA_HEADER, render, summary, timing, to_json
+from sftdoctor.plan.render import LORA_HEADER, render, summary, timing, to_json
 
 GIB = 2**30
 LLAMA3_8B = closed_form(json.loads((FIXTURES / "model_config" / "Meta-Llama-3-8B.json").read_text()))

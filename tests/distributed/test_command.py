@@ -18,7 +18,7 @@ import pytest
 
 from conftest import recorded_gpus
 
-from sftdoctor.cluster.run import Launcher, absent_rank, launcher, snapshot_path
+from sftdoctor.distributed.command import Launcher, absent_rank, launcher, snapshot_path
 from sftdoctor.errors import InputError
 
 A100x4 = "a100_80g_pcie_4x_driver525_princeton.txt"

@@ -1,6 +1,6 @@
-"""The panels (runreport/panels.py): thinning long series, which panels a run gets."""
+"""The panels (report/panels.py): thinning long series, which panels a run gets."""
 
-from sftdoctor.runreport.panels import MAX_POINTS, PANELS, Run, shown, thin
+from sftdoctor.report.panels import MAX_POINTS, PANELS, Run, shown, thin
 
 
 def test_a_long_series_is_thinned_and_keeps_its_spikes():

@@ -1,4 +1,4 @@
-"""sftdoctor.report: the summary line, the exit code, the table people read and the JSON document machines read."""
+"""sftdoctor.render: the summary line, the exit code, the table people read and the JSON document machines read."""
 
 import io
 import json
@@ -9,7 +9,7 @@ import pytest
 from sftdoctor import __version__
 from sftdoctor.checks import Skipped
 from sftdoctor.findings import error, info, ok, warning
-from sftdoctor.report import exit_code, render_json, render_table, summary, summary_line
+from sftdoctor.render import exit_code, render_json, render_table, summary, summary_line
 
 
 class Terminal(io.StringIO):
