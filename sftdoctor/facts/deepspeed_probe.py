@@ -15,11 +15,10 @@ from __future__ import annotations
 import ast
 import difflib
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.packages import module_file
 
 OBJECT_SECTIONS = ("zero_optimization", "fp16", "bf16", "bfloat16", "optimizer", "scheduler", "activation_checkpointing",
@@ -107,13 +106,10 @@ def _said(err: dict[str, Any], model: str) -> str:
 
 
 def problems_in_child(path: Path) -> list[tuple[str, str]]:
-    """[(key, problem)] from a child process (importing DeepSpeed loads torch); [] when it cannot say."""
-    try:
-        proc = subprocess.run([sys.executable, "-m", "sftdoctor.facts.deepspeed_probe", str(path)],
-                              capture_output=True, text=True, timeout=TIMEOUT_S)
-        return [tuple(p) for p in json.loads(proc.stdout.strip().splitlines()[-1])]
-    except (subprocess.TimeoutExpired, IndexError, ValueError):
-        return []  # no verdict: the deepspeed-precision check still reads the JSON
+    """[(key, problem)] from a child process (importing DeepSpeed loads torch); [] when it cannot say (the
+    deepspeed-precision check still reads the JSON)."""
+    answer = in_child("sftdoctor.facts.deepspeed_probe", str(path), "DeepSpeed's own validation", TIMEOUT_S)
+    return [tuple(p) for p in answer.get("problems", [])]
 
 
 def main(path: str) -> list[tuple[str, str]]:
@@ -122,4 +118,4 @@ def main(path: str) -> list[tuple[str, str]]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1])))
+    serve(lambda path: {"problems": main(path)})

@@ -9,12 +9,10 @@ after.
 from __future__ import annotations
 
 import difflib
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.probe_cache import cached
 
 TIMEOUT_S = 300
@@ -34,15 +32,7 @@ def probe_eval_tasks(facts) -> dict[str, Any] | None:
 
 
 def _child(request: dict[str, Any]) -> dict[str, Any]:
-    try:
-        proc = subprocess.run([sys.executable, "-m", "sftdoctor.facts.eval_tasks", json.dumps(request)],
-                              capture_output=True, text=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return {"installed": True, "error": f"lm-eval's task index took over {TIMEOUT_S} s"}
-    try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        return {"installed": True, "error": f"lm-eval's task index failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}"}
+    return {"installed": True, **in_child("sftdoctor.facts.eval_tasks", request, "lm-eval's task index", TIMEOUT_S)}
 
 
 def unknown_tasks(tasks: list[str], include: str | None) -> dict[str, Any]:
@@ -55,8 +45,4 @@ def unknown_tasks(tasks: list[str], include: str | None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    try:
-        asked = json.loads(sys.argv[1])
-        print(json.dumps(unknown_tasks(asked["tasks"], asked["include"])))
-    except Exception as exc:  # reported as a fact, never a crash of the caller
-        print(json.dumps({"installed": True, "error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"}))
+    serve(lambda asked: unknown_tasks(asked["tasks"], asked["include"]))

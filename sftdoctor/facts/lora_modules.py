@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.model_shape import MAX_BUILT_LAYERS, _with_layers
 from sftdoctor.facts.probe_cache import cached, folder_files
 from sftdoctor.run.shape import ALIASES
@@ -42,15 +41,7 @@ def probe_lora_modules(facts) -> dict[str, Any] | None:
 
 
 def _child(request: dict[str, Any]) -> dict[str, Any]:
-    try:
-        proc = subprocess.run([sys.executable, "-m", "sftdoctor.facts.lora_modules", json.dumps(request)],
-                              capture_output=True, text=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return {"error": f"listing the model's layers on the meta device took over {TIMEOUT_S} s"}
-    try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        return {"error": f"listing the model's layers failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}"}
+    return in_child("sftdoctor.facts.lora_modules", request, "listing the model's layers on the meta device", TIMEOUT_S)
 
 
 def pattern(name: str) -> str:
@@ -185,8 +176,4 @@ def list_modules(path: str, trust: bool, lora: dict[str, Any] | None = None) -> 
 
 
 if __name__ == "__main__":
-    try:
-        asked = json.loads(sys.argv[1])
-        print(json.dumps(list_modules(asked["config"], asked.get("trust", False), asked.get("lora"))))
-    except Exception as exc:  # reported as a fact, never a crash of the caller
-        print(json.dumps({"error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"}))
+    serve(lambda asked: list_modules(asked["config"], asked.get("trust", False), asked.get("lora")))

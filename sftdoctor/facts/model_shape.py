@@ -9,12 +9,11 @@ only where there are GPUs to plan for, so `sftdoctor check` never imports torch.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.child import in_child, serve
 from sftdoctor.run.gpus import devices
 from sftdoctor.run.shape import ALIASES, GATED_MLP, Shape, closed_form, dimension_problem, from_counts
 
@@ -72,16 +71,7 @@ def shape_in_child(path: str) -> tuple[Shape | None, str | None]:
         return None, "config.json has no model_type"
     if not isinstance(config["model_type"], str) or (config["model_type"] in GATED_MLP and dimension_problem(config)):
         return None, dimension_problem(config)  # a family we size (or no family at all): say which key
-    try:
-        proc = subprocess.run([sys.executable, "-m", "sftdoctor.facts.model_shape", path],
-                              capture_output=True, text=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return None, f"counting parameters on the meta device took over {TIMEOUT_S} s"
-    try:
-        counts = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return None, f"counting parameters on the meta device failed: {tail}"
+    counts = in_child("sftdoctor.facts.model_shape", config, "counting parameters on the meta device", TIMEOUT_S)
     if "error" in counts:
         return None, counts["error"]
     shape = from_counts(config, counts["parameters"], counts["largest"])
@@ -100,10 +90,10 @@ def probe_model_shape(facts) -> dict[str, Any] | None:
     return asdict(shape) if shape else None
 
 
+def _counts(config: dict[str, Any]) -> dict[str, int]:
+    params, largest = count_on_meta_device(config)
+    return {"parameters": params, "largest": largest}
+
+
 if __name__ == "__main__":
-    try:
-        params, largest = count_on_meta_device(json.loads(Path(sys.argv[1]).read_text(encoding="utf-8")))
-        print(json.dumps({"parameters": params, "largest": largest}))
-    except Exception as exc:  # reported as a fact, never a crash of the caller
-        first = (str(exc).strip().splitlines() or [""])[0]  # transformers' validation errors run over many lines
-        print(json.dumps({"error": f"{type(exc).__name__}: {first[:300]}"}))
+    serve(_counts)

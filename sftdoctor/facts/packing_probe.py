@@ -9,14 +9,13 @@ the caller imports neither torch nor CUDA.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.probe_cache import cached, folder_files
 
+TIMEOUT_S = 600
 TOLERANCE = 1e-4  # float32 logits of a 2-layer model: equal up to kernel rounding when isolated
 
 
@@ -34,17 +33,10 @@ def probe_packing(facts) -> dict[str, Any] | None:
 
 
 def _child(request: dict[str, Any]) -> dict[str, Any]:
-    attn = request["attn_implementation"]
-    try:
-        proc = subprocess.run([sys.executable, "-m", "sftdoctor.facts.packing_probe", json.dumps(request)],
-                              capture_output=True, text=True, timeout=600)
-    except subprocess.TimeoutExpired:
-        return {"isolated": None, "attn_implementation": attn, "error": "the probe timed out after 600 s"}
-    try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"isolated": None, "attn_implementation": attn, "error": f"the probe failed: {tail}"}
+    answer = in_child("sftdoctor.facts.packing_probe", request, "the packing probe", TIMEOUT_S)
+    if "error" in answer:  # not judged: the packing check says so
+        return {"isolated": None, "attn_implementation": request["attn_implementation"], **answer}
+    return answer
 
 
 def shrink(config, vocab_size: int | None = 512) -> None:
@@ -62,7 +54,7 @@ def shrink(config, vocab_size: int | None = 512) -> None:
     config.use_cache = False
 
 
-def run(request: dict[str, Any]) -> dict[str, Any]:
+def measure(request: dict[str, Any]) -> dict[str, Any]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # TRL 1.16's padding-free collator
@@ -105,7 +97,4 @@ def max_packed_diff(model, samples: list[list[int]], batch: dict[str, Any], devi
 
 
 if __name__ == "__main__":
-    try:
-        print(json.dumps(run(json.loads(sys.argv[1]))))
-    except Exception as exc:  # report, don't crash the gate
-        print(json.dumps({"isolated": None, "error": f"{type(exc).__name__}: {exc}"}))
+    serve(measure)

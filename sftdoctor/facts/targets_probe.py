@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.probe_cache import cached, folder_files
 
 # Plan fields the probe's answer does not depend on: it builds the trainer and collates every sampled row in one
@@ -57,15 +56,7 @@ def probe_training_targets(facts) -> dict[str, Any] | None:
 
 
 def _child(plan) -> dict[str, Any]:
-    try:
-        proc = subprocess.run([sys.executable, "-m", "sftdoctor.facts.targets_probe"], input=json.dumps(plan.to_json()),
-                              capture_output=True, text=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return {"error": f"the probe took over {TIMEOUT_S} s"}
-    try:
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        return {"error": f"the probe failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}"}
+    return in_child("sftdoctor.facts.targets_probe", plan.to_json(), "the training-targets probe", TIMEOUT_S)
 
 
 def sample_rows(files: tuple[str, ...]) -> list[Any]:
@@ -136,7 +127,7 @@ def full_length(tokenizer, row: dict[str, Any], shape: str) -> int:
     return len(tokenizer(row_text(row, tokenizer, shape), add_special_tokens=False)["input_ids"]) + 1
 
 
-def run(plan_json: dict[str, Any]) -> dict[str, Any]:
+def targets(plan_json: dict[str, Any]) -> dict[str, Any]:
     import torch
     from datasets import Dataset
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -274,8 +265,4 @@ def _generation_eos(model_path: str) -> list[int] | None:
 
 
 if __name__ == "__main__":
-    try:
-        result = run(json.loads(sys.stdin.read()))
-    except Exception as exc:  # reported as a fact, never a crash of the caller
-        result = {"error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"}
-    print(json.dumps(result))
+    serve(targets)

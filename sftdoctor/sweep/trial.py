@@ -37,7 +37,8 @@ from sftdoctor.run.rundir import METRICS, STOPPED
 from sftdoctor.sweep.config import Sweep, display, dumps, show
 from sftdoctor.sweep.study import HEARTBEAT_S
 from sftdoctor.train import launch
-from sftdoctor.train.processes import GRACE_S, die_with_parent, stop_workers
+from sftdoctor.children import die_with_parent
+from sftdoctor.train.processes import GRACE_S, stop_workers
 
 CONFIG, GATE_LOG, LAUNCH_LOG, REHEARSAL_LOG, EVAL_RESULT = "run.toml", "gate.log", "launch.log", "rehearsal.log", "eval.json"
 POLL_S = 1.0

@@ -18,20 +18,11 @@ import threading
 import time
 from pathlib import Path
 
+from sftdoctor.children import die_with_parent
 from sftdoctor.train.console import Console
 
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's 128 + signal number
 GRACE_S = 10.0  # after SIGTERM, what the ranks get to finish before SIGKILL
-
-
-def die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the launcher dies, even by SIGKILL (Linux PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))
-    except (OSError, AttributeError):
-        pass
 
 
 def _parent(pid: int) -> int | None:

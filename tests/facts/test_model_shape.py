@@ -37,8 +37,9 @@ def facts(path: Path, gpus: dict | None) -> Facts:
     return Facts.replay(recorded)
 
 
-def child_command(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sftdoctor.facts.model_shape", str(path)], cwd=ROOT,
+def child_command(request: str) -> subprocess.CompletedProcess:
+    """The child's side of facts/child.py: the config as JSON on stdin, one JSON object out."""
+    return subprocess.run([sys.executable, "-m", "sftdoctor.facts.model_shape"], input=request, cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -60,7 +61,7 @@ def test_the_closed_form_needs_neither_torch_nor_a_child_process():
             "from sftdoctor.facts.model_shape import probe_model_shape\n"
             "from sftdoctor.facts.configs import summarize_model_config\n"
             "def no_child(*a, **k): raise AssertionError('a child process was started')\n"
-            "subprocess.run = no_child\n"
+            "subprocess.Popen = subprocess.run = no_child\n"
             "p = sys.argv[1]\n"
             "gpus = {'devices': [{'name': 'NVIDIA H100', 'compute_capability': '9.0', 'memory_total_mib': 81559}]}\n"
             "shape = probe_model_shape(Facts.replay({'gpus': gpus,"
@@ -100,7 +101,7 @@ def test_no_model_config_means_no_shape():
 
 @pytest.mark.slow
 def test_the_child_prints_the_meta_device_count_of_gpt2():
-    proc = child_command(MODELS / "gpt2.json")
+    proc = child_command((MODELS / "gpt2.json").read_text())
     params, largest = count_on_meta_device(json.loads((MODELS / "gpt2.json").read_text()))
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"parameters": params, "largest": largest}
     assert params == 124_439_808  # GPT-2 small, tied embeddings counted once
@@ -159,7 +160,7 @@ def test_a_missing_config_json_gives_an_error_string():
     missing = ROOT / "no-such-folder" / "config.json"
     shape, why = shape_in_child(str(missing))
     assert shape is None and why.startswith("FileNotFoundError")
-    proc = child_command(missing)
+    proc = child_command("{not json")
     assert proc.returncode == 0 and set(json.loads(proc.stdout)) == {"error"}
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from conftest import FIXTURES
-from sftdoctor.facts.packing_probe import TOLERANCE, max_packed_diff, run, shrink
+from sftdoctor.facts.packing_probe import TOLERANCE, max_packed_diff, measure, shrink
 
 
 @pytest.mark.slow
@@ -13,7 +13,7 @@ from sftdoctor.facts.packing_probe import TOLERANCE, max_packed_diff, run, shrin
 def test_packed_samples_stay_isolated_with_sdpa_on_this_stack(tmp_path, config):
     path = tmp_path / "config.json"
     path.write_text((FIXTURES / "model_config" / config).read_text())
-    result = run({"config": str(path), "attn_implementation": "sdpa"})
+    result = measure({"config": str(path), "attn_implementation": "sdpa"})
     assert result["isolated"] is True and result["max_abs_diff"] <= TOLERANCE
     assert "position_ids" in result["batch_keys"] and "attention_mask" not in result["batch_keys"]
 
@@ -38,7 +38,7 @@ def test_the_comparison_sees_leakage_when_a_mask_spans_the_packed_row():
 def test_flash_attention_cannot_be_probed_without_a_gpu(tmp_path):
     path = tmp_path / "config.json"
     path.write_text((FIXTURES / "model_config" / "Qwen2-0.5B.json").read_text())
-    result = run({"config": str(path), "attn_implementation": "flash_attention_2"})
+    result = measure({"config": str(path), "attn_implementation": "flash_attention_2"})
     assert result["isolated"] is None and "CUDA" in result["error"]
     json.dumps(result)
 
