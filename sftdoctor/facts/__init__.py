@@ -95,16 +95,16 @@ class Facts:
 
     def _collect(self, name: str) -> None:
         probe = self.probes.get(name)
-        if probe is None:  # a fact of another phase (a run's moment, a job's ranks), or none at all
-            self._missing[name] = CATALOGUE[name].why_missing if name in CATALOGUE else f"no fact {name!r}"
-            return
         if self._replayed is not None and not self.derived_here(name):
             if self._replayed.get(name) is not None:
                 self._values[name] = self._replayed[name]
             else:
                 # a fact of the run's configs was not given; a machine's fact was not recorded
-                self._missing[name] = probe.why_missing if "config" in probe.inputs else \
+                self._missing[name] = probe.why_missing if probe is not None and "config" in probe.inputs else \
                     f"not recorded in {self.inputs.facts or 'the replayed facts'}"
+            return
+        if probe is None:  # a fact of another phase (a run's moment, a job's ranks), or none at all
+            self._missing[name] = CATALOGUE[name].why_missing if name in CATALOGUE else f"no fact {name!r}"
             return
         try:
             value = probe.func(self)

@@ -30,3 +30,10 @@ def test_a_fact_of_another_phase_is_named_as_such():
     assert unavailable_to("gpus", "preflight") is None
     assert unavailable_to("curves", "runtime") == "asks for the fact 'curves', which only postrun checks receive, not runtime ones"
     assert unavailable_to("gpu", "preflight").endswith("does not exist (did you mean 'gpus'?)")
+
+
+def test_a_replayed_fact_without_a_probe_is_read_back():
+    """`check --distributed` replays its `cluster` fact to the distributed checks: no probe reads it."""
+    assert Facts.replay({"cluster": {"ranks": []}}).get("cluster") == {"ranks": []}
+    here = Facts()
+    assert here.get("cluster") is None and "only under `sftdoctor check --distributed`" in here.why_missing("cluster")
