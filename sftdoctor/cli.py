@@ -228,7 +228,8 @@ def train(config, resume, dry_run, smoke, force, drill, no_plugins, no_rehearse,
     """Fine-tune with the settings in CONFIG (TOML), after the checks pass."""
     from sftdoctor.checks import plugins_enabled
     from sftdoctor.errors import InputError, InputErrors
-    from sftdoctor.train.launch import parse_drill, train as run_training
+    from sftdoctor.train.command import main as run_training
+    from sftdoctor.train.drills import parse_drill
 
     _sigterm_interrupts()
     try:

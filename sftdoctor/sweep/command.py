@@ -39,7 +39,7 @@ def space_lines(space) -> list[str]:
 def sweep(path: Path, facts_file: Path | None = None, dry_run: bool = False, plugins: bool = True) -> int:
     spec = load_sweep(path)
     if not dry_run:
-        from sftdoctor.train.launch import require_training_stack
+        from sftdoctor.train.gate import require_training_stack
 
         require_training_stack()
     studies.quiet_optuna()

@@ -1,7 +1,7 @@
 """One trial: its run config, the gate, the launch, the pruner fed from the run's metrics, the objective.
 
 1. SWEEP_DIR/trial-NNNN/run.toml: the base with the trial's values, the trial folder as its run directory.
-2. The gate of `sftdoctor train` (`train.launch.preflight`), in this process, its table in gate.log. A check's
+2. The gate of `sftdoctor train` (`train.gate.preflight`), in this process, its table in gate.log. A check's
    error prunes the trial with that finding, before anything launches.
 3. Otherwise `sftdoctor train trial-NNNN/run.toml` in a session of its own (its output in launch.log): a real
    run, with its own gate, its rehearsal where the plan asks one, its watchers, its report.
@@ -36,7 +36,7 @@ from sftdoctor.run.checkpoints import newest_complete
 from sftdoctor.run.rundir import METRICS, STOPPED
 from sftdoctor.sweep.config import Sweep, display, dumps, show
 from sftdoctor.sweep.study import HEARTBEAT_S
-from sftdoctor.train import launch
+from sftdoctor.train import gate as train_gate, launch
 from sftdoctor.children import die_with_parent
 from sftdoctor.train.processes import GRACE_S, stop_workers
 
@@ -125,7 +125,7 @@ def write_config(sweep: Sweep, number: int, params: dict[str, Any], run_dir: Pat
 def gate(config: Path, run_dir: Path, plugins: bool, facts_file: Path | None) -> tuple[list, bool]:
     """`sftdoctor train`'s gate on the trial's run config, its table written to gate.log."""
     with open(run_dir / GATE_LOG, "w", encoding="utf-8") as out, contextlib.redirect_stdout(out):
-        _, findings, blocked = launch.preflight(config, plugins, facts_file)
+        _, findings, blocked = train_gate.preflight(config, plugins, facts_file)
     return findings, blocked
 
 
@@ -240,7 +240,7 @@ def run_trial(sweep: Sweep, study, trial, *, plugins: bool, facts_file: Path | N
     if stop.signal is not None:
         return Outcome("interrupted", seconds=time.perf_counter() - began)
     if blocked:
-        launch.record_preflight(run_dir, findings)
+        train_gate.record_preflight(run_dir, findings)
         errors = [f for f in findings if f.severity is Severity.ERROR]
         first = errors[0]
         why = {"id": first.id, "title": first.title, "fix": first.fix, "errors": [f"{f.id}: {f.title}" for f in errors]}

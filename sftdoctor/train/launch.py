@@ -1,7 +1,7 @@
-"""`sftdoctor train RUN.toml`: validate, gate, plan, then start the recipe (torchrun for several processes).
+"""Starting the workers of a run: the recipe (sftdoctor.train.sft), under torchrun for several processes, with
+the environment they need; a launch's end told in one line or the summary block; a rehearsal's two launches.
 
-Every setting comes from the one Plan (sftdoctor.run.resolve); this module only runs the gate, prints the
-plan and starts the workers with it.
+Every setting comes from the one Plan (sftdoctor.run.resolve); this module only starts the workers with it.
 """
 
 from __future__ import annotations
@@ -11,158 +11,24 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sys
-import tempfile
 import time
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
 
 from sftdoctor import render
-from sftdoctor.checks import load_checks, run_checks
-from sftdoctor.distributed import gate as shared_gate
 from sftdoctor.errors import InputError
-from sftdoctor.findings import Severity
-from sftdoctor.facts import Facts, Inputs
 from sftdoctor.facts.configs import hub_cache_config, hub_unreachable, is_hub_id
-from sftdoctor.run import Plan, for_launch
-from sftdoctor.run.resolve import REHEARSAL_SAVE_AT, REHEARSAL_STEPS
-from sftdoctor.run.checkpoints import checkpoints, newest_complete, remove_incomplete, step_of
-from sftdoctor.run.rundir import FINDINGS, LOG, METRICS, RESOLVED, STOPPED
+from sftdoctor.run import Plan
+from sftdoctor.run.resolve import REHEARSAL_SAVE_AT
+from sftdoctor.run.checkpoints import newest_complete, step_of
+from sftdoctor.run.rundir import LOG, METRICS, STOPPED
 from sftdoctor.train.processes import SIGNAL_EXIT, run_workers
 from sftdoctor.train.summary import line_count, read_records, summary
 from sftdoctor.train import compat, noise
 from sftdoctor.train.evaluation import evaluate_run, result_line
-
-
-def parse_drill(text: str) -> dict[str, Any]:
-    """"nan-loss@5" -> a non-finite loss at step 5 on every rank; "hang@3:1" -> rank 1 blocks at step 3."""
-    kind, _, where = text.partition("@")
-    step, _, rank = where.partition(":")
-    if (kind not in ("nan-loss", "hang") or not re.fullmatch(r"[0-9]+", step) or int(step) < 1
-            or (rank and not re.fullmatch(r"[0-9]+", rank))):
-        raise InputError("--drill", f"expected nan-loss@STEP[:RANK] or hang@STEP[:RANK], got {text!r}")
-    return {"kind": kind, "step": int(step), "rank": int(rank) if rank else None}
-
-
-def check_drill(drill: dict[str, Any] | None, plan: Plan) -> None:
-    """A drill that can never fire is bad input: a rank the run does not have, a step after its end."""
-    if drill is None:
-        return
-    if drill["rank"] is not None and drill["rank"] >= plan.world_size:
-        raise InputError("--drill", f"rank {drill['rank']} does not exist: the run has {plan.world_size} "
-                                    f"process{'es' if plan.world_size > 1 else ''} (ranks 0-{plan.world_size - 1})")
-    if plan.total_steps and drill["step"] > plan.total_steps:
-        raise InputError("--drill", f"step {drill['step']} comes after the run's last step ({plan.total_steps})")
-
-
-def finished(run_dir: Path) -> str | None:
-    """"step N of N" when the newest complete checkpoint is the run's last step and final/ was written."""
-    checkpoint = newest_complete(run_dir)
-    if checkpoint is None or not (run_dir / "final").is_dir():
-        return None
-    try:
-        state = json.loads((checkpoint / "trainer_state.json").read_text())
-    except (OSError, ValueError):
-        return None
-    step, last = state.get("global_step"), state.get("max_steps")
-    return f"step {step} of {last}" if isinstance(step, int) and isinstance(last, int) and step >= last else None
-
-
-def forget_metrics_after(run_dir: Path, step: int) -> None:
-    """A resumed run logs the steps after its checkpoint again: drop their earlier records, so that
-    metrics.jsonl holds each step once."""
-    path = run_dir / METRICS
-    if not path.is_file():
-        return
-    kept = [line for line in path.read_text().splitlines(keepends=True)
-            if json.loads(line).get("step", 0) <= step]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
-
-
-def schedule(plan: Plan) -> str:
-    floor = ", ".join(f"{k}={v:g}" for k, v in plan.lr_scheduler_kwargs.items()) or "no floor"
-    (key, value), = plan.warmup.items()
-    warm = f"{value:.0%} of the run" if key == "warmup_ratio" or value < 1 else f"{int(value)} steps"
-    return f"{floor}; warmup {warm}"
-
-
-def memory_summary(plan: Plan, facts: Facts) -> str:
-    from sftdoctor.plan.render import summary
-    from sftdoctor.run.gpus import devices, smallest_memory
-    from sftdoctor.run.resolve import memory_fit
-    from sftdoctor.run.shape import Shape
-
-    shape, gpus = facts.get("model_shape"), facts.get("gpus")
-    if not devices(gpus) or not smallest_memory(gpus):
-        return "memory          not planned: no GPU of known memory here (sftdoctor plan --gpu-memory plans for another machine)"
-    if shape is None or "error" in shape:
-        return f"memory          not planned: {(shape or {}).get('error') or facts.why_missing('model_shape')}"
-    return summary(memory_fit(plan, Shape(**shape), smallest_memory(gpus)))
-
-
-def adapters_line(lora: dict) -> str:
-    from sftdoctor.train.adapters import describe
-
-    line = describe(lora)
-    if lora.get("trainable_params") and lora.get("base_params"):
-        share = lora["trainable_params"] / lora["base_params"]
-        line += f": {lora['trainable_params']:,} trainable of {lora['base_params']:,} ({share:.2%})"
-    return line + ("; merged at the end" if lora["merge"] else "")
-
-
-def loading(plan: Plan, run_dir: Path) -> list[str]:
-    """How to load what the run wrote: the model, or the adapter (and the merged model)."""
-    from sftdoctor.train.adapters import MERGED
-
-    final = os.path.normpath(run_dir / "final")
-    if plan.lora is None:
-        return [f"load it: AutoModelForCausalLM.from_pretrained({final!r})"]
-    lines = [f"load it: peft.AutoPeftModelForCausalLM.from_pretrained({final!r}) (base + adapter)"]
-    if plan.lora["merge"]:
-        lines.append(f"or merged: AutoModelForCausalLM.from_pretrained({os.path.normpath(run_dir / MERGED)!r})")
-    return lines
-
-
-def describe(plan: Plan) -> str:
-    accumulation = plan.gradient_accumulation_steps or "no whole"
-    lines = [
-        f"world size      {plan.world_size} ({plan.nproc_per_node} per node x {plan.nnodes} node"
-        f"{'s' if plan.nnodes > 1 else ''})",
-        f"global batch    {plan.global_batch_size} = {plan.per_device_batch_size} per device x {accumulation} "
-        f"accumulation x {plan.world_size}",
-        f"tokens per step <= {plan.tokens_per_step_max:,} (max_length {plan.max_length})",
-        f"packing         {'on' if plan.packing else 'off'} ({plan.reasons.get('packing')})",
-        f"checkpointing   {'on' if plan.checkpointing else 'off'} ({plan.reasons.get('checkpointing')})",
-        f"precision       {plan.precision} (weights loaded in {plan.load_dtype}); attention {plan.attn_implementation}; "
-        f"liger-kernel {'on' if plan.liger_kernel else 'off'}",
-        f"schedule        {schedule(plan)}",
-        f"loss            {'assistant turns only' if plan.assistant_only_loss else 'completions only' if plan.data_shape == 'prompt_completion' else 'every token'}"
-        + (f"; chat template {Path(plan.chat_template).name}" if plan.chat_template else ""),
-        f"deepspeed       {'off' if plan.deepspeed is None else f'ZeRO-{plan.zero_stage} ({plan.deepspeed_source})'}",
-        f"run directory   {os.path.normpath(plan.output_dir)}",
-    ]
-    if plan.lora is not None:
-        lines.insert(-2, f"adapters        {adapters_line(plan.lora)}")
-    if "global_batch_size" in plan.reasons:
-        lines.insert(1, f"                {plan.reasons['global_batch_size']}")
-    if plan.deepspeed is not None:
-        lines.append("deepspeed json  " + json.dumps(plan.deepspeed))
-    if plan.world_size > 1:
-        lines.insert(1, f"rendezvous      {plan.master_addr}:{plan.master_port} ({plan.reasons.get('master_port')})")
-    if plan.nnodes > 1:
-        lines.insert(1, f"node rank       {plan.node_rank} ({plan.reasons.get('node_rank')})")
-    return "\n".join(lines)
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Whole or not at all: written beside, then renamed."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+from sftdoctor.train.describe import loading
+from sftdoctor.train.run_dir import last_step, node_file, owner, plan_file, write_json
 
 
 def command(resolved_path: Path, plan: Plan, resume: bool, stop_after: int | None) -> list[str]:
@@ -221,35 +87,6 @@ def worker_env(plan: Plan, config: Path, run_dir: Path) -> dict[str, str]:
         # (torch 2.13 reads it, older releases wait 30 s): as long as the launcher grants them.
         env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(plan.stop_grace_s))
     return env
-
-
-def owner(plan: Plan) -> bool:
-    """Node 0's launcher keeps the run directory, which the nodes of a cluster share: it cleans and resumes it,
-    writes the plan, the log, the evaluation and the report. Another node's launcher only reads it, logs
-    beside it under its hostname, and keeps the plan its workers follow on its own disk."""
-    return plan.node_rank == 0
-
-
-def node_file(run_dir: Path, name: str, plan: Plan) -> Path:
-    """This node's launcher file: RUN_DIR/train.log on node 0, RUN_DIR/train-HOSTNAME.log on another node."""
-    if owner(plan):
-        return run_dir / name
-    stem, dot, suffix = name.partition(".")
-    return run_dir / f"{stem}-{socket.gethostname()}{dot}{suffix}"
-
-
-def plan_file(plan: Plan, run_dir: Path) -> Path:
-    """Where the workers read the plan: the run directory's resolved.json (the record of the run) on node 0;
-    a file of this node's own elsewhere (node 0 may be cleaning the shared directory as this node starts)."""
-    name = "resolved-smoke.json" if plan.rehearsal else RESOLVED
-    if owner(plan):
-        return run_dir / name
-    return Path(tempfile.mkdtemp(prefix="sftdoctor-")) / name
-
-
-def last_step(run_dir: Path) -> int | None:
-    records = read_records(run_dir / METRICS)
-    return records[-1].get("step") if records else None
 
 
 def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_after: int | None = None,
@@ -385,148 +222,3 @@ def failure_cause(log: Path, offset: int = 0) -> str:
         return f"{lead.finding.title} (line {before + lead.line} of {shown}; `sftdoctor explain --log {shown}`)"
     words = [line.strip() for line in tail if not BANNER.fullmatch(line.strip())]
     return words[-1] if words else "it printed nothing"
-
-
-def gate(facts: Facts, plugins: bool) -> tuple[list, bool]:
-    """The preflight suite on this machine and this config; (findings, any error)."""
-    registry = load_checks(plugins)
-    findings, skipped = run_checks(registry.phase("preflight"), facts)
-    findings = registry.problems + findings
-    render.render_table(findings, skipped)
-    return findings, render.exit_code(findings) == 1
-
-
-def preflight(config: Path, plugins: bool, facts_file: Path | None = None) -> tuple[Facts, list, bool]:
-    """The gate of `sftdoctor train`, and of every trial of `sftdoctor sweep`: the run config and its data read
-    (bad input raises, before anything runs), the preflight checks run and shown; (facts, findings, any
-    error). `facts_file`: judge a recorded machine's facts (`sftdoctor facts`) instead of this one's."""
-    facts = Facts(Inputs(config=config, facts=facts_file))
-    facts.get("run")  # a bad run config or data file is bad input: exit 2 before anything runs
-    facts.get("data")
-    findings, blocked = gate(facts, plugins)
-    if facts.get("plan") is None:  # a probe of the run's inputs failed: nothing to launch
-        raise InputError(config, f"the run cannot be planned: {facts.why_missing('plan') or facts.why_missing('run')}")
-    return facts, findings, blocked
-
-
-def record_preflight(run_dir: Path, findings: list, forced: bool = False) -> None:
-    """The gate's findings appended to RUN_DIR/findings.jsonl (the report marks them before step 0)."""
-    with open(run_dir / FINDINGS, "a", encoding="utf-8") as log:
-        for finding in findings:
-            log.write(json.dumps({"phase": "preflight", "time": time.time(), "host": socket.gethostname(),
-                                  "forced": forced, **finding.to_json()}, default=str) + "\n")
-
-
-def rejoining(plan: Plan) -> bool:
-    """A node other than 0 that finds its run in progress at the rendezvous (it crashed and is back, and the
-    others wait in a restart round): it joins that round, without the shared gate or a rehearsal."""
-    if plan.nnodes == 1 or owner(plan) or plan.rehearsal:
-        return False
-    if not shared_gate.in_progress(plan.master_addr, plan.master_port, compat.rendezvous_key(rendezvous_id(plan))):
-        return False
-    print(f"\nsftdoctor: the run is in progress at {plan.master_addr}:{plan.master_port}: this node rejoins it "
-          f"(torchrun's next restart round; {plan.max_restarts} restart{'s' if plan.max_restarts != 1 else ''} allowed)",
-          flush=True)
-    return True
-
-
-def nodes_agree(plan: Plan, findings: list, blocked: bool) -> bool:
-    """Every node's gate verdict, shared (sftdoctor.distributed.gate): whether all of them let the run start. Says
-    which node stops it, or which never came."""
-    errors = [f.title for f in findings if f.severity is Severity.ERROR]
-    print(f"\nsftdoctor: waiting for all {plan.nnodes} nodes' checks at {plan.master_addr}:{plan.master_port}", flush=True)
-    try:
-        verdicts = shared_gate.share(plan.master_addr, plan.master_port, plan.nnodes, plan.node_rank == 0,
-                                     plan.join_timeout_s, {"blocked": blocked, "errors": errors})
-    except shared_gate.GateError as e:
-        print(f"sftdoctor: not starting: {e}", flush=True)
-        return False
-    me = socket.gethostname()
-    others = [v for v in shared_gate.blocking(verdicts) if v["host"] != me]
-    for v in others:
-        print(f"sftdoctor: not starting: the checks on {v['host']} found errors: {'; '.join(v['errors'])} "
-              "(fix them there, or run with --force on it)", flush=True)
-    if not others:
-        print(f"sftdoctor: {'every node passed its checks' if not blocked else 'the other nodes passed their checks'}: "
-              f"{', '.join(v['host'] for v in verdicts)}", flush=True)
-    return not others
-
-
-TRAINING_STACK = ("torch", "transformers", "trl", "accelerate", "datasets")
-
-
-def require_training_stack() -> None:
-    """Before any check runs: a light install (`pip install -e .`) has none of the stack the workers import."""
-    for module in TRAINING_STACK:
-        if find_spec(module) is None:
-            raise ModuleNotFoundError(f"No module named {module!r}", name=module)
-
-
-def train(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool = False, force: bool = False,
-          drill: dict[str, Any] | None = None, plugins: bool = True, rehearse_first: bool = True,
-          batch: str | None = None) -> int:
-    """`batch`: "write" the run as a Slurm batch script instead of training, or "submit" it too."""
-    require_training_stack()
-    facts, findings, blocked = preflight(config, plugins)
-    plan = for_launch(facts.get("plan"), rehearsal=smoke, drill=drill, plugins=plugins, forced=force,
-                      rehearse=rehearse_first)
-    check_drill(drill, plan)
-    print("\n" + describe(plan), flush=True)
-    if dry_run:
-        print(memory_summary(plan, facts))
-        return 1 if blocked and not force else 0
-    if batch is not None:
-        return batch_job(plan, config, facts.get("run"), blocked and not force, batch == "submit")
-    rejoin = rejoining(plan)
-    if plan.nnodes > 1 and not rejoin and not nodes_agree(plan, findings, blocked and not force):
-        return 1
-    if blocked and not force:
-        print("\nsftdoctor: not starting: the checks above found errors (fix them, or run with --force)")
-        return 1
-    run_dir = Path(plan.output_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise InputError(config, f"{run_dir} exists and is not a folder", key="[training].output_dir")
-    env = worker_env(plan, config, run_dir)
-    if (plan.rehearsal or plan.drill) and owner(plan):  # each rehearsal and drill starts clean
-        shutil.rmtree(run_dir, ignore_errors=True)
-    if checkpoints(run_dir) and not resume:
-        raise InputError(run_dir, "already holds checkpoints; add --resume to continue, or set another "
-                                  "[training] output_dir", key="[training].output_dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    done = finished(run_dir) if resume and not smoke else None
-    if done:
-        print(f"sftdoctor: the run is complete ({done}); the final model is in {os.path.normpath(run_dir / 'final')}")
-        return 0
-    if resume:
-        if owner(plan):
-            remove_incomplete(run_dir)
-        checkpoint = newest_complete(run_dir)
-        if owner(plan):
-            forget_metrics_after(run_dir, step_of(checkpoint) if checkpoint else 0)
-        print(f"sftdoctor: resuming from {checkpoint or 'scratch: no complete checkpoint'}")
-    if plan.deepspeed is not None and owner(plan):
-        write_json(run_dir / "deepspeed.json", plan.deepspeed)  # for the reader; the workers take it from the plan
-    record_preflight(run_dir, findings, forced=force and blocked)
-    if plan.rehearse and not rejoin:
-        began, log = time.perf_counter(), node_file(run_dir, "rehearsal.log", plan)
-        log.unlink(missing_ok=True)
-        print("sftdoctor: rehearsing on the shrunk model (4 steps, a save and a resume; --no-rehearse skips it)",
-              flush=True)
-        rehearsal = for_launch(facts.get("plan"), rehearsal=True, plugins=plugins, forced=force)
-        if owner(plan):
-            shutil.rmtree(rehearsal.output_dir, ignore_errors=True)  # each rehearsal starts clean
-        code = rehearse(rehearsal, env, log)
-        if code in SIGNAL_EXIT.values():
-            return code
-        if code:
-            print(f"sftdoctor: not starting: the rehearsal failed (exit {code}): {failure_cause(log)}", flush=True)
-            return 1
-        print(f"sftdoctor: rehearsal passed in {time.perf_counter() - began:.0f} s", flush=True)
-    if not smoke:
-        return start(plan, run_dir, env, resume, config=config)
-    began = time.perf_counter()
-    code = rehearse(plan, env)
-    verdict = "passed" if code == 0 else f"FAILED (exit {code})"
-    print(f"\nsftdoctor: smoke test {verdict}: {REHEARSAL_STEPS} steps with a save at step {REHEARSAL_SAVE_AT} and a "
-          f"resume, in {time.perf_counter() - began:.0f} s ({run_dir})")
-    return code

@@ -1,16 +1,13 @@
-"""The launcher: the workers' environment, the torchrun command the plan gives, the dry run's summary."""
+"""The launcher: the workers' environment, the torchrun command the plan gives, how a failed launch is told."""
 
 import json
-from dataclasses import asdict
 from importlib.util import find_spec
 
 import pytest
 
-from conftest import FIXTURES, make_run, plan_of, recorded_gpus
+from conftest import make_run, plan_of
 from sftdoctor.errors import InputError
-from sftdoctor.facts import Facts
-from sftdoctor.run.shape import closed_form
-from sftdoctor.train.launch import command, describe, memory_summary, parse_drill, worker_env
+from sftdoctor.train.launch import command, worker_env
 
 H100x8 = "h100_sxm_8x_driver550_modal_glossary.txt"
 
@@ -52,41 +49,6 @@ def test_torchrun_gets_the_node_rank_as_who_hosts_the_rendezvous(tmp_path):
     assert "--rdzv-endpoint=node0:29400" in head and "--nnodes=2" in head and other[-1] == "--resume"
     single = command(tmp_path / "r.json", plan_of(make_run(tmp_path)), False, 2)
     assert "torch.distributed.run" not in single and single[-1] == "--stop-after=2"
-
-
-def test_describe_names_where_the_precision_and_port_came_from(tmp_path):
-    plan = plan_of(make_run(tmp_path, launch={"nproc_per_node": 2}), gpus=recorded_gpus(H100x8),
-                   rendezvous={"master_port": 29500, "in_use": True, "free_port": 40001})
-    text = describe(plan)
-    assert "rendezvous      127.0.0.1:40001 (the default 29500 is taken here: a free port)" in text
-    assert "precision       bf16 (weights loaded in float32)" in text and "1 node)" in text
-
-
-def test_dry_run_shows_the_memory_plan_when_there_are_gpus(tmp_path):
-    llama8b = closed_form(json.loads((FIXTURES / "model_config" / "Meta-Llama-3-8B.json").read_text()))
-    run = make_run(tmp_path, data={"max_length": 4096}, training={"per_device_batch_size": 8, "global_batch_size": 64,
-                                                                   "gradient_checkpointing": False},
-                   deepspeed={"zero_stage": 2})
-    facts = Facts.replay({"model_shape": asdict(llama8b), "gpus": recorded_gpus(H100x8), "packages": {}})
-    text = memory_summary(plan_of(run, gpus=recorded_gpus(H100x8)), facts)
-    assert "does NOT fit" in text and "fastest that fits: ZeRO-2" in text and "sftdoctor plan RUN.toml" in text
-
-
-def test_a_drill_that_can_never_fire_is_bad_input(tmp_path):
-    from sftdoctor.train.launch import check_drill
-
-    one = plan_of(make_run(tmp_path, training={"max_steps": 10}))
-    with pytest.raises(InputError, match="rank 5 does not exist: the run has 1 process"):
-        check_drill(parse_drill("hang@3:5"), one)
-    with pytest.raises(InputError, match="step 11 comes after the run's last step"):
-        check_drill(parse_drill("nan-loss@11"), one)
-    check_drill(parse_drill("hang@3:0"), one)  # fires
-
-
-@pytest.mark.parametrize("text", ["nan-loss@0", "hang", "boom@3", "hang@x", "nan-loss@3:y"])
-def test_a_drill_that_means_nothing_is_bad_input(text):
-    with pytest.raises(InputError, match="--drill"):
-        parse_drill(text)
 
 
 def test_a_busy_default_port_does_not_block_train(tmp_path, tiny_data):

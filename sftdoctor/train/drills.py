@@ -1,0 +1,30 @@
+"""`--drill`: a fault injected on purpose (a non-finite loss, a rank that hangs) to prove the alarms fire."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sftdoctor.errors import InputError
+from sftdoctor.run import Plan
+
+
+def parse_drill(text: str) -> dict[str, Any]:
+    """"nan-loss@5" -> a non-finite loss at step 5 on every rank; "hang@3:1" -> rank 1 blocks at step 3."""
+    kind, _, where = text.partition("@")
+    step, _, rank = where.partition(":")
+    if (kind not in ("nan-loss", "hang") or not re.fullmatch(r"[0-9]+", step) or int(step) < 1
+            or (rank and not re.fullmatch(r"[0-9]+", rank))):
+        raise InputError("--drill", f"expected nan-loss@STEP[:RANK] or hang@STEP[:RANK], got {text!r}")
+    return {"kind": kind, "step": int(step), "rank": int(rank) if rank else None}
+
+
+def check_drill(drill: dict[str, Any] | None, plan: Plan) -> None:
+    """A drill that can never fire is bad input: a rank the run does not have, a step after its end."""
+    if drill is None:
+        return
+    if drill["rank"] is not None and drill["rank"] >= plan.world_size:
+        raise InputError("--drill", f"rank {drill['rank']} does not exist: the run has {plan.world_size} "
+                                    f"process{'es' if plan.world_size > 1 else ''} (ranks 0-{plan.world_size - 1})")
+    if plan.total_steps and drill["step"] > plan.total_steps:
+        raise InputError("--drill", f"step {drill['step']} comes after the run's last step ({plan.total_steps})")

@@ -1,0 +1,97 @@
+"""The gate of `sftdoctor train` (and of each trial of `sftdoctor sweep`): the preflight checks on this machine
+and config, their record in the run directory, and every node's verdict shared before a multi-node run."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from importlib.util import find_spec
+from pathlib import Path
+
+from sftdoctor import render
+from sftdoctor.checks import load_checks, run_checks
+from sftdoctor.distributed import gate as shared_gate
+from sftdoctor.errors import InputError
+from sftdoctor.findings import Severity
+from sftdoctor.facts import Facts, Inputs
+from sftdoctor.run import Plan
+from sftdoctor.run.rundir import FINDINGS
+from sftdoctor.train import compat
+from sftdoctor.train.run_dir import owner
+from sftdoctor.train.launch import rendezvous_id
+
+
+def gate(facts: Facts, plugins: bool) -> tuple[list, bool]:
+    """The preflight suite on this machine and this config; (findings, any error)."""
+    registry = load_checks(plugins)
+    findings, skipped = run_checks(registry.phase("preflight"), facts)
+    findings = registry.problems + findings
+    render.render_table(findings, skipped)
+    return findings, render.exit_code(findings) == 1
+
+
+def preflight(config: Path, plugins: bool, facts_file: Path | None = None) -> tuple[Facts, list, bool]:
+    """The gate of `sftdoctor train`, and of every trial of `sftdoctor sweep`: the run config and its data read
+    (bad input raises, before anything runs), the preflight checks run and shown; (facts, findings, any
+    error). `facts_file`: judge a recorded machine's facts (`sftdoctor facts`) instead of this one's."""
+    facts = Facts(Inputs(config=config, facts=facts_file))
+    facts.get("run")  # a bad run config or data file is bad input: exit 2 before anything runs
+    facts.get("data")
+    findings, blocked = gate(facts, plugins)
+    if facts.get("plan") is None:  # a probe of the run's inputs failed: nothing to launch
+        raise InputError(config, f"the run cannot be planned: {facts.why_missing('plan') or facts.why_missing('run')}")
+    return facts, findings, blocked
+
+
+def record_preflight(run_dir: Path, findings: list, forced: bool = False) -> None:
+    """The gate's findings appended to RUN_DIR/findings.jsonl (the report marks them before step 0)."""
+    with open(run_dir / FINDINGS, "a", encoding="utf-8") as log:
+        for finding in findings:
+            log.write(json.dumps({"phase": "preflight", "time": time.time(), "host": socket.gethostname(),
+                                  "forced": forced, **finding.to_json()}, default=str) + "\n")
+
+
+def rejoining(plan: Plan) -> bool:
+    """A node other than 0 that finds its run in progress at the rendezvous (it crashed and is back, and the
+    others wait in a restart round): it joins that round, without the shared gate or a rehearsal."""
+    if plan.nnodes == 1 or owner(plan) or plan.rehearsal:
+        return False
+    if not shared_gate.in_progress(plan.master_addr, plan.master_port, compat.rendezvous_key(rendezvous_id(plan))):
+        return False
+    print(f"\nsftdoctor: the run is in progress at {plan.master_addr}:{plan.master_port}: this node rejoins it "
+          f"(torchrun's next restart round; {plan.max_restarts} restart{'s' if plan.max_restarts != 1 else ''} allowed)",
+          flush=True)
+    return True
+
+
+def nodes_agree(plan: Plan, findings: list, blocked: bool) -> bool:
+    """Every node's gate verdict, shared (sftdoctor.distributed.gate): whether all of them let the run start. Says
+    which node stops it, or which never came."""
+    errors = [f.title for f in findings if f.severity is Severity.ERROR]
+    print(f"\nsftdoctor: waiting for all {plan.nnodes} nodes' checks at {plan.master_addr}:{plan.master_port}", flush=True)
+    try:
+        verdicts = shared_gate.share(plan.master_addr, plan.master_port, plan.nnodes, plan.node_rank == 0,
+                                     plan.join_timeout_s, {"blocked": blocked, "errors": errors})
+    except shared_gate.GateError as e:
+        print(f"sftdoctor: not starting: {e}", flush=True)
+        return False
+    me = socket.gethostname()
+    others = [v for v in shared_gate.blocking(verdicts) if v["host"] != me]
+    for v in others:
+        print(f"sftdoctor: not starting: the checks on {v['host']} found errors: {'; '.join(v['errors'])} "
+              "(fix them there, or run with --force on it)", flush=True)
+    if not others:
+        print(f"sftdoctor: {'every node passed its checks' if not blocked else 'the other nodes passed their checks'}: "
+              f"{', '.join(v['host'] for v in verdicts)}", flush=True)
+    return not others
+
+
+TRAINING_STACK = ("torch", "transformers", "trl", "accelerate", "datasets")
+
+
+def require_training_stack() -> None:
+    """Before any check runs: a light install (`pip install -e .`) has none of the stack the workers import."""
+    for module in TRAINING_STACK:
+        if find_spec(module) is None:
+            raise ModuleNotFoundError(f"No module named {module!r}", name=module)
