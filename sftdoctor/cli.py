@@ -162,54 +162,29 @@ def check(config, model_config, deepspeed, topology, facts_file, select, list_ch
         except (InputError, InputErrors) as exc:
             _bad_input(exc)
         sys.exit(code)
-    from sftdoctor.checks import load_checks, plugins_enabled, run_checks
-    from sftdoctor.errors import InputError, InputErrors, did_you_mean
-    from sftdoctor.facts import Facts
-    from sftdoctor import render
+    from sftdoctor.checks import plugins_enabled
+    from sftdoctor.checks.command import main as check_main
+    from sftdoctor.errors import InputError, InputErrors
 
-    registry = load_checks(plugins_enabled(no_plugins))
-    specs = registry.phase("preflight")
-    if list_checks:
-        for spec in registry.checks.values():
-            origin = "" if spec.origin == "sftdoctor" else f"  [{spec.origin}]"
-            click.echo(f"{spec.id:<22} {spec.phase:<11} {spec.summary}{origin}")
-        return
-    if select is not None:
-        wanted = [s.strip() for s in select.split(",") if s.strip()]
-        if not wanted:
-            _bad_input(InputError("--select", "expected check ids separated by commas; see `sftdoctor check --list`"))
-        for name in wanted:
-            if name not in registry.checks:
-                _bad_input(InputError("--select", f"no check {name!r}{did_you_mean(name, registry.checks)}; "
-                                                  "see `sftdoctor check --list`"))
-        specs = registry.select(wanted)
     try:
-        facts = Facts(_inputs(config, model_config, deepspeed, topology, facts_file))
-        findings, skipped = run_checks(specs, facts)
+        code = check_main(_inputs(config, model_config, deepspeed, topology, facts_file), select, list_checks, as_json,
+                          plugins_enabled(no_plugins), verbose)
     except (InputError, InputErrors) as exc:
         _bad_input(exc)
-    findings = registry.problems + findings
-    if as_json:
-        render.render_json(findings, skipped, facts.collected())
-    else:
-        render.render_table(findings, skipped, verbose=verbose)
-    sys.exit(render.exit_code(findings))
+    sys.exit(code)
 
 
 @main.command()
 @_input_options
 def facts(config, model_config, deepspeed, topology, facts_file):
     """Probe this machine and print the facts snapshot as JSON (replay it with `check --facts`)."""
-    import json
-
     from sftdoctor.errors import InputError, InputErrors
-    from sftdoctor.facts import Facts
+    from sftdoctor.facts.command import main as facts_main
 
     try:
-        snapshot = Facts(_inputs(config, model_config, deepspeed, topology, facts_file)).snapshot()
+        facts_main(_inputs(config, model_config, deepspeed, topology, facts_file))
     except (InputError, InputErrors) as exc:
         _bad_input(exc)
-    click.echo(json.dumps(snapshot, indent=2, default=str))
 
 
 @main.command()
@@ -289,10 +264,10 @@ def sweep_command(sweep_file, facts_file, dry_run, no_plugins):
         click.echo("sftdoctor: error: `sftdoctor sweep` needs optuna, which is not installed: "
                    "pip install 'sftdoctor[sweep]'", err=True)
         sys.exit(EXIT_BAD_INPUT)
-    from sftdoctor.sweep.command import sweep
+    from sftdoctor.sweep.command import main as sweep_main
 
     try:
-        code = sweep(sweep_file, facts_file, dry_run=dry_run, plugins=plugins_enabled(no_plugins))
+        code = sweep_main(sweep_file, facts_file, dry_run=dry_run, plugins=plugins_enabled(no_plugins))
     except (InputError, InputErrors) as exc:
         _bad_input(exc)
     except ModuleNotFoundError as exc:
@@ -331,25 +306,14 @@ class Size(click.ParamType):
 @click.option("--json", "as_json", is_flag=True, help="Every term of every candidate as one JSON document.")
 def plan(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second, as_json):
     """Will CONFIG fit, what is the fastest setting that does, and how long will it take."""
-    import json
-
     from sftdoctor.errors import InputError, InputErrors
-    from sftdoctor.plan import command, render
+    from sftdoctor.plan.command import main as plan_main
 
     try:
-        _, fitted, timing = command.make(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second)
+        code = plan_main(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second, as_json)
     except (InputError, InputErrors) as exc:
         _bad_input(exc)
-
-    if as_json:
-        click.echo(json.dumps(render.to_json(fitted, timing), indent=2))
-    else:
-        click.echo(render.render(fitted, timing))
-    sys.exit(0 if fitted.current.fits else 1)
-
-
-def _names(value: str | None) -> list[str]:
-    return [n.strip() for n in (value or "").split(",") if n.strip()]
+    sys.exit(code)
 
 
 @main.command("eval")
@@ -400,47 +364,19 @@ def eval_command(target, tasks, base, include, limit, num_fewshot, batch_size, c
 def _eval(target, tasks, base, include, limit, num_fewshot, batch_size, compare, out, as_json, code_problems,
           completions, code_model, samples, k_values, sandbox_kind, workers, timeout_s, max_new_tokens, temperature):
     from sftdoctor.errors import InputError
+    from sftdoctor.eval.command import main as eval_main
 
     try:
-        if code_problems is not None:
-            if target or tasks:
-                raise InputError("eval", "give --code PROBLEMS or TARGET --tasks, not both")
-            if k_values is not None and not all(k.isdecimal() and int(k) > 0 for k in _names(k_values)):
-                raise InputError("--k", f"expected positive integers separated by commas, got {k_values!r}")
-            from sftdoctor.eval.command import run_code_eval
-            from sftdoctor.errors import Interrupted, interruptible
-
-            try:
-                with interruptible():
-                    code = run_code_eval(code_problems, completions, code_model, samples=samples,
-                                         ks=tuple(int(k) for k in _names(k_values)), sandbox=sandbox_kind,
-                                         workers=workers, timeout_s=timeout_s, max_new_tokens=max_new_tokens,
-                                         temperature=temperature, out=out, json_out=as_json)
-            except ModuleNotFoundError as exc:
-                _missing_stack(exc, "eval --model")
-            except Interrupted as exc:
-                click.echo("\nsftdoctor: interrupted; the running samples were killed and no results were written",
-                           err=True)
-                sys.exit(128 + exc.signum)
-            sys.exit(code)
-        if not target:
-            raise InputError("eval", "give TARGET (a run directory, checkpoint, model folder or hub id) and --tasks")
-        if not _names(tasks):
-            raise InputError("eval", "give --tasks NAMES (comma-separated lm-eval task names)")
-        if batch_size is not None and batch_size != "auto" and not (batch_size.isdecimal() and int(batch_size) > 0):
-            raise InputError("--batch-size", f"expected a positive integer or auto, got {batch_size!r}")
-        from sftdoctor.eval.command import run_eval
-
-        try:
-            code = run_eval(target, _names(tasks), base=base, include=include, limit=limit, num_fewshot=num_fewshot,
-                            batch_size=batch_size or "default", json_out=as_json, out=out, compare=compare)
-        except ModuleNotFoundError as exc:
-            if (exc.name or "").split(".")[0] != "lm_eval":
-                _missing_stack(exc, "eval")
-            raise InputError("eval", "needs lm-evaluation-harness: pip install 'sftdoctor[eval]'") from None
-        sys.exit(code)
+        code = eval_main(target, tasks, base=base, include=include, limit=limit, num_fewshot=num_fewshot,
+                         batch_size=batch_size, compare=compare, out=out, as_json=as_json, code_problems=code_problems,
+                         completions=completions, code_model=code_model, samples=samples, k_values=k_values,
+                         sandbox_kind=sandbox_kind, workers=workers, timeout_s=timeout_s,
+                         max_new_tokens=max_new_tokens, temperature=temperature)
     except InputError as exc:
         _bad_input(exc)
+    except ModuleNotFoundError as exc:
+        _missing_stack(exc, "eval --model" if code_problems is not None else "eval")
+    sys.exit(code)
 
 
 @main.command()
@@ -453,56 +389,14 @@ def explain(topic, list_topics, log_file, as_json, jobs):
     """Explain a finding's topic, or (--log) say what went wrong in a run's log.
 
     With --log, exit 0: nothing recognised; 1: a problem found; 2: bad input."""
-    from sftdoctor import kb
     from sftdoctor.errors import InputError
+    from sftdoctor.triage.command import main as explain_main
 
     try:
-        if log_file is not None:
-            if topic or list_topics:
-                raise InputError("explain", "give a TOPIC or --log FILE, not both")
-            if not log_file.strip():
-                raise InputError("--log", "an empty path (an unset shell variable?); expected a log file, or - for stdin")
-            sys.exit(_triage(log_file, as_json, jobs or min(os.cpu_count() or 1, 8)))
-        if as_json:
-            raise InputError("explain", "--json goes with --log FILE")
-        if list_topics or not topic:
-            for t in kb.topics():
-                click.echo(f"{t.name:<22} {t.summary}")
-            return
-        kb.render(kb.topic(topic))
+        code = explain_main(topic, list_topics, log_file, as_json, jobs)
     except InputError as exc:
         _bad_input(exc)
-
-
-def _head(stream) -> bytes:
-    """The first bytes of a log file, the file left at its start for the scan."""
-    from sftdoctor.triage.sniff import SAMPLE
-
-    head = stream.read(SAMPLE)
-    stream.seek(0)
-    return head
-
-
-def _triage(log_file: str, as_json: bool, jobs: int) -> int:
-    from sftdoctor.errors import InputError
-    from sftdoctor.triage import diagnose
-    from sftdoctor.triage.render import render_diagnosis, render_diagnosis_json
-    from sftdoctor.triage.sniff import SAMPLE, unreadable
-
-    try:
-        stream = sys.stdin.buffer if log_file == "-" else open(log_file, "rb")
-    except OSError as exc:
-        raise InputError(log_file, f"cannot read the log: {exc.strerror or exc}") from None
-    with stream:
-        try:
-            why = unreadable(stream.peek(SAMPLE)[:SAMPLE] if log_file == "-" else _head(stream))
-            if why:
-                raise InputError(log_file, f"cannot triage the log: {why}")
-            diagnosis = diagnose(stream, "<stdin>" if log_file == "-" else log_file, jobs=jobs)
-        except OSError as exc:  # a directory, a vanished file
-            raise InputError(log_file, f"cannot read the log: {exc.strerror or exc}") from None
-    (render_diagnosis_json if as_json else render_diagnosis)(diagnosis)
-    return 1 if diagnosis.problems else 0
+    sys.exit(code)
 
 
 @main.command()
@@ -526,17 +420,17 @@ def report(runs, output, by, as_json, no_plugins):
     from sftdoctor.checks import plugins_enabled
     from sftdoctor.errors import InputError
     from sftdoctor.errors import Interrupted
-    from sftdoctor.report.command import build, show
+    from sftdoctor.report.command import main as report_main
 
     if find_spec("matplotlib") is None:
         click.echo("sftdoctor: error: `sftdoctor report` draws with matplotlib, which is not installed: "
                    "pip install 'sftdoctor[report]'", err=True)
         sys.exit(EXIT_BAD_INPUT)
     try:
-        written = build(list(runs), output, by, plugins_enabled(no_plugins))
+        code = report_main(list(runs), output, by, as_json, plugins_enabled(no_plugins))
     except InputError as exc:
         _bad_input(exc)
     except Interrupted as exc:
         click.echo("\nsftdoctor: interrupted; the report was not written (an earlier one is left as it was)", err=True)
         sys.exit(128 + exc.signum)
-    sys.exit(show(written, as_json))
+    sys.exit(code)

@@ -13,7 +13,7 @@ LAYERS = [
     ("sftdoctor.run",),
     ("sftdoctor.facts",),
     ("sftdoctor.checks",),
-    ("sftdoctor.render", "sftdoctor.kb"),
+    ("sftdoctor.render", "sftdoctor.kb", "sftdoctor.checks.command"),  # `check` renders its findings
     ("sftdoctor.triage",),
     ("sftdoctor.report",),
     ("sftdoctor.plan",),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -224,3 +225,48 @@ def run_code_eval(problems: Path, completions: Path | None, model: str | None, *
         code.write_completions(out.with_name(out.name.replace("_results", "_completions")), generated)
     return code.evaluate_code(problems, completions, out=out, ks=ks, sandbox=sandbox, workers=workers,
                               timeout_s=timeout_s, json_out=json_out, generated=generated)
+
+
+def names(value: str | None) -> list[str]:
+    """A comma-separated option (--tasks, --k) as its items."""
+    return [n.strip() for n in (value or "").split(",") if n.strip()]
+
+
+def main(target: str | None = None, tasks: str | None = None, *, base: str | None = None, include: Path | None = None,
+         limit: int | None = None, num_fewshot: int | None = None, batch_size: str | None = None,
+         compare: Path | None = None, out: Path | None = None, as_json: bool = False,
+         code_problems: Path | None = None, completions: Path | None = None, code_model: str | None = None,
+         samples: int = 1, k_values: str | None = None, sandbox_kind: str = "bubblewrap", workers: int | None = None,
+         timeout_s: float = 10.0, max_new_tokens: int = 512, temperature: float = 0.2) -> int:
+    """lm-eval on TARGET (and --base), or (--code) generated code scored in a sandbox. Bad input raises
+    InputError; a missing part of the stack, ModuleNotFoundError."""
+    if code_problems is not None:
+        if target or tasks:
+            raise InputError("eval", "give --code PROBLEMS or TARGET --tasks, not both")
+        if k_values is not None and not all(k.isdecimal() and int(k) > 0 for k in names(k_values)):
+            raise InputError("--k", f"expected positive integers separated by commas, got {k_values!r}")
+        from sftdoctor.errors import Interrupted, interruptible
+
+        try:
+            with interruptible():
+                return run_code_eval(code_problems, completions, code_model, samples=samples,
+                                     ks=tuple(int(k) for k in names(k_values)), sandbox=sandbox_kind, workers=workers,
+                                     timeout_s=timeout_s, max_new_tokens=max_new_tokens, temperature=temperature,
+                                     out=out, json_out=as_json)
+        except Interrupted as exc:
+            print("\nsftdoctor: interrupted; the running samples were killed and no results were written",
+                  file=sys.stderr)
+            return 128 + exc.signum
+    if not target:
+        raise InputError("eval", "give TARGET (a run directory, checkpoint, model folder or hub id) and --tasks")
+    if not names(tasks):
+        raise InputError("eval", "give --tasks NAMES (comma-separated lm-eval task names)")
+    if batch_size is not None and batch_size != "auto" and not (batch_size.isdecimal() and int(batch_size) > 0):
+        raise InputError("--batch-size", f"expected a positive integer or auto, got {batch_size!r}")
+    try:
+        return run_eval(target, names(tasks), base=base, include=include, limit=limit, num_fewshot=num_fewshot,
+                        batch_size=batch_size or "default", json_out=as_json, out=out, compare=compare)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "lm_eval":
+            raise
+        raise InputError("eval", "needs lm-evaluation-harness: pip install 'sftdoctor[eval]'") from None

@@ -12,7 +12,7 @@ from typing import Any
 from sftdoctor.errors import InputError
 from sftdoctor.facts import Facts, Inputs, Overlay
 from sftdoctor.facts.model_shape import shape_in_child
-from sftdoctor.plan.render import timing
+from sftdoctor.plan.render import render, timing, to_json
 from sftdoctor.plan.tokens import dataset_tokens, steps_and_tokens
 from sftdoctor.run import Plan, resolve
 from sftdoctor.run.gpus import devices, smallest_memory
@@ -59,3 +59,14 @@ def make(config: Path, gpu_memory: int | None = None, gpus_per_node: int | None 
     counted = steps_and_tokens(dataset_tokens(plan), plan)
     names = [d.get("name") for d in devices(gpus)]
     return plan, fitted, timing(fitted, counted, names[0] if names else None, mfu, peak_tflops, tokens_per_second)
+
+
+def main(config: Path, gpu_memory: int | None = None, gpus_per_node: int | None = None, nodes: int | None = None,
+         mfu: float = 0.4, peak_tflops: float | None = None, tokens_per_second: float | None = None,
+         as_json: bool = False) -> int:
+    """Exit 0: the run fits; 1: it does not. Bad input raises InputError(s)."""
+    import json
+
+    _, fitted, timed = make(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second)
+    print(json.dumps(to_json(fitted, timed), indent=2) if as_json else render(fitted, timed))
+    return 0 if fitted.current.fits else 1

@@ -214,3 +214,10 @@ def show(written: Written, as_json: bool) -> int:
     print(f"sftdoctor: report written: {os.path.normpath(written.html)} ({len(written.panels)} panels in "
           f"{os.path.normpath(written.html.parent / rundir.PANELS)})")
     return exit_code(findings)
+
+
+def main(runs: list[Path], output: Path | None = None, by: str = "step", as_json: bool = False,
+         plugins: bool = True) -> int:
+    """Exit 0: written (1 if a curve reader found an error). Bad input raises InputError; Ctrl-C or SIGTERM
+    while drawing raises Interrupted, with nothing written."""
+    return show(build(list(runs), output, by, plugins), as_json)

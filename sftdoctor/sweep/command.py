@@ -36,7 +36,7 @@ def space_lines(space) -> list[str]:
     return [f"  {d.name.ljust(width)}  {d.describe()}" for d in space]
 
 
-def sweep(path: Path, facts_file: Path | None = None, dry_run: bool = False, plugins: bool = True) -> int:
+def main(path: Path, facts_file: Path | None = None, dry_run: bool = False, plugins: bool = True) -> int:
     spec = load_sweep(path)
     if not dry_run:
         from sftdoctor.train.gate import require_training_stack

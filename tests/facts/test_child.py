@@ -55,8 +55,9 @@ def test_a_crash_and_an_exception_are_errors_of_one_shape(child):
     assert in_child("probe_child", "raise", "the probe", 60) == {"error": "ValueError: bad request"}
 
 
+@pytest.mark.slow  # waits out its timeout, long enough for the child to start its grandchild on a loaded machine
 def test_a_hang_is_killed_with_everything_it_started(child):
-    assert in_child("probe_child", "hang", "the probe", 3) == {"error": "the probe took over 3 s"}
+    assert in_child("probe_child", "hang", "the probe", 15) == {"error": "the probe took over 15 s"}
     assert not alive(int(child.read_text()))
 
 
