@@ -18,7 +18,7 @@ from sftdoctor.run.gpus import version_tuple
 
 
 @dataclass(frozen=True)
-class Run:
+class Stack:
     """What the advisories look at; None where neither the plan nor a JSON says."""
 
     packages: dict[str, Any]
@@ -39,7 +39,7 @@ class Advisory:
     id: str
     package: str
     affected: tuple[str | None, str | None]  # [first affected release, first fixed release); None: open end
-    hits: Callable[[Run], bool | None]  # True: this run's settings trigger it; None: cannot tell
+    hits: Callable[[Stack], bool | None]  # True: this run's settings trigger it; None: cannot tell
     trigger: str  # the settings that trigger it, in words
     title: str
     detail: str
@@ -47,7 +47,7 @@ class Advisory:
     sources: tuple[str, ...]
 
 
-def _overlap_zero12(run: Run) -> bool | None:
+def _overlap_zero12(run: Stack) -> bool | None:
     """DeepSpeed's ZeRO-1/2 defaults (runtime/zero/config.py): overlap_comm off, contiguous_gradients on. ZeRO-1
     reads both only since 0.13.0 (PR #4887)."""
     if run.zero is None:
@@ -58,7 +58,7 @@ def _overlap_zero12(run: Run) -> bool | None:
             and run.zero.get("contiguous_gradients", True) is not False)
 
 
-def _overlap_zero3(run: Run) -> bool | None:
+def _overlap_zero3(run: Stack) -> bool | None:
     """ZeRO-3 overlaps by default (overlap_comm resolves to stage == 3); the race needs torch >= 2.10."""
     if run.torch is not None and run.torch[:2] < (2, 10):
         return False
@@ -67,11 +67,11 @@ def _overlap_zero3(run: Run) -> bool | None:
     return run.stage == 3 and run.zero.get("overlap_comm", True) is not False
 
 
-def _accumulates(run: Run) -> bool | None:
+def _accumulates(run: Stack) -> bool | None:
     return None if run.accumulation is None else run.accumulation > 1
 
 
-def _liger_accumulates(run: Run) -> bool | None:
+def _liger_accumulates(run: Stack) -> bool | None:
     if run.liger is False or run.accumulation == 1:
         return False
     transformers = version_tuple(run.packages.get("transformers"))
@@ -80,7 +80,7 @@ def _liger_accumulates(run: Run) -> bool | None:
     return None if run.liger is None or run.accumulation is None else True
 
 
-def _flash_wheel_for_other_torch(run: Run) -> bool | None:
+def _flash_wheel_for_other_torch(run: Stack) -> bool | None:
     """Only with a wheel name to read: otherwise the flash-attn check's import test is the judge."""
     wheel = run.flash_wheel
     if not wheel:
@@ -210,7 +210,7 @@ def known_bad_versions(packages: dict[str, Any], plan=None, deepspeed_config: di
     return findings
 
 
-def _finding(advisory: Advisory, version: str, run: Run, hit: bool | None):
+def _finding(advisory: Advisory, version: str, run: Stack, hit: bool | None):
     names = {"stage": run.stage, "torch": ".".join(map(str, run.torch or ())) or "?",
              "wheel_torch": ".".join(map(str, (run.flash_wheel or {}).get("torch", ()))) or "?",
              "wheel_cuda": (run.flash_wheel or {}).get("cuda", "?")}
@@ -225,7 +225,7 @@ def _finding(advisory: Advisory, version: str, run: Run, hit: bool | None):
                 fix=f"give the run config (--config) to judge; or {advisory.fix}", evidence=evidence)
 
 
-def _run(packages, plan, deepspeed_config, torch_build, flash_attn) -> Run:
+def _run(packages, plan, deepspeed_config, torch_build, flash_attn) -> Stack:
     if plan is not None:
         zero = ((plan.deepspeed or {}).get("zero_optimization") or {}) if plan.deepspeed else {}
         accumulation, liger = plan.gradient_accumulation_steps, plan.liger_kernel
@@ -234,7 +234,7 @@ def _run(packages, plan, deepspeed_config, torch_build, flash_attn) -> Run:
         zero = (config.get("zero_optimization") or {}) if isinstance(config, dict) else None
         accumulation, liger = _json_accumulation(config), None
     cuda = version_tuple((torch_build or {}).get("cuda"))
-    return Run(packages, version_tuple((torch_build or {}).get("version")), cuda[0] if cuda else None,
+    return Stack(packages, version_tuple((torch_build or {}).get("version")), cuda[0] if cuda else None,
                zero if isinstance(zero, dict) else None, accumulation, liger, _wheel((flash_attn or {}).get("wheel")))
 
 

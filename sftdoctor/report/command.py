@@ -24,7 +24,7 @@ from sftdoctor.facts.run_records import read_run
 from sftdoctor.findings import Finding, Severity
 from sftdoctor.run import rundir
 from sftdoctor.report import page
-from sftdoctor.report.panels import COLOURS, Axis, Run, render, shown
+from sftdoctor.report.panels import COLOURS, Axis, PlottedRun, render, shown
 
 AXES = ("step", "tokens")
 
@@ -47,7 +47,7 @@ class PostrunFacts:
 
 @dataclass
 class Judged:
-    run: Run  # with every finding of the run, as findings.jsonl has them, the curve readers' included
+    run: PlottedRun  # with every finding of the run, as findings.jsonl has them, the curve readers' included
     verdicts: list[Finding]  # the curve readers'
     skipped: list[Skipped]
 
@@ -129,7 +129,7 @@ def load(paths: list[Path], by: str, plugins: bool) -> list[Judged]:
         marks = [(number + i, step, r) for i, (step, r) in
                  enumerate(sorted(((s, r) for s, r in steps if s is not None), key=lambda pair: pair[0]), 1)]
         number += len(marks)
-        judged.append(Judged(Run(fact, records, label, COLOURS[index % len(COLOURS)], marks), verdicts, skipped))
+        judged.append(Judged(PlottedRun(fact, records, label, COLOURS[index % len(COLOURS)], marks), verdicts, skipped))
     return judged
 
 

@@ -23,7 +23,7 @@ MARK_COLOURS = {"error": "#c00000", "warning": "#e08000"}
 
 
 @dataclass
-class Run:
+class PlottedRun:
     """One run as the panels need it: its curves fact, its findings, its label and colour."""
 
     curves: dict[str, Any]
@@ -63,7 +63,7 @@ class Axis:
         self.by = by
         self.label = "tokens seen" if by == "tokens" else "step"
 
-    def xs(self, run: Run, steps: list[int]) -> list[float]:
+    def xs(self, run: PlottedRun, steps: list[int]) -> list[float]:
         if self.by == "step":
             return list(steps)
         seen = run.curves["series"]["tokens_seen"]
@@ -71,12 +71,12 @@ class Axis:
         return [known[max(0, bisect.bisect_right(known_steps, s) - 1)] for s in steps]
 
 
-def series(run: Run, name: str) -> tuple[list[int], list[float]]:
+def series(run: PlottedRun, name: str) -> tuple[list[int], list[float]]:
     data = run.curves["series"].get(name) or {"steps": [], "values": []}
     return data["steps"], [v if math.isfinite(v) else float("nan") for v in data["values"]]
 
 
-def line(ax, axis: Axis, run: Run, name: str, **style) -> bool:
+def line(ax, axis: Axis, run: PlottedRun, name: str, **style) -> bool:
     steps, values = series(run, name)
     if not steps:
         return False
@@ -87,13 +87,13 @@ def line(ax, axis: Axis, run: Run, name: str, **style) -> bool:
 
 # ---------------------------------------------------------------- the panels
 
-def draw_loss(ax, axis: Axis, runs: list[Run]) -> None:
+def draw_loss(ax, axis: Axis, runs: list[PlottedRun]) -> None:
     for run in runs:
         line(ax, axis, run, "loss", label=f"{run.label} train")
         line(ax, axis, run, "eval_loss", label=f"{run.label} eval", linestyle="--", marker="o", markersize=3)
 
 
-def draw_lr(ax, axis: Axis, runs: list[Run]) -> None:
+def draw_lr(ax, axis: Axis, runs: list[PlottedRun]) -> None:
     for run in runs:
         line(ax, axis, run, "learning_rate", label=run.label)
         schedule = run.curves.get("schedule")
@@ -115,7 +115,7 @@ def draw_lr(ax, axis: Axis, runs: list[Run]) -> None:
                         color=run.colour, xytext=(3, 3), textcoords="offset points")
 
 
-def draw_grad_norm(ax, axis: Axis, runs: list[Run]) -> None:
+def draw_grad_norm(ax, axis: Axis, runs: list[PlottedRun]) -> None:
     highest = lowest = None
     for run in runs:
         if line(ax, axis, run, "grad_norm", label=run.label):
@@ -131,19 +131,19 @@ def draw_grad_norm(ax, axis: Axis, runs: list[Run]) -> None:
         ax.set_yscale("log")
 
 
-def draw_loss_scale(ax, axis: Axis, runs: list[Run]) -> None:
+def draw_loss_scale(ax, axis: Axis, runs: list[PlottedRun]) -> None:
     for run in runs:
         line(ax, axis, run, "loss_scale", label=run.label, drawstyle="steps-post")
     ax.set_yscale("log", base=2)
 
 
-def draw_throughput(ax, axis: Axis, runs: list[Run]) -> None:
+def draw_throughput(ax, axis: Axis, runs: list[PlottedRun]) -> None:
     for run in runs:
         line(ax, axis, run, "tokens_per_second", label=run.label)
     ax.set_ylim(bottom=0)
 
 
-def draw_memory(ax, axis: Axis, runs: list[Run]) -> None:
+def draw_memory(ax, axis: Axis, runs: list[PlottedRun]) -> None:
     for run in runs:
         gpu = line(ax, axis, run, "memory_allocated_gib", label=f"{run.label} GPU allocated (peak, max over ranks)")
         line(ax, axis, run, "memory_reserved_gib", label=f"{run.label} GPU reserved", linestyle="--")
@@ -162,11 +162,11 @@ PANELS = (
 )
 
 
-def shown(runs: list[Run]) -> list[Panel]:
+def shown(runs: list[PlottedRun]) -> list[Panel]:
     return [p for p in PANELS if any(run.curves["series"].get(name) for run in runs for name in p.series)]
 
 
-def mark(ax, axis: Axis, runs: list[Run]) -> None:
+def mark(ax, axis: Axis, runs: list[PlottedRun]) -> None:
     """Each marked finding: a line at its step, its number at the top (the page lists them by number)."""
     for run in runs:
         by_step: dict[int, list[tuple[int, dict]]] = {}
@@ -181,7 +181,7 @@ def mark(ax, axis: Axis, runs: list[Run]) -> None:
                         ha="center", va="bottom", fontweight="bold")
 
 
-def render(panel: Panel, runs: list[Run], axis: Axis) -> bytes:
+def render(panel: Panel, runs: list[PlottedRun], axis: Axis) -> bytes:
     """The panel as PNG bytes."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

@@ -82,7 +82,7 @@ class Adapters:
 
 
 @dataclass(frozen=True)
-class Run:
+class Workload:
     """What does not vary between candidates."""
 
     shape: Shape
@@ -183,7 +183,7 @@ def quantized_rows(shape: Shape) -> int:
     return shape.layers * sum(getattr(shape, b) for _, _, b in LLAMA_LINEAR.values())
 
 
-def frozen_base(run: Run, s: Setting) -> list[Term]:
+def frozen_base(run: Workload, s: Setting) -> list[Term]:
     """The base's weights: no gradient, no optimizer state, no fp32 master copy. ZeRO-3 partitions them too."""
     shape, p = run.shape, run.shape.parameters
     share, per = (run.world, " / world") if s.zero_stage == 3 else (1, "")
@@ -209,7 +209,7 @@ def frozen_base(run: Run, s: Setting) -> list[Term]:
     return [base, rest]
 
 
-def adapter_states(run: Run, s: Setting) -> list[Term]:
+def adapter_states(run: Workload, s: Setting) -> list[Term]:
     """The trained parameters' weights, gradients and AdamW moments. Without DeepSpeed, peft keeps LoRA's
     adapters in fp32 (autocast_adapter_dtype, peft 0.12+): 4 + 4 + 8 B; for QLoRA TRL 1.16 casts them to bf16
     (the QLoRA paper's recipe), and AdamW's moments follow: 2 + 2 + 4 B. DeepSpeed casts them to its 16-bit dtype
@@ -223,11 +223,11 @@ def adapter_states(run: Run, s: Setting) -> list[Term]:
             Term("adapter optimizer states", 2 * b * t, f"{2 * b} B x trainable params (AdamW moments)")]
 
 
-def lora_states(run: Run, s: Setting) -> list[Term]:
+def lora_states(run: Workload, s: Setting) -> list[Term]:
     return gathered_layer(run.shape, s) + frozen_base(run, s) + adapter_states(run, s)
 
 
-def fp32_adapters_under_autocast(run: Run, s: Setting) -> bool:
+def fp32_adapters_under_autocast(run: Workload, s: Setting) -> bool:
     """Without DeepSpeed a 16-bit run is autocast over peft's fp32 adapters (QLoRA's are cast to bf16 by TRL,
     DeepSpeed casts every adapter to its 16-bit dtype)."""
     return s.zero_stage == 0 and run.precision != "fp32" and not quantized(s)
@@ -343,14 +343,14 @@ def lora_activation_bytes_per_token(shape: Shape, precision: str, lora: Adapters
     return out
 
 
-def layer_bytes_per_token(run: Run, s: Setting) -> int:
+def layer_bytes_per_token(run: Workload, s: Setting) -> int:
     if run.lora is None:
         return activation_bytes_per_token(run.shape, run.precision)
     return lora_activation_bytes_per_token(run.shape, run.precision, run.lora, fp32_adapters_under_autocast(run, s),
                                            run.attention)
 
 
-def adapter_casts(run: Run, s: Setting) -> list[Term]:
+def adapter_casts(run: Workload, s: Setting) -> list[Term]:
     """Autocast casts each fp32 adapter to 16 bits once per forward and the backward keeps the copy."""
     if run.lora is None or not fp32_adapters_under_autocast(run, s):
         return []
@@ -358,7 +358,7 @@ def adapter_casts(run: Run, s: Setting) -> list[Term]:
                  "2 B x trainable params (autocast's 16-bit copies of the fp32 adapters, kept for the backward)")]
 
 
-def activations(run: Run, s: Setting) -> list[Term]:
+def activations(run: Workload, s: Setting) -> list[Term]:
     shape, tokens = run.shape, s.micro_batch * run.seq_len
     per_layer = layer_bytes_per_token(run, s) * tokens
     lora = "" if run.lora is None else " (LoRA: frozen layers save less, each adapter its r-wide output)"
@@ -380,7 +380,7 @@ def activations(run: Run, s: Setting) -> list[Term]:
 TOKEN_TILE, VOCAB_TILE = 4096, 32768
 
 
-def logits(run: Run, s: Setting) -> list[Term]:
+def logits(run: Workload, s: Setting) -> list[Term]:
     """The LM head and the loss. TRL 1.16's SFTTrainer (sftdoctor's trainer, with or without liger, whose fused
     cross-entropy it refuses) patches the model with `add_fused_lm_head`: the full (tokens x vocab) logits never
     exist. What does: one tile of the projection, the positions with a label copied for it (Triton devices), and
@@ -398,7 +398,7 @@ def logits(run: Run, s: Setting) -> list[Term]:
     return [Term("logits and loss", tile + inputs + head, formula)]
 
 
-def layer_backward(run: Run, s: Setting) -> list[Term]:
+def layer_backward(run: Workload, s: Setting) -> list[Term]:
     """With LoRA nothing of a layer's weight gradients is allocated before its backward, so what that backward
     holds at once can set the peak: the MLP's gradients (of its product and both factors, b x 3 I per token),
     beyond the loss's backward (the logits term), which is over by then. A full fine-tune's weight gradients,
@@ -413,7 +413,7 @@ def layer_backward(run: Run, s: Setting) -> list[Term]:
                  f"3 x {b} B x intermediate x tokens - logits and loss: the MLP's gradients in one layer's backward")]
 
 
-def estimate(run: Run, s: Setting) -> Estimate:
+def estimate(run: Workload, s: Setting) -> Estimate:
     states = model_states(run.shape, s, run.world) if run.lora is None else lora_states(run, s)
     gpu = states + activations(run, s) + logits(run, s) + layer_backward(run, s)
     live = sum(t.bytes for t in gpu)
@@ -464,7 +464,7 @@ class Candidate:
                 "gpu_terms": [t.to_json() for t in e.gpu], "host_terms": [t.to_json() for t in e.host]}
 
 
-def candidate(run: Run, s: Setting, global_batch: int, gpu_memory: int) -> Candidate:
+def candidate(run: Workload, s: Setting, global_batch: int, gpu_memory: int) -> Candidate:
     e = estimate(run, s)
     step = s.micro_batch * run.world
     accumulation = global_batch // step if global_batch % step == 0 else None
@@ -472,7 +472,7 @@ def candidate(run: Run, s: Setting, global_batch: int, gpu_memory: int) -> Candi
                      4 / 3 if s.checkpointing else 1.0, 1.5 if s.zero_stage == 3 else 1.0)
 
 
-def candidates(run: Run, global_batch: int, gpu_memory: int, liger_available: bool,
+def candidates(run: Workload, global_batch: int, gpu_memory: int, liger_available: bool,
                quantize: str | None = None) -> list[Candidate]:
     """Every ZeRO stage (and optimizer offload for 2 and 3) x checkpointing x micro-batch (liger on where available) that reaches
     `global_batch` exactly, fastest first; none when the ranks cannot share it evenly. A LoRA run keeps its
@@ -484,7 +484,7 @@ def candidates(run: Run, global_batch: int, gpu_memory: int, liger_available: bo
     return sorted(out, key=Candidate.speed_key)
 
 
-def _grid(run: Run, global_batch: int, gpu_memory: int, liger_available: bool, quantize: str | None) -> list[Candidate]:
+def _grid(run: Workload, global_batch: int, gpu_memory: int, liger_available: bool, quantize: str | None) -> list[Candidate]:
     micro = [m for m in MICRO_BATCHES if global_batch % (m * run.world) == 0]
     # liger changes no term (the loss is TRL's fused head either way), only speed: on wherever it can run.
     return [candidate(run, Setting(stage, offload, ckpt, m, liger_available, quantize), global_batch, gpu_memory)
@@ -495,7 +495,7 @@ def _grid(run: Run, global_batch: int, gpu_memory: int, liger_available: bool, q
 class Fit:
     """The run's own setting against the GPUs, and the fastest candidate that fits."""
 
-    run: Run
+    run: Workload
     current: Candidate
     candidates: list[Candidate]
     recommended: Candidate | None
@@ -503,7 +503,7 @@ class Fit:
     global_batch: int
 
 
-def fit(run: Run, current: Setting, global_batch: int, gpu_memory: int, liger_available: bool) -> Fit:
+def fit(run: Workload, current: Setting, global_batch: int, gpu_memory: int, liger_available: bool) -> Fit:
     found = candidates(run, global_batch, gpu_memory, liger_available, current.quantize)
     return Fit(run, candidate(run, current, global_batch, gpu_memory), found, next((c for c in found if c.fits), None),
                gpu_memory, global_batch)

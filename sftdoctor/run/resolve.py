@@ -17,7 +17,7 @@ from typing import Any
 from sftdoctor.run import rundir
 from sftdoctor.run.config import RunConfig
 from sftdoctor.run.gpus import FLASH_MIN_CC, bf16_capable, devices, lacking, smallest_memory
-from sftdoctor.run.memory import Fit, Run, Setting, fit
+from sftdoctor.run.memory import Fit, Workload, Setting, fit
 from sftdoctor.run.schedule import trainer_warmup
 from sftdoctor.run.shape import Shape
 
@@ -562,7 +562,7 @@ def memory_fit(plan: Plan, shape: Shape, gpu_memory: int) -> Fit:
     from sftdoctor.run.memory import adapters
 
     lora = adapters(plan.lora, shape) if plan.lora is not None else None
-    run = Run(shape, plan.world_size, plan.nproc_per_node, plan.max_length, plan.attn_implementation, plan.precision,
+    run = Workload(shape, plan.world_size, plan.nproc_per_node, plan.max_length, plan.attn_implementation, plan.precision,
               lora)
     current = Setting(plan.zero_stage, plan.offload_optimizer, plan.checkpointing, plan.per_device_batch_size,
                       plan.liger_kernel, plan.lora["quantize"] if plan.lora is not None else None)

@@ -186,7 +186,7 @@ def behind(reports: dict[int, dict[str, Any]], world: int) -> list[int]:
     return sorted(idle) if 0 < len(idle) < len(reports) else []
 
 
-class Watchdog(threading.Thread):
+class HangWatchdog(threading.Thread):
     """Fires when this rank makes no progress for `timeout` seconds: dumps every thread's stack, swaps
     reports with the other ranks through the c10d store (TCP, independent of NCCL), names the rank
     behind, records the finding, and exits so that torchrun tears the job down."""
@@ -282,7 +282,7 @@ class Guard(TrainerCallback):
         self.losses: collections.deque = collections.deque(maxlen=50)
         self.quiet_since: dict[str, int] = {}  # check id -> step of its last published finding
         self.overflows: collections.deque = collections.deque(maxlen=100)
-        self.watchdog = Watchdog(plan.hang_timeout_s, self.reporter, run_dir)
+        self.watchdog = HangWatchdog(plan.hang_timeout_s, self.reporter, run_dir)
         compat.wrap_grad_norm(trainer, self._capture)  # once per optimizer step, before clipping
 
     def _capture(self, norm) -> None:
@@ -420,7 +420,7 @@ class Guard(TrainerCallback):
 class HangDrill(TrainerCallback):
     """That rank blocks inside a collective that the other ranks never join, at that step."""
 
-    def __init__(self, drill: dict[str, Any], watchdog: Watchdog):
+    def __init__(self, drill: dict[str, Any], watchdog: HangWatchdog):
         self.drill, self.watchdog = drill, watchdog
         self.group = dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
 

@@ -106,7 +106,7 @@ def _evidence(sig: Signature, first: Line, count: int, ranks, specifics: dict[st
             "text": clip(first.text), **{k: v for k, v in specifics.items() if v is not None}}
 
 
-class Watchdog(Summary):
+class NcclWatchdog(Summary):
     """NCCL watchdog timeouts: which collective, on which ranks, and who is at another sequence number."""
 
     def __init__(self):
@@ -692,6 +692,6 @@ class FirstException(Summary):
         return []
 
 
-SUMMARIES = {"watchdog": Watchdog, "cuda-oom": CudaOom, "loss": LossLog, "loss-scale": LossScale, "nccl": NcclError,
+SUMMARIES = {"watchdog": NcclWatchdog, "cuda-oom": CudaOom, "loss": LossLog, "loss-scale": LossScale, "nccl": NcclError,
              "cuda-build": CudaBuild,
              "failures": Failures, "exception": FirstException}

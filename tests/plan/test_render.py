@@ -6,7 +6,7 @@ import re
 import pytest
 
 from conftest import FIXTURES
-from sftdoctor.run.memory import HEADROOM, Run, Setting, adapters, fit
+from sftdoctor.run.memory import HEADROOM, Setting, Workload, adapters, fit
 from sftdoctor.run.shape import closed_form
 from sftdoctor.plan.render import LORA_HEADER, render, summary, timing, to_json
 
@@ -20,7 +20,7 @@ COUNTED = {"tokens_per_step": 64 * 4096, "steps": 100, "token_basis": "packed ro
 def planned(stage=2, micro=8, checkpointing=False, liger=False, world=8, global_batch=64, memory_gib=80.0,
             liger_available=True):
     """Llama-3-8B at 4,096 tokens per row in bf16 with sdpa, on one node of `world` GPUs."""
-    run = Run(LLAMA3_8B, world, world, 4096, "sdpa", "bf16")
+    run = Workload(LLAMA3_8B, world, world, 4096, "sdpa", "bf16")
     return fit(run, Setting(stage, False, checkpointing, micro, liger), global_batch, int(memory_gib * GIB),
                liger_available)
 
@@ -232,7 +232,7 @@ LORA_TERMS = ("frozen base", "adapter weights", "adapter gradients", "adapter op
 
 def planned_lora(quantize="none", stage=2, world=8, global_batch=64, memory_gib=80.0):
     """Llama-3-8B with r = 16 adapters on every linear layer, checkpointed, micro-batch 1, no liger."""
-    run = Run(LLAMA3_8B, world, world, 4096, "sdpa", "bf16", adapters(R16, LLAMA3_8B))
+    run = Workload(LLAMA3_8B, world, world, 4096, "sdpa", "bf16", adapters(R16, LLAMA3_8B))
     return fit(run, Setting(stage, False, True, 1, False, quantize), global_batch, int(memory_gib * GIB), False)
 
 

@@ -1,6 +1,6 @@
 """The panels (report/panels.py): thinning long series, which panels a run gets."""
 
-from sftdoctor.report.panels import MAX_POINTS, PANELS, Run, shown, thin
+from sftdoctor.report.panels import MAX_POINTS, PANELS, PlottedRun, shown, thin
 
 
 def test_a_long_series_is_thinned_and_keeps_its_spikes():
@@ -15,7 +15,7 @@ def test_a_long_series_is_thinned_and_keeps_its_spikes():
 
 def test_a_panel_shows_when_any_run_logged_its_series():
     def run(*names):
-        return Run({"series": {n: {"steps": [1], "values": [1.0]} for n in names}}, [], "r", "#000", [])
+        return PlottedRun({"series": {n: {"steps": [1], "values": [1.0]} for n in names}}, [], "r", "#000", [])
     assert [p.name for p in shown([run("loss", "learning_rate")])] == ["loss", "learning-rate"]
     assert "loss-scale" in [p.name for p in shown([run("loss"), run("loss_scale")])]
     assert [p.name for p in PANELS] == ["loss", "learning-rate", "grad-norm", "loss-scale", "throughput", "memory"]

@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from conftest import FIXTURES, meta_shape
 from sftdoctor.run import memory
-from sftdoctor.run.memory import (GIB, Run, Setting, activations, adapters, candidates, eager_attention_bytes, estimate,
+from sftdoctor.run.memory import (GIB, Setting, Workload, activations, adapters, candidates, eager_attention_bytes, estimate,
                                   fit, host_memory, lora_activation_bytes_per_token, logits, model_states)
 from sftdoctor.run.shape import Shape, closed_form
 
@@ -76,7 +76,7 @@ def test_layer_activations_match_what_autograd_saves(arch, h, inter, heads, kv, 
     for layers in (2, 3):
         model, shape = tiny(arch, h, inter, heads, kv, layers, dtype, False, head_dim)
         measured.append(saved_bytes(model, batch))
-    run = Run(shape, 1, 1, seq, "sdpa", precision)
+    run = Workload(shape, 1, 1, seq, "sdpa", precision)
     one_layer = activations(run, Setting(0, False, False, micro, True))[0].bytes / 3
     assert abs(one_layer - (measured[1] - measured[0])) <= TOLERANCE * (measured[1] - measured[0])
 
@@ -88,7 +88,7 @@ def test_a_checkpointed_layer_keeps_only_its_input(precision):
     batch = {"input_ids": torch.randint(0, 512, (micro, seq))}
     measured = [saved_bytes(tiny("qwen2", 128, 352, 8, 2, layers, dtype, True)[0], batch) for layers in (2, 3)]
     shape = tiny("qwen2", 128, 352, 8, 2, 3, dtype, True)[1]
-    run = Run(shape, 1, 1, seq, "sdpa", precision)
+    run = Workload(shape, 1, 1, seq, "sdpa", precision)
     with_ckpt = activations(run, Setting(0, False, True, micro, True))[0].bytes
     without = activations(run, Setting(0, False, False, micro, True))[0].bytes
     per_layer_kept = (with_ckpt - without / 3) / 3  # one recomputed layer comes on top of the kept inputs
@@ -104,7 +104,7 @@ def test_eager_attention_adds_the_scores_and_repeated_kv(precision, heads, kv):
     measured = [saved_bytes(tiny("qwen2", 128, 352, heads, kv, layers, dtype, False, attention="eager")[0], batch)
                 for layers in (2, 3)]
     shape = tiny("qwen2", 128, 352, heads, kv, 3, dtype, False)[1]
-    predicted = activations(Run(shape, 1, 1, seq, "eager", precision), Setting(0, False, False, micro, True))[0].bytes / 3
+    predicted = activations(Workload(shape, 1, 1, seq, "eager", precision), Setting(0, False, False, micro, True))[0].bytes / 3
     assert abs(predicted - (measured[1] - measured[0])) <= TOLERANCE * (measured[1] - measured[0])
 
 
@@ -180,7 +180,7 @@ def test_predicted_peak_is_never_below_the_measured_one_and_at_most_15_percent_a
     step = trl_step(model, model.parameters())
     step()  # AdamW's states exist from the first step on, as in a real run
     measured = peak_bytes(step) - CPU_TILE_COPIES + 12 * sum(sizes)  # the weights and AdamW's moments lived before
-    run, setting = Run(shape, 1, 1, 256, "sdpa", "fp32"), Setting(0, False, checkpointing, 2, False)
+    run, setting = Workload(shape, 1, 1, 256, "sdpa", "fp32"), Setting(0, False, checkpointing, 2, False)
     predicted = sum(t.bytes for t in model_states(shape, setting, 1) + activations(run, setting) + logits(run, setting))
     assert 1.0 <= predicted / measured <= 1.15, (predicted, measured)
 
@@ -189,7 +189,7 @@ def test_the_full_logits_never_exist_under_trls_fused_head():
     """Llama-3-8B, 8 rows of 4096 tokens: plain transformers' loss would hold 33k x 128k logits and their fp32
     copies (~40 GB); TRL's head holds one tile and the fp32 gradients of the head and of the hidden states."""
     shape = meta_shape(config("Meta-Llama-3-8B.json"))
-    term = logits(Run(shape, 8, 8, 4096, "flash_attention_2", "bf16"), Setting(2, False, True, 8, False))[0]
+    term = logits(Workload(shape, 8, 8, 4096, "flash_attention_2", "bf16"), Setting(2, False, True, 8, False))[0]
     assert term.bytes == 4096 * 32768 * 2 + 8 * 4096 * (4096 * 14 + 32) + 4 * 128256 * 4096
     assert round(term.bytes / GIB, 2) == 3.96
 
@@ -231,7 +231,7 @@ def test_host_ram_halves_when_deepspeed_holds_the_fp32_master_copy(shape):
 
 
 def test_candidates_reach_the_global_batch_exactly_or_not_at_all(shape):
-    run = Run(shape, 8, 8, 4096, "sdpa", "bf16")
+    run = Workload(shape, 8, 8, 4096, "sdpa", "bf16")
     found = candidates(run, 16, 80 * 2**30, liger_available=False)
     assert found and all(c.setting.micro_batch * c.accumulation * 8 == 16 for c in found)
     assert candidates(run, 100, 80 * 2**30, liger_available=False) == []  # 100 is not shared by 8 ranks
@@ -248,7 +248,7 @@ R16 = {"r": 16, "dropout": 0.05, "target_modules": "all-linear", "modules_to_sav
 
 def lora_run(shape=LLAMA2_7B, world=1, precision="bf16", **lora):
     """Llama-2-7B at 4,096 tokens per row on one node of `world` GPUs, with r = 16 adapters on every linear layer."""
-    return Run(shape, world, world, 4096, "sdpa", precision, adapters({**R16, **lora}, shape))
+    return Workload(shape, world, world, 4096, "sdpa", precision, adapters({**R16, **lora}, shape))
 
 
 def terms(run, s):
@@ -406,7 +406,7 @@ def test_a_lora_steps_predicted_peak_is_never_below_the_measured_one_and_at_most
     # the base, the adapters and AdamW's moments lived before the step
     measured = peak_bytes(step) - CPU_TILE_COPIES + 4 * shape.parameters + 12 * trainable
     monkeypatch.setattr(memory, "DROPOUT_MASK", 4)  # CPU's dropout keeps fp32 noise where CUDA's keeps a 1-byte mask
-    run, setting = Run(shape, 1, 1, 256, "sdpa", "fp32", found), Setting(0, False, checkpointing, 2, False, "none")
+    run, setting = Workload(shape, 1, 1, 256, "sdpa", "fp32", found), Setting(0, False, checkpointing, 2, False, "none")
     assert found.trainable == trainable
     predicted = sum(t.bytes for t in estimate(run, setting).gpu if t.name not in ("fragmentation", "CUDA context and NCCL"))
     assert 1.0 <= predicted / measured <= 1.15, (predicted, measured)
