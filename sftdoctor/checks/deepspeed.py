@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from sftdoctor.checks import check
@@ -62,6 +63,38 @@ def _nodes(plan, env: dict[str, str] | None) -> int:
 def deepspeed_precision(deepspeed_config: dict[str, Any], plan=None, model_config: dict[str, Any] | None = None,
                         gpus: dict[str, Any] | None = None, deepspeed_defaults: dict[str, Any] | None = None,
                         env: dict[str, str] | None = None):
+    r = _read(deepspeed_config, plan)
+    findings = [f for f in (_precision(r, model_config, gpus), _legacy_bfloat16_key(r),
+                            _offload_on_one_node(r, _nodes(plan, env))) if f is not None]
+    findings += _gradient_clipping(r.path, r.cfg, deepspeed_defaults, plan is not None, r.evidence)
+    if plan is not None:
+        findings += _fixed_values(r.path, r.cfg, plan, r.evidence)
+    if not findings or all(f.severity.rank <= 1 for f in findings):
+        mode = "bf16" if r.bf16 is True else "fp16" if r.fp16 is True else (
+            f"fp16={json.dumps(r.flags['fp16'])}, bf16={json.dumps(r.flags['bf16'])}")
+        findings.insert(0, ok(f"{r.path}: ZeRO-{r.stage}, {mode}, gradient_clipping={r.evidence['gradient_clipping']}",
+                              evidence=r.evidence))
+    return findings
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """The DeepSpeed JSON's precision and ZeRO settings, with "auto" resolved against the run's precision."""
+
+    path: str
+    cfg: dict[str, Any]
+    flags: dict[str, Any]
+    precision: str | None
+    why: str
+    fp16: Any
+    bf16: Any
+    bf16_added: bool  # a bf16 run with no bf16 section: accelerate adds one
+    zero: dict[str, Any]
+    stage: Any
+    evidence: dict[str, Any]
+
+
+def _read(deepspeed_config: dict[str, Any], plan) -> _Reading:
     path, cfg = deepspeed_config["path"], deepspeed_config["config"]
     flags = ds_precision_flags(cfg)
     precision, why = requested_precision(plan, None)
@@ -73,71 +106,75 @@ def deepspeed_precision(deepspeed_config: dict[str, Any], plan=None, model_confi
     evidence = {"path": path, "fp16": flags["fp16"], "bf16": flags["bf16"], "bf16_key": flags["bf16_key"],
                 "resolved": {"fp16": fp16, "bf16": bf16}, "zero_stage": stage,
                 "gradient_clipping": cfg.get("gradient_clipping", "absent")}
-    findings = []
+    return _Reading(path, cfg, flags, precision, why, fp16, bf16, bf16_added, zero, stage, evidence)
 
-    mismatched = _disagrees_with_run(flags, precision)
-    if fp16 is True and bf16 is True:
-        findings.append(error(
-            f"{path}: fp16 and bf16 are both enabled",
+
+def _precision(r: _Reading, model_config: dict[str, Any] | None, gpus: dict[str, Any] | None):
+    """fp16 and bf16 both on, a value that disagrees with the run, fp16 hard-coded, or a bf16 section added."""
+    mismatched = _disagrees_with_run(r.flags, r.precision)
+    if r.fp16 is True and r.bf16 is True:
+        return error(
+            f"{r.path}: fp16 and bf16 are both enabled",
             detail="DeepSpeed refuses the config at initialisation: 'bfloat16 and fp16 modes cannot be simultaneously enabled'.",
-            fix=BF16_FIX + " on Ampere or newer; else the reverse", evidence=evidence))
-    elif mismatched:
-        findings.append(error(
-            f"{path}: {', '.join(mismatched)} disagree(s) with the run's precision {precision} ({why})",
+            fix=BF16_FIX + " on Ampere or newer; else the reverse", evidence=r.evidence)
+    if mismatched:
+        return error(
+            f"{r.path}: {', '.join(mismatched)} disagree(s) with the run's precision {r.precision} ({r.why})",
             detail="transformers compares every non-\"auto\" value with TrainingArguments and stops after the model "
                    "has loaded: 'Please correct the following DeepSpeed config values that mismatch "
                    "TrainingArguments values'.",
             fix='set "enabled": "auto" under "fp16" and "bf16" and choose the precision in the run config',
-            evidence=evidence))
-    elif flags["fp16"] is True:  # hard-coded fp16 ("auto" follows the run's precision, judged by bf16-support)
-        reasons = []
-        if bf16_capable(gpus):
-            reasons.append("every GPU here supports bf16")
-        if (model_config or {}).get("dtype") == "bfloat16":
-            reasons.append(f"the model was saved in bfloat16 ({model_config.get('path')})")
-        if reasons:
-            findings.append(warning(
-                f"{path}: fp16 is hard-coded although {' and '.join(reasons)}",
-                detail="bf16-pretrained weights overflow fp16's range (max 65504): NaN losses and OVERFLOW-skipped "
-                       "steps are the usual result. bf16 needs no loss scaling.",
-                fix=BF16_FIX, evidence=evidence))
-        elif (cfg.get("fp16") or {}).get("loss_scale", 0) not in (0, "auto"):
-            findings.append(info(
-                f"{path}: fp16 with a static loss scale of {cfg['fp16']['loss_scale']}",
-                detail="A static scale never adapts: too high overflows every step, too low underflows small gradients.",
-                fix='"loss_scale": 0 selects dynamic loss scaling', evidence=evidence))
-    elif bf16_added:
-        findings.append(_bf16_section_added(path, flags, evidence))
-    if flags["bf16_key"] == "bfloat16":
-        findings.append((warning if flags["bf16"] == "auto" else info)(
-            f"{path}: legacy key \"bfloat16\"",
-            detail="DeepSpeed still reads it, but transformers fills \"auto\" only under \"bf16\": "
-                   "\"bfloat16\": {\"enabled\": \"auto\"} reaches DeepSpeed unresolved, which (0.19) drops the "
-                   "leftover \"auto\" and leaves bf16 off — the run silently trains in fp32."
-                   if flags["bf16"] == "auto" else "DeepSpeed still reads it; transformers fills \"auto\" only under \"bf16\".",
-            fix='rename "bfloat16" to "bf16"', evidence=evidence))
+            evidence=r.evidence)
+    if r.flags["fp16"] is True:  # hard-coded fp16 ("auto" follows the run's precision, judged by bf16-support)
+        return _hard_coded_fp16(r, model_config, gpus)
+    return _bf16_section_added(r.path, r.flags, r.evidence) if r.bf16_added else None
 
-    offload = _offload_devices(zero)
-    nodes = _nodes(plan, env)
-    if stage == 3 and offload and nodes == 1:
-        findings.append(warning(
-            f"{path}: ZeRO-3 with {', '.join(f'{k} to {v}' for k, v in offload.items())} on a single node",
-            detail="Every step moves parameters and optimizer states across PCIe and runs Adam on the CPU; "
-                   "throughput is typically several times lower than ZeRO-2 without offload. The usual order "
-                   "of speed is ZeRO-2 > ZeRO-2+offload > ZeRO-3 > ZeRO-3+offload (DeepSpeed #6695: offload is "
-                   "meant for models that do not fit otherwise).",
-            fix="use ZeRO-2 (or ZeRO-3 without offload) if the model fits; offload only the optimizer if it "
-                "almost does (`sftdoctor explain zero-stage`)", evidence=evidence))
 
-    findings += _gradient_clipping(path, cfg, deepspeed_defaults, plan is not None, evidence)
-    if plan is not None:
-        findings += _fixed_values(path, cfg, plan, evidence)
-    if not findings or all(f.severity.rank <= 1 for f in findings):
-        mode = "bf16" if bf16 is True else "fp16" if fp16 is True else (
-            f"fp16={json.dumps(flags['fp16'])}, bf16={json.dumps(flags['bf16'])}")
-        findings.insert(0, ok(f"{path}: ZeRO-{stage}, {mode}, gradient_clipping={evidence['gradient_clipping']}",
-                              evidence=evidence))
-    return findings
+def _hard_coded_fp16(r: _Reading, model_config: dict[str, Any] | None, gpus: dict[str, Any] | None):
+    reasons = []
+    if bf16_capable(gpus):
+        reasons.append("every GPU here supports bf16")
+    if (model_config or {}).get("dtype") == "bfloat16":
+        reasons.append(f"the model was saved in bfloat16 ({model_config.get('path')})")
+    if reasons:
+        return warning(
+            f"{r.path}: fp16 is hard-coded although {' and '.join(reasons)}",
+            detail="bf16-pretrained weights overflow fp16's range (max 65504): NaN losses and OVERFLOW-skipped "
+                   "steps are the usual result. bf16 needs no loss scaling.",
+            fix=BF16_FIX, evidence=r.evidence)
+    if (r.cfg.get("fp16") or {}).get("loss_scale", 0) not in (0, "auto"):
+        return info(
+            f"{r.path}: fp16 with a static loss scale of {r.cfg['fp16']['loss_scale']}",
+            detail="A static scale never adapts: too high overflows every step, too low underflows small gradients.",
+            fix='"loss_scale": 0 selects dynamic loss scaling', evidence=r.evidence)
+    return None
+
+
+def _legacy_bfloat16_key(r: _Reading):
+    if r.flags["bf16_key"] != "bfloat16":
+        return None
+    auto = r.flags["bf16"] == "auto"
+    return (warning if auto else info)(
+        f"{r.path}: legacy key \"bfloat16\"",
+        detail="DeepSpeed still reads it, but transformers fills \"auto\" only under \"bf16\": "
+               "\"bfloat16\": {\"enabled\": \"auto\"} reaches DeepSpeed unresolved, which (0.19) drops the "
+               "leftover \"auto\" and leaves bf16 off — the run silently trains in fp32."
+               if auto else "DeepSpeed still reads it; transformers fills \"auto\" only under \"bf16\".",
+        fix='rename "bfloat16" to "bf16"', evidence=r.evidence)
+
+
+def _offload_on_one_node(r: _Reading, nodes: int):
+    offload = _offload_devices(r.zero)
+    if r.stage != 3 or not offload or nodes != 1:
+        return None
+    return warning(
+        f"{r.path}: ZeRO-3 with {', '.join(f'{k} to {v}' for k, v in offload.items())} on a single node",
+        detail="Every step moves parameters and optimizer states across PCIe and runs Adam on the CPU; "
+               "throughput is typically several times lower than ZeRO-2 without offload. The usual order "
+               "of speed is ZeRO-2 > ZeRO-2+offload > ZeRO-3 > ZeRO-3+offload (DeepSpeed #6695: offload is "
+               "meant for models that do not fit otherwise).",
+        fix="use ZeRO-2 (or ZeRO-3 without offload) if the model fits; offload only the optimizer if it "
+            "almost does (`sftdoctor explain zero-stage`)", evidence=r.evidence)
 
 
 def _bf16_section_added(path: str, flags: dict[str, Any], evidence):
