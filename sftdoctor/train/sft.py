@@ -153,30 +153,48 @@ def main(argv: list[str]) -> int:
     options = parser.parse_args(argv)
     plan = Plan.from_json(json.loads(options.resolved.read_text()))
     run_dir = Path(plan.output_dir)
-    # The rehearsal's resume skips it: its first launch checked the same ranks seconds before.
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and plan.distributed_check and not (plan.rehearsal and options.resume):
-        from sftdoctor.distributed.command import main as distributed_check
+    if not ranks_ready(plan, run_dir, options.resume):
+        return 1
+    setup(plan)
+    tokenizer = load_tokenizer(plan)
+    trainer, stopper = build_trainer(plan, run_dir, tokenizer, options.stop_after)
+    code = train(trainer, stopper, run_dir, options.resume)
+    if code is not None:
+        return code
+    if not options.stop_after:
+        save(trainer, plan, tokenizer, run_dir / "final")
+    shut_down()
+    return 0
 
-        # Every rank, before the model loads: the same stack, a GPU each, all joined, exact all-reduces.
-        if distributed_check(plan.distributed_check_bound_s, DISTRIBUTED_CHECK_SECONDS, run_dir / "distributed",
-                             None, False, None, plugins=plan.plugins):
-            return 1
 
+def ranks_ready(plan: Plan, run_dir: Path, resume: bool) -> bool:
+    """Every rank, before the model loads: the same stack, a GPU each, all joined, exact all-reduces (the
+    rehearsal's resume skips it: its first launch checked the same ranks seconds before)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not plan.distributed_check or (plan.rehearsal and resume):
+        return True
+    from sftdoctor.distributed.command import main as distributed_check
+
+    return not distributed_check(plan.distributed_check_bound_s, DISTRIBUTED_CHECK_SECONDS, run_dir / "distributed",
+                                 None, False, None, plugins=plan.plugins)
+
+
+def setup(plan: Plan) -> None:
+    """The stack's logging (rank 0 warns, the others only err; no progress bars: ours draws one) and the seed."""
     import datasets
     import transformers
+    from transformers import set_seed
 
     transformers.logging.set_verbosity_warning() if rank() == 0 else transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     datasets.disable_progress_bars()
-    from transformers import set_seed
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    from sftdoctor.train import adapters, callbacks, noise, stopping, watch
-    from sftdoctor.run.checkpoints import newest_complete
-
     set_seed(plan.seed)
-    tokenizer = load_tokenizer(plan)
-    train, evaluation = load_data(plan)
+
+
+def build_trainer(plan: Plan, run_dir: Path, tokenizer, stop_after: int | None):
+    """(the SFTTrainer of the plan with sftdoctor's callbacks, the SIGTERM stopper among them)."""
+    from sftdoctor.train import adapters, noise
+
+    train_rows, evaluation = load_data(plan)
     args = sft_config(plan, evaluation is not None)  # first, and kept: with ZeRO-3 the model loads partitioned
     partitioned = partitioned_at_load(plan)
     model = load_model(plan)
@@ -190,10 +208,19 @@ def main(argv: list[str]) -> int:
         print("sftdoctor: the chat template has no {% generation %} markers and TRL cannot patch it: the loss "
               "covers every turn, not only the assistant's", flush=True)
     trainer = watched_trainer_class(plan.drill)(
-        model=model, args=args, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer,
+        model=model, args=args, train_dataset=train_rows, eval_dataset=evaluation, processing_class=tokenizer,
         peft_config=peft_config(plan))
     if plan.lora is not None:
         adapters.trainable_in_fp32(trainer.model, plan)
+    return trainer, add_callbacks(trainer, plan, run_dir, stop_after)
+
+
+def add_callbacks(trainer, plan: Plan, run_dir: Path, stop_after: int | None):
+    """Metrics, the one-line progress, complete checkpoints, the watchers, and last the SIGTERM stopper."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from sftdoctor.train import callbacks, stopping, watch
+
     trainer.sftdoctor_tokens, trainer.sftdoctor_plan = callbacks.TokenCounter(), plan
     trainer.sftdoctor_metrics = callbacks.Metrics(trainer.sftdoctor_tokens, run_dir / METRICS, trainer)
     trainer.add_callback(trainer.sftdoctor_metrics)
@@ -201,19 +228,26 @@ def main(argv: list[str]) -> int:
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(callbacks.progress())
     trainer.add_callback(callbacks.CompleteCheckpoints())
-    if options.stop_after:
-        trainer.add_callback(callbacks.StopAfter(options.stop_after))
+    if stop_after:
+        trainer.add_callback(callbacks.StopAfter(stop_after))
     if not os.environ.get("SFTDOCTOR_NO_WATCH"):  # only for bench/watch_overhead.py's "off" runs
         guard = watch.Guard(trainer, plan, run_dir)
         trainer.add_callback(guard)
         if (plan.drill or {}).get("kind") == "hang":
             trainer.add_callback(watch.HangDrill(plan.drill, guard.watchdog))
-
     stopper = stopping.SaveOnSignal(trainer, plan)  # last: it reads the save time CompleteCheckpoints' barrier ends
     trainer.add_callback(stopper)
+    return stopper
+
+
+def train(trainer, stopper, run_dir: Path, resume: bool) -> int | None:
+    """Training from the newest complete checkpoint on --resume or a restart; the exit code when it stopped
+    early (a watcher, SIGTERM), None when it ran to its end."""
+    from sftdoctor.run.checkpoints import newest_complete
+    from sftdoctor.train import watch
 
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    checkpoint = newest_complete(run_dir) if options.resume or restarted else None
+    checkpoint = newest_complete(run_dir) if resume or restarted else None
     if checkpoint and rank() == 0:
         print(f"sftdoctor: resuming from {checkpoint}", flush=True)
     try:
@@ -223,24 +257,25 @@ def main(argv: list[str]) -> int:
     if stopper.stopped:  # SIGTERM: the checkpoint (if one fitted the grace) is the run's state, not a final model
         shut_down()
         return SIGTERM_EXIT
+    return None
 
-    # ------------------------------------------------------------ cleanup
-    if not options.stop_after:
-        final = run_dir / "final"
-        stop_at_end_of_turn(trainer.model, trainer.processing_class)
-        if plan.lora is not None:
-            adapters.save_adapter(trainer, plan, final)
-        else:
-            trainer.save_model(str(final))
-        if rank() == 0:
-            tokenizer.save_pretrained(str(final))
-            (final / "README.md").write_text(model_card(plan), encoding="utf-8")
-            if plan.lora is not None and plan.lora["merge"]:
-                merged = adapters.merge(plan, final)
-                tokenizer.save_pretrained(str(merged))
-                print(f"sftdoctor: base + adapter merged into {merged}", flush=True)
-    shut_down()
-    return 0
+
+def save(trainer, plan: Plan, tokenizer, final: Path) -> None:
+    """The final model (or adapter), its tokenizer and model card, and the merged model when asked for."""
+    from sftdoctor.train import adapters
+
+    stop_at_end_of_turn(trainer.model, trainer.processing_class)
+    if plan.lora is not None:
+        adapters.save_adapter(trainer, plan, final)
+    else:
+        trainer.save_model(str(final))
+    if rank() == 0:
+        tokenizer.save_pretrained(str(final))
+        (final / "README.md").write_text(model_card(plan), encoding="utf-8")
+        if plan.lora is not None and plan.lora["merge"]:
+            merged = adapters.merge(plan, final)
+            tokenizer.save_pretrained(str(merged))
+            print(f"sftdoctor: base + adapter merged into {merged}", flush=True)
 
 
 def stop_at_end_of_turn(model, tokenizer) -> None:
