@@ -138,6 +138,15 @@ def lr_curve(curves: dict[str, Any]):
             detail=f"{len(lrs)} logged rates within {LR_TOLERANCE:.0%} of the peak {_g(schedule['learning_rate'])} of "
                    f"the schedule's (warmup {schedule['warmup_steps']} steps, {end} steps in all).",
             evidence={"offset": offset})
+    return _left_schedule(schedule, steps, lrs, expected, off, offset)
+
+
+def _left_schedule(schedule: dict[str, Any], steps: list[int], lrs: list[float], expected: list[float], off: list[int],
+                   offset: int):
+    """How the logged rates left the configured schedule, most telling first: below its floor, ending elsewhere,
+    no warmup, or another schedule altogether."""
+    name, end, tolerance = schedule["name"], schedule["total_steps"], LR_TOLERANCE * schedule["learning_rate"]
+    floor = schedules.floor(schedule)
     first = off[0]
     evidence = {"step": steps[first], "logged": lrs[first], "expected": expected[first], "off": len(off),
                 "of": len(lrs), "floor": floor}
