@@ -9,7 +9,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "sftdoctor"
 LAYERS = [
-    ("sftdoctor", "sftdoctor.errors", "sftdoctor.findings", "sftdoctor.children"),
+    ("sftdoctor", "sftdoctor.errors", "sftdoctor.findings", "sftdoctor.children", "sftdoctor.files"),
     ("sftdoctor.run",),
     ("sftdoctor.facts",),
     ("sftdoctor.checks",),

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from sftdoctor.errors import InputError
+from sftdoctor.files import write_atomic
 from sftdoctor.eval.target import Target, resolve_target
 
 
@@ -135,19 +134,8 @@ def writable(path: Path) -> Path:
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
-    """Whole or not at all: a temporary file in the same folder, renamed (and removed if the rename fails)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8") as f:
-        try:
-            json.dump(doc, f, indent=2, default=float)
-        except BaseException:
-            os.unlink(f.name)
-            raise
-    try:
-        os.replace(f.name, path)
-    except BaseException:
-        os.unlink(f.name)
-        raise
+    write_atomic(path, json.dumps(doc, indent=2, default=float))
 
 
 def _record(run_dir: Path, doc: dict[str, Any]) -> None:

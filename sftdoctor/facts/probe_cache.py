@@ -16,10 +16,11 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterable
+
+from sftdoctor.files import write_atomic
 
 STACK = ("torch", "transformers", "trl", "datasets", "accelerate", "tokenizers", "peft", "liger-kernel", "bitsandbytes")
 WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt", ".onnx", ".pkl")
@@ -99,11 +100,6 @@ def _store(path: Path, result: dict[str, Any]) -> None:
     """Written whole or not at all (a temporary file renamed), and never a reason for the probe to fail."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False, encoding="utf-8") as f:
-            json.dump(result, f)
-        os.replace(f.name, path)
+        write_atomic(path, json.dumps(result))
     except OSError:
-        try:
-            os.unlink(f.name)
-        except (OSError, UnboundLocalError):
-            pass
+        pass

@@ -20,6 +20,7 @@ from sftdoctor.render import exit_code, render_table
 from sftdoctor.checks import Skipped, load_checks, run_checks
 from sftdoctor.errors import InputError, interruptible
 from sftdoctor.facts.catalogue import fact_names
+from sftdoctor.files import write_atomic
 from sftdoctor.facts.run_records import read_run
 from sftdoctor.findings import Finding, Severity
 from sftdoctor.run import rundir
@@ -84,9 +85,7 @@ def record_postrun(folder: Path, records: list[dict[str, Any]]) -> None:
     """findings.jsonl with this report's post-run records in place of earlier ones (atomically)."""
     path = folder / rundir.FINDINGS
     kept = [r for r in _lines(path) if r.get("phase") != "postrun"]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in kept + records), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, "".join(json.dumps(r, default=str) + "\n" for r in kept + records))
 
 
 def findings_of(folder: Path) -> list[dict[str, Any]]:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import io
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.files import write_atomic
 from sftdoctor.sweep.config import Sweep, dumps, show
 from sftdoctor.sweep.study import retried
 from sftdoctor.sweep.trial import CONFIG, trial_dir
@@ -97,12 +97,6 @@ def best(study):
         return None, []
     ranked = sorted(done, key=lambda t: t.value, reverse=study.direction.name == "MAXIMIZE")
     return ranked[0], ranked
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def write_best(sweep: Sweep, trial) -> Path:

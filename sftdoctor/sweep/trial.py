@@ -38,6 +38,7 @@ from sftdoctor.sweep.config import Sweep, display, dumps, show
 from sftdoctor.sweep.study import HEARTBEAT_S
 from sftdoctor.train import gate as train_gate, launch
 from sftdoctor.children import die_with_parent
+from sftdoctor.files import write_atomic
 from sftdoctor.train.processes import GRACE_S, stop_workers
 
 CONFIG, GATE_LOG, LAUNCH_LOG, REHEARSAL_LOG, EVAL_RESULT = "run.toml", "gate.log", "launch.log", "rehearsal.log", "eval.json"
@@ -116,9 +117,7 @@ def write_config(sweep: Sweep, number: int, params: dict[str, Any], run_dir: Pat
     path = run_dir / CONFIG
     header = (f"trial {number} of the sweep {sweep.path} (study {sweep.study!r})\n"
               + "\n".join(f"{name} = {show(value)}" for name, value in params.items()))
-    tmp = path.with_name(f".{CONFIG}.tmp")
-    tmp.write_text(dumps(sweep.trial_raw(params, run_dir), header), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, dumps(sweep.trial_raw(params, run_dir), header))
     return path
 
 

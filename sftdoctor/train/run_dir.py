@@ -4,12 +4,12 @@ finished, and the records a resume rewinds."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.files import write_atomic
 from sftdoctor.run import Plan
 from sftdoctor.run.checkpoints import newest_complete
 from sftdoctor.run.rundir import METRICS, RESOLVED
@@ -37,16 +37,11 @@ def forget_metrics_after(run_dir: Path, step: int) -> None:
         return
     kept = [line for line in path.read_text().splitlines(keepends=True)
             if json.loads(line).get("step", 0) <= step]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
+    write_atomic(path, "".join(kept))
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Whole or not at all: written beside, then renamed."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def owner(plan: Plan) -> bool:

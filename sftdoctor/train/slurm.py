@@ -9,7 +9,6 @@ that has no checkpoint yet starts from scratch). The run directory must be on st
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
@@ -17,6 +16,7 @@ import sys
 from pathlib import Path
 
 from sftdoctor import __version__
+from sftdoctor.files import write_atomic
 from sftdoctor.errors import InputError
 from sftdoctor.run import Plan
 from sftdoctor.run.config import RunConfig
@@ -72,10 +72,8 @@ def write(plan: Plan, config: Path, run: RunConfig) -> Path:
     """RUN_DIR/sbatch.sh, whole or not at all."""
     run_dir = Path(plan.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    path, tmp = run_dir / BATCH, run_dir / f".{BATCH}.tmp"
-    tmp.write_text(script(plan, config, run), encoding="utf-8")
-    tmp.chmod(0o755)
-    os.replace(tmp, path)
+    path = run_dir / BATCH
+    write_atomic(path, script(plan, config, run), mode=0o755)
     return path
 
 

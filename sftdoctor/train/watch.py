@@ -29,6 +29,7 @@ from transformers import TrainerCallback
 from sftdoctor import render
 from sftdoctor.checks import load_checks, run_check
 from sftdoctor.facts.catalogue import fact_names
+from sftdoctor.files import write_atomic
 from sftdoctor.findings import Finding
 from sftdoctor.run import Plan
 from sftdoctor.train import compat
@@ -100,9 +101,7 @@ class Reporter:
                                       **finding.to_json()}, default=str) + "\n")
 
     def stopped(self, code: int, finding: Finding) -> None:
-        tmp = self.run_dir / f".{STOPPED}.tmp"
-        tmp.write_text(json.dumps({"exit_code": code, "id": finding.id, "title": finding.title}) + "\n")
-        os.replace(tmp, self.run_dir / STOPPED)
+        write_atomic(self.run_dir / STOPPED, json.dumps({"exit_code": code, "id": finding.id, "title": finding.title}) + "\n")
 
 
 # ---------------------------------------------------------------- where a NaN comes from
