@@ -82,6 +82,15 @@ def test_the_same_train_command_on_both_hosts_trains_together(hosts, tmp_path, t
     assert [h.pids() for h in hosts] == [[], []]  # nothing left running on either host
 
 
+def saved(run_dir, step: int, node0) -> None:
+    """Waits (at most 300 s) for the run's complete checkpoint of `step`; node0's output if it never comes."""
+    done = run_dir / f"checkpoint-{step}" / "sftdoctor-complete"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not done.exists():
+        time.sleep(0.2)
+    assert done.exists(), node0.communicate()
+
+
 def test_a_node_that_dies_mid_run_stops_the_other_and_leaves_nothing_running(hosts, tmp_path, tiny_data):
     """Every process of node1 killed at once after the first checkpoint: node0's workers stop well within the
     hang timeout, its launcher says why, and no process of the run is left on either host."""
@@ -90,10 +99,7 @@ def test_a_node_that_dies_mid_run_stops_the_other_and_leaves_nothing_running(hos
                    + "[watch]\nhang_timeout_s = 60\n")
     node0, node1 = (train_on(host, cfg) for host in hosts)
     run_dir = tmp_path / "out"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (run_dir / "checkpoint-2" / "sftdoctor-complete").exists():
-        time.sleep(0.2)
-    assert (run_dir / "checkpoint-2" / "sftdoctor-complete").exists(), node0.stdout and node0.communicate()
+    saved(run_dir, 2, node0)
     killed = time.monotonic()
     assert hosts[1].kill_all()
     out, err = node0.communicate(timeout=180)
@@ -151,10 +157,7 @@ def test_a_node_that_comes_back_rejoins_and_the_run_resumes_from_the_newest_chec
                    + "[watch]\nhang_timeout_s = 60\n")
     node0, node1 = (train_on(host, cfg) for host in hosts)
     run_dir = tmp_path / "out"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (run_dir / "checkpoint-8" / "sftdoctor-complete").exists():
-        time.sleep(0.2)
-    assert (run_dir / "checkpoint-8" / "sftdoctor-complete").exists(), node0.communicate()
+    saved(run_dir, 8, node0)
     assert hosts[1].kill_all()
     node1.wait(timeout=10)
     back = train_on(hosts[1], cfg, "--resume")
