@@ -73,6 +73,10 @@ CATALOGUE: dict[str, Fact] = {
     "lora_modules": Fact("the model's linear layers as peft sees them, and the adapters [lora] builds",
                          probe="lora_modules:probe_lora_modules", inputs=MODEL,
                          why_missing="no [lora] in the run config, or no model config.json to list its layers from"),
+    "token_rows": Fact("the base checkpoint's embedding rows of the tokens the chat template writes (safetensors slices)",
+                       probe="token_rows:probe_token_rows", inputs=MODEL,
+                       why_missing="no run config with pretrained weights in safetensors here, or no added token in "
+                                   "its chat template"),
     "eval_tasks": Fact("the [eval] tasks, found in lm-eval's registry", probe="eval_tasks:probe_eval_tasks",
                        inputs=RUN_CONFIG, why_missing="no [eval] in the run config (or no --config)"),
     "plan": Fact("the run's settings, decided once (run.resolve's Plan)", probe="configs:probe_plan",

@@ -100,6 +100,10 @@ class Model(Section):
                                    _choice("auto", "flash_attention_2", "sdpa", "eager"), "auto",
                                    doc="auto = flash_attention_2 where installed and every GPU is Ampere or newer, else sdpa")
     trust_remote_code: bool = key("true or false", _bool, False)
+    repair_untrained_tokens: bool = key("true or false", _bool, False,
+                                        doc="set the embedding rows of the chat template's tokens that the base "
+                                            "checkpoint never trained (all zeros) to the mean of the trained rows, "
+                                            "at load (`sftdoctor explain untrained-tokens`)")
     chat_template: str | None = key("a path to a Jinja chat template (.jinja)", _str, path="file",
                                     doc="train (and save the model) with this template instead of the tokenizer's "
                                         "own; default: the tokenizer's, or a copy with {% generation %} markers "

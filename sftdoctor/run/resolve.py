@@ -18,11 +18,12 @@ from sftdoctor.run import rundir
 from sftdoctor.run.config import RunConfig
 from sftdoctor.run.gpus import FLASH_MIN_CC, bf16_capable, devices, lacking, smallest_memory
 from sftdoctor.run.memory import Fit, Workload, Setting, fit
+from sftdoctor.run.embeddings import repair_ids
 from sftdoctor.run.schedule import trainer_warmup
 from sftdoctor.run.shape import Shape
 
-PLAN_VERSION = 7  # 2: chat_template; 3: lora, checkpointing_reentrant; 4: evaluation; 5: join_timeout_s;
-# 6: stop_grace_s; 7: length_grouping
+PLAN_VERSION = 8  # 2: chat_template; 3: lora, checkpointing_reentrant; 4: evaluation; 5: join_timeout_s;
+# 6: stop_grace_s; 7: length_grouping; 8: repair_token_ids
 TORCHRUN_DEFAULT_PORT = 29500
 SLURM_PORTS = (20000, 30000)  # inside an allocation: 20000 + job id mod 10000, below the ephemeral range
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
@@ -71,6 +72,7 @@ class Plan:
     length_grouping: dict[str, Any]  # unpacked: the TrainingArguments key that batches rows of like length, and its value
     assistant_only_loss: bool
     chat_template: str | None  # the template file the tokenizer trains with; None: the tokenizer's own
+    repair_token_ids: tuple[int, ...]  # untrained embedding rows set to the mean of the trained ones at load
     # optimisation
     learning_rate: float
     lr_scheduler: str
@@ -462,6 +464,7 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
         data_shape=shape, data_format=(data.get("train") or {}).get("format"), data_rows=rows, max_length=run.data.max_length,
         packing=packed, length_grouping={} if packed else length_grouping(features),
         assistant_only_loss=assistant_only_loss(shape, facts.get("chat_template")), chat_template=template,
+        repair_token_ids=repair_ids(facts.get("token_rows")) if run.model.repair_untrained_tokens else (),
         learning_rate=t.learning_rate, lr_scheduler=t.lr_scheduler, lr_scheduler_kwargs=lr_scheduler_kwargs(run, features),
         warmup=warmup_args, warmup_steps=warmup_steps, epochs=t.epochs, max_steps=t.max_steps, total_steps=steps,
         weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm, checkpointing=t.gradient_checkpointing is True,

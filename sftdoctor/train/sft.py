@@ -199,6 +199,13 @@ def build_trainer(plan: Plan, run_dir: Path, tokenizer, stop_after: int | None):
     partitioned = partitioned_at_load(plan)
     model = load_model(plan)
     noise.quiet_worker(model)
+    if plan.repair_token_ids:
+        from sftdoctor.train.embeddings import repair
+
+        repair(model, plan.repair_token_ids, partitioned)
+        if rank() == 0:
+            print(f"sftdoctor: the untrained embedding rows of token ids {list(plan.repair_token_ids)} set to the mean "
+                  "of the trained rows ([model] repair_untrained_tokens)", flush=True)
     if partitioned and rank() == 0:
         held = sum(getattr(p, "ds_tensor", p).numel() for p in model.parameters())  # p itself is empty now
         total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
