@@ -16,11 +16,11 @@ BF16_TOLERANCE = 2e-2  # the probe's own tolerance for bf16 logits
 
 
 def sftdoctor_probe(model_dir, impl):
-    from sftdoctor.facts.packing_probe import run
+    from sftdoctor.facts.packing_probe import measure
 
     began = time.perf_counter()
     try:
-        out = run({"config": model_dir, "attn_implementation": impl})
+        out = measure({"config": model_dir, "attn_implementation": impl})
     except Exception as exc:
         out = {"isolated": None, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
     return {**out, "seconds": round(time.perf_counter() - began, 2)}
