@@ -400,6 +400,25 @@ def explain(topic, list_topics, log_file, as_json, jobs):
 
 
 @main.command()
+@click.argument("run_a", type=PATH)
+@click.argument("run_b", type=PATH)
+@click.option("--json", "as_json", is_flag=True, help="Print the differences as one JSON document.")
+def diff(run_a, run_b, as_json):
+    """What differs between two runs (run directories of `sftdoctor train`), the likely causes first: the data
+    files, the plan's settings, the stack and the GPUs, the environment; and the step where the losses part.
+
+    Exit 0: nothing that changes a run's numbers differs; 1: something does; 2: bad input."""
+    from sftdoctor.diff.command import main as diff_main
+    from sftdoctor.errors import InputError
+
+    try:
+        code = diff_main(run_a, run_b, as_json)
+    except InputError as exc:
+        _bad_input(exc)
+    sys.exit(code)
+
+
+@main.command()
 @click.argument("runs", nargs=-1, required=True, type=PATH)
 @click.option("--output", "-o", type=PATH,
               help="Folder to write report.html and its panels in (default: the run directory; with several runs, "

@@ -15,7 +15,7 @@ LAYERS = [
     ("sftdoctor.checks",),
     ("sftdoctor.render", "sftdoctor.kb", "sftdoctor.checks.command"),  # `check` renders its findings
     ("sftdoctor.triage",),
-    ("sftdoctor.report",),
+    ("sftdoctor.report", "sftdoctor.diff"),
     ("sftdoctor.plan",),
     ("sftdoctor.distributed",),
     ("sftdoctor.eval",),

@@ -10,3 +10,4 @@ REHEARSAL = "smoke"  # the rehearsal's own run directory, inside the run's
 REPORT = "report.html"
 BATCH = "sbatch.sh"  # `sftdoctor train RUN.toml --sbatch`
 PANELS = "report"  # the report's panels, one PNG each
+FACTS = "facts.json"  # the gate's facts of the machine and the data files' digests, at the launch (`sftdoctor diff`)

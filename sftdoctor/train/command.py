@@ -15,7 +15,8 @@ from sftdoctor.run.checkpoints import checkpoints, newest_complete, remove_incom
 from sftdoctor.train.processes import SIGNAL_EXIT
 from sftdoctor.train.describe import describe, memory_summary
 from sftdoctor.train.drills import check_drill
-from sftdoctor.train.gate import nodes_agree, preflight, record_preflight, rejoining, require_training_stack
+from sftdoctor.train.gate import (nodes_agree, preflight, record_facts, record_preflight, rejoining,
+                                  require_training_stack)
 from sftdoctor.train.launch import batch_job, failure_cause, rehearse, start, worker_env
 from sftdoctor.train.run_dir import finished, forget_metrics_after, node_file, owner, write_json
 
@@ -45,6 +46,8 @@ def main(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool 
     if not prepare(plan, run_dir, resume and not smoke, resume):
         return 0  # the run was complete
     record_preflight(run_dir, findings, forced=force and blocked)
+    if owner(plan):
+        record_facts(run_dir, facts, plan)
     if plan.rehearse and not rejoin:
         code = rehearsal_first(facts.get("plan"), plan, env, run_dir, plugins, force)
         if code is not None:

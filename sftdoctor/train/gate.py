@@ -3,11 +3,13 @@ and config, their record in the run directory, and every node's verdict shared b
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import time
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 from sftdoctor import render
 from sftdoctor.checks import load_checks, run_checks
@@ -15,8 +17,9 @@ from sftdoctor.distributed import gate as shared_gate
 from sftdoctor.errors import InputError
 from sftdoctor.findings import Severity
 from sftdoctor.facts import Facts, Inputs
+from sftdoctor.files import write_atomic
 from sftdoctor.run import Plan
-from sftdoctor.run.rundir import FINDINGS
+from sftdoctor.run.rundir import FACTS, FINDINGS
 from sftdoctor.train import compat
 from sftdoctor.train.run_dir import owner
 from sftdoctor.train.launch import rendezvous_id
@@ -50,6 +53,25 @@ def record_preflight(run_dir: Path, findings: list, forced: bool = False) -> Non
         for finding in findings:
             log.write(json.dumps({"phase": "preflight", "time": time.time(), "host": socket.gethostname(),
                                   "forced": forced, **finding.to_json()}, default=str) + "\n")
+
+
+def record_facts(run_dir: Path, facts: Facts, plan: Plan) -> None:
+    """The facts the gate judged (the stack, the GPUs, the environment, the plan) and a digest of every data file,
+    kept in RUN_DIR/facts.json: what `sftdoctor diff` compares between two runs."""
+    files = {name: digest(Path(name)) for name in (*plan.train_files, *plan.eval_files)}
+    write_atomic(run_dir / FACTS, json.dumps({**facts.collected(), "data_files": files}, indent=1, default=str) + "\n")
+
+
+def digest(path: Path) -> dict[str, Any]:
+    """sha256 and size of a file, read in 1 MiB blocks."""
+    sha = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                sha.update(block)
+        return {"sha256": sha.hexdigest(), "bytes": path.stat().st_size}
+    except OSError as exc:
+        return {"error": exc.strerror or str(exc)}
 
 
 def rejoining(plan: Plan) -> bool:

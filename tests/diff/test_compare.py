@@ -1,0 +1,85 @@
+"""What differs between two run directories, on run directories written as `sftdoctor train` writes them."""
+
+import json
+
+import pytest
+
+from sftdoctor.diff.compare import differences, recorded, where_they_part
+from sftdoctor.errors import InputError
+
+PLAN = {"version": 8, "learning_rate": 3e-3, "precision": "bf16", "output_dir": "runs/a", "master_port": 29500,
+        "train_files": ["a/train.jsonl"], "reasons": {"precision": "auto"}}
+FACTS = {"packages": {"torch": "2.13.0", "transformers": "5.25.0", "requests": "2.32"},
+         "torch_build": {"version": "2.13.0+cu128", "cuda": "12.8"},
+         "gpus": {"driver_version": "570.86", "cuda_version": "12.8",
+                  "devices": [{"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559}] * 8},
+         "env": {"NCCL_IB_DISABLE": "0", "MASTER_PORT": "29500"}}
+DATA = {"a/train.jsonl": {"sha256": "ab" * 32, "bytes": 1000}}
+
+
+def run(folder, plan=None, facts=None, data=None, losses=None):
+    folder.mkdir(parents=True)
+    (folder / "resolved.json").write_text(json.dumps({**PLAN, **(plan or {})}))
+    if facts is not False:
+        (folder / "facts.json").write_text(json.dumps({"schema": 2, "facts": {**FACTS, **(facts or {})},
+                                                       "data_files": data or DATA}))
+    if losses:
+        (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": v}) + "\n" for s, v in losses))
+    return folder
+
+
+def found(a, b):
+    return [(d.area, d.what, d.a, d.b) for d in differences(recorded(a), recorded(b))]
+
+
+def test_two_runs_that_differ_only_where_they_ran_differ_in_nothing(tmp_path):
+    a = run(tmp_path / "a")
+    b = run(tmp_path / "b", plan={"output_dir": "runs/b", "master_port": 40001, "train_files": ["b/train.jsonl"]},
+            facts={"env": {"NCCL_IB_DISABLE": "0", "MASTER_PORT": "40001"}},
+            data={"b/train.jsonl": DATA["a/train.jsonl"]})  # the same bytes elsewhere
+    assert found(a, b) == []
+
+
+def test_the_likely_causes_come_first(tmp_path):
+    a = run(tmp_path / "a")
+    b = run(tmp_path / "b", plan={"learning_rate": 3e-4},
+            facts={"packages": {**FACTS["packages"], "transformers": "5.24.0"}, "env": {"NCCL_IB_DISABLE": "1"},
+                   "gpus": {**FACTS["gpus"], "driver_version": "550.54"}},
+            data={"a/train.jsonl": {"sha256": "cd" * 32, "bytes": 990}})
+    assert found(a, b) == [
+        ("data", "data files (sha256)", [f"train.jsonl {'ab' * 6} (1000 bytes)"], [f"train.jsonl {'cd' * 6} (990 bytes)"]),
+        ("plan", "learning_rate", 3e-3, 3e-4),
+        ("stack", "transformers", "5.25.0", "5.24.0"),
+        ("gpus", "driver_version", "570.86", "550.54"),
+        ("env", "NCCL_IB_DISABLE", "0", "1"),
+    ]
+
+
+def test_a_run_without_facts_is_compared_on_its_plan_alone(tmp_path):
+    a, b = run(tmp_path / "a"), run(tmp_path / "b", plan={"precision": "fp16"}, facts=False)
+    assert found(a, b) == [("plan", "precision", "bf16", "fp16")]
+    assert recorded(b).facts is None
+
+
+def test_the_step_where_the_losses_part(tmp_path):
+    a = run(tmp_path / "a", losses=[(1, 5.0), (2, 4.0), (3, 3.0), (4, 2.5)])
+    b = run(tmp_path / "b", losses=[(1, 5.0), (2, 4.02), (3, 3.5), (4, 3.1), (5, 3.0)])
+    assert where_they_part(a, b) == {"step": 3, "a": 3.0, "b": 3.5, "common_steps": 4,
+                                     "last": {"a": [4, 2.5], "b": [5, 3.0]}}
+    assert where_they_part(a, a)["step"] is None  # a 0.5% wobble (step 2) is not a parting; equal runs never part
+
+
+@pytest.mark.parametrize("resolved, says", [
+    (None, "not a folder; expected a run directory of `sftdoctor train`"),
+    ("", "holds no resolved.json"),
+    ("[1]", "expected a JSON object"),
+    ("{", "not valid JSON"),
+])
+def test_what_is_not_a_run_is_named(tmp_path, resolved, says):
+    folder = tmp_path / "x"
+    if resolved is not None:
+        folder.mkdir()
+        if resolved:
+            (folder / "resolved.json").write_text(resolved)
+    with pytest.raises(InputError, match=says):
+        recorded(folder)
