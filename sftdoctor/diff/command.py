@@ -23,10 +23,10 @@ def main(run_a: Path, run_b: Path, as_json: bool = False) -> int:
     return 1 if found else 0
 
 
-def lines(a: Path, b: Path, found: list[Difference], parted: dict[str, Any] | None, missing: list[str]) -> list[str]:
+def lines(a: Path, b: Path, found: list[Difference], parted: dict[str, Any], missing: list[str]) -> list[str]:
     out = [f"A  {a}", f"B  {b}", ""]
-    if parted is None:
-        out.append("curves  not compared: a run logged no train loss")
+    if "error" in parted:
+        out.append(f"curves  not compared: {parted['error']}")
     elif parted["step"] is None:
         out.append(f"curves  the train losses agree at every one of {parted['common_steps']} common steps")
     else:

@@ -51,8 +51,35 @@ def recorded(path: Path) -> Recorded:
     plan = _json(path / rundir.RESOLVED, "the run's resolved settings")
     if plan is None:
         raise InputError(path, f"holds no {rundir.RESOLVED}; expected a run directory of `sftdoctor train`")
-    facts = _json(path / rundir.FACTS, "the facts of the run's launch")
-    return Recorded(path, plan, (facts or {}).get("facts") if facts else None, (facts or {}).get("data_files") or {})
+    kept = _json(path / rundir.FACTS, "the facts of the run's launch")
+    if kept is None:
+        return Recorded(path, plan, None, {})
+    return Recorded(path, plan, _facts(path / rundir.FACTS, kept.get("facts")), _data_files(path / rundir.FACTS,
+                                                                                             kept.get("data_files")))
+
+
+def _facts(path: Path, facts: Any) -> dict[str, Any]:
+    """The recorded facts diff reads, held to the shapes a replayed snapshot is held to."""
+    from sftdoctor.facts.shapes import fact_problem
+
+    if not isinstance(facts, dict):
+        raise InputError(path, "expected an object of facts (as `sftdoctor facts` writes them)", key="facts")
+    for name in ("packages", "torch_build", "gpus", "env"):
+        value = facts.get(name)
+        if value is None:
+            continue
+        problem = fact_problem(name, value) if isinstance(value, dict) else ("", f"expected an object, got {type(value).__name__}")
+        if problem:
+            raise InputError(path, problem[1], key=f"facts.{name}{problem[0]}")
+    return facts
+
+
+def _data_files(path: Path, files: Any) -> dict[str, Any]:
+    if files is None:
+        return {}
+    if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+        raise InputError(path, "expected an object of file name -> {sha256, bytes}", key="data_files")
+    return files
 
 
 def _json(path: Path, what: str) -> dict[str, Any] | None:
@@ -121,12 +148,15 @@ def _env(a: dict[str, Any], b: dict[str, Any]) -> list[Difference]:
     return _changed("env", ea, eb, sorted((set(ea) | set(eb)) - LAUNCHER_ENV))
 
 
-def where_they_part(a: Path, b: Path) -> dict[str, Any] | None:
+def where_they_part(a: Path, b: Path) -> dict[str, Any]:
     """The first logged step where the train losses differ by more than PART of the larger, and the last
-    values; None when a run logged no loss."""
-    la, lb = _losses(a), _losses(b)
+    values; {"error": why} when they cannot be compared."""
+    try:
+        la, lb = _losses(a), _losses(b)
+    except InputError as exc:  # an unreadable metrics.jsonl: said, never read as "no loss logged"
+        return {"error": str(exc)}
     if not la or not lb:
-        return None
+        return {"error": f"{a if not la else b} logged no train loss"}
     common = sorted(set(la) & set(lb))
     parted = next((s for s in common if abs(la[s] - lb[s]) > PART * max(abs(la[s]), abs(lb[s]))), None)
     last_a, last_b = max(la), max(lb)
@@ -135,8 +165,7 @@ def where_they_part(a: Path, b: Path) -> dict[str, Any] | None:
 
 
 def _losses(path: Path) -> dict[int, float]:
-    try:
-        series = read_run(path)["series"].get("loss") or {}
-    except InputError:
+    if not (path / rundir.METRICS).exists():
         return {}
+    series = read_run(path)["series"].get("loss") or {}
     return dict(zip(series.get("steps", []), series.get("values", [])))

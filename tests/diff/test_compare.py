@@ -83,3 +83,25 @@ def test_what_is_not_a_run_is_named(tmp_path, resolved, says):
             (folder / "resolved.json").write_text(resolved)
     with pytest.raises(InputError, match=says):
         recorded(folder)
+
+
+@pytest.mark.parametrize("kept, says", [
+    ('{"facts": [], "data_files": {}}', "facts: expected an object of facts"),
+    ('{"facts": {"packages": "x"}}', "facts.packages: expected an object, got str"),
+    ('{"facts": {"gpus": {"devices": "y"}}}', "facts.gpus.devices: "),
+    ('{"facts": {}, "data_files": {"a": "b"}}', "data_files: expected an object of file name -> {sha256, bytes}"),
+])
+def test_a_broken_facts_json_is_named_not_a_traceback(tmp_path, kept, says):
+    folder = run(tmp_path / "a", facts=False)
+    (folder / "facts.json").write_text(kept)
+    with pytest.raises(InputError) as caught:
+        recorded(folder)
+    assert str(caught.value).startswith(f"{folder / 'facts.json'}: {says}")
+
+
+def test_unreadable_metrics_are_said_not_read_as_no_loss(tmp_path):
+    a = run(tmp_path / "a", losses=[(1, 5.0)])
+    b = run(tmp_path / "b")
+    (b / "metrics.jsonl").write_text("garbage\n")
+    assert where_they_part(a, b)["error"].startswith(f"{b / 'metrics.jsonl'}: line 1: expected one JSON object")
+    assert where_they_part(a, run(tmp_path / "c"))["error"] == f"{tmp_path / 'c'} logged no train loss"
