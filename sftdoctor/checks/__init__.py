@@ -29,7 +29,7 @@ ENTRY_POINT_GROUP = "sftdoctor.checks"
 # Every module of this package is scanned for checks (a new one needs no registration). This only orders the
 # output table, the checks a practitioner reads first at the top; a module not named here comes after these.
 SHOWN_FIRST = ("torch_cuda", "precision", "topology", "deepspeed", "flash_attn", "advisories", "nccl_env", "run_config",
-               "memory", "packing", "targets", "embeddings", "lora", "evaluation", "runtime", "curves", "cluster")
+               "memory", "packing", "targets", "embeddings", "lora", "evaluation", "contamination", "runtime", "curves", "cluster")
 _ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 
 
