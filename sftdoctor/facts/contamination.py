@@ -10,6 +10,7 @@ training rows are streamed, so memory does not grow with the training set. It ru
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -32,12 +33,20 @@ def probe_contamination(facts) -> dict[str, Any] | None:
     absolute = lambda names: [str(Path(n).resolve()) for n in names]  # noqa: E731 - the child may change folder
     request = {"train": absolute(run.data.train), "eval_files": absolute(run.data.eval),
                "tasks": list(run.eval.tasks) if run.eval else [],
-               "include": str(Path(run.eval.include).resolve()) if run.eval and run.eval.include else None}
+               "include": str(Path(run.eval.include).resolve()) if run.eval and run.eval.include else None,
+               "shown": {name: shown(name) for name in absolute([*run.data.train, *run.data.eval])}}
     files = [Path(p) for p in (*run.data.train, *run.data.eval)]
     if request["include"]:
         files += sorted(p for p in Path(request["include"]).rglob("*") if p.is_file())
-    return cached("contamination", {**request, "train": None, "eval_files": None, "include": None}, files,
+    # keyed by the paths too: the examples name the files where they are
+    return cached("contamination", request, files,
                   lambda: in_child("sftdoctor.facts.contamination", request, "the contamination scan", TIMEOUT_S))
+
+
+def shown(path: str) -> str:
+    """A file as the findings name it: relative to the working folder when it is below it."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
 
 
 def words(text: str) -> list[str]:
@@ -115,8 +124,6 @@ def row_text(row: Any) -> str:
 
 def task_documents(tasks: list[str], include: str | None) -> Iterator[tuple[str, Iterator[tuple[str, str]]]]:
     """(task, its documents as lm-eval renders them: the question and its answer)."""
-    import os
-
     from lm_eval.tasks import TaskManager
 
     manager = TaskManager(include_path=include) if include else TaskManager()
@@ -141,7 +148,9 @@ def scan(request: dict[str, Any]) -> dict[str, Any]:
     from sftdoctor.facts.data import rows
 
     began = time.perf_counter()
-    indexes = [Index(f"eval file {Path(name).name}", ((f"{name} {where}", row_text(row)) for where, row in rows(Path(name))))
+    names = request.get("shown") or {}
+    indexes = [Index(f"eval file {Path(name).name}", ((f"{names.get(name, name)} {where}", row_text(row))
+                                                      for where, row in rows(Path(name))))
                for name in request["eval_files"]]
     if request["tasks"]:
         for name, documents in task_documents(request["tasks"], request["include"]):
@@ -153,7 +162,7 @@ def scan(request: dict[str, Any]) -> dict[str, Any]:
             count += 1
             for stretch in known_runs(words(row_text(row)), vocab):
                 for index in indexes:
-                    index.scan(f"{name} {where}", stretch)
+                    index.scan(f"{names.get(name, name)} {where}", stretch)
     return {"train_rows": count, "seconds": round(time.perf_counter() - began, 2),
             "sources": {index.name: index.result() for index in indexes}}
 
