@@ -75,11 +75,11 @@ CATALOGUE: dict[str, Fact] = {
                          why_missing="no [lora] in the run config, or no model config.json to list its layers from"),
     "token_rows": Fact("the base checkpoint's embedding rows of the tokens the chat template writes (safetensors slices)",
                        probe="token_rows:probe_token_rows", inputs=MODEL,
-                       why_missing="no run config with pretrained weights in safetensors here, or no added token in "
-                                   "its chat template"),
+                       why_missing="needs a run config whose model has pretrained safetensors weights here and a "
+                                   "chat template that writes added tokens"),
     "contamination": Fact("the training rows' 13-gram overlap with the [eval] tasks' documents and the eval file",
                           probe="contamination:probe_contamination", inputs=RUN_CONFIG,
-                          why_missing="no run config with [eval] tasks or a [data] eval file"),
+                          why_missing="needs a run config with [eval] tasks or a [data] eval file"),
     "eval_tasks": Fact("the [eval] tasks, found in lm-eval's registry", probe="eval_tasks:probe_eval_tasks",
                        inputs=RUN_CONFIG, why_missing="no [eval] in the run config (or no --config)"),
     "plan": Fact("the run's settings, decided once (run.resolve's Plan)", probe="configs:probe_plan",
