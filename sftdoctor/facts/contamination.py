@@ -122,17 +122,19 @@ def row_text(row: Any) -> str:
     return ""
 
 
-def task_documents(tasks: list[str], include: str | None) -> Iterator[tuple[str, Iterator[tuple[str, str]]]]:
+def task_documents(tasks: list[str], include: str | None) -> list[tuple[str, list[tuple[str, str]]]]:
     """(task, its documents as lm-eval renders them: the question and its answer)."""
     from lm_eval.tasks import TaskManager
 
     manager = TaskManager(include_path=include) if include else TaskManager()
+    before = os.getcwd()
     if include:  # lm-eval reads a local task's data_files from the working directory (as sftdoctor eval runs it)
         os.chdir(include)
-    for name in tasks:
-        loaded = manager.load([name])["tasks"]
-        for task_name, task in loaded.items():
-            yield task_name, _rendered(task_name, task)
+    try:
+        return [(task_name, list(_rendered(task_name, task))) for name in tasks
+                for task_name, task in manager.load([name])["tasks"].items()]
+    finally:
+        os.chdir(before)
 
 
 def _rendered(name: str, task) -> Iterator[tuple[str, str]]:

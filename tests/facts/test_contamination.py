@@ -75,3 +75,12 @@ def test_the_bundled_example_is_scanned_against_its_tasks_and_its_eval_file():
     assert titles[0].startswith("eval file eval.jsonl: 1 of 37 documents (2.7%) occur in the training rows")
     assert titles[1:] == ["tiny_count_choice: none of 100 documents occurs in the 1,200 training rows",
                           "tiny_count_gen: none of 100 documents occurs in the 1,200 training rows"]
+
+
+@pytest.mark.slow
+def test_the_scan_leaves_the_working_folder_as_it_found_it(tmp_path):
+    import os
+
+    before = os.getcwd()
+    test_a_local_lm_eval_task_is_scanned_as_lm_eval_renders_it(tmp_path)
+    assert os.getcwd() == before
