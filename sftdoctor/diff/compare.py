@@ -158,6 +158,8 @@ def where_they_part(a: Path, b: Path) -> dict[str, Any]:
     if not la or not lb:
         return {"error": f"{a if not la else b} logged no train loss"}
     common = sorted(set(la) & set(lb))
+    if not common:  # logged at other steps: "they agree" would be a verdict on nothing
+        return {"error": "the two runs logged their losses at no common step"}
     parted = next((s for s in common if abs(la[s] - lb[s]) > PART * max(abs(la[s]), abs(lb[s]))), None)
     last_a, last_b = max(la), max(lb)
     return {"step": parted, "a": la.get(parted), "b": lb.get(parted), "common_steps": len(common),

@@ -105,3 +105,9 @@ def test_unreadable_metrics_are_said_not_read_as_no_loss(tmp_path):
     (b / "metrics.jsonl").write_text("garbage\n")
     assert where_they_part(a, b)["error"].startswith(f"{b / 'metrics.jsonl'}: line 1: expected one JSON object")
     assert where_they_part(a, run(tmp_path / "c"))["error"] == f"{tmp_path / 'c'} logged no train loss"
+
+
+def test_runs_logged_at_no_common_step_are_not_said_to_agree(tmp_path):
+    a = run(tmp_path / "a", losses=[(1, 5.0), (3, 4.0)])
+    b = run(tmp_path / "b", losses=[(2, 5.0), (4, 4.0)])
+    assert where_they_part(a, b) == {"error": "the two runs logged their losses at no common step"}
