@@ -189,6 +189,27 @@ def test_explain_log_names_the_root_cause_first_and_exits_1():
     assert "ignored 7 cascade lines (closing-signal ×7)" in proc.stdout
 
 
+def test_explain_log_reads_the_flight_recorder_dumps_beside_the_log(tmp_path):
+    """A log that names no failure, beside the dumps of a hang: the dumps say which rank called what."""
+    import shutil
+
+    shutil.copytree(FIXTURES / "flight_recorder" / "gloo-desync-drill", tmp_path / "flight-recorder")
+    (tmp_path / "train.log").write_text("step 2 loss 3.1\n")
+    proc = sftdoctor("explain", "--log", str(tmp_path / "train.log"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[1] == "root cause: nccl-timeout in the flight-recorder dumps beside the log"
+    assert "flight recorder: rank 1 called broadcast #31 on default_pg [[1048576]] Float where rank 0 called" in lines[2]
+    doc = json.loads(sftdoctor("explain", "--log", str(tmp_path / "train.log"), "--json").stdout)
+    assert doc["findings"][0]["evidence"]["groups"][0]["other"]["1"]["collective"] == "broadcast"
+
+
+def test_explain_log_without_dumps_beside_it_says_nothing_of_them(tmp_path):
+    (tmp_path / "train.log").write_text("step 2 loss 3.1\n")
+    proc = sftdoctor("explain", "--log", str(tmp_path / "train.log"))
+    assert proc.returncode == 0 and "nothing recognised" in proc.stdout and "flight" not in proc.stdout
+
+
 def test_explain_log_reads_stdin_and_prints_json_for_machines():
     text = (LOGS / "gpu-oom-new-format-llamafactory-multirank-rank7.log").read_text()
     proc = sftdoctor("explain", "--log", "-", "--json", stdin=text)

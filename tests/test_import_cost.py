@@ -38,6 +38,19 @@ def test_no_heavy_imports(args, tmp_path):
     assert not modules & set(HEAVY), sorted(modules & set(HEAVY))
 
 
+def test_explain_log_reads_flight_recorder_dumps_in_a_child(tmp_path):
+    """torch's analyzer runs in a child process: the CLI's own process still imports nothing heavy."""
+    import shutil
+
+    shutil.copytree(Path(__file__).parent / "fixtures" / "flight_recorder" / "gloo-hang-drill", tmp_path / "flight-recorder")
+    (tmp_path / "train.log").write_text("step 2\n")
+    proc, modules = imported_modules("explain", "--log", str(tmp_path / "train.log"))
+    assert "flight recorder: rank 1 never entered" in proc.stdout  # the dumps were read (by the child)
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    assert "sftdoctor.cli" in proc.stderr  # importtime really recorded our imports
+    assert not modules & set(HEAVY), sorted(modules & set(HEAVY))
+
+
 @pytest.fixture(scope="module")
 def gpu_snapshot(tmp_path_factory):
     """This machine's facts with 8 H100s recorded from a real `nvidia-smi` and their `nvidia-smi topo -m`."""

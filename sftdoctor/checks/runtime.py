@@ -9,6 +9,7 @@ import statistics
 from typing import Any
 
 from sftdoctor.checks import check
+from sftdoctor.checks.collectives import FIX, describe
 from sftdoctor.findings import error, warning
 
 MIN_HISTORY = 8  # logged losses before the robust (median/MAD) rule is used
@@ -107,10 +108,11 @@ def nccl_timeout(hang: dict[str, Any]):
              f"{info.get('stalled_s', 0):.0f} s without progress; at {info.get('where', '?')}"
              for r, info in sorted(ranks.items(), key=lambda kv: int(kv[0]))]
     who = f"rank {', '.join(map(str, behind))}" if behind else "no single rank (all stalled alike)"
+    headline, collectives = describe(hang.get("flight_recorder"))
     return error(
-        f"hang: no progress for {hang['timeout_s']:.0f} s; behind: {who}",
-        detail=" | ".join(lines) + f". Python stacks of every rank: {hang.get('stacks')}."
-               + (f" NCCL flight recorder dumps: {hang['nccl_dumps']}." if hang.get("nccl_dumps") else ""),
-        fix="read the stacks of the rank behind: a data-loader or I/O stall, a rank that skipped or added a "
-            "collective (e.g. a rank-dependent branch), or a dead GPU/NIC (`nvidia-smi`, dmesg on its node)",
+        f"hang: no progress for {hang['timeout_s']:.0f} s; behind: {who}" + (f"; {headline}" if headline else ""),
+        detail=" | ".join(lines) + f". Python stacks of every rank: {hang.get('stacks')}. {collectives}",
+        fix=(FIX if (hang.get("flight_recorder") or {}).get("groups") else
+             "read the stacks of the rank behind: a data-loader or I/O stall, a rank that skipped or added a "
+             "collective (e.g. a rank-dependent branch), or a dead GPU/NIC (`nvidia-smi`, dmesg on its node)"),
         evidence=hang)

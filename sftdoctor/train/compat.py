@@ -119,25 +119,40 @@ def rendezvous_key(run_id: str) -> str:
     return "torch.rendezvous." + run_id
 
 
-def dump_flight_recorder() -> bytes | None:
-    """The flight recorder's trace now, as the pickled bytes that torchfrtrace reads:
-    `torch._C._distributed_c10d._dump_nccl_trace()` where it exists, else `_dump_fr_trace()`.
+def dump_flight_recorder(backend: str) -> bytes | None:
+    """The flight recorder's trace now, as the pickled bytes that torchfrtrace reads: for an NCCL group
+    `torch._C._distributed_c10d._dump_nccl_trace()`, for any other (Gloo) `_dump_fr_trace()`.
 
     Verified with torch 2.13.0. The two are different recorders, not a rename: `_dump_nccl_trace` dumps
     ProcessGroupNCCL's own recorder and exists only in builds with NCCL; `_dump_fr_trace` dumps the generic
-    recorder (Gloo's collectives, for one) and exists in every build. On torch 2.13's CPU wheel only
-    `_dump_fr_trace` exists; it records by default (2000 entries) and returns a pickle even outside a group.
-    The caller decides whether the backend makes the dump worth having.
-    Fallback: None when neither function exists or the dump fails."""
+    recorder (Gloo's collectives) and exists in every build. On torch 2.13's CPU wheel only `_dump_fr_trace`
+    exists; it records by default (2000 entries, TORCH_FR_BUFFER_SIZE) and returns a pickle even outside a group.
+    Fallback: None when the function is missing or the dump fails."""
     try:
         import torch
 
         c10d = torch._C._distributed_c10d
-        dump = getattr(c10d, "_dump_nccl_trace", None) or getattr(c10d, "_dump_fr_trace", None)
+        dump = getattr(c10d, "_dump_nccl_trace" if backend == "nccl" else "_dump_fr_trace", None)
         data = dump() if dump is not None else None
     except Exception:  # a diagnostic taken while a run is hung must never raise
         return None
     return bytes(data) if isinstance(data, (bytes, bytearray)) else None
+
+
+def process_groups() -> dict[str, list[int]]:
+    """Every process group of this process: its name (what the flight recorder's entries call it: "0" for the
+    default group) -> its global ranks. `torch.distributed.distributed_c10d._world.pg_names` (private) with the
+    public `get_process_group_ranks`.
+
+    Verified with torch 2.13.0 (a dict ProcessGroup -> name, the default group "0", then "1", "2", ...).
+    Fallback: {} when the registry is gone; the reader then infers each group's ranks from the dumps."""
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        return {str(name): list(dist.get_process_group_ranks(pg)) for pg, name in c10d._world.pg_names.items()}
+    except Exception:  # a diagnostic taken while a run is hung must never raise
+        return {}
 
 
 FR_HEADER = ("include", "torch", "csrc", "distributed", "c10d", "FlightRecorder.hpp")

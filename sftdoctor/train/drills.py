@@ -9,13 +9,17 @@ from sftdoctor.errors import InputError
 from sftdoctor.run import Plan
 
 
+KINDS = ("nan-loss", "hang", "desync")
+
+
 def parse_drill(text: str) -> dict[str, Any]:
-    """"nan-loss@5" -> a non-finite loss at step 5 on every rank; "hang@3:1" -> rank 1 blocks at step 3."""
+    """"nan-loss@5" -> a non-finite loss at step 5 on every rank; "hang@3:1" -> rank 1 blocks at step 3;
+    "desync@3:1" -> at step 3 rank 1 calls a broadcast where the other ranks all-reduce their gradients."""
     kind, _, where = text.partition("@")
     step, _, rank = where.partition(":")
-    if (kind not in ("nan-loss", "hang") or not re.fullmatch(r"[0-9]+", step) or int(step) < 1
+    if (kind not in KINDS or not re.fullmatch(r"[0-9]+", step) or int(step) < 1
             or (rank and not re.fullmatch(r"[0-9]+", rank))):
-        raise InputError("--drill", f"expected nan-loss@STEP[:RANK] or hang@STEP[:RANK], got {text!r}")
+        raise InputError("--drill", f"expected nan-loss@STEP[:RANK], hang@STEP[:RANK] or desync@STEP[:RANK], got {text!r}")
     return {"kind": kind, "step": int(step), "rank": int(rank) if rank else None}
 
 
@@ -23,6 +27,8 @@ def check_drill(drill: dict[str, Any] | None, plan: Plan) -> None:
     """A drill that can never fire is bad input: a rank the run does not have, a step after its end."""
     if drill is None:
         return
+    if drill["kind"] == "desync" and plan.world_size < 2:
+        raise InputError("--drill", "desync needs two processes or more: one process has no other rank to part from")
     if drill["rank"] is not None and drill["rank"] >= plan.world_size:
         raise InputError("--drill", f"rank {drill['rank']} does not exist: the run has {plan.world_size} "
                                     f"process{'es' if plan.world_size > 1 else ''} (ranks 0-{plan.world_size - 1})")

@@ -240,7 +240,7 @@ def add_callbacks(trainer, plan: Plan, run_dir: Path, stop_after: int | None):
     if not os.environ.get("SFTDOCTOR_NO_WATCH"):  # only for bench/watch_overhead.py's "off" runs
         guard = watch.Guard(trainer, plan, run_dir)
         trainer.add_callback(guard)
-        if (plan.drill or {}).get("kind") == "hang":
+        if (plan.drill or {}).get("kind") in ("hang", "desync"):
             trainer.add_callback(watch.HangDrill(plan.drill, guard.watchdog))
     stopper = stopping.SaveOnSignal(trainer, plan)  # last: it reads the save time CompleteCheckpoints' barrier ends
     trainer.add_callback(stopper)

@@ -28,6 +28,8 @@ from transformers import TrainerCallback
 
 from sftdoctor import render
 from sftdoctor.checks import load_checks, run_check
+from sftdoctor.facts import flight_recorder
+from sftdoctor.facts.flight_recorder import FR_DIR
 from sftdoctor.facts.catalogue import fact_names
 from sftdoctor.files import write_atomic
 from sftdoctor.findings import Finding
@@ -38,6 +40,9 @@ from sftdoctor.run.rundir import FINDINGS, STOPPED
 
 NAN_EXIT = 86  # stopped on a non-finite loss
 HANG_EXIT = 87  # stopped by the hang watchdog
+FR_KEY = "sftdoctor/flight-recorder"
+DONE_KEY = "sftdoctor/hang/done"
+REPORT_WAIT_S = 120.0  # the reporting rank's analysis: 0.1 s at 2 ranks, 7 s at 64 (bench/flight_recorder.py)
 TRAINING_PHASE = "forward/backward"
 SPIKE_QUIET = 50  # steps after a loss-spike finding before the next one (a divergence is one event)
 
@@ -217,12 +222,14 @@ class HangWatchdog(threading.Thread):
         stacks.mkdir(exist_ok=True)
         with open(stacks / f"rank-{self.rank}.txt", "w") as handle:
             faulthandler.dump_traceback(file=handle, all_threads=True)
-        dumps = self._nccl_trace()
+        dump = self._dump_flight_recorder()  # before the report: a rank that reported has dumped
         mine = {"step": self.step, "phase": self.phase, "stalled_s": round(stalled, 1), "where": _where(self.main_thread)}
         store = _store()
         reports = {self.rank: mine}
         if store is not None:
             try:
+                if dump is not None:  # through the store too: the ranks of other nodes write into their own run dir
+                    store.set(f"{FR_KEY}/{self.rank}", dump)
                 store.set(f"sftdoctor/hang/{self.rank}", json.dumps(mine))
                 deadline = time.monotonic() + 2 * max(0.5, min(5.0, self.timeout / 10)) + 5
                 while time.monotonic() < deadline and len(reports) < self.world:
@@ -232,6 +239,8 @@ class HangWatchdog(threading.Thread):
                             reports[r] = json.loads(store.get(key))
                     time.sleep(0.2)
                 first = store.add("sftdoctor/hang/reported", 1) == 1
+                if first:
+                    self._gather_dumps(store, reports)
             except Exception:  # the store itself may be gone with rank 0: report what we have
                 first = True
         else:
@@ -239,31 +248,66 @@ class HangWatchdog(threading.Thread):
         if first:
             hang = {"timeout_s": self.timeout, "behind": behind(reports, self.world),
                     "ranks": {str(r): info for r, info in reports.items()}, "stacks": str(stacks),
-                    "nccl_dumps": dumps}
+                    "flight_recorder": self._read_dumps()}
             findings = self.reporter.check(hang=hang)
             self.reporter.publish(findings, self.step, force=True)
             if findings:
                 self.reporter.stopped(HANG_EXIT, findings[0])
+            _set(store, DONE_KEY)
+        else:  # a rank that exits ends the job (torchrun stops the rest): wait for the report (seconds at 64 ranks)
+            _wait(store, DONE_KEY, REPORT_WAIT_S)
         time.sleep(1.0)  # let the other ranks finish their dumps
         os._exit(HANG_EXIT)
 
-    def _nccl_trace(self) -> str | None:
-        """NCCL's flight recorder dumped now, before we abort."""
+    def _dump_flight_recorder(self) -> bytes | None:
+        """This rank's flight recorder (NCCL's, or the generic one that records Gloo), saved before we abort."""
         try:
-            if dist.get_backend() != "nccl":
-                return None
-        except Exception:
+            backend = dist.get_backend()
+        except Exception:  # no process group: one process, nothing collective to record
             return None
-        data = compat.dump_flight_recorder()
-        if data is None:
+        data = compat.dump_flight_recorder(backend)
+        if data is not None:
+            folder = self.run_dir / FR_DIR
+            folder.mkdir(exist_ok=True)
+            (folder / f"rank-{self.rank}").write_bytes(data)  # <prefix><rank>: torch's naming, torchfrtrace reads it
+        return data
+
+    def _gather_dumps(self, store, reports: dict[int, Any]) -> None:
+        """The dumps of the ranks that reported, from the store, where this node has none of its own."""
+        for r in reports:
+            path = self.run_dir / FR_DIR / f"rank-{r}"
+            if not path.exists() and store.check([f"{FR_KEY}/{r}"]):
+                path.parent.mkdir(exist_ok=True)
+                path.write_bytes(store.get(f"{FR_KEY}/{r}"))
+
+    def _read_dumps(self) -> dict[str, Any] | None:
+        """Torch's analyzer over every rank's dump: which collective, which rank stayed out or called another."""
+        if not (self.run_dir / FR_DIR).is_dir():
             return None
-        path = self.run_dir / f"nccl-trace-rank-{self.rank}"  # torch's own naming, which torchfrtrace reads
-        path.write_bytes(data)
-        return str(path)
+        return flight_recorder.read(self.run_dir / FR_DIR, self.world, compat.process_groups())
 
 
 def _store():
     return compat.default_store()
+
+
+def _set(store, key: str) -> None:
+    try:
+        if store is not None:
+            store.set(key, "1")
+    except Exception:  # the store may be gone with rank 0: the others' wait ends at its deadline
+        pass
+
+
+def _wait(store, key: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while store is not None and time.monotonic() < deadline:
+        try:
+            if store.check([key]):
+                return
+        except Exception:  # the store is gone: nobody is left to wait for
+            return
+        time.sleep(0.2)
 
 
 # ---------------------------------------------------------------- the callback
@@ -417,15 +461,24 @@ class Guard(TrainerCallback):
 # ---------------------------------------------------------------- drills
 
 class HangDrill(TrainerCallback):
-    """That rank blocks inside a collective that the other ranks never join, at that step."""
+    """At that step, that rank (hang) blocks inside a collective of its own group that the other ranks never
+    join, or (desync) calls a broadcast on the default group where the others all-reduce their gradients."""
 
     def __init__(self, drill: dict[str, Any], watchdog: HangWatchdog):
         self.drill, self.watchdog = drill, watchdog
-        self.group = dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
+        distributed = dist.is_available() and dist.is_initialized()
+        self.group = dist.new_group(backend="gloo") if distributed and drill["kind"] == "hang" else None
 
     def on_step_begin(self, args, state, control, **kwargs):
-        rank = rank_world()[0]
+        rank, world = rank_world()
         if state.global_step + 1 != self.drill["step"] or rank != (self.drill["rank"] or 0):
+            return
+        if self.drill["kind"] == "desync":  # the source is another rank, which is in its own collective: both wait
+            self.watchdog.beat(state.global_step + 1, "drill: in a broadcast the other ranks do not call")
+            # 4 MiB: Gloo aborts a rank that receives more bytes than its collective expects (its own mismatch
+            # check, "op.preamble.length <= op.nbytes"), NCCL does not; room for any peer's message keeps the
+            # drill a hang on both
+            dist.broadcast(torch.zeros(2**20), src=(rank + 1) % world)
             return
         self.watchdog.beat(state.global_step + 1, "drill: blocked in an all_reduce the other ranks never join")
         if self.group is None:

@@ -156,6 +156,18 @@ def _order(diagnosis: Diagnosis, first_exception) -> Diagnosis:
     return diagnosis
 
 
+def add_dumps_finding(diagnosis: Diagnosis, finding: Finding) -> None:
+    """The flight recorder's account of a stall (read from dumps beside the log, not from a line of it): after the
+    log's root cause, or the root cause itself when the log names none and the dumps show a failing collective."""
+    located = Located(0, "context", finding)
+    if diagnosis.root is None and finding.severity is Severity.ERROR:
+        diagnosis.root = located
+        diagnosis.findings = [located, *diagnosis.findings]
+        return
+    at = diagnosis.findings.index(diagnosis.root) + 1 if diagnosis.root is not None else len(diagnosis.findings)
+    diagnosis.findings.insert(at, located)
+
+
 def _unrecognised(line: Line) -> Located:
     """The first exception, quoted (with its next line when the message goes on there), as a warning: the log
     shows a crash that no signature explains."""

@@ -5,11 +5,18 @@ from __future__ import annotations
 import os
 import sys
 
+from pathlib import Path
+
 from sftdoctor import kb
+from sftdoctor.checks.collectives import dumps_finding
+from sftdoctor.facts.child import in_child
+from sftdoctor.facts.flight_recorder import FR_DIR, dumps_in
 from sftdoctor.errors import InputError
-from sftdoctor.triage import diagnose
+from sftdoctor.triage import Diagnosis, add_dumps_finding, diagnose
 from sftdoctor.triage.render import render_diagnosis, render_diagnosis_json
 from sftdoctor.triage.sniff import SAMPLE, unreadable
+
+FR_TIMEOUT_S = 120  # torch's import and the analyzer over 2,000 entries per rank take seconds
 
 
 def main(topic: str | None = None, list_topics: bool = False, log_file: str | None = None, as_json: bool = False,
@@ -44,8 +51,21 @@ def triage(log_file: str, as_json: bool, jobs: int) -> int:
             diagnosis = diagnose(stream, "<stdin>" if log_file == "-" else log_file, jobs=jobs)
         except OSError as exc:  # a directory, a vanished file
             raise InputError(log_file, f"cannot read the log: {exc.strerror or exc}") from None
+    if log_file != "-":
+        beside(diagnosis, Path(log_file).parent)
     (render_diagnosis_json if as_json else render_diagnosis)(diagnosis)
     return 1 if diagnosis.problems else 0
+
+
+def beside(diagnosis: Diagnosis, folder: Path) -> None:
+    """The flight-recorder dumps beside the log (the run directory, or its flight-recorder/ folder that the hang
+    watchdog writes), read by torch's analyzer in a child process: which collective, which rank stayed out."""
+    for where in (folder / FR_DIR, folder):
+        if dumps_in(where):
+            fr = in_child("sftdoctor.facts.flight_recorder", {"folder": str(where)}, "reading the flight-recorder dumps",
+                          timeout_s=FR_TIMEOUT_S)
+            add_dumps_finding(diagnosis, dumps_finding({"folder": str(where), "dumps": sorted(dumps_in(where)), **fr}))
+            return
 
 
 def _head(stream) -> bytes:

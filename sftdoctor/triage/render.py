@@ -17,7 +17,8 @@ def render_diagnosis(diagnosis: Diagnosis, out=None) -> None:
     if diagnosis.root is not None:
         root = diagnosis.root
         rank = root.finding.evidence.get("rank")
-        out.write(f"root cause: {root.finding.id} at line {root.line}" + (f" (rank {rank})" if rank is not None else "") + "\n")
+        at = f"at line {root.line}" if root.line else "in the flight-recorder dumps beside the log"
+        out.write(f"root cause: {root.finding.id} {at}" + (f" (rank {rank})" if rank is not None else "") + "\n")
     elif not diagnosis.findings:
         out.write("nothing recognised: no known failure signature in this log\n")
     render_table([loc.finding for loc in diagnosis.findings], [], out=out, with_summary=False)

@@ -2,6 +2,8 @@
 
 import math
 
+from pathlib import Path
+
 import pytest
 
 from sftdoctor.checks import load_checks, run_check
@@ -59,6 +61,16 @@ def test_hang_finding_names_the_rank_and_where_each_rank_is(runtime):
                                               "ranks": {"0": report(7), "1": report(6, where="io.py:5 read")}})
     assert finding.title == "hang: no progress for 300 s; behind: rank 1"
     assert "rank 1: step 6" in finding.detail and "io.py:5 read" in finding.detail and "runs/x/stacks" in finding.detail
+
+
+def test_hang_finding_says_which_collective_from_the_flight_recorder(runtime):
+    from sftdoctor.facts.flight_recorder import read
+
+    fr = read(Path(__file__).parents[1] / "fixtures" / "flight_recorder" / "gloo-hang-drill", 2, {"0": [0, 1], "1": [0, 1]})
+    [finding] = runtime("nccl-timeout", hang={"timeout_s": 8, "behind": [1], "stacks": "s", "flight_recorder": fr,
+                                              "ranks": {"0": report(3), "1": report(3, "drill")}})
+    assert finding.title == "hang: no progress for 8 s; behind: rank 1; rank 1 never entered broadcast #31 on default_pg [[16]] Float"
+    assert "rank 0 is in broadcast #31" in finding.detail and "rank-dependent branch" in finding.fix
 
 
 

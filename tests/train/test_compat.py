@@ -256,12 +256,27 @@ def test_dump_flight_recorder_returns_the_pickled_trace(gloo_group):
     import torch
 
     gloo_group.all_reduce(torch.ones(2))
-    data = compat.dump_flight_recorder()
+    data = compat.dump_flight_recorder("gloo")
     assert isinstance(data, bytes)
     trace = pickle.loads(data)
     assert {"version", "pg_config", "pg_status", "entries"} <= set(trace)
     if not gloo_group.is_nccl_available():  # the generic recorder, on by default, records Gloo's collectives
         assert "gloo:all_reduce" in [entry["profiling_name"] for entry in trace["entries"]]
+
+
+def test_dump_flight_recorder_of_an_nccl_group_needs_the_nccl_recorder(gloo_group):
+    assert (compat.dump_flight_recorder("nccl") is None) == (not gloo_group.is_nccl_available())
+
+
+def test_process_groups_are_named_as_the_flight_recorder_names_them(gloo_group):
+    import torch
+
+    extra = gloo_group.new_group(backend="gloo")
+    gloo_group.all_reduce(torch.ones(2), group=extra)
+    groups = compat.process_groups()
+    assert groups == {"0": [0], "1": [0]}
+    entries = pickle.loads(compat.dump_flight_recorder("gloo"))["entries"]
+    assert {e["process_group"][0] for e in entries[-1:]} <= set(groups)  # the names the entries carry
 
 
 # ---------------------------------------------------------------- flight recorder environment names
@@ -308,7 +323,7 @@ import pickle, torch, torch.distributed as dist
 from sftdoctor.train import compat
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
 dist.all_reduce(torch.ones(2))
-print(len(pickle.loads(compat.dump_flight_recorder())["entries"]))
+print(len(pickle.loads(compat.dump_flight_recorder("gloo"))["entries"]))
 dist.destroy_process_group()
 """
 

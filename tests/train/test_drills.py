@@ -14,6 +14,9 @@ def test_a_drill_that_can_never_fire_is_bad_input(tmp_path):
     with pytest.raises(InputError, match="step 11 comes after the run's last step"):
         check_drill(parse_drill("nan-loss@11"), one)
     check_drill(parse_drill("hang@3:0"), one)  # fires
+    with pytest.raises(InputError, match="desync needs two processes or more"):
+        check_drill(parse_drill("desync@3"), one)
+    assert parse_drill("desync@3:1") == {"kind": "desync", "step": 3, "rank": 1}
 
 
 @pytest.mark.parametrize("text", ["nan-loss@0", "hang", "boom@3", "hang@x", "nan-loss@3:y"])

@@ -98,6 +98,36 @@ def test_hang_drill_names_the_rank_behind_and_leaves_no_process(tmp_path, tiny_d
     assert job_processes(run_dir) == []
     root = triage(proc).root.finding
     assert root.id == "nccl-timeout" and "behind: rank 1" in root.title
+    # the flight recorder, read by torch's analyzer: rank 1 stayed out of the step's first collective (DDP's
+    # buffer broadcast before the forward), which rank 0 is in
+    assert {p.name for p in (run_dir / "flight-recorder").iterdir()} == {"rank-0", "rank-1"}
+    fr = finding["evidence"]["flight_recorder"]
+    default = next(g for g in fr["groups"] if g["group"] == "default_pg")
+    assert list(default["inside"]) == ["0"] and list(default["absent"]) == ["1"] and not default["other"]
+    assert default["absent"]["1"]["seq"] == default["seq"] - 1  # its last one: the step before's
+    assert f"rank 1 never entered {default['collective']} #{default['seq']} on default_pg" in finding["title"]
+    # and rank 1 is inside an all_reduce of a group of its own, which rank 0 never entered
+    drill = next(g for g in fr["groups"] if g["group"] != "default_pg")
+    assert list(drill["inside"]) == ["1"] and list(drill["absent"]) == ["0"] and "on_step_begin" in drill["inside"]["1"]["where"]
+
+
+@pytest.mark.slow
+def test_desync_drill_names_the_rank_that_called_another_collective(tmp_path, tiny_data):
+    cfg = config(tmp_path, tiny_data["messages"], launch={"nproc_per_node": 2},
+                 training={"max_steps": 8, "save_steps": 100}, extra={"watch": {"hang_timeout_s": 8}})
+    proc = train(cfg, "--drill", "desync@3:1")
+    assert proc.returncode == HANG_EXIT, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "out" / "drill-desync"
+    [finding] = runtime_findings(run_dir)
+    [group] = finding["evidence"]["flight_recorder"]["groups"]
+    assert group["group"] == "default_pg" and list(group["other"]) == ["1"] and not group["absent"]
+    assert group["other"]["1"]["collective"] == "broadcast" and group["other"]["1"]["sizes"] == [[2**20]]
+    # rank 0 went on with the step: at that sequence number it called something else (DDP's buffer broadcast)
+    mine = group["inside"]["0"]
+    assert mine["seq"] == group["seq"] == group["other"]["1"]["seq"] and mine["sizes"] != [[2**20]]
+    assert f"rank 1 called broadcast #{group['seq']} on default_pg [[1048576]] Float where rank 0 called" in finding["title"]
+    assert "on_step_begin" in group["other"]["1"]["where"] and "watch.py" in finding["detail"]
+    assert job_processes(run_dir) == []
 
 
 def kill_rank_1_after_first_checkpoint(cfg, run_dir):

@@ -46,7 +46,9 @@ def flight_recorder():
     """What the recorder holds after the sweep, read as torchfrtrace reads its dumps (a pickled dict)."""
     from sftdoctor.train import compat
 
-    data = compat.dump_flight_recorder()
+    import torch.distributed as dist
+
+    data = compat.dump_flight_recorder(dist.get_backend() if dist.is_initialized() else "nccl")
     if data is None:
         return {"dumped": False, "why": "compat.dump_flight_recorder() returned None (no recorder API, or it failed)"}
     try:
