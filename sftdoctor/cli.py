@@ -193,8 +193,9 @@ def facts(config, model_config, deepspeed, topology, facts_file):
 @click.option("--dry-run", is_flag=True, help="Resolve, run the checks and print the plan; do not train.")
 @click.option("--smoke", is_flag=True, help="Rehearse the whole pipeline in seconds on a shrunk model, with a save and a resume.")
 @click.option("--force", is_flag=True, help="Start even when a check finds an error (recorded in the run directory).")
-@click.option("--drill", help="Inject a fault to prove the alarms work: nan-loss@STEP[:RANK], hang@STEP[:RANK] or "
-              "desync@STEP[:RANK] (that rank calls another collective).")
+@click.option("--drill", help="Inject a fault to prove the alarms work: nan-loss@STEP[:RANK], nan-row@STEP[:RANK] (a "
+              "row that is non-finite wherever it runs), hang@STEP[:RANK] or desync@STEP[:RANK] (that rank calls "
+              "another collective).")
 @click.option("--no-plugins", is_flag=True, help="Do not load third-party checks (or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1).")
 @click.option("--no-rehearse", is_flag=True, help="Skip the rehearsal before a multi-process or DeepSpeed run.")
 @click.option("--sbatch", is_flag=True, help="Write RUN_DIR/sbatch.sh, the run as a Slurm batch job ([slurm] in CONFIG), "

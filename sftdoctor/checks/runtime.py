@@ -32,6 +32,8 @@ def nan_loss(step_stats: dict[str, Any]):
                  + (f", loss scale {step_stats['loss_scale']:g}" if step_stats.get("loss_scale") else "") + ".")
     if step_stats.get("attribution"):
         parts.append(step_stats["attribution"])
+    traced = rows_said(step_stats.get("rows"))
+    parts += traced[1:]
     checkpoint = step_stats.get("checkpoint")
     parts.append(f"Last good checkpoint: {checkpoint or 'none yet'}.")
     action = step_stats.get("action", "stopped")
@@ -40,11 +42,51 @@ def nan_loss(step_stats: dict[str, Any]):
     fix = (f"resume from {checkpoint} with `sftdoctor train RUN.toml --resume` after lowering learning_rate or "
            f"raising warmup{precision}; see which module went non-finite above") if checkpoint else \
         f"lower learning_rate or lengthen warmup{precision}"
+    if (step_stats.get("rows") or {}).get("verdict") == "rows":
+        fix = (f"read the rows named (fix or drop them), then resume from {checkpoint or 'the start'}: the step is "
+               "non-finite in fp32 on its pre-step weights, so a lower learning rate would not help")
     return error(
-        f"non-finite loss at step {step}: {action}",
+        f"non-finite loss at step {step}: {action}" + (f"; {traced[0]}" if traced[0] else ""),
         detail=" ".join(parts),
         fix=fix,
         evidence={k: v for k, v in step_stats.items() if k != "attribution"})
+
+
+def rows_said(rows: dict[str, Any] | None) -> list[str]:
+    """[a headline or "", then sentences] of a non-finite step's trace (sftdoctor.train.rows): each rank's rows,
+    and what re-running its micro-batches alone in fp32 on the pre-step weights said."""
+    if not rows:
+        return [""]
+    said = []
+    for rank, t in sorted((rows.get("ranks") or {}).items(), key=lambda kv: int(kv[0])):
+        for i, mb in enumerate(t.get("micro_batches", [])):
+            fp32 = mb.get("fp32") or {}
+            outcome = ("non-finite again in fp32" if fp32.get("finite") is False else "finite in fp32" if fp32.get("finite")
+                       else f"not re-run ({fp32.get('error') or t.get('why_not_fp32') or 'no result'})")
+            said.append(f"Rank {rank} micro-batch {i + 1}: {'; '.join(mb['rows'])} ({outcome}).")
+    v = rows.get("verdict")
+    if rows.get("empty"):
+        said.append("No micro-batch of the step has a target token (every label is -100): its loss is 0/0. Each of "
+                    "these rows lost its trained part, e.g. a prompt longer than max_length cut the completion off.")
+        return [f"no target token in the step's {len(rows.get('culprits', []))} rows", *said]
+    if v == "rows":
+        culprits = rows.get("culprits") or []
+        headline = (f"traced to {culprits[0]}" + (f" and {len(culprits) - 1} more row(s)" if len(culprits) > 1 else "")
+                    if culprits else "the rows of " + ", ".join(rows.get("again", [])))
+        said.append("Re-run alone in fp32 on the pre-step weights, " + ", ".join(rows.get("again", [])) + " went non-finite "
+                    "again: these rows, not numerics. " + (f"Alone, non-finite: {'; '.join(culprits)}." if culprits
+                    else "No row is non-finite alone: their combination is (e.g. a micro-batch with no target tokens)."))
+        return [headline, *said]
+    if v == "numerics":
+        said.append("Every micro-batch re-run alone in fp32 on the pre-step weights is finite: not these rows but the "
+                    "run's precision (an overflow in bf16/fp16), or a non-finite value injected in the loss.")
+        return ["finite in fp32: numerics, not the rows", *said]
+    if v == "not-reproduced":
+        said.append("Every micro-batch re-run alone on the pre-step weights (fp32, as trained) is finite: not these rows "
+                    "by themselves (a non-deterministic kernel, or a value injected in the loss).")
+        return ["", *said]
+    said.append(f"Not judged rows or numerics: {rows.get('why') or 'a re-run failed'}.")
+    return ["", *said]
 
 
 def robust_spike(value: float, history: list[float], factor: float) -> tuple[bool, float, float]:

@@ -29,6 +29,7 @@ def _load_files(files: tuple[str, ...]):
     return load_dataset(kind, data_files=list(files), split="train")
 
 
+ROW = "sftdoctor_row"  # read by sftdoctor.train.rows (a layer above: it names the same column)
 KEEP = {"messages": ["messages"], "prompt_completion": ["prompt", "completion"], "text": ["text"]}
 
 
@@ -43,8 +44,10 @@ def as_trained(dataset, plan: Plan):
 
 
 def load_data(plan: Plan):
-    """(train, eval or None) as the trainer takes them."""
+    """(train, eval or None) as the trainer takes them. Each training row carries its number in the data files
+    (ROW, before any split or limit): a non-finite step is traced back to its rows by it (train.rows)."""
     train = as_trained(_load_files(plan.train_files), plan)
+    train = train.add_column(ROW, list(range(len(train))))
     evaluation = None
     if plan.eval_files:
         evaluation = as_trained(_load_files(plan.eval_files), plan)

@@ -12,6 +12,7 @@ what it wraps.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from pathlib import Path
 from typing import Any, Callable
@@ -65,6 +66,34 @@ def zero3_enabled() -> bool:
         except ImportError:
             return False
     return bool(is_deepspeed_zero3_enabled())
+
+
+@contextlib.contextmanager
+def capture_pack_input(kept: list):
+    """While building an SFTTrainer, append to `kept` each dataset TRL hands `pack_dataset` (tokenized, only
+    input_ids and labels, in the order of the rows given to the trainer): sftdoctor.train.rows traces a packed
+    batch's sequences back to their rows through it.
+
+    Verified with TRL 1.16.0: `SFTTrainer._prepare_dataset` calls the module global
+    `trl.trainer.sft_trainer.pack_dataset(dataset, args.max_length, args.packing_strategy, map_kwargs)` after
+    `select_columns(["input_ids", "labels"])` (and a seeded shuffle only with `shuffle_dataset=True`, which
+    sftdoctor leaves off), train first, then eval. Fallback: none; without the global this raises RuntimeError."""
+    import trl.trainer.sft_trainer as sft_trainer
+
+    original = getattr(sft_trainer, "pack_dataset", None)
+    if not callable(original):
+        raise _missing("trl", "trl.trainer.sft_trainer.pack_dataset", "1.16.0", "tracing a packed batch to its rows")
+
+    @functools.wraps(original)
+    def keep(dataset, *args, **kwargs):
+        kept.append(dataset)
+        return original(dataset, *args, **kwargs)
+
+    sft_trainer.pack_dataset = keep
+    try:
+        yield kept
+    finally:
+        sft_trainer.pack_dataset = original
 
 
 # ---------------------------------------------------------------- liger-kernel

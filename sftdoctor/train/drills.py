@@ -9,17 +9,19 @@ from sftdoctor.errors import InputError
 from sftdoctor.run import Plan
 
 
-KINDS = ("nan-loss", "hang", "desync")
+KINDS = ("nan-loss", "nan-row", "hang", "desync")
 
 
 def parse_drill(text: str) -> dict[str, Any]:
     """"nan-loss@5" -> a non-finite loss at step 5 on every rank; "hang@3:1" -> rank 1 blocks at step 3;
-    "desync@3:1" -> at step 3 rank 1 calls a broadcast where the other ranks all-reduce their gradients."""
+    "desync@3:1" -> at step 3 rank 1 calls a broadcast where the other ranks all-reduce their gradients;
+    "nan-row@5:1" -> at step 5 the first sequence of rank 1's batch gets inf embeddings, wherever it is run."""
     kind, _, where = text.partition("@")
     step, _, rank = where.partition(":")
     if (kind not in KINDS or not re.fullmatch(r"[0-9]+", step) or int(step) < 1
             or (rank and not re.fullmatch(r"[0-9]+", rank))):
-        raise InputError("--drill", f"expected nan-loss@STEP[:RANK], hang@STEP[:RANK] or desync@STEP[:RANK], got {text!r}")
+        raise InputError("--drill", "expected nan-loss@STEP[:RANK], nan-row@STEP[:RANK], hang@STEP[:RANK] or "
+                                    f"desync@STEP[:RANK], got {text!r}")
     return {"kind": kind, "step": int(step), "rank": int(rank) if rank else None}
 
 

@@ -111,11 +111,12 @@ def _adapter_lines(plan: Plan) -> list[str]:
 
 
 def watched_trainer_class(drill: dict | None):
-    """SFTTrainer that keeps the last micro-batch's loss and inputs (no sync: references only) for the
-    watchers, and injects a nan-loss drill."""
+    """SFTTrainer that keeps the last micro-batch's loss and the step's inputs (no sync: references only) for
+    the watchers, and injects the nan-loss and nan-row drills."""
     from trl import SFTTrainer
 
     from sftdoctor.train.callbacks import MetricsInLogs
+    from sftdoctor.train.rows import keep
 
     class WatchedSFTTrainer(MetricsInLogs, SFTTrainer):
         def create_model_card(self, model_name=None, dataset_name=None, tags=None):
@@ -124,6 +125,11 @@ def watched_trainer_class(drill: dict | None):
                 Path(self.args.output_dir, "README.md").write_text(model_card(self.sftdoctor_plan), encoding="utf-8")
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if model.training:  # the step's micro-batches, for tracing a non-finite step to its rows
+                keep(self, inputs)
+                if (drill and drill["kind"] == "nan-row" and self.state.global_step + 1 == drill["step"]
+                        and drill["rank"] in (None, rank()) and len(self.sftdoctor_step_inputs) == 1):
+                    self.poison_first_sequence(inputs)
             result = super().compute_loss(model, inputs, return_outputs=return_outputs,
                                           num_items_in_batch=num_items_in_batch)
             loss = result[0] if return_outputs else result
@@ -135,6 +141,18 @@ def watched_trainer_class(drill: dict | None):
                 self.sftdoctor_last_loss, self.sftdoctor_last_inputs = loss.detach(), inputs
                 self.sftdoctor_tokens.add(inputs)
             return result
+
+        def poison_first_sequence(self, inputs):
+            """The nan-row drill: the first sequence of this micro-batch poisoned wherever it goes (watch.py);
+            its tokens kept in RUN_DIR/drill-row.json, for a test to find its row on its own."""
+            from sftdoctor.train.rows import sequences
+            from sftdoctor.train.watch import poison_sequence
+
+            _, tokens, _ = sequences(inputs)[0]
+            poison_sequence(self.model, tokens)
+            Path(self.args.output_dir, "drill-row.json").write_text(json.dumps({"rank": rank(), "tokens": tokens.tolist()}))
+            print(f"sftdoctor: drill: rank {rank()}'s first sequence of step {self.state.global_step + 1} "
+                  f"({len(tokens)} tokens) poisoned: inf in its input embeddings", flush=True)
 
     return WatchedSFTTrainer
 
@@ -192,7 +210,7 @@ def setup(plan: Plan) -> None:
 
 def build_trainer(plan: Plan, run_dir: Path, tokenizer, stop_after: int | None):
     """(the SFTTrainer of the plan with sftdoctor's callbacks, the SIGTERM stopper among them)."""
-    from sftdoctor.train import adapters, noise
+    from sftdoctor.train import adapters, compat, noise
 
     train_rows, evaluation = load_data(plan)
     args = sft_config(plan, evaluation is not None)  # first, and kept: with ZeRO-3 the model loads partitioned
@@ -214,9 +232,12 @@ def build_trainer(plan: Plan, run_dir: Path, tokenizer, stop_after: int | None):
     if plan.data_shape == "messages" and not plan.assistant_only_loss and rank() == 0:
         print("sftdoctor: the chat template has no {% generation %} markers and TRL cannot patch it: the loss "
               "covers every turn, not only the assistant's", flush=True)
-    trainer = watched_trainer_class(plan.drill)(
-        model=model, args=args, train_dataset=train_rows, eval_dataset=evaluation, processing_class=tokenizer,
-        peft_config=peft_config(plan))
+    with compat.capture_pack_input([]) as packed:
+        trainer = watched_trainer_class(plan.drill)(
+            model=model, args=args, train_dataset=train_rows, eval_dataset=evaluation, processing_class=tokenizer,
+            peft_config=peft_config(plan))
+    trainer.sftdoctor_raw_rows = train_rows  # a batch's sequences trace back to these rows (train.rows)
+    trainer.sftdoctor_packed_from = packed[0] if plan.packing and packed else None
     if plan.lora is not None:
         adapters.trainable_in_fp32(trainer.model, plan)
     return trainer, add_callbacks(trainer, plan, run_dir, stop_after)

@@ -34,7 +34,7 @@ from sftdoctor.facts.catalogue import fact_names
 from sftdoctor.files import write_atomic
 from sftdoctor.findings import Finding
 from sftdoctor.run import Plan
-from sftdoctor.train import compat
+from sftdoctor.train import compat, rows
 from sftdoctor.run.checkpoints import newest_complete
 from sftdoctor.run.rundir import FINDINGS, STOPPED
 
@@ -42,6 +42,7 @@ NAN_EXIT = 86  # stopped on a non-finite loss
 HANG_EXIT = 87  # stopped by the hang watchdog
 FR_KEY = "sftdoctor/flight-recorder"
 DONE_KEY = "sftdoctor/hang/done"
+ROWS_KEY = "sftdoctor/nan-rows"
 REPORT_WAIT_S = 120.0  # the reporting rank's analysis: 0.1 s at 2 ranks, 7 s at 64 (bench/flight_recorder.py)
 TRAINING_PHASE = "forward/backward"
 SPIKE_QUIET = 50  # steps after a loss-spike finding before the next one (a divergence is one event)
@@ -291,23 +292,25 @@ def _store():
     return compat.default_store()
 
 
-def _set(store, key: str) -> None:
+def _set(store, key: str, value: str = "1") -> None:
     try:
         if store is not None:
-            store.set(key, "1")
+            store.set(key, value)
     except Exception:  # the store may be gone with rank 0: the others' wait ends at its deadline
         pass
 
 
-def _wait(store, key: str, seconds: float) -> None:
+def _wait(store, key: str, seconds: float) -> bool:
+    """Whether `key` appeared in the store within `seconds`."""
     deadline = time.monotonic() + seconds
     while store is not None and time.monotonic() < deadline:
         try:
             if store.check([key]):
-                return
+                return True
         except Exception:  # the store is gone: nobody is left to wait for
-            return
+            return False
         time.sleep(0.2)
+    return False
 
 
 # ---------------------------------------------------------------- the callback
@@ -416,7 +419,8 @@ class Guard(TrainerCallback):
             self.watchdog.beat(step, "attributing a non-finite loss", slack=4.0)
             inputs = getattr(self.trainer, "sftdoctor_last_inputs", None)
             if inputs is not None:
-                stats["attribution"] = attribute(self.trainer.model, inputs)
+                stats["attribution"] = f"Rank {rank_world()[0]}'s last micro-batch: " + attribute(self.trainer.model, inputs)
+            stats["rows"] = self._trace_rows()
         findings = self.reporter.check(step_stats=stats)
         self.reporter.publish(findings, step)
         if stopping:
@@ -427,6 +431,27 @@ class Guard(TrainerCallback):
             raise RunStopped(NAN_EXIT, cause)
         self.skips += 1
         self.skip_next = skipped_by is None
+
+    def _trace_rows(self) -> dict[str, Any] | None:
+        """The step's rows on every rank and the fp32 re-runs' verdict (train.rows): each rank traces its own,
+        rank 0 gathers them through the c10d store (not a collective: the ranks' re-runs take unequal times)."""
+        rank, world = rank_world()
+        zero3 = ((self.plan.deepspeed or {}).get("zero_optimization") or {}).get("stage") == 3
+        try:
+            mine = rows.trace(self.trainer, getattr(self.trainer, "sftdoctor_step_inputs", []), self.plan.train_files,
+                              self.trainer.sftdoctor_raw_rows, backward=not self.plan.deepspeed, rerun_ok=not zero3)
+        except Exception as exc:  # the trace must never hide the finding it explains
+            mine = {"micro_batches": [], "fp32": False, "why_not_fp32": f"tracing failed: {type(exc).__name__}: {exc}"}
+        traces = {str(rank): mine}
+        store = _store() if world > 1 else None
+        if store is not None:
+            _set(store, f"{ROWS_KEY}/{rank}", json.dumps(mine))
+            if rank != 0:
+                return None  # rank 0 reports
+            for r in range(1, world):
+                if _wait(store, f"{ROWS_KEY}/{r}", rows.ROW_TIMEOUT_S):
+                    traces[str(r)] = json.loads(store.get(f"{ROWS_KEY}/{r}"))
+        return {"ranks": traces, **rows.verdict(traces, self.plan.precision)}
 
     # -- logged values
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -459,6 +484,29 @@ class Guard(TrainerCallback):
 
 
 # ---------------------------------------------------------------- drills
+
+def poison_sequence(model, tokens: torch.Tensor) -> None:
+    """The nan-row drill: wherever these exact tokens are fed to the model (in the step, in a packed row, in a
+    re-run alone), their input embeddings become inf: a row that makes any step it is in non-finite, in any
+    precision, as a row with a broken embedding would."""
+    tokens = tokens.detach().clone()
+    n = len(tokens)
+
+    def poisoned(module, args, output):
+        ids = args[0] if args else None
+        if ids is None or ids.shape[-1] < n:
+            return output
+        windows = ids.unfold(-1, n, 1)  # [batch, starts, n]
+        starts = (windows == tokens.to(ids.device)).all(-1)
+        if not starts.any():
+            return output
+        hit = torch.zeros_like(ids, dtype=torch.bool)
+        for b, s in starts.nonzero().tolist():
+            hit[b, s:s + n] = True
+        return output.masked_fill(hit[..., None], float("inf"))
+
+    model.get_input_embeddings().register_forward_hook(poisoned)
+
 
 class HangDrill(TrainerCallback):
     """At that step, that rank (hang) blocks inside a collective of its own group that the other ranks never

@@ -151,3 +151,20 @@ def test_half_a_surrogate_pair_is_bad_input_and_a_whole_pair_is_text(tmp_path):
         describe([str(path)])
     path.write_text('{"text": "ok \\ud83d\\ude00"}\n')
     assert describe([str(path)])["rows"] == 1
+
+
+def test_locate_names_the_file_and_line_as_datasets_numbers_rows(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sftdoctor.facts.data import locate
+
+    (tmp_path / "a.jsonl").write_text('{"text": "a"}\n\n{"text": "b"}\n   \n{"text": "c"}\n')
+    (tmp_path / "b.json").write_text('[{"text": "d"}, {"text": "e"}]')
+    pq.write_table(pa.table({"text": ["f", "g"]}), tmp_path / "c.parquet")
+    files = [str(tmp_path / n) for n in ("a.jsonl", "b.json", "c.parquet")]
+    assert locate(files, {0, 2, 3, 6}) == {0: "a.jsonl line 1", 2: "a.jsonl line 5", 3: "b.json row 1", 6: "c.parquet row 2"}
+    from datasets import load_dataset  # the numbering the trainer's rows carry
+
+    assert load_dataset("json", data_files=files[:1], split="train")["text"] == ["a", "b", "c"]
+    assert locate(files, {99}) == {}

@@ -78,6 +78,30 @@ def trained(tmp_path_factory):
     return trainer, seen
 
 
+# ---------------------------------------------------------------- TRL's packing input
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_capture_pack_input_keeps_the_tokenized_rows_in_the_order_given(tmp_path, packing):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    ids = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
+    rows = Dataset.from_list([{"input_ids": i, "sftdoctor_row": n} for n, i in enumerate(ids)])
+    args = SFTConfig(output_dir=str(tmp_path), packing=packing, max_length=8, use_cpu=True, report_to=[])
+    tokenizer = AutoTokenizer.from_pretrained(Path(__file__).parents[2] / "examples" / "tiny" / "model")
+    with compat.capture_pack_input([]) as kept:
+        SFTTrainer(model=tiny_qwen2(), args=args, train_dataset=rows, processing_class=tokenizer)
+    if not packing:
+        assert kept == []  # only a packed run goes through pack_dataset
+        return
+    [given] = kept
+    assert given.column_names == ["input_ids", "labels"] and given["input_ids"] == ids  # the rows' order
+    import trl.trainer.sft_trainer as sft_trainer
+
+    assert sft_trainer.pack_dataset.__name__ == "pack_dataset" and not hasattr(sft_trainer.pack_dataset, "__wrapped__")
+
+
 # ---------------------------------------------------------------- transformers Trainer._get_grad_norm
 
 def test_get_grad_norm_keeps_the_signature_the_training_loop_calls():

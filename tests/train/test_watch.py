@@ -55,6 +55,10 @@ def test_nan_drill_stops_every_rank_before_the_poisoned_step_is_saved(tmp_path, 
     assert not list(run_dir.glob("checkpoint-5*")) and not (run_dir / "final").exists()
     assert [m["step"] for m in metrics(run_dir)][-1] == 4
     assert f"rank(s) {', '.join(map(str, range(ranks)))}" in finding["detail"]
+    # injected in the loss, not in the data: the step's micro-batches re-run in fp32 are finite, and their rows named
+    assert finding["evidence"]["rows"]["verdict"] == "not-reproduced"  # the tiny run trains in fp32
+    assert all(mb["fp32"]["finite"] and len(mb["rows"]) == 4 for t in finding["evidence"]["rows"]["ranks"].values()
+               for mb in t["micro_batches"]) and len(finding["evidence"]["rows"]["ranks"]) == ranks
     if ranks == 2:
         # torchrun's report of the ranks' exit code is in train.log; the terminal has sftdoctor's own line
         assert (run_dir / "train.log").read_text().count("exitcode  : 86") >= 1 and "exitcode  : 86" not in proc.stdout
@@ -65,6 +69,46 @@ def test_nan_drill_stops_every_rank_before_the_poisoned_step_is_saved(tmp_path, 
     page = (run_dir / "report.html").read_text()
     assert "stopped by nan-loss at step 4" in page
     assert "<td>runtime</td><td>5</td><td class='error'>nan-loss</td><td>non-finite loss at step 5: stopped" in page
+
+
+def rows_of(line_numbers, data_file):
+    return [json.loads(data_file.read_text().splitlines()[n - 1]) for n in line_numbers]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packing", [False, True])
+def test_a_poisoned_row_is_traced_to_its_file_and_line_on_every_rank(tmp_path, tiny_data, packing):
+    from transformers import AutoTokenizer
+
+    data = tiny_data["messages"]
+    cfg = config(tmp_path, data, launch={"nproc_per_node": 2},
+                 training={"max_steps": 8, "save_steps": 2, "packing": packing})
+    proc = train(cfg, "--drill", "nan-row@3:1")
+    assert proc.returncode == NAN_EXIT, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "out" / "drill-nan-row"
+    [finding] = runtime_findings(run_dir)
+    rows = finding["evidence"]["rows"]
+    assert rows["verdict"] == "rows" and rows["again"] == ["rank 1 micro-batch 1"]
+    [culprit] = rows["culprits"]
+    assert f"traced to {culprit}" in finding["title"] and "not numerics" in finding["detail"]
+    assert "read the rows named" in finding["fix"]
+    # on its own: the drill's tokens are that line's row as the chat template renders it, and no other row of the batch
+    poisoned = json.loads((run_dir / "drill-row.json").read_text())["tokens"]
+    tokenizer = AutoTokenizer.from_pretrained(data / "model")
+    train_file = data / "data" / "train.jsonl"
+
+    def tokens(line):
+        [row] = rows_of([line], train_file)
+        return list(tokenizer.apply_chat_template(row["messages"], tokenize=True, return_dict=True)["input_ids"])[:128]
+
+    assert culprit.startswith("train.jsonl line ") and tokens(int(culprit.split()[-1])) == poisoned
+    for rank in ("0", "1"):  # every rank's rows named, every one a line whose tokens are not the poisoned ones
+        [mb] = rows["ranks"][rank]["micro_batches"]
+        assert mb["rows"] and all(r.startswith("train.jsonl line ") for name in mb["rows"] for r in name.split(" = "))
+        lines = [int(name.split(" = ")[0].split()[-1]) for name in mb["rows"]]
+        assert (rank == "1") == (int(culprit.split()[-1]) in lines)
+        assert mb["fp32"]["finite"] is (rank == "0")
+    assert len(rows["ranks"]["0"]["micro_batches"][0]["rows"]) == 4 or packing  # per_device_batch_size 4
 
 
 @pytest.mark.slow
