@@ -142,8 +142,11 @@ def rerun(model, inputs: dict[str, Any], backward: bool) -> dict[str, Any]:
         result = {"targets": targets, "loss": float(loss.detach()), "finite": bool(torch.isfinite(loss))}
         if backward and result["finite"]:
             loss.backward()
-            result["grads_finite"] = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None)
-            result["finite"] = result["grads_finite"]
+            # the norm, as the trainer clips and the watcher reads it: finite gradients can still overflow it
+            norms = [torch.linalg.vector_norm(p.grad) for p in model.parameters() if p.grad is not None]
+            norm = torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
+            result["grad_norm"] = float(norm)
+            result["finite"] = bool(torch.isfinite(norm))
     except Exception as exc:  # the trace must never hide the finding it explains
         return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
     finally:

@@ -91,7 +91,7 @@ def model():
 def test_rerun_says_whether_the_loss_and_gradients_are_finite_and_leaves_no_gradient(model):
     ids = torch.randint(0, 64, (1, 10))
     fine = rerun(model, {"input_ids": ids, "labels": ids}, backward=True)
-    assert fine["finite"] and fine["grads_finite"] and fine["targets"] == 9
+    assert fine["finite"] and 0 < fine["grad_norm"] < float("inf") and fine["targets"] == 9
     assert all(p.grad is None for p in model.parameters())
     embed = model.get_input_embeddings()
     handle = embed.register_forward_hook(lambda m, a, out: out.masked_fill((a[0] == ids[0, 3])[..., None], float("inf")))

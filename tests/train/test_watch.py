@@ -112,6 +112,47 @@ def test_a_poisoned_row_is_traced_to_its_file_and_line_on_every_rank(tmp_path, t
 
 
 @pytest.mark.slow
+def test_a_row_whose_token_has_a_broken_embedding_is_traced_to_its_line(tmp_path, tiny_data):
+    """The public case (unslothai/unsloth#1056): rows holding a token whose embedding row was never trained make
+    the loss NaN. Here a checkpoint whose row for one token is garbage (inf, as uninitialised memory can read), and
+    one training row, appended last, that uses that token."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    data = tiny_data["messages"]
+    tokenizer = AutoTokenizer.from_pretrained(data / "model")
+    lines = (data / "data" / "train.jsonl").read_text().splitlines()
+
+    def ids(messages):
+        return tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+
+    used = {t for line in lines for t in ids(json.loads(line)["messages"])}
+    for token in range(len(tokenizer)):
+        word = tokenizer.decode([token]).strip()
+        row = {"messages": [{"role": "user", "content": f"say: {word}"}, {"role": "assistant", "content": word}]}
+        if token not in used and word.isalpha() and token in ids(row["messages"]):
+            break
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("\n".join(lines + [json.dumps(row)]) + "\n")
+    torch.manual_seed(0)
+    untied = AutoConfig.from_pretrained(data / "model", tie_word_embeddings=False)  # tied, every logit would be huge
+    model = AutoModelForCausalLM.from_config(untied)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[token] = float("inf")
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    cfg = config(tmp_path, data, training={"max_steps": 45, "save_steps": 100, "learning_rate": 1e-4})
+    cfg.write_text(cfg.read_text().replace(str(data / "data" / "train.jsonl"), str(folder / "train.jsonl"))
+                   .replace(f'path = "{data / "model"}"\nweights = "random"', f'path = "{folder / "model"}"'))
+    proc = train(cfg)
+    assert proc.returncode == NAN_EXIT, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [finding] = runtime_findings(tmp_path / "out")
+    assert finding["evidence"]["rows"]["culprits"] == [f"train.jsonl line {len(lines) + 1}"], finding["detail"]
+    assert f"traced to train.jsonl line {len(lines) + 1}" in finding["title"]
+
+
+@pytest.mark.slow
 def test_skip_policy_drops_the_update_and_finishes(tmp_path, tiny_data):
     cfg = config(tmp_path, tiny_data["text"], training={"max_steps": 6, "save_steps": 3},
                  extra={"watch": {"on_nan": "skip", "max_skips": 2}})
