@@ -89,11 +89,12 @@ CATALOGUE: dict[str, Fact] = {
                              why_missing="the run's model has no config.json and tokenizer files here to build its "
                                          "trainer from"),
     # ---- one moment of a run (sftdoctor.train.watch passes them to the runtime checks)
-    "step_stats": Fact("one optimizer step, before it is taken: finite or not, loss, gradient norm, ranks",
-                       phase="runtime"),
+    "step_stats": Fact("one optimizer step, before it is taken: finite or not, loss, gradient norm, ranks; when a "
+                       "non-finite one stops the run, its rows and their fp32 re-runs", phase="runtime"),
     "log_stats": Fact("a logged loss with its recent history", phase="runtime"),
     "scale_stats": Fact("fp16 dynamic loss scaling: the scale and the steps it skipped", phase="runtime"),
-    "hang": Fact("the watchdog's report of a stall: each rank's step, phase and stack", phase="runtime"),
+    "hang": Fact("the watchdog's report of a stall: each rank's step, phase and stack, and the flight recorder's "
+                 "dumps read by torch's analyzer", phase="runtime"),
     # ---- every rank of a job (`check --distributed`)
     "cluster": Fact("each rank's record, who joined, and the all-reduce sweep", phase="distributed",
                     why_missing="only under `sftdoctor check --distributed` (every rank of a job)"),

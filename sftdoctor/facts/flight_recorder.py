@@ -115,7 +115,7 @@ def analyse(dumps: dict[int, dict[str, Any]], world: int | None = None,
             continue
         name = _group_name(c.pg_desc)
         if name not in failing:
-            failing[name] = _describe(c, dumps, members.get(name, set(dumps)))
+            failing[name] = _describe(c, dumps, members.get(c.pg_desc.split(":", 1)[0], set(dumps)))
     backend = next((e["profiling_name"].split(":")[0] for d in dumps.values() for e in d["entries"]), None)
     return {"dumps": sorted(dumps), "world": world, "version": ", ".join(sorted({str(d["version"]) for d in dumps.values()})),
             "backend": backend, "groups": list(failing.values())[:SHOWN], "more_groups": max(0, len(failing) - SHOWN),

@@ -25,6 +25,7 @@ import torch
 
 from sftdoctor.facts.data import locate
 from sftdoctor.facts.trainer_inputs import ROW
+
 ROW_TIMEOUT_S = 300.0  # rank 0 waits this long for the other ranks' traces (each re-runs its micro-batches)
 
 
@@ -46,8 +47,8 @@ def sequences(inputs: dict[str, Any]) -> list[tuple[int, torch.Tensor, torch.Ten
     out = []
     for b in range(ids.shape[0]):
         if mask is not None:
-            keep = mask[b].bool()
-            out.append((b, ids[b][keep], labels[b][keep] if labels is not None else None))
+            real = mask[b].bool()
+            out.append((b, ids[b][real], labels[b][real] if labels is not None else None))
         elif positions is not None:
             starts = (positions[b] == 0).nonzero().flatten().tolist() + [ids.shape[1]]
             out += [(b, ids[b, s:e], labels[b, s:e] if labels is not None else None) for s, e in zip(starts, starts[1:])]
@@ -129,8 +130,7 @@ def rerun(model, inputs: dict[str, Any], backward: bool) -> dict[str, Any]:
     """One forward (and backward) alone, autocast off: is the loss, are the gradients, finite? A sequence with
     no target token is said so: its mean loss is 0/0 by definition, not a finding."""
     batch = {k: v for k, v in inputs.items() if k != "use_cache"}  # packed: cu_seq_lens_* too, as trained
-    labels = batch.get("labels")
-    targets = int((labels[..., 1:] != -100).sum()) if labels is not None else None
+    targets = _targets(batch.get("labels"))
     if targets == 0:  # not run: alone, its mean loss is 0/0 by definition (in the step, others' tokens count)
         return {"targets": 0}
     device = batch["input_ids"].device.type
@@ -168,9 +168,7 @@ def trace(trainer, micro_batches: list[dict[str, Any]], files, raw_rows, backwar
         for inputs in micro_batches:
             seqs = sequences(inputs)
             found = [index.find(tokens) for _, tokens, _ in seqs]
-            labels = inputs.get("labels")
-            entry = {"rows": _row_names(found, files),
-                     "targets": int((labels[..., 1:] != -100).sum()) if labels is not None else None}
+            entry = {"rows": _row_names(found, files), "targets": _targets(inputs.get("labels"))}
             if model is not None:
                 model.eval()  # no dropout: the same function of the same rows
                 entry["fp32"] = rerun(model, inputs, backward)
@@ -181,6 +179,11 @@ def trace(trainer, micro_batches: list[dict[str, Any]], files, raw_rows, backwar
         if model is not None and was_training:
             model.train()
     return {"micro_batches": batches, "fp32": why_not is None, "why_not_fp32": why_not}
+
+
+def _targets(labels: torch.Tensor | None) -> int | None:
+    """The tokens a batch trains on: labels other than -100 after the shift (a sequence's first is never one)."""
+    return int((labels[..., 1:] != -100).sum()) if labels is not None else None
 
 
 def _alone(tokens: torch.Tensor, labels: torch.Tensor | None) -> dict[str, Any]:

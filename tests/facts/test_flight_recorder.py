@@ -82,6 +82,25 @@ def test_the_public_nccl_case_names_the_rank_and_the_gather(tmp_path):
     assert fr["last"]["0"]["completed"] and not fr["last"]["1"]["completed"]
 
 
+def test_ranks_outside_a_group_are_not_said_to_have_stayed_out_of_it(tmp_path):
+    """The TP group of the public case spans ranks 0-1 of a 4-rank job; ranks 2-3 run their own group."""
+    folder = nccl_case(tmp_path)
+    for rank in (0, 1):
+        dump = pickle.loads((folder / f"nccl_trace_rank_{rank}").read_bytes())
+        for e in dump["entries"]:
+            e["process_group"] = ("1", "tp")
+        dump["pg_config"] = {"1": {"name": "1", "desc": "tp", "ranks": "[0, 1]"},
+                             "2": {"name": "2", "desc": "tp", "ranks": "[2, 3]"}}
+        (folder / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(dump))
+    for rank in (2, 3):  # the other pair, in step on their own group
+        dump = pickle.loads((folder / "nccl_trace_rank_0").read_bytes())
+        for e in dump["entries"]:
+            e["process_group"] = ("2", "tp")
+        (folder / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(dump))
+    [group] = read(folder)["groups"]
+    assert list(group["absent"]) == ["0"] and list(group["inside"]) == ["1"] and group["no_dump"] == []
+
+
 def test_ranks_in_the_same_collective_that_never_completes_point_at_the_transport(tmp_path):
     folder = nccl_case(tmp_path)
     dump = pickle.loads((folder / "nccl_trace_rank_0").read_bytes())
