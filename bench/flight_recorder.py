@@ -6,7 +6,10 @@
    4 MiB, a gradient bucket) with the recorder off (TORCH_FR_BUFFER_SIZE=0) and on (2000 entries, what
    sftdoctor's launcher sets and Gloo's default), interleaved; the median time per collective of each and their
    ratio. The recorder is torch's: what sftdoctor adds to a step is nothing (it dumps only when the watchdog fires).
-2. When the watchdog fires: torch's analyzer over 2,000 entries per rank (the ring buffer full) for 8 and 64
+2. In a run: the bundled tiny example trained for 40 steps on 2 gloo ranks with the recorder off and on,
+   interleaved: the median time per step of each and their ratio (a step holds DDP's collectives and the
+   Trainer's gathers).
+3. When the watchdog fires: torch's analyzer over 2,000 entries per rank (the ring buffer full) for 8 and 64
    ranks, one rank missing the last collective: the seconds and the peak memory of `flight_recorder.read`.
 """
 
@@ -60,6 +63,36 @@ def loop(work: Path, collectives: int, buffer: int) -> dict[str, float]:
     return json.loads(line[len("RESULT "):])
 
 
+def run_step_s(work: Path, buffer: int, index: int, steps: int = 40) -> float:
+    tiny = ROOT / "examples" / "tiny"
+    out = work / f"run-{buffer}-{index}"
+    config = work / f"{out.name}.toml"
+    config.write_text(f"""[model]
+path = "{tiny / 'model'}"
+weights = "random"
+[data]
+train = "{tiny / 'data' / 'train.jsonl'}"
+max_length = 256
+[training]
+per_device_batch_size = 8
+max_steps = {steps}
+logging_steps = 5
+save_steps = {steps * 10}
+gradient_checkpointing = false
+output_dir = "{out}"
+[launch]
+nproc_per_node = 2
+master_port = "auto"
+""")
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": str(buffer)}  # the launcher's own value yields to the caller's
+    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(config), "--no-rehearse"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    if proc.returncode:
+        raise SystemExit(proc.stdout[-2000:] + proc.stderr[-2000:])
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return next(r["train_runtime"] for r in records if "train_runtime" in r) / steps
+
+
 def dumps(folder: Path, ranks: int, entries: int = 2000) -> None:
     """`ranks` dumps in torch 2.13's Gloo format (the real drill dump's entry, repeated), the ring buffer full;
     the last rank never enters the last collective."""
@@ -108,7 +141,14 @@ def main() -> None:
             on = statistics.median(r[size] for r in runs[2000])
             print(f"   {int(size) / 1024:>6.0f} KiB: recorder off {off * 1e6:8.1f} us, on {on * 1e6:8.1f} us: "
                   f"ratio {on / off:.3f}")
-        print("2. when the watchdog fires: torch's analyzer over 2,000 entries per rank")
+        steps: dict[int, list[float]] = {0: [], 2000: []}
+        for index in range(args.repeats):
+            for buffer in (0, 2000):
+                steps[buffer].append(run_step_s(work, buffer, index))
+        off, on = statistics.median(steps[0]), statistics.median(steps[2000])
+        print(f"2. in a run: the tiny example, 2 gloo ranks, 40 steps, {args.repeats} runs each: recorder off "
+              f"{off * 1e3:.1f} ms a step, on {on * 1e3:.1f} ms: ratio {on / off:.3f}")
+        print("3. when the watchdog fires: torch's analyzer over 2,000 entries per rank")
         for ranks in (8, 64):
             took, peak, headline = analysis(work, ranks)
             print(f"   {ranks:>3} ranks: {took:6.2f} s, peak {peak:6.1f} MiB: {headline}")
