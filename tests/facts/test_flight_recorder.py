@@ -146,3 +146,39 @@ def test_which_files_are_dumps(tmp_path):
 
 def test_ranks_text():
     assert ranks_text([3]) == "rank 3" and ranks_text(["0", "1", "2", "5"]) == "ranks 0-2, 5"
+
+
+def test_any_pickled_data_is_a_result_or_an_error_never_a_crash(tmp_path):
+    """Dumps from other tools, versions or a broken disk: `read` answers with groups or an error, and never says
+    nothing was wrong about data it could not pair."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=4), st.floats(allow_nan=True))
+    names = st.sampled_from(["gloo:all_reduce", "nccl:broadcast", "nccl:send 0->1", "x", "gloo:bogus", ""])
+    entry = st.fixed_dictionaries({
+        "process_group": st.one_of(st.tuples(st.sampled_from(["0", "1"]), st.sampled_from(["default_pg", "undefined"])),
+                                   scalars),
+        "collective_seq_id": st.one_of(st.integers(0, 4), scalars), "profiling_name": st.one_of(names, scalars),
+        "record_id": st.integers(0, 8), "pg_id": st.integers(0, 2), "p2p_seq_id": st.integers(0, 2),
+        "input_sizes": st.one_of(st.just([[4]]), st.just([[5]]), scalars), "output_sizes": st.just([[4]]),
+        "state": st.sampled_from(["scheduled", "started", "completed"]), "frames": st.just([]),
+    })
+    dump = st.fixed_dictionaries({"version": st.sampled_from(["2.10", "2.4", "x"]),
+                                  "pg_config": st.one_of(st.just({}), st.just({"": {"ranks": "[]"}}), scalars),
+                                  "entries": st.lists(entry, max_size=5)})
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(dump, min_size=1, max_size=3))
+    def check(dumps):
+        folder = tmp_path / "fuzz"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        for rank, d in enumerate(dumps):
+            (folder / f"rank-{rank}").write_bytes(pickle.dumps(d))
+        fr = read(folder)
+        assert fr["dumps"] == list(range(len(dumps)))
+        assert "error" in fr or isinstance(fr["groups"], list)
+        describe(fr)  # and it can be said
+
+    check()
