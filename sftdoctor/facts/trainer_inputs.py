@@ -29,7 +29,7 @@ def _load_files(files: tuple[str, ...]):
     return load_dataset(kind, data_files=list(files), split="train")
 
 
-ROW = "sftdoctor_row"  # read by sftdoctor.train.rows (a layer above: it names the same column)
+ROW = "sftdoctor_row"  # the column that numbers the training rows: train.rows traces a batch back to them by it
 KEEP = {"messages": ["messages"], "prompt_completion": ["prompt", "completion"], "text": ["text"]}
 
 

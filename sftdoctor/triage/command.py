@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
-
 from pathlib import Path
 
 from sftdoctor import kb
 from sftdoctor.checks.collectives import dumps_finding
+from sftdoctor.errors import InputError
 from sftdoctor.facts.child import in_child
 from sftdoctor.facts.flight_recorder import FR_DIR, dumps_in
-from sftdoctor.errors import InputError
 from sftdoctor.triage import Diagnosis, add_dumps_finding, diagnose
 from sftdoctor.triage.render import render_diagnosis, render_diagnosis_json
 from sftdoctor.triage.sniff import SAMPLE, unreadable
@@ -61,10 +60,10 @@ def beside(diagnosis: Diagnosis, folder: Path) -> None:
     """The flight-recorder dumps beside the log (the run directory, or its flight-recorder/ folder that the hang
     watchdog writes), read by torch's analyzer in a child process: which collective, which rank stayed out."""
     for where in (folder / FR_DIR, folder):
-        if dumps_in(where):
+        if found := dumps_in(where):
             fr = in_child("sftdoctor.facts.flight_recorder", {"folder": str(where)}, "reading the flight-recorder dumps",
                           timeout_s=FR_TIMEOUT_S)
-            add_dumps_finding(diagnosis, dumps_finding({"folder": str(where), "dumps": sorted(dumps_in(where)), **fr}))
+            add_dumps_finding(diagnosis, dumps_finding({"folder": str(where), "dumps": sorted(found), **fr}))
             return
 
 
