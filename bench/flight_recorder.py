@@ -64,33 +64,10 @@ def loop(work: Path, collectives: int, buffer: int) -> dict[str, float]:
 
 
 def run_step_s(work: Path, buffer: int, index: int, steps: int = 40) -> float:
-    tiny = ROOT / "examples" / "tiny"
-    out = work / f"run-{buffer}-{index}"
-    config = work / f"{out.name}.toml"
-    config.write_text(f"""[model]
-path = "{tiny / 'model'}"
-weights = "random"
-[data]
-train = "{tiny / 'data' / 'train.jsonl'}"
-max_length = 256
-[training]
-per_device_batch_size = 8
-max_steps = {steps}
-logging_steps = 5
-save_steps = {steps * 10}
-gradient_checkpointing = false
-output_dir = "{out}"
-[launch]
-nproc_per_node = 2
-master_port = "auto"
-""")
-    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": str(buffer)}  # the launcher's own value yields to the caller's
-    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(config), "--no-rehearse"],
-                          capture_output=True, text=True, env=env, timeout=900)
-    if proc.returncode:
-        raise SystemExit(proc.stdout[-2000:] + proc.stderr[-2000:])
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return next(r["train_runtime"] for r in records if "train_runtime" in r) / steps
+    from watch_overhead import step_time  # bench/, this script's folder
+
+    # the launcher's own TORCH_FR_BUFFER_SIZE yields to the caller's
+    return step_time(work / f"run-{buffer}-{index}", steps, {"TORCH_FR_BUFFER_SIZE": str(buffer)}, ranks=2)
 
 
 def dumps(folder: Path, ranks: int, entries: int = 2000) -> None:

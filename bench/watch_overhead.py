@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -20,9 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "examples" / "tiny"
 
 
-def one_run(work: Path, steps: int, watch: bool, index: int) -> float:
-    out = work / f"{'on' if watch else 'off'}-{index}"
-    config = work / f"{out.name}.toml"
+def step_time(out: Path, steps: int, env: dict[str, str], ranks: int = 1) -> float:
+    """Seconds per step of the bundled tiny example trained `steps` steps on `ranks` processes into `out`, with
+    `env` added to the environment (the Trainer's own train_runtime over the steps)."""
+    config = out.parent / f"{out.name}.toml"
+    launch = f'[launch]\nnproc_per_node = {ranks}\nmaster_port = "auto"\n' if ranks > 1 else ""
     config.write_text(f'''[model]
 path = "{TINY / 'model'}"
 weights = "random"
@@ -36,14 +39,17 @@ logging_steps = 5
 save_steps = {steps * 10}
 gradient_checkpointing = false
 output_dir = "{out}"
-''')
-    env = {**__import__("os").environ, "SFTDOCTOR_NO_WATCH": "" if watch else "1"}
-    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(config)], capture_output=True, text=True, env=env)
+{launch}''')
+    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(config), "--no-rehearse"],
+                          capture_output=True, text=True, env={**os.environ, **env}, timeout=900)
     if proc.returncode:
         sys.exit(proc.stdout[-2000:] + proc.stderr[-2000:])
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    runtime = next(r["train_runtime"] for r in records if "train_runtime" in r)
-    return runtime / steps
+    return next(r["train_runtime"] for r in records if "train_runtime" in r) / steps
+
+
+def one_run(work: Path, steps: int, watch: bool, index: int) -> float:
+    return step_time(work / f"{'on' if watch else 'off'}-{index}", steps, {"SFTDOCTOR_NO_WATCH": "" if watch else "1"})
 
 
 def main() -> int:
