@@ -56,7 +56,7 @@ def _group(g: dict[str, Any]) -> tuple[str, str]:
     if g.get("no_dump"):
         parts.append(f"{ranks_text(g['no_dump'])} left no dump")
     if g["other"]:
-        rank, op = next(iter(g["other"].items()))
+        op = next(iter(g["other"].values()))
         headline = (f"{ranks_text(list(g['other']))} called {_op(op, g['group'])} where "
                     f"{ranks_text(list(g['inside']))} called {_op(first)}")
     elif g["absent"]:
@@ -79,6 +79,9 @@ def describe(fr: dict[str, Any] | None) -> tuple[str, str]:
         more = f" ({fr['more_groups']} more group(s) fail too)" if fr.get("more_groups") else ""
         return described[0][0], f"{where}: " + ". ".join(text for _, text in described) + f".{more}"
     last = fr.get("last") or {}
+    if not any(last.values()):  # nothing recorded: no reading of the collectives, not "they all completed"
+        return "", (f"{where}: the dumps hold no collective (the recorder off, TORCH_FR_BUFFER_SIZE=0?): they cannot "
+                    "say which collective; read the stacks.")
     open_ = {r: op for r, op in last.items() if op and not op.get("completed")}
     if not open_:
         return ("no rank is inside a collective",
@@ -98,7 +101,7 @@ def dumps_finding(fr: dict[str, Any]) -> Finding:
     """`explain --log`'s finding from the dumps found beside the log (`fr` holds at least one dump)."""
     headline, detail = describe(fr)
     common = {"id": "nccl-timeout", "explain": "nccl-timeout", "evidence": fr}
-    if fr.get("error"):
+    if fr.get("error") or not any((fr.get("last") or {}).values()):
         return warning("flight-recorder dumps beside the log could not be analysed", detail,
                        f"torchfrtrace {fr['folder']} --allow-incomplete-ranks", **common)
     if fr.get("groups"):

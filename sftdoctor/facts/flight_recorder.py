@@ -105,7 +105,7 @@ def analyse(dumps: dict[int, dict[str, Any]], world: int | None = None,
     quiet = logging.getLogger("Flight Recorder")
     was, quiet.disabled = quiet.disabled, True  # the analyzer prints its findings; ours are the findings
     try:
-        db = build_db(details, args, versions.pop() if len(versions) == 1 else "mixed")
+        db = build_db(details, args, next(iter(versions)) if len(versions) == 1 else "mixed")
     finally:
         quiet.disabled = was
     members = {key: set(ast.literal_eval(cfg["ranks"])) for d in details.values() for key, cfg in d["pg_config"].items()}
@@ -117,7 +117,7 @@ def analyse(dumps: dict[int, dict[str, Any]], world: int | None = None,
         if name not in failing:
             failing[name] = _describe(c, dumps, members.get(c.pg_desc.split(":", 1)[0], set(dumps)))
     backend = next((e["profiling_name"].split(":")[0] for d in dumps.values() for e in d["entries"]), None)
-    return {"dumps": sorted(dumps), "world": world, "version": ", ".join(sorted({str(d["version"]) for d in dumps.values()})),
+    return {"dumps": sorted(dumps), "world": world, "version": ", ".join(sorted(versions)),
             "backend": backend, "groups": list(failing.values())[:SHOWN], "more_groups": max(0, len(failing) - SHOWN),
             "last": {str(rank): _last(d) for rank, d in sorted(dumps.items())}}
 

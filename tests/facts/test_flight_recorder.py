@@ -135,6 +135,17 @@ def test_dumps_that_cannot_be_read_are_said_unreadable_not_clean(tmp_path):
     assert "could not read the dumps" in describe(fr)[1]
 
 
+def test_dumps_that_recorded_nothing_cannot_judge(tmp_path):
+    for rank in (0, 1):
+        (tmp_path / f"rank-{rank}").write_bytes(pickle.dumps({"version": "2.10", "pg_config": {}, "entries": []}))
+    fr = read(tmp_path)
+    assert fr["groups"] == [] and describe(fr) == ("", f"Flight recorder (ranks 0-1, {tmp_path}): the dumps hold no "
+                                                       "collective (the recorder off, TORCH_FR_BUFFER_SIZE=0?): they "
+                                                       "cannot say which collective; read the stacks.")
+    finding = dumps_finding(fr)
+    assert finding.severity.value == "warning" and "could not be analysed" in finding.title
+
+
 def test_which_files_are_dumps(tmp_path):
     assert read(tmp_path) == {"folder": str(tmp_path), "dumps": []}
     for name in ("rank-0", "rank-1", "rank-2.pkl"):
