@@ -226,6 +226,16 @@ def test_explain_log_of_a_healthy_run_exits_0_and_says_nothing_was_recognised():
     assert "nothing recognised" in proc.stdout
 
 
+def test_explain_log_of_a_run_that_failed_for_no_known_reason_exits_1_and_says_so():
+    """A real paste that ends in a traceback's frames (the NameError is only in the issue's title): a failure."""
+    proc = sftdoctor("explain", "--log", str(LOGS / "verdict-cut-traceback-frames-only-main-py-stable-diffusion.log"),
+                     "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (doc["verdict"], doc["failed"], doc["root_cause"]) == ("failed-unrecognised", True, None)
+    assert doc["findings"][0]["id"] == "crash-log" and doc["findings"][0]["severity"] == "error"
+
+
 def test_gpu_memory_sizes_parse_or_fail_cleanly():
     import click
     from hypothesis import given, settings, strategies as st

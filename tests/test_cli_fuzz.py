@@ -642,7 +642,7 @@ def data_files(draw):
     return "d.jsonl", draw(random_bytes()) if shape == "bytes" else raw, fmt
 
 
-CHILD_PROBED = ("training-targets", "packing")
+CHILD_PROBED = ("training-targets", "packing", "token-ids", "data-prep-timeout", "ddp-unused-parameters")
 
 
 @given(data=st.data())

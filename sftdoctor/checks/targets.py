@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sftdoctor.checks import check
+from sftdoctor.checks import NotApplicable, check
 from sftdoctor.findings import Finding, error, info, ok, warning
 
 KEEP_WHOLE = 0.99
@@ -180,6 +180,10 @@ RULES = (stop_masked, stop_missing, bos_doubled, every_turn_trained, saved_templ
 @check("training-targets", "EOS trained, BOS once, loss only where intended, what generate() stops at: proven on the run's rows")
 def training_targets(plan, training_targets: dict[str, Any], chat_template: dict[str, Any] | None = None):
     probe = training_targets
+    if "error" in probe and not (chat_template or {"has_template": True})["has_template"] and (
+            plan.data_shape == "messages" or "chat_template" in probe["error"]):
+        raise NotApplicable("the chat rows have no chat template to be rendered with: the chat-template check "
+                            "reports it")
     if "error" in probe:
         return warning(f"what the trainer will optimise could not be read back ({probe['error']})",
                        fix="run `sftdoctor check --config RUN.toml --select training-targets -v` on the training machine",

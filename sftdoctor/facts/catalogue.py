@@ -33,6 +33,9 @@ class Fact:
 CATALOGUE: dict[str, Fact] = {
     # ---- the machine and its stack (recorded by `sftdoctor facts`, replayed with --facts)
     "packages": Fact("installed distributions: name -> version", probe="packages:probe_packages"),
+    "package_requires": Fact("what trl, transformers, peft and accelerate declare they need (Requires-Dist): name -> "
+                             "requirement strings", probe="requirements:probe_package_requires",
+                             why_missing="none of trl, transformers, peft, accelerate is installed"),
     "torch_build": Fact("torch's version and the CUDA/HIP it was built for", probe="packages:probe_torch_build",
                         why_missing="torch is not installed"),
     "deepspeed_defaults": Fact("the installed DeepSpeed's version and its defaults the checks compare with",
@@ -49,6 +52,11 @@ CATALOGUE: dict[str, Fact] = {
     "env": Fact("the NCCL_*, TORCH_*, CUDA_* and launcher variables set", probe="system:probe_env"),
     "rendezvous": Fact("the master address and port a launch would use, taken or free, and a free port",
                        probe="system:probe_rendezvous"),
+    # Derived from the run config's output_dir and measured where the command runs (a replay of another machine's
+    # facts judges the disk here: the one the run will write to when it is launched from here).
+    "disk_space": Fact("free and total bytes of the filesystem [training] output_dir will be on (statvfs)",
+                       probe="disk:probe_disk_space", inputs=RUN_CONFIG,
+                       why_missing="no run config given (--config), so no output_dir"),
     "slurm": Fact("the Slurm allocation this runs in: job, nodes, hosts", probe="slurm:probe_slurm",
                   why_missing="not inside a Slurm allocation (SLURM_JOB_ID is not set)"),
     "transformers_features": Fact("what the installed transformers supports (by feature)",
@@ -73,6 +81,11 @@ CATALOGUE: dict[str, Fact] = {
     "lora_modules": Fact("the model's linear layers as peft sees them, and the adapters [lora] builds",
                          probe="lora_modules:probe_lora_modules", inputs=MODEL,
                          why_missing="no [lora] in the run config, or no model config.json to list its layers from"),
+    "unused_parameters": Fact("the trainable parameters one text-only training step on the shrunk model leaves "
+                              "without a gradient (what DDP's reducer would wait for)",
+                              probe="unused_params:probe_unused_parameters", inputs=MODEL,
+                              why_missing="not a DDP run (one process, or DeepSpeed), or no model config.json to "
+                                          "build the model from"),
     "token_rows": Fact("the base checkpoint's embedding rows of the tokens the chat template writes (safetensors slices)",
                        probe="token_rows:probe_token_rows", inputs=MODEL,
                        why_missing="needs a run config whose model has pretrained safetensors weights here and a "
@@ -80,6 +93,13 @@ CATALOGUE: dict[str, Fact] = {
     "contamination": Fact("the training rows' 13-gram overlap with the [eval] tasks' documents and the eval file",
                           probe="contamination:probe_contamination", inputs=RUN_CONFIG,
                           why_missing="needs a run config with [eval] tasks or a [data] eval file"),
+    "token_ids": Fact("the token ids of every training and eval row, as the run's tokenizer and chat template give "
+                      "them, against the model's vocab_size (embedding rows)", probe="token_ids:probe_token_ids",
+                      inputs=RUN_CONFIG, why_missing="needs a run config whose model config.json (vocab_size) and "
+                                                     "tokenizer files are here"),
+    "data_prep": Fact("the time rank 0 spends preparing the data (TRL's SFTTrainer on a sample of the rows, extrapolated)",
+                      probe="data_prep:probe_data_prep", inputs=RUN_CONFIG,
+                      why_missing="needs a run config of 2+ processes whose model has a config.json and tokenizer here"),
     "eval_tasks": Fact("the [eval] tasks, found in lm-eval's registry", probe="eval_tasks:probe_eval_tasks",
                        inputs=RUN_CONFIG, why_missing="no [eval] in the run config (or no --config)"),
     "plan": Fact("the run's settings, decided once (run.resolve's Plan)", probe="configs:probe_plan",
@@ -88,6 +108,9 @@ CATALOGUE: dict[str, Fact] = {
                              probe="targets_probe:probe_training_targets", inputs=RUN_CONFIG,
                              why_missing="the run's model has no config.json and tokenizer files here to build its "
                                          "trainer from"),
+    "resume_checkpoint": Fact("the checkpoint --resume would load: its DeepSpeed world size and ZeRO stage (file names)",
+                              probe="resume_checkpoint:probe_resume_checkpoint", inputs=RUN_CONFIG,
+                              why_missing="no complete checkpoint in the run's output_dir: nothing to resume"),
     # ---- one moment of a run (sftdoctor.train.watch passes them to the runtime checks)
     "step_stats": Fact("one optimizer step, before it is taken: finite or not, loss, gradient norm, ranks; when a "
                        "non-finite one stops the run, its rows and their fp32 re-runs", phase="runtime"),

@@ -217,7 +217,7 @@ def mixed_columns_load() -> bool:
 def describe(files: list[str], wanted: str = "auto", one_type_per_key: bool = False) -> dict[str, Any]:
     """Every row of every file checked against one format: the files' `wanted` one, or the first row's.
     With `one_type_per_key` (a datasets release that needs it), a key's JSON type must not change."""
-    count, fmt = 0, None if wanted == "auto" else wanted
+    count, chats, fmt = 0, 0, None if wanted == "auto" else wanted
     columns: dict[str, tuple[str, str]] = {}  # key -> (its type, where it was first seen)
     for name in files:
         path = Path(name)
@@ -241,9 +241,12 @@ def describe(files: list[str], wanted: str = "auto", one_type_per_key: bool = Fa
                         raise InputError(path, f"{where}: {key} is {found}, but it is {first[0]} at {first[1]}: the "
                                                "datasets library stores each key as one column of one type")
             count += 1
+            chats += fmt == "prompt_completion" and isinstance(row.get("prompt"), list)
     if count == 0:
         raise InputError(files[0], "no rows")
-    return {"files": files, "rows": count, "format": fmt, "shape": SHAPE[fmt]}
+    # prompt-completion rows whose prompt is a list of messages: TRL renders them with the chat template
+    return {"files": files, "rows": count, "format": fmt, "shape": SHAPE[fmt],
+            **({"conversational_rows": chats} if fmt == "prompt_completion" else {})}
 
 
 def probe_data(facts) -> dict[str, Any] | None:

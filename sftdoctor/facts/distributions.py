@@ -63,6 +63,26 @@ def version(name: str) -> str | None:
     return _header_version(path)
 
 
+def requires(name: str) -> list[str] | None:
+    """The Requires-Dist headers of a distribution's METADATA (importlib.metadata.requires' answer); None when
+    it is not installed."""
+    path = _metadata_dirs().get(normalize(name))
+    if path is None:
+        return None
+    file = path if path.is_file() else next((path / n for n in ("METADATA", "PKG-INFO") if (path / n).is_file()), None)
+    found: list[str] = []
+    try:
+        with open(file, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if not line.strip():
+                    break  # end of the headers
+                if line.startswith("Requires-Dist:"):
+                    found.append(line.split(":", 1)[1].strip())
+    except (OSError, TypeError):  # TypeError: no metadata file at all
+        return []
+    return found
+
+
 def direct_url(name: str) -> str | None:
     """The URL pip installed a distribution from (PEP 610 direct_url.json: a wheel file or link given to pip;
     absent for an install from an index)."""

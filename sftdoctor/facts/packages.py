@@ -98,7 +98,27 @@ def probe_deepspeed_defaults(facts) -> dict[str, Any] | None:
         "version": _version("deepspeed"),
         # 0. (no clipping) until DeepSpeed PR #8068 (2026), 1.0 since.
         "gradient_clipping": consts.get("GRADIENT_CLIPPING_DEFAULT"),
+        "installed_ops": installed_ops(module_file("deepspeed", "git_version_info_installed.py")),
     }
+
+
+def installed_ops(path) -> dict[str, bool]:
+    """The ops built at install time (DS_BUILD_OPS=1 ...): setup.py writes them into git_version_info_installed.py as
+    `installed_ops={...}` (what `ds_report` prints as "installed"); read without importing deepspeed."""
+    if path is None:
+        return {}
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "installed_ops" for t in node.targets):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return {}
+            return {str(k): bool(v) for k, v in value.items()} if isinstance(value, dict) else {}
+    return {}
 
 
 _FLASH_IMPORT = "import torch, flash_attn; from flash_attn import flash_attn_func; print(flash_attn.__version__)"

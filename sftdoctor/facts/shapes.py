@@ -30,10 +30,13 @@ SHAPES: dict[str, Any] = {
                    "local": OPT_BOOL, "source": OPT_STR},
     "slurm": {"job_id": str, "nnodes": OPT_COUNT, "node_id": OPT_COUNT, "nodelist": OPT_STR, "hosts": [str],
               "hosts_from": OPT_STR, "gpus_on_node": OPT_COUNT, "restart_count": OPT_COUNT},
-    "deepspeed_defaults": {"version": OPT_VERSION, "gradient_clipping": (float, None)},
+    "deepspeed_defaults": {"version": OPT_VERSION, "gradient_clipping": (float, None), "installed_ops": {str: bool}},
+    "disk_space": {"output_dir": OPT_STR, "probed": OPT_STR, "free_bytes": OPT_COUNT, "total_bytes": OPT_COUNT,
+                   "error": OPT_STR},
     "transformers_features": {str: (bool, str, None)},
     "env": {str: OPT_STR},
     "packages": {str: OPT_STR},
+    "package_requires": {str: [str]},
 }
 
 

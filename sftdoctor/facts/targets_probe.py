@@ -35,6 +35,7 @@ UNSEEN = frozenset({
 SAMPLE_ROWS = 64  # per data file: the first ones, plus its longest and shortest rows
 SHOWN_CHARS = 1200
 TIMEOUT_S = 600
+NO_TEMPLATE = "chat rows and no chat template to render them"
 
 
 def probe_training_targets(facts) -> dict[str, Any] | None:
@@ -46,6 +47,8 @@ def probe_training_targets(facts) -> dict[str, Any] | None:
     folder = tokenizer_folder(plan.tokenizer_path)
     if folder is None or not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
         return None  # no tokenizer here to tokenize with: nothing to prove (the worker would fail to load it)
+    if plan.data_shape == "messages" and not (facts.get("chat_template") or {"has_template": True})["has_template"]:
+        return {"error": NO_TEMPLATE}  # the trainer cannot be built: the chat-template check says why
     request = probe_plan(plan, "").to_json()
     files = [Path(name) for name in plan.train_files] + folder_files(tokenizer_folder(plan.model_path)) + \
         folder_files(folder)

@@ -98,8 +98,9 @@ def sft_config(plan: Plan, has_eval: bool):
         "report_to": [] if plan.report_to == "none" else [plan.report_to],
         "deepspeed": plan.deepspeed,
         "ddp_timeout": plan.ddp_timeout_s,
-        # Dense decoders use every parameter in every step; only mixture-of-experts models can skip some.
-        "ddp_find_unused_parameters": plan.moe,
+        # Decided by the plan (resolve.find_unused_parameters): on where a step can leave a trainable parameter
+        # without a gradient (a VLM's vision tower on text rows, MoE experts), which DDP would otherwise wait for.
+        "ddp_find_unused_parameters": plan.ddp_find_unused_parameters,
         "disable_tqdm": True,  # callbacks.progress() draws the bar on rank 0
         "dataloader_num_workers": 0,
         "use_cpu": not plan.cuda,

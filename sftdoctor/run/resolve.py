@@ -21,9 +21,10 @@ from sftdoctor.run.memory import Fit, Workload, Setting, fit
 from sftdoctor.run.embeddings import repair_ids
 from sftdoctor.run.schedule import trainer_warmup
 from sftdoctor.run.shape import Shape
+from sftdoctor.run.smem import TRITON_MIN_CC
 
-PLAN_VERSION = 8  # 2: chat_template; 3: lora, checkpointing_reentrant; 4: evaluation; 5: join_timeout_s;
-# 6: stop_grace_s; 7: length_grouping; 8: repair_token_ids
+PLAN_VERSION = 9  # 2: chat_template; 3: lora, checkpointing_reentrant; 4: evaluation; 5: join_timeout_s;
+# 6: stop_grace_s; 7: length_grouping; 8: repair_token_ids; 9: ddp_find_unused_parameters
 TORCHRUN_DEFAULT_PORT = 29500
 SLURM_PORTS = (20000, 30000)  # inside an allocation: 20000 + job id mod 10000, below the ephemeral range
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
@@ -60,6 +61,7 @@ class Plan:
     liger_kernel: bool
     liger_available: bool
     moe: bool
+    ddp_find_unused_parameters: bool  # DDP's reducer looks for parameters a step leaves without a gradient
     # data
     train_files: tuple[str, ...]
     eval_files: tuple[str, ...]
@@ -233,10 +235,11 @@ def attn_implementation(run: RunConfig, gpus: dict[str, Any] | None, packages: d
 
 
 def liger_kernel(run: RunConfig, gpus: dict[str, Any] | None, packages: dict[str, Any]) -> bool:
-    """Liger's Triton kernels need a CUDA GPU."""
+    """Liger's Triton kernels need a CUDA GPU that Triton supports (compute capability 7.0 or newer)."""
     asked = run.training.liger_kernel
     if asked == "auto":
-        return bool(devices(gpus)) and bool(packages.get("liger-kernel"))
+        found = devices(gpus)
+        return bool(found) and bool(packages.get("liger-kernel")) and not lacking(found, TRITON_MIN_CC)
     return bool(asked)
 
 
@@ -413,6 +416,28 @@ def node_rank(run: RunConfig, rendezvous: dict[str, Any] | None, slurm: dict[str
     return 1, f"master_addr {launch.master_addr} is another host: this node joins its rendezvous (torchrun assigns its rank)"
 
 
+def find_unused_parameters(ddp: bool, moe: bool, unused: dict[str, Any] | None) -> tuple[bool, str]:
+    """DDP's find_unused_parameters, and why. Off where every trainable parameter gets a gradient at every step
+    (it costs a traversal of the autograd graph per step); on where a step can leave one without: trainable
+    parameters a text-only step never reaches (the unused_parameters probe: a multimodal model's vision tower,
+    multi-token prediction layers, adapters or modules_to_save copies of modules the forward skips), or a
+    mixture-of-experts model (experts no token is routed to). Left off, the reducer waits for those gradients and
+    the next step fails ("Expected to have finished reduction in the prior iteration"). TRL 1.16 turns it on
+    itself only for a model given with a processor; transformers 5.25 turns it off whenever checkpointing is on.
+    Checkpointing stays non-reentrant under DDP (with_checkpointing), which find_unused_parameters supports."""
+    if not ddp:
+        return False, "no DDP: one process, or DeepSpeed's engine reduces the gradients"
+    found = (unused or {}).get("unused_tensors") if "error" not in (unused or {}) else None
+    if found:
+        what = ", ".join((unused.get("kinds") or ["parameters"])[:3])
+        return True, f"{found} trainable tensors ({what}) get no gradient on a text-only step (unused_parameters probe)"
+    if moe:
+        return True, "a mixture-of-experts model: experts no token is routed to get no gradient in that step"
+    if unused is None or "error" in unused:
+        return False, "a dense model (not probed: no model config.json, or the probe failed)"
+    return False, "every trainable parameter gets a gradient on a text-only step (unused_parameters probe)"
+
+
 def ddp_timeout(hang_timeout_s: float) -> int:
     """The process group gives up only after our watchdog has named the rank behind, even while a checkpoint
     saves (the watchdog then allows 4x hang_timeout_s)."""
@@ -448,6 +473,9 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
     model_keys = (facts.get("model_config") or {}).get("raw_keys") or ()
     template, why_template = chat_template(run, shape, facts.get("chat_template"))
     lora = lora_settings(run, chosen, stage, facts.get("lora_modules"))
+    moe = any(k in model_keys for k in MOE_KEYS)
+    ddp = world_size > 1 and ds is None
+    find_unused, why_unused = find_unused_parameters(ddp, moe, facts.get("unused_parameters") if ddp else None)
     plan = Plan(
         nproc_per_node=nproc, nnodes=nnodes, node_rank=rank, join_timeout_s=run.launch.join_timeout_s,
         stop_grace_s=grace,
@@ -459,7 +487,7 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
         trust_remote_code=run.model.trust_remote_code,
         precision=chosen, load_dtype=load_dtype(chosen, ds, lora is not None), attn_implementation=attn,
         liger_kernel=liger_kernel(run, gpus, packages), liger_available=bool(packages.get("liger-kernel")),
-        moe=any(k in model_keys for k in MOE_KEYS),
+        moe=moe, ddp_find_unused_parameters=find_unused,
         train_files=tuple(run.data.train), eval_files=tuple(run.data.eval), eval_fraction=run.data.eval_fraction,
         data_shape=shape, data_format=(data.get("train") or {}).get("format"), data_rows=rows, max_length=run.data.max_length,
         packing=packed, length_grouping={} if packed else length_grouping(features),
@@ -483,7 +511,7 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
         on_nan=run.watch.on_nan, max_skips=run.watch.max_skips, loss_spike_factor=run.watch.loss_spike_factor,
         report_to=run.report.to, output_dir=t.output_dir,
         reasons={"precision": why_precision, "master_port": why_port, "node_rank": why_rank, "master_addr": why_addr,
-                 "stop_grace_s": why_grace, "packing": why_packing,
+                 "stop_grace_s": why_grace, "packing": why_packing, "ddp_find_unused_parameters": why_unused,
                  **({"chat_template": why_template} if why_template else {})},
     )
     return with_checkpointing(plan, run, gpus, facts)

@@ -218,6 +218,9 @@ def failure_cause(log: Path, offset: int = 0) -> str:
         tail = [line for line in stream.read()[-4096:].decode(errors="replace").splitlines() if line.strip()]
     shown = os.path.normpath(log)
     lead = found.root or next(iter(found.findings), None)
+    if lead is not None and lead.finding.id == "crash-log" and lead.line:  # no known cause: the failing line itself
+        return (f"{lead.finding.evidence['text']} (line {before + lead.line} of {shown}; no known cause: "
+                f"`sftdoctor explain --log {shown}`)")
     if lead is not None:
         return f"{lead.finding.title} (line {before + lead.line} of {shown}; `sftdoctor explain --log {shown}`)"
     words = [line.strip() for line in tail if not BANNER.fullmatch(line.strip())]

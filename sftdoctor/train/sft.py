@@ -40,9 +40,9 @@ def load_model(plan: Plan):
     if plan.rehearsal or plan.weights == "random":
         config = AutoConfig.from_pretrained(plan.model_path, trust_remote_code=plan.trust_remote_code)
         if plan.rehearsal:
-            from sftdoctor.facts.packing_probe import shrink
+            from sftdoctor.facts.unused_params import shrink_all
 
-            shrink(config, vocab_size=None)
+            shrink_all(config, vocab_size=None)  # sub-configs too: a multimodal config has no top-level widths
         torch.manual_seed(plan.seed)
         net = AutoModelForCausalLM.from_config(config, dtype=dtype, **common)
         if adapters.needs_base(plan):

@@ -16,7 +16,7 @@ from sftdoctor.findings import Finding, Severity
 from sftdoctor.triage import parallel
 from sftdoctor.triage.scan import CHUNK, Line, Totals, candidate_lines, decode, read_chunks
 from sftdoctor.triage.signatures import Signature, signatures
-from sftdoctor.triage.summaries import SUMMARIES, Context, Generic, Located, Summary, clip, where
+from sftdoctor.triage.summaries import SUMMARIES, Context, Crash, Generic, Located, Summary
 
 
 @dataclass
@@ -29,10 +29,19 @@ class Diagnosis:
     cascade: Counter = field(default_factory=Counter)
     benign: int = 0
     matched: Counter = field(default_factory=Counter)  # lines per signature id, every role
+    failed: bool = False  # the log shows a failure (a traceback, a failed rank, an exit status, a cascade)
 
     @property
     def problems(self) -> bool:
         return any(loc.finding.severity.rank >= Severity.WARNING.rank for loc in self.findings)
+
+    @property
+    def verdict(self) -> str:
+        """root-cause, failed-unrecognised (a failure no signature explains: the crash finding is the root) or
+        nothing-recognised (no failure and no known problem; info findings at most: the only verdict exiting 0)."""
+        if self.root is None:
+            return "nothing-recognised"
+        return "failed-unrecognised" if self.root.finding.id == "crash-log" else "root-cause"
 
 
 def diagnose(stream: BinaryIO, source: str = "-", chunk: int = CHUNK, jobs: int = 1,
@@ -49,7 +58,7 @@ def diagnose(stream: BinaryIO, source: str = "-", chunk: int = CHUNK, jobs: int 
     cascade = Counter({sig_id: n for sig_id, n in matched.items() if roles[sig_id] == "cascade"})
     benign = sum(n for sig_id, n in matched.items() if roles[sig_id] == "benign")
     diagnosis = Diagnosis(source, _results(summaries, ctx), None, totals.bytes, totals.lines, cascade, benign, matched)
-    return _order(diagnosis, summaries.get("exception"))
+    return _order(diagnosis, summaries.get("exception") or Crash(), ctx)
 
 
 def _by_needle(sigs: tuple[Signature, ...]) -> dict[bytes, list[Signature]]:
@@ -136,13 +145,20 @@ def _results(summaries: dict[str, Summary], ctx: Context) -> list[Located]:
     return [loc for _, summary in order for loc in summary.results(ctx)]
 
 
-def _order(diagnosis: Diagnosis, first_exception) -> Diagnosis:
+def _order(diagnosis: Diagnosis, crash: Crash, ctx: Context) -> Diagnosis:
+    """The root cause first: a cause (or, with none, a symptom) of warning level or above. An info finding (an
+    advisory, a deprecation) is never the root cause. A log that shows a failure no such finding explains gets
+    the crash finding as its root: "failed: cause not recognised"."""
     found = sorted(diagnosis.findings, key=lambda loc: loc.line)
-    root = next((loc for loc in found if loc.role == "root"), None) or next(iter(found), None)
+    serious = [loc for loc in found if loc.finding.severity.rank >= Severity.WARNING.rank]
+    root = next((loc for loc in serious if loc.role == "root"), None) or next(iter(serious), None)
+    total_cascade = sum(diagnosis.cascade.values())
+    diagnosis.failed = crash.shows_failure(ctx) or total_cascade > 0 or any(
+        loc.finding.severity is Severity.ERROR for loc in serious)
     if root is None:
-        if first_exception is not None and first_exception.first is not None:
-            found = [_unrecognised(first_exception.first)]
-        diagnosis.findings = found
+        unrecognised = crash.unrecognised(ctx, total_cascade)
+        diagnosis.findings = [unrecognised, *found] if unrecognised else found
+        diagnosis.root = unrecognised
         return diagnosis
     rest = []
     for loc in found:
@@ -160,19 +176,10 @@ def add_dumps_finding(diagnosis: Diagnosis, finding: Finding) -> None:
     """The flight recorder's account of a stall (read from dumps beside the log, not from a line of it): after the
     log's root cause, or the root cause itself when the log names none and the dumps show a failing collective."""
     located = Located(0, "context", finding)
-    if diagnosis.root is None and finding.severity is Severity.ERROR:
+    unexplained = diagnosis.root is None or diagnosis.verdict == "failed-unrecognised"
+    if unexplained and finding.severity is Severity.ERROR:
         diagnosis.root = located
         diagnosis.findings = [located, *diagnosis.findings]
         return
     at = diagnosis.findings.index(diagnosis.root) + 1 if diagnosis.root is not None else len(diagnosis.findings)
     diagnosis.findings.insert(at, located)
-
-
-def _unrecognised(line: Line) -> Located:
-    """The first exception, quoted (with its next line when the message goes on there), as a warning: the log
-    shows a crash that no signature explains."""
-    quote = clip(line.joined(1) if line.text.rstrip().endswith(":") else line.text)
-    finding = Finding(Severity.WARNING, f"{quote} (the first exception, at {where(line)}; no known failure signature)",
-                      "", "read the traceback above that line; `sftdoctor explain crash-log` says how to read a "
-                      "multi-rank log", "crash-log", {"line": line.number, "rank": line.rank, "text": quote}, "crash-log")
-    return Located(line.number, "context", finding)

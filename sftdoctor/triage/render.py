@@ -14,18 +14,25 @@ from sftdoctor.triage import Diagnosis
 def render_diagnosis(diagnosis: Diagnosis, out=None) -> None:
     out = out or sys.stdout
     out.write(f"{diagnosis.source}: {diagnosis.lines:,} line{'' if diagnosis.lines == 1 else 's'}, {diagnosis.bytes / 2**20:.1f} MiB\n")
-    if diagnosis.root is not None:
-        root = diagnosis.root
-        rank = root.finding.evidence.get("rank")
-        at = f"at line {root.line}" if root.line else "in the flight-recorder dumps beside the log"
-        out.write(f"root cause: {root.finding.id} {at}" + (f" (rank {rank})" if rank is not None else "") + "\n")
-    elif not diagnosis.findings:
-        out.write("nothing recognised: no known failure signature in this log\n")
+    out.write(verdict_line(diagnosis) + "\n")
     render_table([loc.finding for loc in diagnosis.findings], [], out=out, with_summary=False)
     if diagnosis.cascade:
         total = sum(diagnosis.cascade.values())
         kinds = ", ".join(f"{name} ×{count}" for name, count in diagnosis.cascade.most_common())
         out.write(f"ignored {total} cascade line{'s' if total != 1 else ''} ({kinds}); `sftdoctor explain crash-log`\n")
+
+
+def verdict_line(diagnosis: Diagnosis) -> str:
+    """The one line that says what the log shows: its root cause, a failure no signature explains, or nothing (a log
+    that shows no failure and no known problem; advisories at most)."""
+    verdict, root = diagnosis.verdict, diagnosis.root
+    if verdict == "root-cause":
+        rank = root.finding.evidence.get("rank")
+        at = f"at line {root.line}" if root.line else "in the flight-recorder dumps beside the log"
+        return f"root cause: {root.finding.id} {at}" + (f" (rank {rank})" if rank is not None else "")
+    if verdict == "failed-unrecognised":
+        return "failed: cause not recognised (no known failure signature explains it; the failure is quoted below)"
+    return "nothing recognised: no failure and no known problem in this log"
 
 
 def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
@@ -34,8 +41,10 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
         "log": diagnosis.source,
         "bytes": diagnosis.bytes,
         "lines": diagnosis.lines,
-        "root_cause": diagnosis.root.finding.id if diagnosis.root else None,
-        "root_cause_line": diagnosis.root.line if diagnosis.root else None,
+        "verdict": diagnosis.verdict,
+        "failed": diagnosis.failed,
+        "root_cause": diagnosis.root.finding.id if diagnosis.verdict == "root-cause" else None,
+        "root_cause_line": diagnosis.root.line if diagnosis.verdict == "root-cause" else None,
         "findings": [{**loc.finding.to_json(), "line": loc.line, "role": loc.role} for loc in diagnosis.findings],
         "ignored": {"cascade": dict(diagnosis.cascade), "benign": diagnosis.benign},
         "signatures": dict(diagnosis.matched),

@@ -26,9 +26,10 @@ MAX_LINE = 64 << 10
 # `\r` ends a line too: tqdm redraws with it, and the message after a bar starts a new "line".
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Prefixes that launchers put before a rank's lines, possibly nested (`0: [rank0]:[E ...] ...`):
-# torch >= 2.2 `[rank3]:`, torchrun --tee / accelerate `[default3]:`, srun -l `3: `; a bare `[12345] `
+# torch >= 2.2 `[rank3]:`, torchrun --tee / accelerate `[default3]:`, srun -l `3: `, each also with the rank
+# written as a placeholder (`[rankx]:`, as users redact a paste: no rank); a bare `[12345] `
 # (a pid or a line number some tools add) and a markdown quote's `> ` (a log pasted into an issue) are dropped.
-_PREFIX = re.compile(r"\s*(?:\[(?:rank|default)(\d+)\]:|(\d{1,5}): |\[\d+\] |>(?: |$))")
+_PREFIX = re.compile(r"\s*(?:\[(?:rank|default)(?:(\d+)|[xXN?*])\]:|(\d{1,5}): |\[\d+\] |>(?: |$))")
 # torch's own messages: `[Rank 3]`, `[PG 1 Rank 3]` (2.3), `[PG ID 0 PG GUID 0(default_pg) Rank 3]` (>= 2.4).
 _RANK_IN_TEXT = re.compile(r"\[(?:PG (?:ID )?\d+ (?:PG GUID [^\]]*? )?)?[Rr]ank (\d+)\]")
 

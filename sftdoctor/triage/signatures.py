@@ -10,7 +10,8 @@
               context  feeds a summary (loss values, torchrun's failure block), no finding alone
               cascade  what follows a failure (ChildFailedError, SIGTERM to the others): counted
               benign   looks alarming, is not: the line is dropped before the others are tried
-    severity  of the finding: error or warning
+    severity  of the finding: error, warning, or info (an advisory or a deprecation notice: shown, never a
+              run's root cause, no problem for the exit status)
     title     one line; `{group}` fields are filled from the first match
     fix       one line
     only_if   words of which the line must also hold one (for frequent needles: a Trainer dict is
@@ -51,8 +52,8 @@ def _signature(topic: str, entry: dict) -> Signature:
         raise ValueError(f"kb topic {topic}: signature {entry.get('id')!r} has unknown keys {sorted(unknown)}")
     if entry["role"] not in ROLES:
         raise ValueError(f"kb topic {topic}: signature {entry['id']!r}: role must be one of {ROLES}")
-    if entry.get("severity", "error") not in ("error", "warning"):
-        raise ValueError(f"kb topic {topic}: signature {entry['id']!r}: severity must be error or warning")
+    if entry.get("severity", "error") not in ("error", "warning", "info"):
+        raise ValueError(f"kb topic {topic}: signature {entry['id']!r}: severity must be error, warning or info")
     needles = [entry["needle"]] if isinstance(entry["needle"], str) else list(entry["needle"])
     source = entry.get("regex") or re.escape(needles[0])
     if len(needles) > 1 and "regex" not in entry:

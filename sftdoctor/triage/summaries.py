@@ -6,12 +6,14 @@ log of any length is summarised in constant memory.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from sftdoctor.findings import Finding, Severity
+from sftdoctor.run.gpus import version_tuple
 from sftdoctor.triage import trainer_lines
 from sftdoctor.triage.scan import Line
 from sftdoctor.triage.signatures import Signature
@@ -115,8 +117,15 @@ class NcclWatchdog(Summary):
         self.first: Line | None = None
         self.sig: Signature | None = None
         self.count = 0
+        self.prep: dict[str, Any] | None = None  # the data preparation's bar last seen before the first timeout
 
     def add(self, sig, line, groups):
+        if sig.id == "data-prep-progress":
+            if (self.first is None or line.number <= self.first.number) and (bar := data_bar(line)):
+                self.prep = bar
+            return
+        if sig.id == "nccl-watchdog-timeout-wrapped" and whole_watchdog(line):
+            return  # a line that holds the message whole: the plain signature took it
         if groups.get("work") is not None:
             if len(self.work) < MAX_RANKS:
                 self.work.setdefault(line.rank, groups)
@@ -124,9 +133,10 @@ class NcclWatchdog(Summary):
         self.count += 1
         if self.first is None:
             self.first, self.sig = line, sig
-        if line.rank not in self.by_rank and len(self.by_rank) < MAX_RANKS:
-            self.by_rank[line.rank] = {"op": groups.get("op"), "seq": _int(groups.get("seq")),
-                                       "timeout_ms": _int(groups.get("timeout_ms"))}
+        rank = _int(groups["rank"]) if groups.get("rank") is not None else line.rank  # "[3] is setting up NCCL ..."
+        if rank not in self.by_rank and len(self.by_rank) < MAX_RANKS:
+            self.by_rank[rank] = {"op": groups.get("op") or STORE_WAITS.get(sig.id), "seq": _int(groups.get("seq")),
+                                  "timeout_ms": _int(groups.get("timeout_ms"))}
 
     def results(self, ctx):
         if self.first is None:
@@ -144,7 +154,8 @@ class NcclWatchdog(Summary):
         if timed_out:
             title += f" on {ranks_text(timed_out)}"
         notes = []
-        odd = {r: e for r, e in entries.items() if r is not None and _differs(e, op, seq)}
+        odd = {r: e for r, e in entries.items() if r is not None and e["op"] not in STORE_WAITS.values()
+               and _differs(e, op, seq)}
         if odd:
             where_odd = ", ".join(f"rank {r} at {e['op'] or '?'} SeqNum={e['seq']}" for r, e in sorted(odd.items()))
             notes.append(f"desync: {where_odd} while the others are at {op} SeqNum={seq}; the ranks are not in the same "
@@ -164,8 +175,12 @@ class NcclWatchdog(Summary):
         specifics = {"op": op, "seq": seq, "timeout_ms": timeout,
                      "seq_by_rank": {str(r): e["seq"] for r, e in entries.items() if r is not None},
                      "desync": sorted(odd) or None, "silent_ranks": silent or None}
+        fix, explain = self.sig.fix, self.sig.topic
+        if waited := rank0_busy(self.prep, entries, seq, timeout, timed_out):
+            title, fix, explain, extra = waited
+            specifics.update(extra)
         evidence = _evidence(self.sig, self.first, self.count, timed_out, specifics)
-        finding = Finding(Severity.ERROR, title, detail, self.sig.fix, self.sig.topic, evidence, self.sig.topic)
+        finding = Finding(Severity.ERROR, title, detail, fix, explain, evidence, self.sig.topic)
         return [Located(self.first.number, self.sig.role, finding)]
 
 
@@ -290,8 +305,12 @@ class LossLog(Summary):
         self.advanced = False  # a Megatron interval without skipped iterations was seen
         self.skipping: list = []  # [first Line, intervals, iterations skipped, sig] of the current run
         self.consumed = 0  # the last line of the Megatron entry read last (a wrapped one spans several)
+        self.settings = RunSettings()  # what the log says of the precision and DeepSpeed, for the fix
 
     def add(self, sig, line, groups):
+        if sig.id in RUN_SETTINGS:
+            self.settings.add(sig.id, line, groups)
+            return
         if line.number == self.last_line or line.number <= self.consumed:
             return  # a line two signatures match is one entry; so is a wrapped Megatron line
         self.last_line = line.number
@@ -335,6 +354,11 @@ class LossLog(Summary):
             key = self.megatron_losses[0] if self.megatron_losses else "the loss"
             return {**at, "loss": "nan", "loss_key": key, "note": f"{key} vanished from the iteration line with 0 "
                     "skipped iterations: Megatron prints a loss only when its average is > 0, so it was NaN"}
+        if skipped is None and self.megatron_losses:  # a fork that prints no counters: the field it printed is gone
+            key = self.megatron_losses[0]
+            return {**at, "loss": "nan", "loss_key": key, "note": f"{key}, printed on the iteration lines before, "
+                    "vanished from this one: Megatron prints a loss only when its average is > 0, so it was NaN (the "
+                    "line has no skipped-iterations counter to tell an fp16 skip apart)"}
         return at
 
     def _skipped(self, sig, line: Line, skipped: int | None) -> None:
@@ -353,7 +377,7 @@ class LossLog(Summary):
         kinds = _non_finite(values)
         which = " and ".join(values.get(f"{kind}_key", kind) for kind in kinds)
         at = (f"{values.get('step_label', 'step')} {values['step']}" if "step" in values
-              else f"logged entry {entry}")
+              else f"line {line.number}" if self.sig.id == "trainer-dict-fragment" else f"logged entry {entry}")
         if "epoch" in values:
             at += f" (epoch {values['epoch']})"
         title = f"{which} went {values['grad_norm'] if kinds == ['grad_norm'] else values['loss']} at {at}"
@@ -373,7 +397,9 @@ class LossLog(Summary):
                      "last_finite_loss": trend[-1].get("loss") if trend else None, "non_finite_entries": self.bad,
                      "grad_norms_before": [t.get("grad_norm") for t in trend] or None,
                      "key": values.get(f"{kinds[0]}_key"), "step_label": values.get("step_label")}
-        finding = Finding(Severity.ERROR, title, detail, self.sig.fix, self.sig.topic,
+        fix = nan_fix(trend, self.settings, self.sig.id.startswith("megatron"))
+        specifics["settings"] = self.settings.shown() or None
+        finding = Finding(Severity.ERROR, title, detail, fix, self.sig.topic,
                           _evidence(self.sig, line, self.bad, set(), specifics), self.sig.topic)
         return [Located(line.number, "root", finding)]
 
@@ -390,6 +416,80 @@ class LossLog(Summary):
         finding = Finding(Severity.WARNING, title, detail, sig.fix, sig.topic,
                           _evidence(sig, line, intervals, set(), specifics), sig.topic)
         return [Located(line.number, "root", finding)]
+
+
+RUN_SETTINGS = ("log-precision", "log-deepspeed-version", "log-overlap-comm")
+
+
+class RunSettings:
+    """What a log says of the run's precision, DeepSpeed version and ZeRO overlap_comm: the first line of each."""
+
+    def __init__(self):
+        self.precision: dict[str, Line] = {}  # "fp16" / "bf16" -> the first line that shows it on
+        self.deepspeed: str | None = None
+        self.overlap: tuple[bool, int | None] | None = None  # overlap_comm, the ZeRO stage on that line
+
+    def add(self, sig_id: str, line: Line, groups: dict[str, Any]) -> None:
+        if sig_id == "log-precision":
+            flag = {"bfloat16": "bf16", "float16": "fp16"}.get(groups.get("flag"), groups.get("flag"))
+            if flag and groups.get("on") in (None, "True", "true") and len(self.precision) < 2:
+                self.precision.setdefault(flag, line)
+        elif sig_id == "log-deepspeed-version":
+            self.deepspeed = self.deepspeed or groups.get("deepspeed")
+        elif self.overlap is None and groups.get("overlap"):
+            self.overlap = (groups["overlap"] in ("True", "true"), _int(groups.get("stage")))
+
+    def shown(self) -> dict[str, Any]:
+        return {k: v for k, v in {"precision": sorted(self.precision) or None, "deepspeed": self.deepspeed,
+                                  "overlap_comm": self.overlap and self.overlap[0]}.items() if v is not None}
+
+
+def nan_fix(trend: list[dict[str, str]], settings: RunSettings, megatron: bool) -> str:
+    """The fix of a non-finite loss from what the log shows: the gradient norm before it, the precision, a
+    DeepSpeed release with a known gradient race; never a precision change the log says the run already made."""
+    clip = "--clip-grad 1.0" if megatron else "max_grad_norm = 1.0"
+    parts = []
+    norms = [v for v in (_float(t.get("grad_norm")) for t in trend) if v is not None]
+    if len(norms) >= 2 and norms[-1] > 4 * max(norms[0], 1e-12) and norms[-1] > 1:
+        parts.append(f"the gradient norm grew from {norms[0]:g} to {norms[-1]:g} over the entries before it: a lower "
+                     f"learning rate with a longer warmup, and {clip}")
+    else:
+        parts.append(f"a lower learning rate with warmup, {clip}")
+    precision = settings.precision
+    if set(precision) == {"fp16"}:
+        parts.insert(0, f"the log shows fp16 ({where(precision['fp16'])}): train in bf16 where the GPU has it (Ampere "
+                        "or newer), whose range is fp32's")
+    elif set(precision) == {"bf16"}:
+        parts.append(f"the run is already bf16 ({where(precision['bf16'])}): not an fp16 overflow; trace the step's "
+                     "rows (`sftdoctor train` names them) and check the data")
+    elif not precision:
+        parts.append("the log does not show the precision: if it is fp16, bf16 instead")
+    if advisory := _overlap_advisory(settings):
+        parts.insert(0, advisory)
+    return "; ".join(parts) + "; `sftdoctor explain nan-loss`"
+
+
+def _float(text: str | None) -> float | None:
+    """A finite logged number (`3.2`, `'3.2'`, `tensor(3.2, device='cuda:0')`), else None."""
+    match = re.search(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?", text or "")
+    return float(match[0]) if match and not trainer_lines.non_finite(text) else None
+
+
+def _overlap_advisory(settings: RunSettings) -> str | None:
+    """DeepSpeed's ZeRO overlap_comm gradient races (checks/advisories.py has the releases), when the log names
+    the version and overlap_comm is on."""
+    if settings.deepspeed is None or settings.overlap is None or not settings.overlap[0]:
+        return None
+    from sftdoctor.checks.advisories import ADVISORIES
+
+    stage = settings.overlap[1]
+    wanted = "deepspeed-zero3-overlap-torch210" if stage == 3 else "deepspeed-overlap-comm-zero12"
+    advisory = next(a for a in ADVISORIES if a.id == wanted)
+    fixed = advisory.affected[1]
+    if version_tuple(settings.deepspeed) >= version_tuple(fixed):
+        return None
+    return (f"DeepSpeed {settings.deepspeed} with overlap_comm on has a known gradient race that gives NaN losses "
+            f"(fixed in {fixed}): {advisory.fix}")
 
 
 _HF = ("trainer-loss-dict", "sftdoctor-step-line")  # transformers' own logging, with its NaN filter
@@ -523,7 +623,9 @@ class NcclError(Summary):
                 self.warn = (line, groups.get("last") or groups.get("warn") or line.text)
             return
         self.count += 1
-        self.kinds[groups.get("kind") or sig.id] += 1
+        self.kinds[groups.get("kind") or ("shared-memory error" if sig.id == "nccl-shm" else sig.id)] += 1
+        if sig.id == "nccl-shm" and self.warn is None:
+            self.warn = (line, line.text)
         if line.rank is not None and len(self.ranks) < MAX_RANKS:
             self.ranks.add(line.rank)
         if self.first is None:
@@ -545,10 +647,19 @@ class NcclError(Summary):
             notes.append("no NCCL WARN line in the log: rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET to see why")
         detail = "; ".join(notes) + f"; first error at {where(self.first)}: {clip(self.first.text)}"
         specifics = {"kind": kind, "nccl": self.groups.get("nccl"), "reason": clip(self.warn[1]) if self.warn else None}
-        finding = Finding(Severity.ERROR, title, detail, self.sig.fix, self.sig.topic,
+        fix = self.sig.fix
+        if self.warn is not None and _SHM.search(self.warn[1]):  # NCCL's shm transport (transport/shm.cc, shmutils.cc)
+            title += ": /dev/shm is too small for NCCL's shared-memory segments"
+            fix = ("give the container more shared memory (docker --shm-size=16g or --ipc=host; Kubernetes: an emptyDir "
+                   "with medium: Memory on /dev/shm), or NCCL_SHM_DISABLE=1 (slower); `sftdoctor explain nccl-error`")
+        finding = Finding(Severity.ERROR, title, detail, fix, self.sig.topic,
                           _evidence(self.sig, self.first, self.count, self.ranks, specifics), self.sig.topic)
         return [Located(self.first.number, self.sig.role, finding)]
 
+
+# NCCL's words when a shared-memory segment cannot be made: "failed to extend /dev/shm/nccl-X to N bytes",
+# "Error while creating shared memory segment /dev/shm/nccl-X", "Call to posix_fallocate failed".
+_SHM = re.compile(r"/dev/shm|shared memory segment|posix_fallocate")
 
 SIGNALS = {-9: "SIGKILL", -7: "SIGBUS", -6: "SIGABRT", -11: "SIGSEGV", -15: "SIGTERM"}
 
@@ -583,7 +694,7 @@ class Failures(Summary):
             self.pending_rank = _int(groups["rank"])
 
     def results(self, ctx):
-        ctx.first_failure = dict(self.first)
+        ctx.first_failure = {**self.first, "at": self.line} if self.first else {}
         code = self.first.get("exitcode")
         if code not in (-9, -7) or self.line is None:
             return []
@@ -678,20 +789,283 @@ def _bnb_cuda(code: str) -> str:
     return f"{code[:-1]}.{code[-1]}" if code.isdecimal() and len(code) > 1 else code
 
 
-class FirstException(Summary):
-    """The first Python exception line, offered only when nothing else was recognised."""
+class Crash(Summary):
+    """What shows that the run failed, whatever its cause: Python tracebacks and exception lines per rank, a
+    non-zero exit status, a fatal signal, a cancelled job, a wait that timed out, a C++ error line of torch.
+    Only read when no signature names a cause: then the verdict is "failed: cause not recognised", quoting the
+    innermost exception (the first of its chain: the one raised deepest) of the first rank to fail."""
 
     def __init__(self):
-        self.first: Line | None = None
+        self.exceptions: dict[int | None, Line] = {}  # per rank, its first exception line
+        self.tracebacks: dict[int | None, Line] = {}  # per rank, its first traceback header
+        self.other: Line | None = None  # the first other sign of a failure
+        self.what = ""  # what that sign is
 
     def add(self, sig, line, groups):
-        if self.first is None:
-            self.first = line
+        if sig.id == "python-exception":
+            if line.rank not in self.exceptions and len(self.exceptions) < MAX_RANKS:
+                self.exceptions[line.rank] = line
+        elif sig.id == "python-traceback":
+            if line.rank not in self.tracebacks and len(self.tracebacks) < MAX_RANKS:
+                self.tracebacks[line.rank] = line
+        elif self.other is None and (what := _failure_sign(sig.id, groups)):
+            self.other, self.what = line, what
 
     def results(self, ctx):
         return []
 
+    @property
+    def first(self) -> Line | None:
+        """The first exception line of the log (any rank)."""
+        return min(self.exceptions.values(), key=lambda line: line.number, default=None)
+
+    def shows_failure(self, ctx: Context) -> bool:
+        return bool(self.exceptions or self.tracebacks or self.other or (ctx.first_failure.get("exitcode") or 0))
+
+    def unrecognised(self, ctx: Context, cascade: int) -> Located | None:
+        """The finding for a log that shows a failure no signature explains, or None when it shows none."""
+        if not (self.shows_failure(ctx) or cascade):
+            return None
+        failed = ctx.first_failure
+        rank = failed.get("rank") if failed.get("rank") in self.exceptions else None
+        line = self.exceptions.get(rank) if rank is not None else self.first
+        launcher = (f"; the launcher saw rank {failed['rank']} fail first (exitcode {failed['exitcode']})"
+                    if failed.get("rank") is not None and failed.get("exitcode") else "")
+        if line is not None:
+            quote = clip(line.joined(1) if line.text.rstrip().endswith(":") else line.text)
+            who = f"rank {line.rank}, " if line.rank is not None else ""
+            title = f"the run failed: {quote} ({who}line {line.number}; cause not recognised)"
+            detail = ("the innermost exception of the first rank to fail, where no known failure signature matched"
+                      + (f"; {ranks} ranks raised one" if (ranks := sum(r is not None for r in self.exceptions)) > 1
+                         else "") + launcher)
+            evidence = {"line": line.number, "rank": line.rank, "text": quote}
+        else:
+            line = min(self.tracebacks.values(), key=lambda found: found.number, default=None) or self.other
+            if line is not None and line in self.tracebacks.values():
+                sign = "a Python traceback with no exception line (the paste or the log was cut before it)"
+            elif line is not None:
+                sign = self.what
+            elif (line := failed.get("at")) is not None:
+                who = next((f"{label} {failed[key]}" for key, label in (("rank", "rank"), ("local_rank", "local rank"))
+                            if failed.get(key) is not None), "a rank")
+                sign, launcher = f"the launcher saw {who} fail (exitcode {failed['exitcode']}) and the log holds no traceback", ""
+            else:
+                sign = "the launcher tore the job down and the log holds no traceback"
+            title = f"the run failed: {sign}; cause not recognised"
+            detail = (f"first at {where(line)}: {clip(line.text)}" if line is not None else
+                      f"{cascade} cascade line{'s' if cascade != 1 else ''} (the launcher tearing the job down)") + launcher
+            evidence = {"line": line.number if line else None, "rank": line.rank if line else None,
+                        "text": clip(line.text) if line else None}
+        fix = ("read the lines above that one, under the same rank's prefix; with no traceback, rerun with "
+               "`torchrun --tee 3 --log-dir logs/` (one file per rank) or @record on main, which puts the failing rank's "
+               "traceback in torchrun's Root Cause block; `sftdoctor explain crash-log`")
+        finding = Finding(Severity.ERROR, title, detail, fix, "crash-log", {"signature": "crash-log", **evidence,
+                          "failed_rank": failed.get("rank"), "exitcode": failed.get("exitcode")}, "crash-log")
+        return Located(line.number if line else 0, "root", finding)
+
+
+def _failure_sign(sig_id: str, groups: dict[str, Any]) -> str | None:
+    """What a context line says of a failure, or None when it says none (an exit status of 0)."""
+    if sig_id == "exit-status":
+        code = _int(groups.get("code"))
+        return f"a process exited with status {code}" if code not in (0, None) else None
+    if sig_id == "fatal-signal":
+        return f"a process died of {groups.get('signal') or 'a fatal signal'}"
+    if sig_id == "slurm-cancelled":
+        return "Slurm cancelled the job" + (f" ({groups['why'].strip().lower()})" if groups.get("why") else "")
+    if sig_id == "wait-timed-out":
+        return "a distributed wait timed out"
+    if sig_id == "torch-cpp-error":
+        return "torch's C++ side logged an error"
+    return None
+
 
 SUMMARIES = {"watchdog": NcclWatchdog, "cuda-oom": CudaOom, "loss": LossLog, "loss-scale": LossScale, "nccl": NcclError,
              "cuda-build": CudaBuild,
-             "failures": Failures, "exception": FirstException}
+             "failures": Failures, "exception": Crash}
+
+# Triton kernels and torch.compile (kernels.py imports this module's helpers, so it is registered last).
+from sftdoctor.triage.kernels import Kernels  # noqa: E402
+
+SUMMARIES["kernels"] = Kernels
+
+# A save that ran out of disk and DeepSpeed's batch assertion (saves.py imports this module's helpers too).
+from sftdoctor.triage.saves import DeepSpeedBatch, DiskFull  # noqa: E402
+
+SUMMARIES["disk-full"], SUMMARIES["ds-batch"] = DiskFull, DeepSpeedBatch
+
+
+# ---------------------------------------------------------------- rank 0's store lost (kb topic store-lost)
+
+# Words of a store client's failure: rank 0 raising one of these is itself a client of node 0's agent, not a cause.
+_STORE_WORDS = re.compile(r"ncclUniqueId|got 0 bytes|sent 0 bytes|Connection reset by peer|Broken pipe|TCPStore")
+
+
+class StoreLost(Summary):
+    """Ranks that lost rank 0's TCPStore (kb topic store-lost): rank 0, or node 0's torchrun agent, died first.
+
+    The cause is rank 0's death, never the network the message names. What the log shows of why rank 0 died
+    comes first: a cause another signature names (an OOM on rank 0, torchrun's exitcode -9 for it) is the root and
+    this finding its symptom; rank 0's own exception that nothing else names is quoted here, as the root. Store
+    errors with no failure anywhere in the log (the heartbeat's warnings as a healthy run ends, rank 0 first) are
+    info only."""
+
+    def __init__(self):
+        self.lost: dict[int | None, tuple[Line, dict[str, Any]]] = {}  # ncclUniqueId gets that found the store gone
+        self.client: dict[int | None, tuple[Line, dict[str, Any]]] = {}  # TCPStore client errors
+        self.heartbeat: dict[int | None, tuple[Line, dict[str, Any]]] = {}  # the NCCL heartbeat's store checks
+        self.rank0: Line | None = None  # rank 0's first exception that is not a store client's
+        self.raised = False  # an exception line on any rank: the run failed
+        self.sig: Signature | None = None
+
+    def add(self, sig, line, groups):
+        if sig.id == "store-lost-exception":
+            self.raised = True
+            if line.rank == 0 and self.rank0 is None and not _STORE_WORDS.search(line.text) and \
+                    not line.text.startswith("Traceback"):
+                self.rank0 = line
+            return
+        rank = _int(groups["rank"]) if groups.get("rank") is not None else line.rank
+        bucket = {"store-lost-unique-id": self.lost, "store-lost-client": self.client}.get(sig.id, self.heartbeat)
+        if rank not in bucket and len(bucket) < MAX_RANKS:
+            bucket[rank] = (line, groups)
+        if sig.role == "symptom" and self.sig is None:
+            self.sig = sig
+
+    def results(self, ctx):
+        seen = {**self.heartbeat, **self.client, **self.lost}
+        if not seen:
+            return []
+        first, groups = min(seen.values(), key=lambda found: found[0].number)
+        ranks = sorted(r for r in seen if r is not None)
+        remote = next((g["remote"] for _, g in self.client.values() if g.get("remote")), None)
+        error = next((g.get("error") for _, g in [*self.lost.values(), *self.client.values()] if g.get("error")), None)
+        specifics = {"dead_rank": 0, "store": remote, "error": error, "unique_id_ranks": sorted(
+            r for r in self.lost if r is not None) or None}
+        who = ranks_text(ranks) if ranks else "the other ranks"
+        failed = ctx.first_failure
+        died_of_it = bool(self.lost) or any(g.get("exc") for _, g in self.client.values())  # raised, not warned
+        if not (died_of_it or self.raised or failed.get("exitcode")):
+            title = (f"{who} found rank 0's TCPStore gone ({error or 'closed'}) and this log shows no failure: at the "
+                     "end of a run, rank 0 exiting first (harmless); else rank 0's own lines say why it stopped")
+            finding = Finding(Severity.INFO, title, f"first at {where(first)}: {clip(first.text)}",
+                              "nothing to do; a dist.barrier() before destroy_process_group() quiets it", "store-lost",
+                              _evidence(self._sig(), first, len(seen), ranks, specifics), "store-lost")
+            return [Located(first.number, "context", finding)]
+        cause, named, at = self._cause(failed)
+        if not died_of_it and at is None and not cause:
+            # only the heartbeat's and the client's warnings, in a run that failed elsewhere: the store went away as
+            # the job was torn down, which says nothing of who failed first
+            title = (f"{who} found rank 0's TCPStore gone ({error or 'closed'}) as the failed job was torn down: "
+                     "rank 0 (or node 0's torchrun agent) exited; the failure itself is elsewhere")
+            finding = Finding(Severity.INFO, title, f"first at {where(first)}: {clip(first.text)}", self._sig().fix,
+                              "store-lost", _evidence(self._sig(), first, len(seen), ranks, specifics), "store-lost")
+            return [Located(first.number, "context", finding)]
+        title = (f"{who} lost rank 0's TCPStore ({error or 'its socket closed'}): rank 0 died first"
+                 + (f": {cause}" if cause else "; its own lines (or node 0's) say why"))
+        at_store = f" at {remote}" if remote else ""
+        notes = [f"the c10d store lives in rank 0's process (or node 0's torchrun agent){at_store}; when it dies"
+                 " every other rank's next store call fails with these words: not a network fault"]
+        if cause:
+            notes.append(f"rank 0: {cause}" + (f" (line {at.number})" if at is not None else ""))
+        detail = "; ".join(notes + [f"first at {where(first)}: {clip(first.text)}"])
+        sig = self._sig()
+        specifics["rank0_cause"] = cause
+        shown = at if at is not None and not named else first  # rank 0's own exception, when it is the cause shown
+        finding = Finding(Severity.ERROR, title, detail, sig.fix, "store-lost",
+                          _evidence(sig, shown, len(seen), ranks, specifics), "store-lost")
+        return [Located(shown.number, "symptom" if named else "root", finding)]
+
+    def _cause(self, failed: dict[str, Any]) -> tuple[str | None, bool, Line | None]:
+        """(why rank 0 died, as the log says; whether another signature names it as a root cause; its line)."""
+        if self.rank0 is not None:
+            return clip(self.rank0.text), _named_elsewhere(self.rank0.text), self.rank0
+        code = failed.get("exitcode")
+        if code is not None and 0 in (failed.get("rank"), failed.get("local_rank")):
+            signal = f" ({SIGNALS[code]})" if code in SIGNALS else ""
+            return f"the launcher saw it exit with exitcode {code}{signal}", code in (-9, -7), None
+        return None, False, None
+
+    def _sig(self) -> Signature:
+        from sftdoctor.triage.signatures import signatures
+
+        return self.sig or next(s for s in signatures() if s.id == "store-lost-unique-id")
+
+
+def _named_elsewhere(text: str) -> bool:
+    """Whether a cause signature of another topic (a CUDA OOM, a version mismatch) explains this exception line."""
+    from sftdoctor.triage.signatures import signatures
+
+    return any(s.role == "root" and s.topic not in ("store-lost", "crash-log")
+               and any(n in text for n in ([s.needle] if isinstance(s.needle, str) else s.needle))
+               and s.regex.search(text) for s in signatures())
+
+
+SUMMARIES["store-lost"] = StoreLost
+
+
+# ---------------------------------------------------------------- the others waited for rank 0 (data-prep-timeout)
+
+# Store waits that end a rank's wait for rank 0 (nccl-timeout.md): the op each is reported as.
+STORE_WAITS = {"store-wait-timeout": "c10d store wait", "nccl-unique-id-timeout": "ncclUniqueId get from rank 0"}
+# A datasets map/filter bar (tqdm, unit " examples"; "ex" and "ba" in datasets 1.x): "Tokenizing Prompts (num_proc=64):
+#  92%|█████████▏| 328986/359152 [29:58<12:05, 41.59 examples/s]". The last one drawn on the line is read.
+DATA_BAR = re.compile(r"^(?:.*[\r\]])?[^\r\]]*?(?<![\w,.-])(?P<desc>[A-Z][\w ,.-]{1,80}?)"
+                      r"(?: \(num_proc=(?P<num_proc>\d+)\))?: +(?P<pct>\d+)%\|[^|]*\| *(?P<done>\d+)/(?P<total>\d+) "
+                      r"\[(?P<elapsed>[\d:]+)<[^\]]*?(?:examples|ex|ba)/s\]")
+STARTUP_SEQ = 8  # a timed-out collective this early (main_process_first's barrier is among the first) is at start-up
+
+
+def whole_watchdog(line: Line) -> bool:
+    """Whether the line holds the watchdog's message whole (the plain signature's match)."""
+    return bool(_signature_regex("nccl-watchdog-timeout").search(line.text))
+
+
+@functools.lru_cache(maxsize=None)
+def _signature_regex(sig_id: str) -> re.Pattern:
+    from sftdoctor.triage.signatures import signatures
+
+    return next(s for s in signatures() if s.id == sig_id).regex
+
+
+def data_bar(line: Line) -> dict[str, Any] | None:
+    """The data preparation's progress bar on `line`, or on it and the two lines before (a paste that wrapped it)."""
+    match = DATA_BAR.search(line.text) or DATA_BAR.search(" ".join([*reversed(line.earlier(2)), line.text]))
+    return match.groupdict() if match else None
+
+
+def rank0_busy(prep: dict[str, Any] | None, entries: dict, seq, timeout_ms, ranks) -> tuple[str, str, str, dict] | None:
+    """(title, fix, topic, specifics) of a timeout at start-up while rank 0 was still busy: preparing the data when
+    its progress bar was the last thing printed, else at least not yet at its first collective. None otherwise."""
+    store_wait = next((e["op"] for e in entries.values() if e["op"] in STORE_WAITS.values()), None)
+    if not store_wait and not (prep and seq is not None and seq <= STARTUP_SEQ):
+        return None
+    who = ranks_text(ranks) if ranks else "the other ranks"
+    after = f" after {timeout_ms / 1000:g} s" if timeout_ms else ""
+    if prep:
+        done = f"{prep['done']}/{prep['total']} rows ({prep['pct']}%) after {prep['elapsed']}"
+        title = (f"{who} gave up{after} waiting for rank 0, which was still preparing the data "
+                 f"({prep['desc'].strip()}: {done}): the process-group timeout is shorter than the data preparation")
+        fix = ("prepare the data once before the launch (tokenize and save_to_disk, or keep the datasets cache) or "
+               "raise ddp_timeout above its measured time (`sftdoctor check --config RUN.toml` measures it: "
+               "data-prep-timeout); more dataset_num_proc shortens it")
+        specifics = {"data_prep": prep["desc"].strip(), "rows_done": _int(prep["done"]),
+                     "rows_total": _int(prep["total"]), "elapsed": prep["elapsed"],
+                     "num_proc": _int(prep.get("num_proc")), "waiting_in": store_wait or "barrier"}
+        return title, fix, "data-prep-timeout", specifics
+    title = (f"{who} gave up{after} waiting for rank 0 to reach its first collective ({store_wait}): rank 0 was still "
+             "busy (preparing the data, downloading, a prompt waiting for input) or stuck")
+    fix = ("read what rank 0 printed last; data preparation on rank 0 first (main_process_first) must end within "
+           "ddp_timeout: prepare it before the launch or raise ddp_timeout (`sftdoctor explain data-prep-timeout`)")
+    return title, fix, "data-prep-timeout", {"waiting_in": store_wait}
+
+
+# DDP's reducer: no gradient for some parameters, or one twice (ddp.py reads this module's helpers when it runs).
+from sftdoctor.triage.ddp import SUMMARIES as _DDP  # noqa: E402
+
+SUMMARIES.update(_DDP)
+
+# Renamed or removed APIs of trl/transformers/peft/accelerate (the rename table, facts/renames.py).
+from sftdoctor.triage.renamed import ApiRenames  # noqa: E402
+
+SUMMARIES["api-renames"] = ApiRenames

@@ -18,7 +18,8 @@ def test_jsonl_json_and_parquet_give_rows_and_shape(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "c.parquet")
     for name in ("a.jsonl", "b.json", "c.parquet"):
         assert describe([str(tmp_path / name)]) == {"files": [str(tmp_path / name)], "rows": 7,
-                                                     "format": "prompt_completion", "shape": "prompt_completion"}
+                                                     "format": "prompt_completion", "shape": "prompt_completion",
+                                                     "conversational_rows": 0}
     both = describe([str(tmp_path / "a.jsonl"), str(tmp_path / "c.parquet")])
     assert both["rows"] == 14
 

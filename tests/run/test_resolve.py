@@ -69,6 +69,15 @@ def test_flash_attention_only_where_installed_and_ampere(tmp_path):
     assert plan_of(run, gpus=recorded_gpus(H100x8), packages={}).attn_implementation == "sdpa"
 
 
+def test_liger_kernel_auto_only_on_gpus_triton_supports(tmp_path):
+    """Triton refuses compute capability below 7.0 (a P100 is 6.0): auto leaves liger off there, not a crash."""
+    run, liger = make_run(tmp_path), {"liger-kernel": "0.8.5"}
+    assert plan_of(run, gpus=recorded_gpus(H100x8), packages=liger).liger_kernel is True
+    assert plan_of(run, gpus=recorded_gpus(V100x4), packages=liger).liger_kernel is True
+    assert plan_of(run, gpus=recorded_gpus("p100_pcie_4x_driver418_princeton_tiger.txt"), packages=liger).liger_kernel is False
+    assert plan_of(run, gpus=recorded_gpus(H100x8), packages={}).liger_kernel is False
+
+
 def test_generated_deepspeed_json_is_accepted_by_deepspeed(tmp_path):
     from deepspeed.runtime.config import DeepSpeedConfig
 

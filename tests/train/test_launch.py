@@ -110,4 +110,6 @@ def test_a_failure_no_signature_knows_is_told_by_its_last_words_not_torchruns_ru
 
     log = tmp_path / "train.log"
     log.write_text("loading the model\nrank 1 exited with code 1\n" + "=" * 60 + "\n")  # no exception to quote
-    assert failure_cause(log) == "rank 1 exited with code 1"
+    assert failure_cause(log) == f"rank 1 exited with code 1 (line 2 of {log}; no known cause: `sftdoctor explain --log {log}`)"
+    log.write_text("loading the model\nbye\n" + "=" * 60 + "\n")  # nothing that shows a failure: its last words
+    assert failure_cause(log) == "bye"

@@ -2,6 +2,7 @@
 and how to diagnose one of its files."""
 
 import io
+import textwrap
 
 from conftest import FIXTURES, index
 from sftdoctor.findings import Severity
@@ -61,3 +62,19 @@ def oom_then_cascade() -> bytes:
 def line_of(log: bytes, needle: bytes) -> int:
     """The 1-based line number of the first line holding `needle`, counted independently of the scanner."""
     return log[:log.index(needle)].count(b"\n") + 1
+
+
+def quoted(text: str) -> str:
+    """As pasted into a GitHub comment as a quote: `> ` before every line, a blank quoted line between."""
+    return "".join(f"> {line}\n>\n" for line in text.splitlines())
+
+
+def wrapped(text: str, width: int = 80) -> str:
+    """As an editor or a narrow terminal wraps it: every line broken at a space before `width` columns."""
+    return "".join((textwrap.fill(line, width, break_on_hyphens=False) if line.strip() else "") + "\n"
+                   for line in text.splitlines())
+
+
+# How users paste a log into an issue: the forms every real log of the corpus is triaged alike in.
+PASTES = {"plain": str, "markdown quote": quoted, "wrapped at 80": wrapped,
+          "quoted and wrapped": lambda text: quoted(wrapped(text))}

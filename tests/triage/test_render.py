@@ -3,6 +3,7 @@ counted in one line) and what `--json` prints, captured as the user sees them.""
 
 import io
 import json
+import re
 
 import pytest
 
@@ -55,10 +56,14 @@ def test_each_real_log_prints_its_root_cause_with_its_severity_and_where_to_read
     out = printed(diagnosis, capsys)
     text = "\n".join(out)
     if not entry["expect"]:
-        assert out[1] == "nothing recognised: no known failure signature in this log"
+        assert out[1] == "nothing recognised: no failure and no known problem in this log"
         assert not any(line.startswith((MARKS[Severity.ERROR][0], MARKS[Severity.WARNING][0])) for line in out)
         return
     root = diagnosis.root.finding
+    if entry["expect"] == ["crash-log"]:  # a failure that no signature explains
+        # (the id column is as wide as the longest id shown: an info finding's may be longer)
+        assert out[1].startswith("failed: cause not recognised") and re.match(r"✗  crash-log +the run failed: ", out[2])
+        return
     assert out[1].startswith(f"root cause: {root.id} at line {diagnosis.root.line}")
     assert root.id in entry["expect"]
     assert out[2].startswith(f"{MARKS[root.severity][0]}  {root.id}")
@@ -72,18 +77,32 @@ def test_rank_0_is_named_and_a_root_cause_without_a_rank_names_none(capsys):
     assert launcher[1] == "root cause: host-oom at line 1"
 
 
-def test_a_single_cascade_line_is_counted_in_the_singular_and_nothing_else_is_claimed(capsys):
+def test_a_single_cascade_line_is_counted_in_the_singular_and_the_failure_is_not_called_healthy(capsys):
     out = printed(diagnose(io.BytesIO(b"[rank1]: torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
                                       b"done\n")), capsys)
-    assert out[1:] == ["nothing recognised: no known failure signature in this log",
-                       "ignored 1 cascade line (child-failed ×1); `sftdoctor explain crash-log`"]
+    assert out[1] == "failed: cause not recognised (no known failure signature explains it; the failure is quoted below)"
+    assert out[2] == ("✗  crash-log  the run failed: the launcher tore the job down and the log holds no traceback; "
+                      "cause not recognised")
+    assert out[-1] == "ignored 1 cascade line (child-failed ×1); `sftdoctor explain crash-log`"
 
 
 def test_an_unrecognised_crash_prints_where_its_first_exception_is(capsys):
     out = printed(diagnose(io.BytesIO(b"step 1\nTraceback (most recent call last):\nValueError: bad shape\n"), "x.log"),
                   capsys)
-    assert out[:2] == ["x.log: 3 lines, 0.0 MiB",
-                       "!  crash-log  ValueError: bad shape (the first exception, at line 3; no known failure signature)"]
+    assert out[:3] == ["x.log: 3 lines, 0.0 MiB",
+                       "failed: cause not recognised (no known failure signature explains it; the failure is quoted below)",
+                       "✗  crash-log  the run failed: ValueError: bad shape (line 3; cause not recognised)"]
+
+
+def test_a_deprecation_notice_on_a_run_that_trained_is_shown_as_info_and_is_no_root_cause(capsys):
+    log = (b"/usr/lib/python3/torch/utils/checkpoint.py:460: UserWarning: torch.utils.checkpoint: please pass in "
+           b"use_reentrant=True or use_reentrant=False explicitly. The default value of use_reentrant will be updated\n"
+           b"{'train_runtime': 100.0, 'train_samples_per_second': 3.0, 'train_loss': 1.1, 'epoch': 3.0}\n")
+    diagnosis = diagnose(io.BytesIO(log), "x.log")
+    out = printed(diagnosis, capsys)
+    assert out[1] == "nothing recognised: no failure and no known problem in this log"
+    assert out[2].startswith("i  gradient-checkpointing  checkpointing without use_reentrant")
+    assert diagnosis.root is None and not diagnosis.problems  # exit 0
 
 
 def test_the_size_is_printed_in_mib(capsys):
@@ -100,11 +119,12 @@ def test_the_json_document_names_the_root_cause_its_line_and_what_was_ignored(ca
     log = oom_then_cascade()
     diagnosis = diagnose(io.BytesIO(log), "train.log")
     doc = printed_json(diagnosis, capsys)
-    assert set(doc) == {"sftdoctor", "log", "bytes", "lines", "root_cause", "root_cause_line", "findings", "ignored",
-                        "signatures"}
+    assert set(doc) == {"sftdoctor", "log", "bytes", "lines", "verdict", "failed", "root_cause", "root_cause_line", "findings",
+                        "ignored", "signatures"}
     oom_at = line_of(log, b"CUDA out of memory")
     assert (doc["sftdoctor"], doc["log"], doc["bytes"], doc["lines"]) == (__version__, "train.log", len(log), log.count(b"\n"))
     assert (doc["root_cause"], doc["root_cause_line"]) == ("cuda-oom", oom_at)
+    assert (doc["verdict"], doc["failed"]) == ("root-cause", True)
     assert [(f["id"], f["line"], f["role"], f["severity"]) for f in doc["findings"]] == [
         ("cuda-oom", oom_at, "root", "error"), ("nccl-timeout", line_of(log, b"Watchdog caught"), "symptom", "error")]
     for finding in doc["findings"]:

@@ -30,7 +30,7 @@ def test_every_signature_points_to_a_topic_with_a_title_or_fix_a_reader_can_act_
 @pytest.mark.parametrize("entry, message", [
     ({"id": "x", "needle": "CUDA out of memory", "role": "root", "regexp": "CUDA"}, "unknown keys ['regexp']"),
     ({"id": "x", "needle": "CUDA out of memory", "role": "cause"}, "role must be one of"),
-    ({"id": "x", "needle": "CUDA out of memory", "role": "root", "severity": "fatal"}, "severity must be error or warning"),
+    ({"id": "x", "needle": "CUDA out of memory", "role": "root", "severity": "fatal"}, "severity must be error, warning or info"),
     ({"id": "x", "needle": ["CUDA out of memory", "CUDA error: out of memory"], "role": "root"}, "several needles need a regex"),
     ({"id": "x", "needle": "CUDA out of memory", "role": "root", "regex": "out of memory"},
      "the regex must contain 'CUDA out of memory' literally"),

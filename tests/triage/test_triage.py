@@ -67,10 +67,10 @@ def test_a_root_cause_logged_after_a_symptom_still_comes_first_but_the_symptom_i
 def test_an_unrecognised_crash_is_a_problem_that_quotes_its_first_exception():
     log = b"step 1\nTraceback (most recent call last):\n  File \"train.py\", line 3\nValueError: bad shape (3, 4)\n"
     diagnosis = diagnose(io.BytesIO(log))
-    assert diagnosis.root is None and diagnosis.problems  # `explain --log` exits 1
+    assert diagnosis.verdict == "failed-unrecognised" and diagnosis.problems  # `explain --log` exits 1
     [only] = diagnosis.findings
-    assert only.finding.severity is Severity.WARNING and only.finding.id == "crash-log"
-    assert only.finding.title == "ValueError: bad shape (3, 4) (the first exception, at line 4; no known failure signature)"
+    assert only.finding.severity is Severity.ERROR and only.finding.id == "crash-log"
+    assert only.finding.title == "the run failed: ValueError: bad shape (3, 4) (line 4; cause not recognised)"
     assert only.finding.evidence["text"] == "ValueError: bad shape (3, 4)"
 
 
