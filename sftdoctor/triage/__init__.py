@@ -16,7 +16,8 @@ from sftdoctor.findings import Finding, Severity
 from sftdoctor.triage import parallel
 from sftdoctor.triage.scan import CHUNK, Line, Totals, candidate_lines, decode, read_chunks
 from sftdoctor.triage.signatures import Signature, signatures
-from sftdoctor.triage.summaries import SUMMARIES, Context, Crash, Generic, Located, Summary
+from sftdoctor.triage.registry import SUMMARIES
+from sftdoctor.triage.summaries import Context, Crash, Generic, Located, Summary
 
 
 @dataclass

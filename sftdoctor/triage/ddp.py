@@ -10,8 +10,7 @@ vision tower, MoE experts), so that the fix names them.
     "Expected to mark a variable ready only once. ..." then "Parameter at index N [with name X] has been
     marked as ready twice."
 
-Registered in summaries.SUMMARIES; the helpers of that module are imported when a summary runs, since that
-module imports this one."""
+Registered in triage/registry.py."""
 
 from __future__ import annotations
 
@@ -19,14 +18,16 @@ import re
 from typing import Any
 
 from sftdoctor.findings import Finding, Severity
-from sftdoctor.run.unused_params import kinds
+from sftdoctor.run.unused_params import kind, kinds
+from sftdoctor.triage.signatures import signatures
+from sftdoctor.triage.summaries import Located, Summary, _evidence, clip, ranks_text, where
 
 MAX_NAMES = 64
 SHOWN = 3
 NAME = re.compile(r"[A-Za-z_][\w.]*\w")
 
 
-class DdpUnused:
+class DdpUnused(Summary):
     """One finding for the reducer's "Expected to have finished reduction" and the parameter lists after it."""
 
     def __init__(self):
@@ -70,7 +71,6 @@ class DdpUnused:
             self.first = line
 
     def results(self, ctx):
-        from sftdoctor.triage.summaries import Located, _evidence, clip, ranks_text, where
 
         if self.first is None:
             return []
@@ -146,7 +146,7 @@ def _fix(mode: str, found: list[str]) -> str:
     return (FIXES[base] if base else UNNAMED) + "; `sftdoctor explain ddp-unused-parameters`"
 
 
-class DdpReadyTwice:
+class DdpReadyTwice(Summary):
     """One finding for the reducer's "Expected to mark a variable ready only once": the parameter, its rank."""
 
     def __init__(self):
@@ -166,8 +166,6 @@ class DdpReadyTwice:
             self.sig, self.first = sig, line
 
     def results(self, ctx):
-        from sftdoctor.run.unused_params import kind
-        from sftdoctor.triage.summaries import Located, _evidence, clip, where
 
         if self.first is None:
             return []
@@ -188,9 +186,5 @@ class DdpReadyTwice:
 
 
 def _signature(sig_id: str):
-    from sftdoctor.triage.signatures import signatures
 
     return next(s for s in signatures() if s.id == sig_id)
-
-
-SUMMARIES = {"ddp-unused": DdpUnused, "ddp-ready-twice": DdpReadyTwice}

@@ -4,8 +4,7 @@ that names the old name, the new one, the releases that deprecated and removed i
 and, marked as such, the version installed where `explain --log` runs. A name that is not in the table makes no
 finding: the crash verdict quotes it.
 
-Registered in summaries.SUMMARIES; the helpers of that module are imported when a summary runs, since that
-module imports this one."""
+Registered in triage/registry.py."""
 
 from __future__ import annotations
 
@@ -14,6 +13,8 @@ from typing import Any
 
 from sftdoctor.facts.distributions import version as installed_version
 from sftdoctor.facts.renames import ARGUMENT, ATTRIBUTE, IMPORT, PAIRS, Rename, lookup
+from sftdoctor.findings import Finding, Severity
+from sftdoctor.triage.summaries import Located, Summary, _evidence, clip, where
 
 KINDS = {"renamed-keyword-argument": ARGUMENT, "removed-import-name": IMPORT, "removed-attribute": ATTRIBUTE}
 # What a message cut by a paste's wrap left on the line before the needle's: the class or object it names.
@@ -65,7 +66,7 @@ def _caller(line) -> str | None:
     return None
 
 
-class ApiRenames:
+class ApiRenames(Summary):
     """The first error whose name is in the rename table, with the versions the log printed."""
 
     def __init__(self):
@@ -86,8 +87,6 @@ class ApiRenames:
             self.first = (sig, line, found)
 
     def results(self, ctx):
-        from sftdoctor.findings import Finding, Severity
-        from sftdoctor.triage.summaries import Located, _evidence, clip, where
 
         if self.first is None:
             return []

@@ -880,19 +880,6 @@ def _failure_sign(sig_id: str, groups: dict[str, Any]) -> str | None:
     return None
 
 
-SUMMARIES = {"watchdog": NcclWatchdog, "cuda-oom": CudaOom, "loss": LossLog, "loss-scale": LossScale, "nccl": NcclError,
-             "cuda-build": CudaBuild,
-             "failures": Failures, "exception": Crash}
-
-# Triton kernels and torch.compile (kernels.py imports this module's helpers, so it is registered last).
-from sftdoctor.triage.kernels import Kernels  # noqa: E402
-
-SUMMARIES["kernels"] = Kernels
-
-# A save that ran out of disk and DeepSpeed's batch assertion (saves.py imports this module's helpers too).
-from sftdoctor.triage.saves import DeepSpeedBatch, DiskFull  # noqa: E402
-
-SUMMARIES["disk-full"], SUMMARIES["ds-batch"] = DiskFull, DeepSpeedBatch
 
 
 # ---------------------------------------------------------------- rank 0's store lost (kb topic store-lost)
@@ -1001,8 +988,6 @@ def _named_elsewhere(text: str) -> bool:
                and s.regex.search(text) for s in signatures())
 
 
-SUMMARIES["store-lost"] = StoreLost
-
 
 # ---------------------------------------------------------------- the others waited for rank 0 (data-prep-timeout)
 
@@ -1058,14 +1043,3 @@ def rank0_busy(prep: dict[str, Any] | None, entries: dict, seq, timeout_ms, rank
     fix = ("read what rank 0 printed last; data preparation on rank 0 first (main_process_first) must end within "
            "ddp_timeout: prepare it before the launch or raise ddp_timeout (`sftdoctor explain data-prep-timeout`)")
     return title, fix, "data-prep-timeout", {"waiting_in": store_wait}
-
-
-# DDP's reducer: no gradient for some parameters, or one twice (ddp.py reads this module's helpers when it runs).
-from sftdoctor.triage.ddp import SUMMARIES as _DDP  # noqa: E402
-
-SUMMARIES.update(_DDP)
-
-# Renamed or removed APIs of trl/transformers/peft/accelerate (the rename table, facts/renames.py).
-from sftdoctor.triage.renamed import ApiRenames  # noqa: E402
-
-SUMMARIES["api-renames"] = ApiRenames

@@ -38,7 +38,7 @@ def test_the_topics_a_dead_run_needs_exist_beyond_the_checks():
 
 def test_log_signatures_are_valid_and_point_to_summaries_that_exist():
     from sftdoctor.triage.signatures import signatures
-    from sftdoctor.triage.summaries import SUMMARIES
+    from sftdoctor.triage.registry import SUMMARIES
 
     found = signatures()
     assert len(found) >= 30
