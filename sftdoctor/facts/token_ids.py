@@ -55,7 +55,9 @@ def probe_token_ids(facts) -> dict[str, Any] | None:
         return None
     files = [*plan.train_files, *plan.eval_files]
     request = {"plan": plan.to_json(), "vocab_size": model["vocab_size"], "files": files}
-    keyed = {"vocab_size": model["vocab_size"], "files": files, "tokenizer": plan.tokenizer_path,
+    # Keyed by the files' contents (watched) and names, not where they are: the answer names rows by file name, so
+    # the same data and tokenizer copied elsewhere (another run directory, a sweep's trial) read the answer back.
+    keyed = {"vocab_size": model["vocab_size"], "files": [Path(f).name for f in files],
              "chat_template": plan.chat_template, "format": plan.data_format, "shape": plan.data_shape}
     watched = [Path(f) for f in files] + folder_files(folder)
     if plan.chat_template:
