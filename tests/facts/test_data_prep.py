@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from conftest import EXAMPLES
+from conftest import EXAMPLES, plan_of, run_of
 from sftdoctor.checks import load_checks, run_check
 from sftdoctor.facts import Facts, Inputs, Overlay
 from sftdoctor.facts.data_prep import _bound, probe_data_prep
@@ -38,15 +38,15 @@ def test_the_tiny_examples_preparation_is_measured_and_fits_its_timeout(tmp_path
 
 def test_data_small_enough_to_fit_even_at_the_floor_rate_is_bounded_without_a_child_process(tmp_path):
     """The tiny example's 0.25 MB at 50 kB/s: 5 s, under a tenth of any ddp_timeout sftdoctor sets (>= 140 s)."""
-    cfg = write_config(tmp_path, {"model": {"path": str(EXAMPLES / "tiny" / "model"), "weights": "random"},
-                                  "data": {"train": str(EXAMPLES / "tiny" / "data" / "train.jsonl")},
-                                  "launch": {"nproc_per_node": 2}, "watch": {"hang_timeout_s": 5}})
-    facts = Facts(Inputs(config=cfg))
-    plan = resolve(facts.get("run"), Overlay(facts, unused_parameters=None))
-    prep = probe_data_prep(Overlay(facts, plan=plan))
-    size = (EXAMPLES / "tiny" / "data" / "train.jsonl").stat().st_size
-    assert prep == {"estimate_s": round(size / 50_000, 2), "basis": "bound", "bytes_total": size,
-                    "floor_bytes_s": 50_000, "packing": plan.packing, "max_length": plan.max_length}
+    tiny = EXAMPLES / "tiny" / "data" / "train.jsonl"
+    plan = plan_of(run_of(data={"train": (str(tiny),)}, launch={"nproc_per_node": 2}, watch={"hang_timeout_s": 5}))
+    assert plan.ddp_timeout_s == 140
+    size = tiny.stat().st_size
+    assert _bound(plan) == {"estimate_s": round(size / 50_000, 2), "basis": "bound", "bytes_total": size,
+                            "floor_bytes_s": 50_000, "packing": plan.packing, "max_length": plan.max_length}
     big = tmp_path / "big.jsonl"  # 1.5 MB: 30 s at the floor, above a tenth of this run's 140 s: measured
-    big.write_bytes((EXAMPLES / "tiny" / "data" / "train.jsonl").read_bytes() * 6)
+    big.write_bytes(tiny.read_bytes() * 6)
     assert _bound(dataclasses.replace(plan, train_files=(str(big),))) is None
+    parquet = tmp_path / "train.parquet"  # its size does not say how much text it holds: measured
+    parquet.write_bytes(b"PAR1")
+    assert _bound(dataclasses.replace(plan, train_files=(str(parquet),))) is None
