@@ -39,22 +39,24 @@ class Inputs:
 
 @dataclass(frozen=True)
 class Probe:
-    func: Callable[["Facts"], Any]
+    target: str | Callable[["Facts"], Any]  # "module:function" under sftdoctor.facts, imported when first asked for
     inputs: tuple[str, ...] = ()  # Inputs fields it derives from: with one given, computed even in a replay
     why_missing: str = "not available on this machine"
 
+    @property
+    def func(self) -> Callable[["Facts"], Any]:
+        if callable(self.target):
+            return self.target
+        import importlib
+
+        module, function = self.target.split(":")
+        return getattr(importlib.import_module(f"sftdoctor.facts.{module}"), function)
+
 
 def _probes() -> dict[str, Probe]:
-    """The probe of each preflight fact in the catalogue, imported here (the CLI pays for it on `check` only)."""
-    import importlib
-
-    probes = {}
-    for name, fact in CATALOGUE.items():
-        if fact.probe:
-            module, function = fact.probe.split(":")
-            func = getattr(importlib.import_module(f"sftdoctor.facts.{module}"), function)
-            probes[name] = Probe(func, fact.inputs, fact.why_missing)
-    return probes
+    """The probe of each preflight fact in the catalogue; its module is imported only when the fact is asked for (a
+    plain `check` pays for no run-config probe)."""
+    return {name: Probe(fact.probe, fact.inputs, fact.why_missing) for name, fact in CATALOGUE.items() if fact.probe}
 
 
 class Facts:

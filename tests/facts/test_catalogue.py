@@ -37,3 +37,14 @@ def test_a_replayed_fact_without_a_probe_is_read_back():
     assert Facts.replay({"cluster": {"ranks": []}}).get("cluster") == {"ranks": []}
     here = Facts()
     assert here.get("cluster") is None and "only under `sftdoctor check --distributed`" in here.why_missing("cluster")
+
+
+def test_a_probe_module_is_imported_only_when_its_fact_is_asked_for():
+    """A plain `sftdoctor check` asks no run-config fact: it must not pay for importing their probes."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from sftdoctor.facts import Facts; facts = Facts(); facts.get('env'); "
+            "print('sftdoctor.facts.token_ids' in sys.modules, 'sftdoctor.facts.system' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]
