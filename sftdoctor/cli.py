@@ -291,17 +291,32 @@ class Size(click.ParamType):
         unit = match.group(2).upper() if match else None
         if not match or unit not in self.UNITS:
             self.fail(f"{value!r} is not a size like 80GiB, 80GB or 81920MiB", param, ctx)
-        size = int(float(match.group(1)) * self.UNITS[unit])
+        number = float(match.group(1))  # 400 digits read as inf: refused below, never int(inf)
+        if number * self.UNITS[unit] > MAX_GPU_MEMORY:
+            self.fail(f"{value!r} is more than {MAX_GPU_MEMORY // 2**40} TiB of GPU memory", param, ctx)
+        size = int(number * self.UNITS[unit])
         if size < 2**20:
             self.fail(f"{value!r} is less than 1 MiB of GPU memory", param, ctx)
         return size
 
 
+# Bounds of the counts `plan` is given, each generous beyond any real machine, so that no count reaches the memory
+# (a GPU record per planned GPU) or the arithmetic. GPUs per node and nodes are [launch] nproc_per_node's and
+# nnodes's bounds in run/config.py (tests/plan/test_bounds.py holds them equal): the largest hosts carry 8 or 16
+# GPUs (HGX, DGX-2; a GB200 NVL72 rack is 18 hosts of 4), and 65536 nodes of 8 are 524288 GPUs, beyond the largest
+# clusters built (about 200000: xAI's Colossus; Llama 3 405B trained on 16384). The largest GPU memory is 288 GB
+# (B300, MI355X): 4 TiB is ten times more.
+MAX_GPUS_PER_NODE = 1024
+MAX_NODES = 2**16
+MAX_GPU_MEMORY = 4 * 2**40
+
+
 @main.command()
 @click.argument("config", type=PATH)
 @click.option("--gpu-memory", type=Size(), help="Plan for GPUs of this memory (e.g. 80GiB) instead of the ones found.")
-@click.option("--gpus", "gpus_per_node", type=click.IntRange(min=1), help="GPUs per node to plan for (default: the run's).")
-@click.option("--nodes", type=click.IntRange(min=1), help="Nodes to plan for (default: the run's).")
+@click.option("--gpus", "gpus_per_node", type=click.IntRange(1, MAX_GPUS_PER_NODE),
+              help="GPUs per node to plan for (default: the run's).")
+@click.option("--nodes", type=click.IntRange(1, MAX_NODES), help="Nodes to plan for (default: the run's).")
 @click.option("--mfu", type=Finite(0.01, 1.0), default=0.4, show_default=True, help="Assumed model-FLOPs utilisation.")
 @click.option("--peak-tflops", type=Finite(min=1), help="The GPU's dense bf16 peak, if sftdoctor does not know it.")
 @click.option("--tokens-per-second", type=Finite(min=1), help="Measured throughput (e.g. of a --smoke run) instead of MFU.")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import os
+import stat
 from collections.abc import Iterable
 
 
@@ -37,6 +39,53 @@ def parse_problem(exc: Exception) -> str:
     return f"{message} at line {lineno}, column {colno}" if lineno and "line" not in message else message.splitlines()[0]
 
 
+class _NonFinite:
+    """Where json.loads met NaN, Infinity, -Infinity (or a float beyond the double range, 1e400): kept as written
+    until its key is found."""
+
+    def __init__(self, literal: str):
+        self.literal = literal
+
+
+def loads_finite(text: str, source, object_pairs_hook=None):
+    """JSON text of a file the user gave (a DeepSpeed JSON, a model's config.json, a facts snapshot). Python's
+    json reads NaN and Infinity, which strict JSON has no word for, and the libraries then train with them: each
+    is refused as an InputError naming its key path (`optimizer.params.lr`). A parse error stays the ValueError
+    (or RecursionError) json raises, for the caller to word."""
+    import json
+    import math
+
+    met: list[_NonFinite] = []
+
+    def constant(literal: str) -> _NonFinite:
+        met.append(_NonFinite(literal))
+        return met[-1]
+
+    def number(literal: str):
+        value = float(literal)
+        return value if math.isfinite(value) else constant(literal)
+
+    data = json.loads(text, parse_constant=constant, parse_float=number, object_pairs_hook=object_pairs_hook)
+    if met:
+        key, literal = _non_finite_at(data)
+        raise InputError(source, f"expected a finite number, got {literal}", key=key or "(the whole document)")
+    return data
+
+
+def _non_finite_at(data) -> tuple[str, str]:
+    """(key path, literal) of the first non-finite number in parsed JSON, walked without recursion."""
+    stack = [("", data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, _NonFinite):
+            return path, value.literal
+        if isinstance(value, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+    return "", "a non-finite number"
+
+
 class InputErrors(Exception):
     """Several problems in one input, reported together (one line each)."""
 
@@ -63,15 +112,55 @@ def reading(path, what: str):
         raise InputError(path, f"cannot read {what}: {exc.strerror or exc}") from None
 
 
-def read_text(path, what: str) -> str:
-    """A UTF-8 text file the user named, or one InputError saying why it cannot be read."""
-    from pathlib import Path
+NOT_REGULAR = {stat.S_IFIFO: "a named pipe", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+               stat.S_IFSOCK: "a socket"}
+READ_LIMIT = 1 << 30  # no file sftdoctor reads whole (a config, a JSON record, a log's index) is a GiB
 
+
+def regular_file(path, what: str) -> None:
+    """InputError unless `path` is a regular file (or a directory, which the caller's open refuses in its words):
+    a FIFO blocks the reader forever and /dev/zero never ends, so neither is ever opened."""
     with reading(path, what):
-        try:
-            return Path(path).read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise InputError(path, f"expected a UTF-8 {what}, got binary data") from None
+        mode = os.stat(path).st_mode
+    kind = NOT_REGULAR.get(stat.S_IFMT(mode))
+    if kind:
+        raise InputError(path, f"expected a {what} file, got {kind}")
+
+
+def not_a_file(path) -> str | None:
+    """Why `path` cannot be read as a file (a FIFO, a device, a dangling or looping symlink, a read error such
+    as EIO), or None when it can: stat, then one byte read. For the files of a folder the user named, which a
+    child process (transformers, lm-eval) would otherwise block on or read without end."""
+    try:
+        kind = NOT_REGULAR.get(stat.S_IFMT(os.stat(path).st_mode))
+        if kind:
+            return kind
+        with open(path, "rb") as handle:
+            handle.read(1)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def read_bytes(path, what: str, limit: int = READ_LIMIT) -> bytes:
+    """A file the user named, whole, or one InputError saying why not: missing, a folder, a FIFO or device,
+    unreadable, or over `limit` bytes."""
+    regular_file(path, what)
+    with reading(path, what), open(path, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise InputError(path, f"expected a {what} of at most {limit:,} bytes, got more")
+    return data
+
+
+def read_text(path, what: str, limit: int = READ_LIMIT) -> str:
+    """A UTF-8 text file the user named, or one InputError saying why it cannot be read."""
+    try:
+        text = read_bytes(path, what, limit).decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(path, f"expected a UTF-8 {what}, got binary data") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as text mode reads them
+
 
 
 class Interrupted(KeyboardInterrupt):

@@ -22,3 +22,30 @@ def write_atomic(path: Path, data: str | bytes, mode: int | None = None) -> None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why a command could not make (or write in) the folder `path`, or None: it exists and is not a folder (a
+    file, a FIFO, /dev/null, a dangling or looping link), the nearest part of it that exists is not a folder, or
+    that part is not writable. Decided before any work, so that a run or a sweep is refused instead of failing in
+    `mkdir` after its checks."""
+    path = Path(os.path.abspath(path))
+    existing = path
+    while True:  # the nearest part of the path that is there
+        try:
+            os.lstat(existing)
+            break
+        except (FileNotFoundError, NotADirectoryError):  # not there, or under a file: look further up
+            if existing == existing.parent:
+                break
+            existing = existing.parent
+        except OSError as exc:  # a folder on the way that this user may not enter
+            return f"{existing} cannot be looked at ({exc.strerror or exc}), so {path} cannot be made"
+    if existing == path and not os.path.isdir(path):
+        return f"{path} exists and is not a folder"
+    if not os.path.isdir(existing):
+        return f"{existing} is not a folder, so {path} cannot be made in it"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable by this user (uid {os.geteuid()})" + (
+            "" if existing == path else f", so {path} cannot be made in it")
+    return None

@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Any, TextIO
 
 from sftdoctor import __version__
+from sftdoctor.facts.run_records import json_safe
 from sftdoctor.findings import Finding, Severity
 
 MARKS = {Severity.OK: ("✓", "32"), Severity.INFO: ("i", "36"), Severity.WARNING: ("!", "33"), Severity.ERROR: ("✗", "1;31")}
@@ -86,5 +87,6 @@ def render_json(findings: list[Finding], skipped: list, facts: dict[str, Any]) -
         "skipped": [{"id": s.id, "reason": s.reason} for s in skipped],
         "facts": facts,
     }
-    json.dump(doc, sys.stdout, indent=2, default=str)
+    # strict JSON (a NaN in some evidence as the string "NaN"): what is printed here is read back as a snapshot
+    json.dump(json_safe(doc), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")

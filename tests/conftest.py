@@ -26,6 +26,20 @@ def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     _session_cache(config)
+    _bounded_memory()
+
+
+def _bounded_memory():
+    """A read that never ends (/dev/zero where a file goes: tests/hostile.py) fails the test with a MemoryError
+    instead of taking the machine's memory and the OOM killer's pick of a process: the test process and its
+    children get RLIMIT_DATA (heap and private mappings; not address space, which torch reserves in bulk).
+    The suite's largest honest need, a 2-rank DeepSpeed run, stays under 2 GiB per process."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = 6 * 2**30
+    if soft == resource.RLIM_INFINITY or soft > limit:
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
 
 
 def _session_cache(config):

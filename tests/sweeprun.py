@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import EXAMPLES
 from trainrun import config as run_config, toml_value
 
 # A GPU of 1.5 GiB: the tiny model fits at a micro-batch of 4 (about 1.0 GiB, most of it the CUDA context),
@@ -63,8 +64,9 @@ def trials(sweep_dir: Path, study: str = "sweep"):
     return optuna.load_study(study_name=study, storage=storage(sweep_dir)).get_trials(deepcopy=False)
 
 
-LIGHT_BASE = """[model]
-path = "org/model"
+LIGHT_BASE = f"""[model]
+path = "{EXAMPLES / 'tiny' / 'model'}"
+weights = "random"
 
 [data]
 train = "train.jsonl"
@@ -77,7 +79,7 @@ eval_steps = 5
 
 
 def light_sweep(folder: Path, space: str, sweep: str = "", name: str = "sweep.toml", base_extra: str = ""):
-    """A Sweep over a base that names a hub model and local data: read and checked, nothing to train."""
+    """A Sweep over a base that names the tiny example's model and local data: read and checked, nothing to train."""
     from sftdoctor.sweep.config import load_sweep
 
     for data in ("train.jsonl", "eval.jsonl"):

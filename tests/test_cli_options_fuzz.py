@@ -1,8 +1,9 @@
 """Every command and every option of the real CLI, read from click itself, given odd values: numbers that are
 not (nan, inf, 1e400, '²'), empty and blank text, commas, templates, and files of the wrong kind (missing,
-a folder, binary, empty, gzip, a JSON list, /dev/null). Whatever the mix, the command keeps the contract of
-tests/cli_contract.py: a verdict or one line per problem naming what is at fault, never a traceback, nothing
-left behind, nothing left running. `check --distributed` is given launcher environments with at least one
+a folder, binary, empty, gzip, a JSON list, /dev/null, and tests/hostile.py's files that are not files: a FIFO,
+/dev/zero, a file even root cannot read, a dangling or looping symlink). Whatever the mix, the command keeps the
+contract of tests/cli_contract.py: a verdict or one line per problem naming what is at fault, never a traceback,
+never a block on a read, nothing left behind, nothing left running. `check --distributed` is given launcher environments with at least one
 variable wrong, so that no rank ever waits for the others.
 
 The run-config, model-config, DeepSpeed, topology, snapshot and data fuzzers (test_cli_fuzz.py) mutate real
@@ -18,6 +19,7 @@ import click
 import pytest
 from cli_contract import sftdoctor
 from conftest import FIXTURES
+from hostile import fed_fifo, no_hang, special_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -33,7 +35,9 @@ TEXT_VALUES = ["", " ", "0", "-1", "1", "2", "3.5", "nan", "inf", "-inf", "1e400
                "nan-loss@2:\u00b2", "x\ny", "\u00e9t\u00e9", "{rank}", "{", "}{", "80GiB", "-5GiB", "0.5MiB",
                "bubblewrap", "docker", "nccl-error", "bf16-support", "gpu-topology,nccl-env", "tiny_count_choice",
                "torch-cuda-match,,", "1,2,0", "1,-1"]
-FILES = ["missing", "folder", "binary", "empty", "gzip", "list.json", "object.json", "text", "/dev/null"]
+FILES = ["missing", "folder", "binary", "empty", "gzip", "list.json", "object.json", "text", "/dev/null", "fifo",
+         "dev-zero", "unreadable", "dangling", "loop"]
+SPECIAL = {"fifo", "dev-zero", "unreadable", "dangling", "loop"}  # tests/hostile.py: files that are not files
 LOG = (FIXTURES / "logs" / "gpu-negative-healthy-trl-dpo-logs.log").read_bytes()
 
 
@@ -45,6 +49,8 @@ def make_files(root: Path) -> dict[str, Path]:
     (root / "list.json").write_text("[1, 2]\n")
     (root / "object.json").write_text(json.dumps({"facts": [], "step": "x", "task_id": 3}) + "\n")
     (root / "text").write_text("just some words\n[model\n")
+    for kind in SPECIAL:
+        special_file(root / kind, kind)
     return {name: (Path(name) if name.startswith("/") else root / name) for name in FILES}
 
 
@@ -100,4 +106,6 @@ def test_every_command_and_option(tmp_path_factory, data):
             for variable, setting in data.draw(LAUNCHER, label="launcher").items():
                 mp.setenv(variable, setting)
             names |= {"environment", "--distributed"}
-        sftdoctor(argv, root, sorted(map(str, names)), input=stdin)
+        # the FIFO is fed once, as a pipe is: a command that reads it twice blocks, caught by no_hang
+        with fed_fifo(files["fifo"], LOG[:3000]), no_hang(30):
+            sftdoctor(argv, root, sorted(map(str, names)), input=stdin)

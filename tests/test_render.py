@@ -154,3 +154,14 @@ def test_render_json_without_errors_says_exit_code_0(capsys):
     render_json(FINDINGS[1:], [], {})
     doc = json.loads(capsys.readouterr().out)
     assert doc["exit_code"] == 0 and doc["skipped"] == [] and doc["facts"] == {}
+
+
+def test_render_json_is_strict_json_even_with_a_nan_in_the_evidence(capsys):
+    """`check --json` is read back as a facts snapshot, whose reader refuses NaN literals (errors.loads_finite)."""
+    render_json([warning("loss", "d", "f", id="x", evidence={"loss": float("nan"), "scale": float("inf")})], [],
+                {"lr": float("-inf")})
+
+    def refuse(literal):
+        raise AssertionError(f"bare {literal} in the output")
+    doc = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert doc["findings"][0]["evidence"] == {"loss": "NaN", "scale": "inf"} and doc["facts"] == {"lr": "-inf"}

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from sftdoctor.checks import NotApplicable, check
 from sftdoctor.findings import info, ok, warning
 from sftdoctor.run.gpus import version_tuple
+from sftdoctor.run.versions import at_least, in_range, version_key
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,7 @@ def _overlap_zero12(run: Stack) -> bool | None:
     reads both only since 0.13.0 (PR #4887)."""
     if run.zero is None:
         return None
-    version = version_tuple(run.packages.get("deepspeed")) or ()
-    stages = (1, 2) if version >= (0, 13) else (2,)
+    stages = (1, 2) if at_least(run.packages.get("deepspeed"), "0.13") else (2,)
     return (run.stage in stages and run.zero.get("overlap_comm") is True
             and run.zero.get("contiguous_gradients", True) is not False)
 
@@ -74,8 +74,7 @@ def _accumulates(run: Stack) -> bool | None:
 def _liger_accumulates(run: Stack) -> bool | None:
     if run.liger is False or run.accumulation == 1:
         return False
-    transformers = version_tuple(run.packages.get("transformers"))
-    if transformers is not None and transformers < (4, 46):
+    if at_least(run.packages.get("transformers"), "4.46") is False:
         return False
     return None if run.liger is None or run.accumulation is None else True
 
@@ -171,12 +170,12 @@ ADVISORIES = (
 )
 
 
-def affected(advisory: Advisory, version: str | None) -> bool:
-    found = version_tuple(version)
-    if found is None:
-        return False
-    first, fixed = (version_tuple(v) if v else None for v in advisory.affected)
-    return (first is None or found >= first) and (fixed is None or found < fixed)
+def affected(advisory: Advisory, version: str) -> bool | None:
+    """Whether `version` is among the advisory's releases, as PEP 440 orders them (0.19.0rc1 comes before 0.19.0,
+    2.13.0+cpu after 2.13.0); None: not a version PEP 440 reads, so not judged."""
+    if advisory.affected == (None, None):  # every release: the version is never compared
+        return True
+    return in_range(version, *advisory.affected)
 
 
 def releases(advisory: Advisory) -> str:
@@ -190,24 +189,38 @@ def releases(advisory: Advisory) -> str:
 def known_bad_versions(packages: dict[str, Any], plan=None, deepspeed_config: dict[str, Any] | None = None,
                        torch_build: dict[str, Any] | None = None, flash_attn: dict[str, Any] | None = None):
     run = _run(packages, plan, deepspeed_config, torch_build, flash_attn)
-    findings, checked = [], []
+    findings, checked, unread = [], [], {}
     for advisory in ADVISORIES:
         version = packages.get(advisory.package)
         if version is None:
             continue
-        checked.append(f"{advisory.package} {version}")
-        if not affected(advisory, version):
+        if version_key(version) is None:  # never "no known-bad release" for a version that could not be compared
+            unread[advisory.package] = version
+        else:
+            checked.append(f"{advisory.package} {version}")
+        if not affected(advisory, version):  # None: not judged, said above
             continue
         hit = advisory.hits(run)
         if hit is False:
             continue
         findings.append(_finding(advisory, version, run, hit))
-    if not checked:
+    findings += [_unjudged(name, version) for name, version in unread.items()]
+    if not checked and not unread:
         raise NotApplicable("none of deepspeed, transformers, liger-kernel, flash-attn is installed")
     if not findings:
         return ok(f"no known-bad release among {', '.join(dict.fromkeys(checked))} for this run "
                   f"({len(ADVISORIES)} advisories)", evidence={"checked": sorted(set(checked))})
     return findings
+
+
+def _unjudged(name: str, version: str):
+    bugs = [a.id for a in ADVISORIES if a.package == name]
+    return warning(f"cannot judge {name} {version!r}: not a version PEP 440 reads",
+                   detail=f"Its releases are compared with the known-bad ranges of {', '.join(bugs)}; this version "
+                          "string has no place among them, so none of them is ruled out.",
+                   fix=f"reinstall {name} from a release (`pip install --force-reinstall {name}==X.Y.Z`), or record "
+                       "its real version in the facts snapshot", evidence={"package": name, "version": version,
+                                                                           "advisories": bugs})
 
 
 def _finding(advisory: Advisory, version: str, run: Stack, hit: bool | None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sftdoctor import render
 from sftdoctor.checks import load_checks, run_checks
 from sftdoctor.errors import InputError, did_you_mean
-from sftdoctor.facts import Facts, Inputs
+from sftdoctor.facts import Facts, Inputs, launch_inputs
 
 
 def main(inputs: Inputs, select: str | None = None, list_checks: bool = False, as_json: bool = False,
@@ -28,6 +28,7 @@ def main(inputs: Inputs, select: str | None = None, list_checks: bool = False, a
                                              "see `sftdoctor check --list`")
         specs = registry.select(wanted)
     facts = Facts(inputs)
+    launch_inputs.require(facts)  # what `train` refuses, refused here in its words
     findings, skipped = run_checks(specs, facts)
     findings = registry.problems + findings
     if as_json:

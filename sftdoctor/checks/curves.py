@@ -13,7 +13,8 @@ import statistics
 from typing import Any
 
 from sftdoctor.checks import NotApplicable, check
-from sftdoctor.findings import ok, warning
+from sftdoctor.facts.run_records import non_finite, said
+from sftdoctor.findings import Finding, error, ok, warning
 from sftdoctor.run import schedule as schedules
 
 LR_TOLERANCE = 0.02  # of the peak rate: a logged rate this close to the schedule's follows it
@@ -28,11 +29,52 @@ LEAK_SHARE, LEAK_RHO, LEAK_GROWTH = 0.5, 0.8, 0.05  # share of intervals that ro
 LEAK_MIN_GIB = {"memory_allocated_gib": 0.1, "host_rss_gib": 0.25}
 
 
+WHAT = {"loss": "the train loss", "eval_loss": "the eval loss", "learning_rate": "the learning rate",
+        "grad_norm": "the gradient norm", "tokens_per_second": "the throughput",
+        "memory_allocated_gib": "the GPU memory", "host_rss_gib": "the host memory"}
+TRAINING = ("loss", "eval_loss", "learning_rate", "grad_norm")  # a non-finite one of these: the run is broken
+
+
+def overflows(curves: dict[str, Any], name: str) -> bool:
+    """Infinite gradient norms of an fp16 run whose loss stayed finite: steps the loss scaler skipped (the
+    norm of an overflowed step is inf by design), not a broken run."""
+    series = curves["series"].get(name)
+    if name != "grad_norm" or curves.get("precision") != "fp16" or not series:
+        return False
+    return non_finite(curves["series"].get("loss")) is None and all(v == math.inf for v in series["values"]
+                                                                     if not math.isfinite(v))
+
+
 def points(curves: dict[str, Any], name: str) -> tuple[list[int], list[float]]:
-    """The finite (step, value) pairs of one series."""
+    """The (step, value) pairs of one series. A reader never judges over a NaN or an infinity: a series with
+    one is not judged here, and its own reader says where it went (`went_non_finite`)."""
     series = curves["series"].get(name) or {"steps": [], "values": []}
+    gone = non_finite(series)
+    if gone and not overflows(curves, name):
+        raise NotApplicable(f"{WHAT.get(name, name)} is {said(gone)}: not judged over those")
     pairs = [(s, v) for s, v in zip(series["steps"], series["values"]) if math.isfinite(v)]
     return [s for s, _ in pairs], [v for _, v in pairs]
+
+
+def went_non_finite(curves: dict[str, Any], name: str) -> Finding | None:
+    """The finding of a series that holds a NaN or an infinity (the reader of that series returns it instead of
+    a verdict over the rest): an error for the loss, the rate and the norm, a warning for the others."""
+    gone = non_finite(curves["series"].get(name))
+    if gone is None or overflows(curves, name):
+        return None
+    if name not in TRAINING:
+        return warning(f"{WHAT[name]} is {said(gone)}", detail="A NaN or infinite reading is no number to judge: "
+                       "the logger divided by a zero duration or read a failed counter.",
+                       fix="look at the run's log around that step; the training's own numbers are judged apart",
+                       evidence={**gone, "series": name})
+    return error(
+        f"{WHAT[name]} is {said(gone)}",
+        detail="A NaN or infinite value is no number to judge: the curve readers do not read the series over it, "
+               "and the panels leave a gap there.",
+        fix=f"resume from the last checkpoint before step {gone['step']} with a lower learning_rate or a longer "
+            "warmup (bf16 rather than fp16); if the learning rate itself is non-finite, the schedule or a callback "
+            "computed it: see the run's settings",
+        explain="nan-loss", evidence={**gone, "series": name})
 
 
 def enough(values: list, needed: int, what: str) -> None:
@@ -102,6 +144,8 @@ def best_offset(schedule: dict[str, Any], steps: list[int], lrs: list[float], la
 @check("lr-curve", "the logged learning rate against the configured schedule: its warmup, its floor, no oscillation",
        phase="postrun")
 def lr_curve(curves: dict[str, Any]):
+    if gone := went_non_finite(curves, "learning_rate"):
+        return gone
     steps, lrs = points(curves, "learning_rate")
     enough(lrs, 4, "learning rates")
     peak = max(lrs)
@@ -185,6 +229,8 @@ def _left_schedule(schedule: dict[str, Any], steps: list[int], lrs: list[float],
 @check("grad-norm-curve", "the gradient norm: clipped on most steps, or rising over the last third of the run",
        phase="postrun")
 def grad_norm_curve(curves: dict[str, Any]):
+    if gone := went_non_finite(curves, "grad_norm"):
+        return gone
     steps, norms = points(curves, "grad_norm")
     enough(norms, 8, "gradient norms")
     found = []
@@ -218,9 +264,11 @@ def grad_norm_curve(curves: dict[str, Any]):
                 fix="resume from a checkpoint before the rise with a lower learning_rate, or stop here; keep "
                     "max_grad_norm = 1.0; check the loss curve for the same turn",
                 evidence={"step": window_steps[0], "before": before, "after": later, "rho": rho}))
+    skipped = non_finite(curves["series"].get("grad_norm"))  # fp16's overflowed steps, left out above
     return found or ok(f"the gradient norm stayed level: median {_g(statistics.median(norms[tail:]))} over the last third"
                        + (f"; clipped (above {CLIPPED_BY:g}x {clip:g}) on {len(clipped) / len(norms):.0%} of the steps"
-                          if clip else ""))
+                          if clip else "")
+                       + (f"; {skipped['count']} overflowed fp16 steps (inf) left out" if skipped else ""))
 
 
 # ---------------------------------------------------------------- eval loss
@@ -243,6 +291,8 @@ def best_checkpoint(curves: dict[str, Any], step: int) -> str:
 
 @check("overfitting", "eval loss rising for several evaluations while the train loss falls", phase="postrun")
 def overfitting(curves: dict[str, Any]):
+    if gone := went_non_finite(curves, "eval_loss"):
+        return gone
     steps, evals = points(curves, "eval_loss")
     enough(evals, PATIENCE + 1, "eval losses")
     best = min(range(len(evals)), key=evals.__getitem__)
@@ -276,6 +326,8 @@ def overfitting(curves: dict[str, Any]):
 @check("loss-plateau", "a train loss that does not fall from the start: learning rate too low, or nothing trains",
        phase="postrun")
 def loss_plateau(curves: dict[str, Any]):
+    if gone := went_non_finite(curves, "loss"):
+        return gone
     steps, losses = points(curves, "loss")
     enough(losses, 8, "train losses")
     head = statistics.median(losses[:max(2, len(losses) // 10)])
@@ -303,6 +355,8 @@ def loss_plateau(curves: dict[str, Any]):
 
 @check("throughput-drop", "tokens/s falling by more than a third and not recovering", phase="postrun")
 def throughput_drop(curves: dict[str, Any]):
+    if gone := went_non_finite(curves, "tokens_per_second"):
+        return gone
     steps, speeds = points(curves, "tokens_per_second")
     steps, speeds = steps[1:], speeds[1:]  # the first interval holds the start-up (allocation, compilation)
     enough(speeds, 8, "throughputs (after the first)")
@@ -336,6 +390,8 @@ def memory_growth(curves: dict[str, Any]):
     name = next((n for n in ("memory_allocated_gib", "host_rss_gib") if curves["series"].get(n)), None)
     if name is None:
         raise NotApplicable("no memory was logged")
+    if gone := went_non_finite(curves, name):
+        return gone
     steps, values = points(curves, name)
     enough(values, 8, "memory readings")
     skip = len(values) // 5  # the first steps allocate the optimizer states and the caches

@@ -1,5 +1,6 @@
 """eval-tasks: the run's [eval] can run when training ends: lm-evaluation-harness is installed and knows
-every task (its registry, plus the `include` folder), checked before the run instead of after it."""
+every task (its registry, plus the `include` folder), and the data files of the folder's own tasks are there,
+checked before the run instead of after it."""
 
 from __future__ import annotations
 
@@ -26,4 +27,15 @@ def eval_tasks(eval_tasks: dict[str, Any], plan=None):
                             "[eval] include folder's own.",
                      fix="[eval] tasks = names from `lm-eval ls tasks`, or YAMLs of your own in [eval] include",
                      evidence=eval_tasks)
-    return ok(f"lm-eval knows every [eval] task ({', '.join(tasks or [])})", evidence=eval_tasks)
+    missing = eval_tasks.get("data_problems") or []
+    if missing:
+        first = missing[0]
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        return error(f"[eval] task {first['task']!r} cannot read its data: {first['yaml']}: {first['key']}: "
+                     f"{first['problem']}{more}",
+                     detail="lm-eval knows the task by name, but reads its data (relative to the [eval] include "
+                            "folder) only when the training has ended, hours later: "
+                            + "; ".join(f"{m['yaml']}: {m['key']}: {m['problem']}" for m in missing[:5]),
+                     fix=f"put the file there, or correct {first['key']} in {first['yaml']}", evidence=eval_tasks)
+    return ok(f"lm-eval knows every [eval] task ({', '.join(tasks or [])})"
+              + (" and its data files are there" if eval_tasks.get("data_files") else ""), evidence=eval_tasks)

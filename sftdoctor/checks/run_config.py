@@ -1,10 +1,11 @@
-"""Checks of a run's plan against the installed stack: batch-size, lr-scheduler, gradient-checkpointing.
+"""Checks of a run's plan against the installed stack: batch-size, lr-scheduler, gradient-checkpointing, data-rows.
 They run in `sftdoctor train`'s gate and in `check --config`; the plan (sftdoctor.run.resolve) decided
 every number they judge."""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from sftdoctor.checks import check
@@ -118,4 +119,39 @@ def gradient_checkpointing(plan):
                    "transformers models checkpoint through TrainingArguments instead.",
             fix='remove the block; use [training] gradient_checkpointing = true',
             evidence={"deepspeed": ds["activation_checkpointing"]}))
+    return findings
+
+
+@check("data-rows", "the data holds rows, and enough of them for one global batch")
+def data_rows(data: dict[str, Any], plan):
+    """Verdicts on the rows the data probe counted (bad rows were refused as bad input before any check ran)."""
+    findings = [warning(f"{name} is one JSON object: the datasets library reads it as one row",
+                        detail="A file of rows is JSON Lines (one object a line) or a JSON array of objects; a file "
+                               "that is one object trains on that single example.",
+                        fix="write the rows as JSON Lines, or as a JSON array [{...}, {...}]",
+                        evidence={"file": name})
+                for part in ("train", "eval") for name in (data.get(part) or {}).get("one_object", ())]
+    rows = (data.get("split") or {}).get("train", data["train"]["rows"])
+    held = (data.get("split") or {}).get("eval", (data.get("eval") or {}).get("rows"))
+    batch, accum = plan.global_batch_size, plan.gradient_accumulation_steps
+    evidence = {"train_rows": rows, "eval_rows": held, "global_batch_size": batch}
+    counted = f"{rows} training row{'s' if rows != 1 else ''}" + (f" ({held} eval)" if held else "")
+    if accum is None:  # batch-size says what is wrong with the batch
+        findings.append(info(f"{counted}; no whole global batch to compare with", evidence=evidence))
+    elif rows < batch:
+        steps = (f"; the run's {plan.max_steps} steps pass over the same {rows} rows {plan.max_steps} times"
+                 if plan.max_steps else f"; the whole run ({plan.epochs:g} epochs) is {math.ceil(plan.epochs)} "
+                                        f"optimizer step{'s' if plan.epochs > 1 else ''}")
+        findings.append(warning(
+            f"{counted}, fewer than one global batch of {batch} ({plan.per_device_batch_size} per device x {accum} "
+            f"accumulation x {plan.world_size}): each epoch is one optimizer step on a partial batch of {rows}",
+            detail="transformers' Trainer (set_initial_training_values, 5.x) rounds a short epoch up to one step: "
+                   "every step averages the same few rows, and the learning rate chosen for a batch of "
+                   f"{batch} is applied to {rows}" + steps
+                   + (" (packed, fewer sequences still)." if plan.packing else "."),
+            fix=f"add training rows, or set [training] global_batch_size to at most {rows}", evidence=evidence))
+    else:
+        full, rest = divmod(rows, batch)
+        findings.append(ok(f"{counted}: {full} full global batch{'es' if full != 1 else ''} of {batch} per epoch"
+                           + (f" and a partial one of {rest}" if rest else ""), evidence=evidence))
     return findings

@@ -9,7 +9,7 @@ import statistics
 from typing import Any
 
 from sftdoctor.checks import check
-from sftdoctor.checks.collectives import FIX, describe
+from sftdoctor.checks.collectives import FIX, describe, gaps, ranks_text, silent_fix
 from sftdoctor.findings import error, warning
 
 MIN_HISTORY = 8  # logged losses before the robust (median/MAD) rule is used
@@ -145,16 +145,76 @@ def fp16_loss_scale(scale_stats: dict[str, Any]):
 @check("nccl-timeout", "no progress on some rank: which rank is behind, where, and what it was doing", phase="runtime")
 def nccl_timeout(hang: dict[str, Any]):
     behind = hang.get("behind") or []
-    ranks = hang.get("ranks") or {}
-    lines = [f"rank {r}: step {info.get('step')}, {info.get('phase')}, "
-             f"{info.get('stalled_s', 0):.0f} s without progress; at {info.get('where', '?')}"
-             for r, info in sorted(ranks.items(), key=lambda kv: int(kv[0]))]
+    arrived = hang.get("arrived") or {}
+    silent = [int(r) for r, got in arrived.items() if not (got.get("report") or got.get("stacks") or got.get("dump"))]
     who = f"rank {', '.join(map(str, behind))}" if behind else "no single rank (all stalled alike)"
+    if behind and set(behind) <= set(silent):
+        states = [_process(arrived[str(r)].get("process")) for r in behind]
+        who += " (sent nothing: no report, no stacks, no dump" + "".join(f"; {s}" for s in states if s) + ")"
     headline, collectives = describe(hang.get("flight_recorder"))
+    fr = hang.get("flight_recorder") or {}
+    short, _ = gaps(fr) if fr.get("dumps") else ("", "")
+    if silent and short and headline.endswith(f"; {short}") and set(fr.get("no_dump") or []) <= set(silent):
+        headline = headline[: -len(short) - 2]  # the title has already said these ranks sent nothing
+    if silent:
+        fix = _frozen_fix(silent, arrived) + "; then read the stacks of the ranks that did report"
+    elif fr.get("groups"):
+        fix = FIX
+    else:
+        fix = ("read the stacks of the rank behind: a data-loader or I/O stall, a rank that skipped or added a "
+               "collective (e.g. a rank-dependent branch), or a dead GPU/NIC (`nvidia-smi`, dmesg on its node)")
     return error(
         f"hang: no progress for {hang['timeout_s']:.0f} s; behind: {who}" + (f"; {headline}" if headline else ""),
-        detail=" | ".join(lines) + f". Python stacks of every rank: {hang.get('stacks')}. {collectives}",
-        fix=(FIX if (hang.get("flight_recorder") or {}).get("groups") else
-             "read the stacks of the rank behind: a data-loader or I/O stall, a rank that skipped or added a "
-             "collective (e.g. a rank-dependent branch), or a dead GPU/NIC (`nvidia-smi`, dmesg on its node)"),
-        evidence=hang)
+        detail=_what_arrived(hang, silent) + f" {collectives}", fix=fix, evidence=hang)
+
+
+def _process(proc: dict[str, Any] | None) -> str:
+    """"process 6976 on node-a: T (stopped (SIGSTOP))", what the reporting rank could see of a silent rank."""
+    if not proc:
+        return ""
+    state = proc.get("state") or "its state unseen from this host"
+    wchan = f", waiting in {proc['wchan']}" if proc.get("wchan") else ""
+    return f"process {proc.get('pid')} on {proc.get('host')}: {state}{wchan}"
+
+
+def _frozen_fix(silent: list[int], arrived: dict[str, Any]) -> str:
+    """The silent ranks' own state first where it was seen (a stopped one is resumed or killed, a D one is the
+    kernel's), then how to look at a process that answers nothing."""
+    seen = []
+    for r in silent:
+        proc = (arrived.get(str(r)) or {}).get("process") or {}
+        letter = (proc.get("state") or " ")[0]
+        if letter == "T":
+            seen.append(f"rank {r}'s process {proc['pid']} was stopped (SIGSTOP: a debugger, ^Z, a scheduler's "
+                        f"suspend): `kill -CONT {proc['pid']}` resumes it")
+        elif letter == "D":
+            seen.append(f"rank {r}'s process {proc['pid']} is blocked in the kernel: `cat /proc/{proc['pid']}/stack` "
+                        "says where (nfs_*: the NFS server; nvidia/uvm: the GPU driver)")
+    return "; ".join([*seen, silent_fix(silent)])
+
+
+def _what_arrived(hang: dict[str, Any], silent: list[int]) -> str:
+    """Rank by rank, what reached the watchdog: the progress report (step, phase, where), the stacks, the dump;
+    the ranks that sent nothing first, as the first suspects."""
+    ranks, arrived = hang.get("ranks") or {}, hang.get("arrived") or {}
+    said = []
+    for r in sorted({*ranks, *arrived}, key=int):
+        info, got = ranks.get(r), arrived.get(r) or {}
+        parts = [f"step {info.get('step')}, {info.get('phase')}, {info.get('stalled_s', 0):.0f} s without progress; "
+                 f"at {info.get('where', '?')}" if info else "no report"]
+        if arrived:
+            parts += [f"stacks {got['stacks']}" if got.get("stacks") else "no stacks",
+                      f"dump {got['dump']}" if got.get("dump") else "no dump"]
+        if int(r) in silent:
+            parts = ["nothing (no report, no stacks, no dump)", *filter(None, [_process(got.get("process"))])]
+        said.append(f"rank {r}: " + "; ".join(parts))
+    text = " | ".join(said) + "."
+    if silent:
+        whose = "its process is" if len(silent) == 1 else "their processes are"
+        text = (f"{ranks_text(silent).capitalize()} sent nothing: {whose} "
+                "unresponsive (stopped, in uninterruptible sleep (D) on a stuck NFS read or a wedged GPU, or the host "
+                f"is gone), the first suspect. What arrived, per rank: {text}")
+    if hang.get("store_answered") is False:  # the c10d store is served from rank 0's process
+        text += (" The ranks' store (TCP, served from rank 0's process) did not answer either: the reports could "
+                 "not be swapped, and rank 0's process is not answering.")
+    return text + f" Python stacks: {hang.get('stacks')}."

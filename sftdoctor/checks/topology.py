@@ -73,6 +73,8 @@ def gpu_topology(topology: dict[str, Any] | None = None, gpus: dict[str, Any] | 
                  env: dict[str, str] | None = None):
     env = env or {}
     devices = (gpus or {}).get("devices") or []
+    if topology is not None and topology.get("inconsistent"):
+        return [_inconsistent(topology)] + _p2p_env(env)
     if topology is None:
         if len(devices) < 2:
             raise NotApplicable("fewer than two GPUs and no topology matrix")
@@ -118,6 +120,17 @@ def gpu_topology(topology: dict[str, Any] | None = None, gpus: dict[str, Any] | 
     if incomplete := {row: what for row, what in topology.get("incomplete", {}).items() if row in names}:
         findings[0] = _noting_incomplete(findings[0], incomplete)
     return findings + _p2p_env(env)
+
+
+def _inconsistent(topology: dict[str, Any]):
+    """The driver's own matrix contradicts itself: no link is judged from it (nor from NVML's link counts, which
+    say nothing of which GPU each link reaches)."""
+    return warning(
+        f"{topology.get('source') or 'the topology matrix'} contradicts itself: NVLink and PCIe paths not judged",
+        detail=f"{topology['inconsistent']}. A matrix whose rows disagree cannot say which GPU pairs are linked.",
+        fix="run `nvidia-smi topo -m` again (and `nvidia-smi nvlink -s` for each GPU's links); if it still disagrees, "
+            "update the driver or report it to NVIDIA; give a corrected copy with --topology",
+        evidence={"source": topology.get("source"), "inconsistent": topology["inconsistent"]})
 
 
 def _pairs_text(pairs: list[tuple[str, str]], codes: dict[tuple[str, str], str]) -> str:

@@ -11,8 +11,8 @@ problems. The per-sample results are written as JSONL, one line a row for every 
 U+0085 inside a row), in a temporary file renamed at the end: whole or not at all.
 
 Memory stays flat in the number of samples and in what they print: the completions file is read twice as a
-stream (checked and counted, then run), at most a few samples per worker are in flight, and each keeps only
-the last RESULT_TAIL bytes of its output.
+stream (checked and counted, then run: so it is a regular file, never a pipe), at most a few samples per
+worker are in flight, and each keeps only the last RESULT_TAIL bytes of its output.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.errors import InputError, Interrupted, did_you_mean, one_line, parse_problem, reading
+from sftdoctor.errors import InputError, Interrupted, did_you_mean, one_line, parse_problem, reading, regular_file
 from sftdoctor.eval import sandbox as sandboxes
 
 PROBLEM_KEYS = ("task_id", "prompt", "test", "entry_point")
@@ -130,8 +130,20 @@ def _records(path: Path, what: str) -> Iterator[tuple[int, dict]]:
             yield number, record
 
 
+def input_file(path: Path, what: str) -> None:
+    """InputError unless `path` is a regular file: the completions are read twice (checked and counted, then
+    run), which a named pipe cannot give, and /dev/zero never ends. Refused before any sample runs rather than
+    read once into memory: memory stays flat in the samples, and `cmd > FILE` makes a pipe a file."""
+    with reading(path, what):
+        os.stat(path)  # "problems file not found", in the words of the readers below
+    regular_file(path, what.removesuffix(" file"))
+    if os.path.isdir(path):
+        raise InputError(path, f"expected a {what}, got a folder")
+
+
 @contextlib.contextmanager
 def _open(path: Path, what: str):
+    input_file(path, what)
     with reading(path, what):
         raw = open(path, "rb")  # noqa: SIM115 - closed below
     with raw:
@@ -301,11 +313,17 @@ class JsonlWriter:
         self.file.write(json.dumps(row) + "\n")  # ASCII: line breaks of other readers (U+2028) escaped
 
     def __exit__(self, kind, value, traceback) -> None:
-        self.file.close()
-        if kind is None:
-            os.replace(self.temporary, self.path)
-        else:
-            os.unlink(self.temporary)
+        try:
+            self.file.close()
+            if kind is None:
+                os.replace(self.temporary, self.path)
+        except OSError as exc:  # a disk that filled, a folder made read-only meanwhile: nothing half-written
+            kind = exc
+            raise InputError(self.path, f"cannot write the results here: {exc.strerror or exc}", key="--out") from None
+        finally:
+            if kind is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.temporary)
 
 
 def evaluate_code(problems: Path, completions: Path | None, *, out: Path, ks: tuple[int, ...], sandbox: str,

@@ -5,14 +5,17 @@ for a run, with a line in its findings.jsonl)."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.errors import InputError
+from sftdoctor.errors import InputError, Interrupted, interruptible, parse_problem, read_text
 from sftdoctor.files import write_atomic
+from sftdoctor.eval.outputs import check_output, folder_files
 from sftdoctor.eval.target import Target, resolve_target
 
 
@@ -29,11 +32,16 @@ def _run_eval(target: str, tasks: list[str], *, base: str | None, include: Path 
 
     wanted = resolve_target(target)
     against = resolve_target(base, "--base") if base else None
-    previous = _read_result(compare) if compare else None
+    previous = read_result(compare) if compare else None
+    if previous is not None:
+        comparable_settings(previous, compare, limit=limit, num_fewshot=num_fewshot)
     if include is not None and not include.is_dir():
         raise InputError(include, "not a folder of lm-eval task YAMLs", key="--include")
+    path = check_output(out or default_output(wanted), "--out", result_inputs([wanted, against], include, compare),
+                        "the result")
+    if wanted.run_dir is not None:  # the result is also a line of the run's findings.jsonl (a pipe there blocks)
+        check_output(wanted.run_dir / "findings.jsonl", "TARGET", [], "the run's findings")
     manager = harness.task_manager(tasks, include.resolve() if include else None)  # before any model loads
-    path = writable(out or default_output(wanted))
     device_ = device()
     batch = (("auto" if device_ == "cuda" else 8) if batch_size == "default" else
              batch_size if batch_size == "auto" else int(batch_size))
@@ -102,16 +110,57 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _read_result(path: Path) -> dict[str, Any]:
+def read_result(path: Path, option: str = "--compare", settings: bool = True) -> dict[str, Any]:
+    """A result written by `sftdoctor eval`, its types checked (a score is a number, its standard error a
+    number or null), or one InputError naming the file, the key and what was expected. `settings`: it must
+    hold them too (to compare with; a sweep's objective reads the metrics only)."""
+    what = f"result of sftdoctor eval (given to {option})"
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(path, f"cannot read it: {exc.strerror or exc}", key="--compare") from None
-    except ValueError:
-        raise InputError(path, "not JSON (expected a result written by sftdoctor eval)", key="--compare") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("settings"), dict) or not isinstance(doc.get("metrics"), dict):
-        raise InputError(path, "not a result written by sftdoctor eval (no settings and metrics)", key="--compare")
+        doc = json.loads(read_text(path, what))
+    except (ValueError, RecursionError) as exc:
+        raise InputError(path, f"not JSON ({parse_problem(exc)}); expected a {what}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict) or (
+            settings and not isinstance(doc.get("settings"), dict)):
+        raise InputError(path, "not a result written by sftdoctor eval (no settings and metrics)", key=option)
+    for task, metrics in doc["metrics"].items():
+        if not isinstance(metrics, dict):
+            raise InputError(path, f"a JSON {_kind(metrics)}; expected an object of metrics", key=f"metrics.{task}")
+        for metric, value in metrics.items():
+            where = f"metrics.{task}.{metric}"
+            if not isinstance(value, dict):
+                raise InputError(path, f"a JSON {_kind(value)}; expected an object with value and stderr", key=where)
+            _score(value, "value", path, where)
+            if value.get("stderr") is not None:
+                _score(value, "stderr", path, where)
     return doc
+
+
+def _score(value: dict, field: str, path: Path, where: str) -> None:
+    if field not in value:
+        raise InputError(path, "missing; expected a number", key=f"{where}.{field}")
+    if not _is_number(value[field]):
+        raise InputError(path, f"a JSON {_kind(value[field])}; expected a number", key=f"{where}.{field}")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _kind(value) -> str:
+    return {bool: "bool", str: "string", list: "list", dict: "object", type(None): "null"}.get(
+        type(value), "number")
+
+
+def comparable_settings(previous: dict[str, Any], path: Path, *, limit: int | None, num_fewshot: int | None) -> None:
+    """The settings known before any model loads, compared with the earlier result's: a mismatch is refused
+    now, not after the evaluation (the task versions and generation settings are compared after it)."""
+    settings = previous["settings"]
+    problems = [f"{key}: {settings.get(key)!r} vs {value!r}" for key, value in
+                (("num_fewshot", num_fewshot), ("limit", limit), ("apply_chat_template", False))
+                if settings.get(key) != value]
+    if problems:
+        raise InputError(path, "evaluated with other settings, so the numbers do not compare: " + "; ".join(problems),
+                         key="--compare")
 
 
 def default_output(target: Target) -> Path:
@@ -122,15 +171,17 @@ def default_output(target: Target) -> Path:
     return Path(target.path) / "eval.json"
 
 
-def writable(path: Path) -> Path:
-    """Where the result goes, refused before the evaluation (minutes to hours) rather than after it."""
-    if path.is_dir():
-        raise InputError(path, "is a folder; expected the JSON file to write the result to", key="--out")
-    parent = next((p for p in path.parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise InputError(path, f"{parent} is a file, not a folder; expected the JSON file to write the result to",
-                         key="--out")
-    return path
+def result_inputs(targets: list[Target | None], include: Path | None, compare: Path | None) -> list[tuple[str, Path]]:
+    """The files `eval` reads, which its --out must not name: the earlier result, the task folder's files, and
+    the files of every model, tokenizer and run directory it loads (all but earlier results, eval*.json)."""
+    found = [("--compare result", compare)] if compare else []
+    if include is not None:
+        found += [("--include task file", p) for p in itertools.islice(include.rglob("*"), 10_000) if p.is_file()]
+    for target in filter(None, targets):
+        for folder in {target.path, target.tokenizer, target.base, target.run_dir}:
+            found += [(f"model file of {target.given}", p) for p in folder_files(
+                folder, lambda name: not (name.startswith("eval") and name.endswith(".json")))]
+    return found
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
@@ -153,12 +204,22 @@ def rows(doc: dict[str, Any]) -> list[tuple[str, str, dict, dict | None]]:
             for task, metrics in sorted(doc["metrics"].items()) for metric, value in sorted(metrics.items())]
 
 
+def difference(value: dict, other: dict | None) -> str:
+    """The model's value less the other's, or why there is none: a NaN or infinite score is not a number to
+    compare, so it is never shown as better, worse or the same."""
+    if other is None:
+        return "-"
+    if not (math.isfinite(value["value"]) and math.isfinite(other["value"])):
+        return "not compared"
+    return f"{value['value'] - other['value']:+.3f}"
+
+
 def headline(doc: dict[str, Any]) -> str:
     parts = []
     for task, metric, value, other in rows(doc):
         text = f"{task} {metric} {value['value']:.3f}"
         if other:
-            text += f" (base {other['value']:.3f}, {value['value'] - other['value']:+.3f})"
+            text += f" (base {other['value']:.3f}, {difference(value, other)})"
         parts.append(text)
     return "eval: " + "; ".join(parts)
 
@@ -173,17 +234,22 @@ def _cell(value: dict | None) -> str:
 def table(doc: dict[str, Any]) -> str:
     label = "base" if "base" in doc else "compared" if "compared" in doc else None
     header = ["task", "metric"] + ([label] if label else []) + ["model"] + (["difference"] if label else [])
-    lines = [header]
+    lines, unjudged = [header], []
     for task, metric, value, other in rows(doc):
         row = [task, metric] + ([_cell(other)] if label else []) + [_cell(value)]
         if label:
-            row.append(f"{value['value'] - other['value']:+.3f}" if other else "-")
+            row.append(difference(value, other))
+            if row[-1] == "not compared":
+                unjudged.append(f"{task} {metric}")
         lines.append(row)
     widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
     settings = doc["settings"]
     shots = "default" if settings["num_fewshot"] is None else settings["num_fewshot"]
     note = (f"lm-eval {settings['lm_eval']}; few-shot {shots}; limit {settings['limit'] or 'none'}; "
             f"± is lm-eval's standard error")
+    if unjudged:
+        note += (f"\nnot compared: {', '.join(unjudged)}: a value is not a number (nan or inf), so no difference "
+                 "can be judged")
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in lines) + "\n" + note
 
 
@@ -198,6 +264,7 @@ def run_code_eval(problems: Path, completions: Path | None, model: str | None, *
 
     if (completions is None) == (model is None):
         raise InputError("eval", "with --code give --completions FILE, or --model TARGET --samples N")
+    out, written = code_outputs(problems, completions, out, generate=model is not None)
     generated = None
     if model is not None:
         table_ = code.read_problems(problems)
@@ -207,12 +274,31 @@ def run_code_eval(problems: Path, completions: Path | None, model: str | None, *
             raise InputError("--sandbox", f"{why}; generated code only ever runs in a sandbox")
         loaded, tokenizer = load(target, device())
         generated = code.generate_completions(loaded, tokenizer, table_, samples, max_new_tokens, temperature)
-    named = completions if completions is not None else Path("code-completions.jsonl")
-    out = out or named.with_name(named.name.removesuffix(".jsonl") + "_results.jsonl")
-    if generated is not None:
-        code.write_completions(out.with_name(out.name.replace("_results", "_completions")), generated)
+        code.write_completions(written, generated)
     return code.evaluate_code(problems, completions, out=out, ks=ks, sandbox=sandbox, workers=workers,
                               timeout_s=timeout_s, json_out=json_out, generated=generated)
+
+
+def code_outputs(problems: Path, completions: Path | None, out: Path | None, *,
+                 generate: bool) -> tuple[Path, Path | None]:
+    """(the results file, the file the generated completions go to): each refused before any sample or model
+    when it names an input (the problems, the completions), the other output, a folder or a pipe."""
+    from sftdoctor.eval import code
+
+    code.input_file(problems, "problems file")
+    if completions is not None:
+        code.input_file(completions, "completions file")
+    named = completions if completions is not None else Path("code-completions.jsonl")
+    out = out or named.with_name(named.name.removesuffix(".jsonl") + "_results.jsonl")
+    inputs = [("problems file", problems)] + ([("completions file", completions)] if completions else [])
+    check_output(out, "--out", inputs, "the results")
+    if not generate:
+        return out, None
+    stem = out.name.removesuffix(".jsonl")
+    written = out.with_name((stem.replace("_results", "_completions") if "_results" in stem
+                             else stem + "_completions") + ".jsonl")
+    check_output(written, "--out", inputs + [("results file", out)], "the generated completions")
+    return out, written
 
 
 def names(value: str | None) -> list[str]:
@@ -233,8 +319,6 @@ def main(target: str | None = None, tasks: str | None = None, *, base: str | Non
             raise InputError("eval", "give --code PROBLEMS or TARGET --tasks, not both")
         if k_values is not None and not all(k.isdecimal() and int(k) > 0 for k in names(k_values)):
             raise InputError("--k", f"expected positive integers separated by commas, got {k_values!r}")
-        from sftdoctor.errors import Interrupted, interruptible
-
         try:
             with interruptible():
                 return run_code_eval(code_problems, completions, code_model, samples=samples,
@@ -252,8 +336,12 @@ def main(target: str | None = None, tasks: str | None = None, *, base: str | Non
     if batch_size is not None and batch_size != "auto" and not (batch_size.isdecimal() and int(batch_size) > 0):
         raise InputError("--batch-size", f"expected a positive integer or auto, got {batch_size!r}")
     try:
-        return run_eval(target, names(tasks), base=base, include=include, limit=limit, num_fewshot=num_fewshot,
-                        batch_size=batch_size or "default", json_out=as_json, out=out, compare=compare)
+        with interruptible():  # SIGTERM unwinds like Ctrl-C: the result's temporary file is removed on the way out
+            return run_eval(target, names(tasks), base=base, include=include, limit=limit, num_fewshot=num_fewshot,
+                            batch_size=batch_size or "default", json_out=as_json, out=out, compare=compare)
+    except Interrupted as exc:
+        print("\nsftdoctor: interrupted; no result was written", file=sys.stderr)
+        return 128 + exc.signum
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] != "lm_eval":
             raise

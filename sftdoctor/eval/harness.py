@@ -48,8 +48,16 @@ def task_manager(tasks: list[str], include: Path | None):
 
 
 def build_local(manager, names: list[str], include: Path) -> None:
-    """Build the user's own tasks as lm-eval will (a task's config, data and first document rendered)."""
+    """Build the user's own tasks as lm-eval will (a task's config, data and first document rendered), once
+    their data files are known to be there and to be files: named by the YAML and key that name them, where
+    datasets says only "Unable to find" (and skips a named pipe as if it were not there)."""
     import logging
+
+    from sftdoctor.facts.eval_tasks import data_problems, task_data
+
+    for problem in data_problems(task_data(manager, names, include), include)[:1]:
+        raise InputError(problem["yaml"], f"{problem['problem']} (task {problem['task']!r}, read from the --include "
+                                          "folder); expected the task's data file", key=problem["key"])
 
     datasets_log = logging.getLogger("datasets")
     level = datasets_log.level

@@ -11,14 +11,13 @@ when the machine's facts are replayed from a snapshot (`sftdoctor facts > facts.
 from __future__ import annotations
 
 import datetime
-import json
 import platform
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from sftdoctor import __version__
-from sftdoctor.errors import InputError, InputErrors, did_you_mean, parse_problem, read_text
+from sftdoctor.errors import InputError, InputErrors, did_you_mean, loads_finite, parse_problem, read_text
 from sftdoctor.facts.catalogue import CATALOGUE
 
 SCHEMA = 2
@@ -150,7 +149,7 @@ def load_snapshot(path: Path, probes: dict[str, Probe]) -> tuple[dict[str, Any],
     given now. The schema and every fact's name and type are checked: a bad snapshot is bad input."""
     text = read_text(path, "facts snapshot")
     try:
-        doc = json.loads(text)
+        doc = loads_finite(text, path)
     except (ValueError, RecursionError) as exc:
         raise InputError(path, f"expected a JSON facts snapshot (from `sftdoctor facts`): {parse_problem(exc)}") from None
     if isinstance(doc, dict) and "findings" in doc and isinstance(doc.get("facts"), dict):

@@ -90,7 +90,8 @@ CATALOGUE: dict[str, Fact] = {
                        probe="token_rows:probe_token_rows", inputs=MODEL,
                        why_missing="needs a run config whose model has pretrained safetensors weights here and a "
                                    "chat template that writes added tokens"),
-    "contamination": Fact("the training rows' 13-gram overlap with the [eval] tasks' documents and the eval file",
+    "contamination": Fact("the training rows' n-gram overlap (13 words; 25 or 50 characters in scripts without "
+                          "spaces) with the [eval] tasks' documents and the eval files",
                           probe="contamination:probe_contamination", inputs=RUN_CONFIG,
                           why_missing="needs a run config with [eval] tasks or a [data] eval file"),
     "token_ids": Fact("the token ids of every training and eval row, as the run's tokenizer and chat template give "
@@ -102,6 +103,10 @@ CATALOGUE: dict[str, Fact] = {
                       why_missing="needs a run config of 2+ processes whose model has a config.json and tokenizer here"),
     "eval_tasks": Fact("the [eval] tasks, found in lm-eval's registry", probe="eval_tasks:probe_eval_tasks",
                        inputs=RUN_CONFIG, why_missing="no [eval] in the run config (or no --config)"),
+    "launch_inputs": Fact("what `train` needs beyond the config's keys, refused before anything runs: the run "
+                          "directory can be made, the [report] backend is installed, hub models are cached or reachable",
+                          probe="launch_inputs:probe_launch_inputs", inputs=RUN_CONFIG,
+                          why_missing="no run config given (--config)"),
     "plan": Fact("the run's settings, decided once (run.resolve's Plan)", probe="configs:probe_plan",
                  inputs=RUN_CONFIG, why_missing="no run config given (--config)", is_object=False),
     "training_targets": Fact("the labels the run's trainer builds: EOS, BOS, the masked prompt, generate()'s stop",

@@ -8,13 +8,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.errors import InputError, InputErrors, parse_problem, read_text
+from sftdoctor.errors import InputError, InputErrors, loads_finite, parse_problem, read_text
 from sftdoctor.facts.packages import module_file
 
 
 def read_json_object(path: Path, what: str) -> dict[str, Any]:
     """A JSON object from a file, strictly: duplicate keys and comments are errors, as for
-    transformers/accelerate, which read DeepSpeed and model configs with `json.load`."""
+    transformers/accelerate, which read DeepSpeed and model configs with `json.load`; so is NaN or Infinity
+    anywhere (json.load reads them, and the run would train with them)."""
     text = read_text(path, what)
 
     def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -25,7 +26,7 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
         return dict(pairs)
 
     try:
-        data = json.loads(text, object_pairs_hook=no_duplicates)
+        data = loads_finite(text, path, object_pairs_hook=no_duplicates)
     except (ValueError, RecursionError) as exc:
         raise InputError(path, f"not valid JSON ({parse_problem(exc)}); expected a {what}") from None
     if not isinstance(data, dict):
@@ -55,9 +56,13 @@ def probe_plan(facts):
 # ---------------------------------------------------------------- model config.json
 
 # transformers >= 4.56 (PR #39782) writes "dtype"; earlier versions wrote "torch_dtype", which
-# v5 still reads. Some configs carry "torch.bfloat16" (str of a torch.dtype).
-DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "half": "float16",
-          "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "auto": "auto"}
+# v5 still reads (`dtype` wins when both are set). A config carrying "torch.bfloat16" or "auto" is refused
+# (dtype_problem): transformers 5.24-5.25 cannot load it.
+DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "float64": "float64", "half": "float16",
+          "float": "float32", "double": "float64", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
+          "auto": "auto"}
+DTYPE_KEYS = ("dtype", "torch_dtype")
+SUB_CONFIGS = ("text_config", "llm_config", "language_config")  # a multimodal model's language part
 _SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size",
                "num_attention_heads", "num_key_value_heads", "tie_word_embeddings", "max_position_embeddings")
 
@@ -71,19 +76,50 @@ def normalize_dtype(value: Any) -> str | None:
 def model_dtype(config: dict[str, Any]) -> tuple[str | None, str | None]:
     """(dtype, the key it came from). The top-level key is the model's; sub-configs of a
     multimodal model may carry their own (often null) and are consulted only as a fallback."""
-    for key in ("dtype", "torch_dtype"):
-        if config.get(key) is not None:
-            return normalize_dtype(config[key]), key
-    for sub in ("text_config", "llm_config", "language_config"):
-        nested = config.get(sub)
-        if isinstance(nested, dict):
-            for key in ("dtype", "torch_dtype"):
-                if nested.get(key) is not None:
-                    return normalize_dtype(nested[key]), f"{sub}.{key}"
+    for key, value in _dtype_keys(config):
+        if value is not None:
+            return normalize_dtype(value), key
     return None, None
 
 
+def _dtype_keys(config: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(key path, value) of every dtype key of the config and of its language sub-configs, the model's first."""
+    found = [(key, config[key]) for key in DTYPE_KEYS if key in config]
+    for sub in SUB_CONFIGS:
+        if isinstance(config.get(sub), dict):
+            found += [(f"{sub}.{key}", config[sub][key]) for key in DTYPE_KEYS if key in config[sub]]
+    return found
+
+
+# transformers 5.24-5.25 (PretrainedConfig.__init__) turn a config's dtype string into getattr(torch, value):
+# "auto", "bf16" or "torch.bfloat16" there stop AutoConfig.from_pretrained with an AttributeError. These are the
+# names that load and that a plan can price (run.memory.SAVED_DTYPES and torch's own aliases of them).
+LOADABLE_DTYPES = ("bfloat16", "float16", "half", "float32", "float", "float64", "double")
+
+
+def dtype_problem(config: dict[str, Any]) -> tuple[str, str] | None:
+    """(key, what was expected) for the dtype transformers will read (`dtype`, else `torch_dtype`, at the top and
+    in each language sub-config) when it is not a name it loads and a plan can price: a number, a list, an
+    8-bit float, "auto". null is absent: the loader then reads the weights' own dtype."""
+    levels = [("", config)] + [(f"{sub}.", config[sub]) for sub in SUB_CONFIGS if isinstance(config.get(sub), dict)]
+    for prefix, level in levels:
+        key = next((k for k in DTYPE_KEYS if level.get(k) is not None), None)
+        value = level.get(key) if key else None
+        if key is None or value in LOADABLE_DTYPES:
+            continue
+        said = f"expected one of {', '.join(LOADABLE_DTYPES)}, got {json.dumps(value)[:100]}"
+        if isinstance(value, str) and "float8" in value:
+            said += ("; an fp8 checkpoint keeps its 16-bit dtype here and declares fp8 in quantization_config "
+                     "(as DeepSeek-V3's does)")
+        elif isinstance(value, str):
+            said += f" (transformers reads it as torch.{value} and stops with an AttributeError)"
+        return prefix + key, said
+    return None
+
+
 def summarize_model_config(path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    if found := dtype_problem(config):
+        raise InputError(path, found[1], key=found[0])
     dtype, key = model_dtype(config)
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     shape = {k: config.get(k, text.get(k)) for k in _SHAPE_KEYS if k in config or k in text}
@@ -107,14 +143,14 @@ def is_hub_id(path: str) -> bool:
 
 def hub_unreachable(model_id: str, timeout_s: float = 10.0) -> str | None:
     """Why the ranks could not download `model_id` (not cached here), or None when the hub has it for us.
-    Asked once, in the launcher, instead of every rank finding out after its imports."""
+    Asked once, before the checks (facts.launch_inputs), instead of every rank finding out after its imports."""
     try:
         from huggingface_hub import HfApi
         from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
     except ImportError:
         return None  # transformers brings huggingface_hub; without it the workers say what is missing
     try:
-        HfApi().model_info(model_id, timeout=timeout_s)
+        HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None).model_info(model_id, timeout=timeout_s)  # read now
     except GatedRepoError:
         return "it is gated: accept its licence on huggingface.co and log in (hf auth login), or give a local folder"
     except RepositoryNotFoundError:
@@ -125,12 +161,16 @@ def hub_unreachable(model_id: str, timeout_s: float = 10.0) -> str | None:
     return None
 
 
-def hub_cache_config(model_id: str) -> Path | None:
-    """config.json of a hub model already in the local Hugging Face cache, if any."""
-    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+def hub_cache_dir() -> str:
+    """The Hugging Face hub cache, as huggingface_hub finds it, read now (its own constant is read at import)."""
+    return os.environ.get("HF_HUB_CACHE") or os.path.join(
         os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub"
     )
-    snapshots = Path(hub, "models--" + model_id.replace("/", "--"), "snapshots")
+
+
+def hub_cache_config(model_id: str) -> Path | None:
+    """config.json of a hub model already in the local Hugging Face cache, if any."""
+    snapshots = Path(hub_cache_dir(), "models--" + model_id.replace("/", "--"), "snapshots")
     if not snapshots.is_dir():
         return None
     found = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True)

@@ -10,6 +10,8 @@ is wrong; nothing is launched. JSON Lines are streamed line by line, Parquet bat
 from __future__ import annotations
 
 import json
+import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -95,7 +97,7 @@ def rows(path: Path) -> Iterator[tuple[str, Any]]:
             while first.isspace():
                 first = handle.read(1)
             handle.seek(0)
-            if suffix == ".json" and first == "[":
+            if first == "[":  # a JSON array, whatever the suffix: datasets' json builder reads it so
                 try:
                     data = json.load(handle)
                 except (ValueError, RecursionError) as exc:
@@ -104,6 +106,12 @@ def rows(path: Path) -> Iterator[tuple[str, Any]]:
                     _check_unicode(row, path, f"row {i}")
                     yield f"row {i}", row
                 return
+            whole = _one_object(handle, path) if first == "{" else None
+            if whole is not None:
+                _check_unicode(whole, path, ONE_OBJECT)
+                yield ONE_OBJECT, whole
+                return
+            handle.seek(0)
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
@@ -119,6 +127,28 @@ def rows(path: Path) -> Iterator[tuple[str, Any]]:
         raise InputError(path, "expected UTF-8 JSON Lines, JSON or Parquet data") from None
     except OSError as exc:
         raise InputError(path, f"cannot read the data file: {exc.strerror or exc}") from None
+
+
+ONE_OBJECT = "its one JSON object"  # where a file that is one object spread over lines is read as one row
+ONE_OBJECT_BYTES = 256 << 20  # a larger file whose first line is not a whole object is not read whole to find out
+
+
+def _one_object(handle, path: Path) -> dict[str, Any] | None:
+    """The file's one JSON object when it spans several lines (pretty-printed), else None (JSON Lines, or not
+    JSON: the line reader says where). datasets' json builder reads such a file as one row."""
+    try:
+        json.loads(handle.readline())
+        return None  # the first line is a whole value: JSON Lines
+    except (ValueError, RecursionError):
+        pass
+    if os.fstat(handle.fileno()).st_size > ONE_OBJECT_BYTES:
+        return None
+    handle.seek(0)
+    try:
+        whole = json.loads(handle.read())
+    except (ValueError, RecursionError):
+        return None
+    return whole if isinstance(whole, dict) else None
 
 
 def locate(files: list[str] | tuple[str, ...], wanted: set[int]) -> dict[int, str]:
@@ -150,7 +180,7 @@ def _places(path: Path) -> Iterator[str]:
     with open(path, "rb") as handle:
         start = handle.read(64).lstrip()
         handle.seek(0)
-        if path.suffix.lower() == ".json" and start.startswith(b"["):
+        if start.startswith(b"["):  # as rows() reads it
             yield from (where for where, _ in rows(path))
             return
         for number, line in enumerate(handle, start=1):
@@ -219,21 +249,23 @@ def describe(files: list[str], wanted: str = "auto", one_type_per_key: bool = Fa
     With `one_type_per_key` (a datasets release that needs it), a key's JSON type must not change."""
     count, chats, fmt = 0, 0, None if wanted == "auto" else wanted
     columns: dict[str, tuple[str, str]] = {}  # key -> (its type, where it was first seen)
+    objects = []  # files that are one JSON object: one row each
     for name in files:
-        path = Path(name)
+        path, before = Path(name), count
         for where, row in rows(path):
             if fmt is None:
                 fmt = format_of(row)
                 if fmt is None:
                     keys = sorted(row) if isinstance(row, dict) else type(row).__name__
                     raise InputError(path, f"{where}: no known format; found {keys}; expected one of: "
-                                           + "; ".join(f"{n} ({' + '.join(k)})" for n, k in FORMATS.items()))
+                                           + "; ".join(f"{n} ({' + '.join(k)})" for n, k in FORMATS.items())
+                                           + _not_rows(where, row))
             problem = row_problem(row, fmt)
             if problem:
                 found = format_of(row)
                 also = f" (this row looks like {found})" if found and found != fmt else ""
                 raise InputError(path, f"{where}: {problem}; the rows are {fmt}{also}"
-                                       + ("" if wanted == "auto" else " ([data].format)"))
+                                       + ("" if wanted == "auto" else " ([data].format)") + _not_rows(where, row))
             for key, value in (row.items() if one_type_per_key and isinstance(row, dict) else ()):
                 if (found := kind(value)) is not None:
                     first = columns.setdefault(key, (found, f"{path.name} {where}"))
@@ -242,11 +274,33 @@ def describe(files: list[str], wanted: str = "auto", one_type_per_key: bool = Fa
                                                "datasets library stores each key as one column of one type")
             count += 1
             chats += fmt == "prompt_completion" and isinstance(row.get("prompt"), list)
+        if count - before == 1 and not where.startswith("row "):  # one object, on one line or several (not [{...}])
+            objects.append(name)
     if count == 0:
         raise InputError(files[0], "no rows")
     # prompt-completion rows whose prompt is a list of messages: TRL renders them with the chat template
     return {"files": files, "rows": count, "format": fmt, "shape": SHAPE[fmt],
+            **({"one_object": objects} if objects else {}),
             **({"conversational_rows": chats} if fmt == "prompt_completion" else {})}
+
+
+def _not_rows(where: str, row: Any) -> str:
+    """What to say of a file that is one JSON object that is not a row: how rows are written, and where its own
+    rows are when one of its keys holds them ({"data": [...]})."""
+    if where != ONE_OBJECT:
+        return ""
+    held = next((f"; its {k!r} holds a list of {len(v)} objects: write that list as the file" for k, v in row.items()
+                 if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)), "")
+    return "; a file of rows is JSON Lines (one object a line) or a JSON array of objects, not one object" + held
+
+
+def eval_split(rows: int, fraction: float) -> tuple[int, int]:
+    """(training rows, eval rows) of `rows` held out at `fraction`, as the recipe splits them: datasets'
+    train_test_split(test_size=fraction) holds out ceil(fraction x rows) (arrow_dataset.py, datasets 2.x-4.x).
+    Decided here once: the data probe refuses a split that leaves either side empty, the recipe asks for this
+    many eval rows."""
+    held = math.ceil(fraction * rows) if fraction else 0
+    return rows - held, held
 
 
 def probe_data(facts) -> dict[str, Any] | None:
@@ -254,7 +308,26 @@ def probe_data(facts) -> dict[str, Any] | None:
     if run is None:
         return None
     strict = not mixed_columns_load()
+    for key, files in (("[data].train", run.data.train), ("[data].eval", run.data.eval)):
+        parquet = [f for f in files if Path(f).suffix.lower() == ".parquet"]
+        if parquet and len(parquet) < len(files):  # the recipe loads one kind per split (trainer_inputs._load_files)
+            raise InputError(run.path, f"mixes Parquet ({Path(parquet[0]).name}) and JSON files; the datasets library "
+                                       "loads one kind per split: convert them to one kind", key=key)
     out = {"train": describe(list(run.data.train), run.data.format, strict)}
     if run.data.eval:
         out["eval"] = describe(list(run.data.eval), out["train"]["format"], strict)
+    elif run.data.eval_fraction:
+        out["split"] = split(run, out["train"]["rows"])
     return out
+
+
+def split(run, rows: int) -> dict[str, Any]:
+    """The eval split of [data] eval_fraction, refused when it leaves no training row or no eval row."""
+    fraction = run.data.eval_fraction
+    train, held = eval_split(rows, fraction)
+    if train == 0 or held == 0:
+        raise InputError(run.path, f"{fraction:g} of {rows} training row{'s' if rows != 1 else ''} holds out {held} "
+                                   f"for eval and leaves {train} to train on (datasets' train_test_split holds out "
+                                   f"ceil({fraction:g} x {rows})): give more rows, or an eval file ([data] eval)",
+                         key="[data].eval_fraction")
+    return {"fraction": fraction, "train": train, "eval": held}

@@ -113,7 +113,9 @@ def problems_in_child(path: Path) -> list[tuple[str, str]]:
 
 
 def main(path: str) -> list[tuple[str, str]]:
-    config = json.loads(Path(path).read_text(encoding="utf-8"))
+    from sftdoctor.facts.configs import read_json_object  # the parent's reader: the same file, the same rules
+
+    config = read_json_object(Path(path), "DeepSpeed config")
     return structure_problems(config, known_keys()) or model_problems(config)
 
 

@@ -16,6 +16,12 @@ Verified with torch 2.13.0 (dump format "2.10"):
   its process groups), else the default group spans the world and another group the ranks whose dumps use it.
   `pg_status` holds each group's last completed collective, which says whether a rank's last one finished.
 
+Dumps from some ranks only (a rank frozen or gone sends none) speak for those ranks only: the fact says which ranks
+of the world have no readable dump ("no_dump"), why each unreadable one could not be read ("unreadable": a FIFO,
+a device, a folder, EIO, a truncated or foreign pickle; none is ever opened before a stat says it is a regular
+file), and whether the world's size is known ("world_known": given by the caller, or in the dumps' pg_config;
+Gloo's dumps name none), so that no sentence built on it speaks for a rank it has no dump of.
+
 `read(folder)` is the fact; `python -m sftdoctor.facts.flight_recorder` answers it in a child process for
 `explain --log`, whose own process never imports torch.
 """
@@ -26,11 +32,14 @@ import argparse
 import ast
 import io
 import logging
+import os
 import pickle
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.errors import InputError, read_bytes, regular_file
 from sftdoctor.facts.child import serve
 
 FR_DIR = "flight-recorder"  # RUN_DIR/flight-recorder/rank-<r>: each rank's dump, written by the hang watchdog
@@ -38,6 +47,7 @@ DUMP_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>[0-9]+)(?:\.pkl)?$")
 MAX_DUMP_BYTES = 256 * 2**20  # 2,000 entries are a few MB; a bigger file is not a dump
 INTERNAL = ("/torch/distributed/", "/torch/nn/parallel/", "/torch/autograd/", "c10d_logger", "/deepspeed/comm/")
 SHOWN = 3  # groups described at most
+MAX_RANKS = 1 << 17  # a rank number beyond the largest jobs there are is not a rank (rank-99999999999)
 
 
 class _Plain(pickle.Unpickler):
@@ -46,8 +56,15 @@ class _Plain(pickle.Unpickler):
 
 
 def load(path: Path) -> dict[str, Any]:
-    """One dump, or ValueError saying why the file is not one."""
-    data = path.read_bytes()
+    """One dump, or ValueError saying why the file is not one (a FIFO, a device, a folder, a file that cannot be
+    read, one too big, a truncated or foreign pickle): never a block, never a traceback."""
+    try:
+        regular_file(path, "flight-recorder dump")
+        if os.stat(path).st_size > MAX_DUMP_BYTES:
+            raise InputError(path, f"over {MAX_DUMP_BYTES >> 20} MiB: not a flight-recorder dump")
+        data = read_bytes(path, "flight-recorder dump", MAX_DUMP_BYTES)
+    except InputError as exc:
+        raise ValueError(f"{path.name}: {exc.message}{_link(path)}") from None
     try:
         dump = _Plain(io.BytesIO(data)).load()
     except Exception as exc:  # a truncated or foreign pickle
@@ -57,41 +74,89 @@ def load(path: Path) -> dict[str, Any]:
     return dump
 
 
+def _link(path: Path) -> str:
+    """" (a symlink to TARGET)" for a link, which explains a dump "not found" or a device where one should be."""
+    try:
+        return f" (a symlink to {os.readlink(path)})" if path.is_symlink() else ""
+    except OSError:
+        return ""
+
+
+def _starts_like_a_pickle(path: Path) -> bool | None:
+    """True/False for a regular file of a dump's size that can be opened; None for anything else (a FIFO, a
+    device, a folder, a dangling link, a file too big or unreadable): stat first, so a FIFO is never opened."""
+    try:
+        mode = os.stat(path)
+        if not stat.S_ISREG(mode.st_mode) or mode.st_size > MAX_DUMP_BYTES:
+            return None
+        with open(path, "rb") as handle:
+            return handle.read(1) == b"\x80"  # pickle protocol 2 and later
+    except OSError:
+        return None
+
+
 def dumps_in(folder: Path) -> dict[int, Path]:
     """The rank -> file of the flight-recorder dumps in a folder (`<prefix><rank>`, the name torch writes, with or
-    without .pkl): of the files that start like a pickle, the prefix that most ranks share."""
+    without .pkl): the prefix that most files starting like a pickle share (in the watchdog's own folder, any
+    prefix), with every entry of that prefix, readable or not, so that `read` names the ones it cannot read."""
     by_prefix: dict[str, dict[int, Path]] = {}
+    pickles: dict[str, int] = {}
+    ours = folder.name == FR_DIR  # the watchdog's folder holds nothing else: an empty rank-1 is a broken dump
     try:
-        files = sorted(p for p in folder.iterdir() if p.is_file())
+        entries = sorted(folder.iterdir())
     except OSError:
         return {}
-    for path in files:
+    for path in entries:
         match = DUMP_NAME.match(path.name)
-        if not match or path.stat().st_size > MAX_DUMP_BYTES:
+        if not match or int(match["rank"]) >= MAX_RANKS:
             continue
-        with open(path, "rb") as handle:
-            if handle.read(1) != b"\x80":  # pickle protocol 2 and later
-                continue
+        pickle_like = _starts_like_a_pickle(path)
+        if pickle_like is False and not ours:
+            continue  # a file of ours that is not a dump (train.log.1, a checkpoint's marker)
         by_prefix.setdefault(match["prefix"], {})[int(match["rank"])] = path
-    return max(by_prefix.values(), key=len, default={})
+        pickles[match["prefix"]] = pickles.get(match["prefix"], 0) + bool(pickle_like)
+    chosen = [p for p in by_prefix if pickles[p] or ours]
+    best = max(chosen, key=lambda p: (pickles[p], len(by_prefix[p])), default=None)
+    return by_prefix[best] if best is not None else {}
 
 
 def read(folder: Path, world: int | None = None, groups: dict[str, list[int]] | None = None) -> dict[str, Any]:
     """The fact: what the dumps in `folder` say, {"dumps": []} when there are none, {"error": ...} when they
-    cannot be analysed (never a silent "nothing found")."""
+    cannot be analysed (never a silent "nothing found"). The dumps that cannot be read are named in
+    "unreadable" (rank -> why), the readable ones analysed; "no_dump" holds the ranks of the world without a
+    readable dump, and "world_known" whether the world's size is known (given, or in the dumps' pg_config)."""
     found = dumps_in(folder)
     if not found:
         return {"folder": str(folder), "dumps": []}
+    dumps, unreadable = {}, {}
+    for rank, path in found.items():
+        try:
+            dumps[rank] = load(path)
+        except ValueError as exc:
+            unreadable[str(rank)] = str(exc)
+    said: dict[str, Any] = {"folder": str(folder), "unreadable": unreadable}
+    if not dumps:
+        return {**said, "dumps": [], **_coverage({}, world, None, found),
+                "error": "no dump could be read: " + "; ".join(unreadable.values())}
     try:
-        dumps = {rank: load(path) for rank, path in found.items()}
-        return {"folder": str(folder), **analyse(dumps, world, groups)}
+        return {**said, **analyse(dumps, world, groups, found)}
     except Exception as exc:  # the analyzer asserts on data it cannot pair: say so
-        return {"folder": str(folder), "dumps": sorted(found),
+        return {**said, "dumps": sorted(dumps), **_coverage(dumps, world, None, found),
                 "error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"}
 
 
+def _coverage(dumps: dict[int, Any], world: int | None, sizes: list[int] | None, seen=()) -> dict[str, Any]:
+    """Which ranks of the world the dumps speak for: the world's size (given, else the largest group of the
+    dumps' pg_config, else at least every rank `seen` with a file: then not known), and the ranks without a
+    readable dump."""
+    world = world if isinstance(world, int) and not isinstance(world, bool) and 0 < world <= MAX_RANKS else None
+    known = bool(world) or bool(sizes)
+    size = max([world or 0, *(sizes or []), max([*dumps, *seen], default=-1) + 1])
+    return {"world": size, "world_known": known, "no_dump": sorted(set(range(size)) - set(dumps))}
+
+
 def analyse(dumps: dict[int, dict[str, Any]], world: int | None = None,
-            groups: dict[str, list[int]] | None = None) -> dict[str, Any]:
+            groups: dict[str, list[int]] | None = None, seen=()) -> dict[str, Any]:
     """Torch's analyzer over the dumps (rank -> dump), then each failing group described rank by rank."""
     from torch.distributed.flight_recorder.components.builder import build_db
 
@@ -99,7 +164,8 @@ def analyse(dumps: dict[int, dict[str, Any]], world: int | None = None,
     details = {str(rank): {"host_name": f"host_rank{rank}", "rank": rank, "entries": list(d["entries"]),
                            "version": str(d["version"]), "pg_config": dict(d.get("pg_config") or {})}
                for rank, d in sorted(dumps.items())}
-    world = world or _world(dumps)
+    coverage = _coverage(dumps, world, _sizes(dumps), seen)
+    world = coverage["world"]
     _fill_groups(details, world, groups or {})
     args = argparse.Namespace(verbose=False, just_print_entries=False, allow_incomplete_ranks=True, mismatch_cap=10)
     quiet = logging.getLogger("Flight Recorder")
@@ -117,15 +183,15 @@ def analyse(dumps: dict[int, dict[str, Any]], world: int | None = None,
         if name not in failing:
             failing[name] = _describe(c, dumps, members.get(c.pg_desc.split(":", 1)[0], set(dumps)))
     backend = next((e["profiling_name"].split(":")[0] for d in dumps.values() for e in d["entries"]), None)
-    return {"dumps": sorted(dumps), "world": world, "version": ", ".join(sorted(versions)),
+    return {"dumps": sorted(dumps), **coverage, "version": ", ".join(sorted(versions)),
             "backend": backend, "groups": list(failing.values())[:SHOWN], "more_groups": max(0, len(failing) - SHOWN),
             "last": {str(rank): _last(d) for rank, d in sorted(dumps.items())}}
 
 
-def _world(dumps: dict[int, dict[str, Any]]) -> int:
-    """The world the dumps come from: the largest group of their pg_config, at least every dumped rank."""
-    sizes = [len(_ranks(cfg)) for d in dumps.values() for cfg in (d.get("pg_config") or {}).values()]
-    return max([max(dumps) + 1, *sizes])
+def _sizes(dumps: dict[int, dict[str, Any]]) -> list[int]:
+    """The sizes of the groups the dumps' pg_config names (Gloo's names none: its placeholder has no ranks)."""
+    return [n for d in dumps.values() if isinstance(d.get("pg_config"), dict)
+            for cfg in d["pg_config"].values() if (n := len(_ranks(cfg)))]
 
 
 def _ranks(cfg: Any) -> list[int]:

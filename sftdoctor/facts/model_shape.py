@@ -8,12 +8,13 @@ only where there are GPUs to plan for, so `sftdoctor check` never imports torch.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.errors import InputError
 from sftdoctor.facts.child import in_child, serve
+from sftdoctor.facts.configs import read_json_object
 from sftdoctor.run.gpus import devices
 from sftdoctor.run.shape import ALIASES, GATED_MLP, Shape, closed_form, dimension_problem, from_counts
 
@@ -62,11 +63,9 @@ def _count(config: dict[str, Any]) -> tuple[int, int]:
 def shape_in_child(path: str) -> tuple[Shape | None, str | None]:
     """(shape, why not) with the meta-device count run by a child process."""
     try:
-        config = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"
-    if not isinstance(config, dict):
-        return None, "config.json is not a JSON object"
+        config = read_json_object(Path(path), "model config.json")
+    except InputError as exc:
+        return None, exc.message if exc.key is None else f"{exc.key}: {exc.message}"
     if config.get("model_type") is None:
         return None, "config.json has no model_type"
     if not isinstance(config["model_type"], str) or (config["model_type"] in GATED_MLP and dimension_problem(config)):

@@ -18,6 +18,7 @@ import json
 import os
 from importlib import metadata
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any, Callable, Iterable
 
 from sftdoctor.files import write_atomic
@@ -69,6 +70,8 @@ def _key(request: Any, files: Iterable[Path]) -> str:
 def _file_digest(path: Path) -> str:
     try:
         stat = path.stat()
+        if not S_ISREG(stat.st_mode):  # a FIFO would be drained (or block), /dev/zero read without end
+            return f"{path}:not-a-file:{stat.st_mode}"
         if stat.st_size > HASHED_BYTES:
             return f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
         return hashlib.sha256(path.read_bytes()).hexdigest()

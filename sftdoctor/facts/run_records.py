@@ -6,7 +6,10 @@ The `curves` fact the post-run checks (the curve readers) and `sftdoctor report`
   checkpoint's when the directory holds only checkpoints);
 - one of those files named directly, or a LLaMA-Factory `trainer_log.jsonl` (`current_steps`, `lr`).
 A record logged again for a step already read (a resumed run appending to the same log) replaces the
-earlier ones from that step on: a resume's records win.
+earlier ones from that step on: a resume's records win. NaN and infinite values are kept as logged (the
+readers say where a series stopped being a number, `non_finite`); a value of another type is refused. Every
+file is read through sftdoctor.errors (a FIFO or /dev/zero is refused by name, never opened); a stop record
+that cannot be read is said in the fact's "problems", never read as "not stopped".
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.errors import InputError, parse_problem
+from sftdoctor.errors import InputError, parse_problem, read_text
 from sftdoctor.run import rundir
 from sftdoctor.run.checkpoints import checkpoints, is_complete
 from sftdoctor.run.schedule import schedule_of
@@ -34,8 +38,54 @@ LOG_FILES = (rundir.METRICS, TRAINER_STATE, "trainer_log.jsonl")
 
 
 def _number(value: Any) -> float | None:
-    """JSON numbers, NaN and Infinity included (Python's json reads them); booleans and strings are not."""
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """JSON numbers, NaN and Infinity included (Python's json reads them); booleans and strings are not. A
+    whole number too large for a float (10**400) is infinite, as 1e400 is."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def shown(value: float) -> str:
+    """A logged value as JSON writes it: NaN, Infinity and -Infinity by those names."""
+    if math.isfinite(value):
+        return f"{value:g}"
+    return "NaN" if math.isnan(value) else "inf" if value > 0 else "-inf"
+
+
+def json_safe(value: Any) -> Any:
+    """`value` as JSON any parser reads: a NaN or an infinity as its name in a string (never a bare NaN
+    literal), anything else JSON has no type for as its str()."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return shown(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+
+
+def non_finite(series: dict[str, list] | None) -> dict[str, Any] | None:
+    """Where a logged series stopped being a number: its first NaN or infinity (step, value), how many of its
+    points are not numbers, and whether it stayed so to its last point; None when every point is finite."""
+    if not series:
+        return None
+    values = series["values"]
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    if not bad:
+        return None
+    return {"step": series["steps"][bad[0]], "value": shown(values[bad[0]]), "count": len(bad), "of": len(values),
+            "to_end": len(bad) == len(values) - bad[0]}
+
+
+def said(gone: dict[str, Any]) -> str:
+    """`non_finite`'s answer in words: "non-finite from step 6 (NaN): 5 of 10 logged points"."""
+    if gone["to_end"]:
+        return f"non-finite from step {gone['step']} ({gone['value']}): {gone['count']} of {gone['of']} logged points"
+    return (f"non-finite at {gone['count']} of {gone['of']} logged points, first at step {gone['step']} "
+            f"({gone['value']})")
 
 
 class Series:
@@ -72,10 +122,16 @@ class Reader:
             raise InputError(self.source, f"expected a \"step\" that is a whole number >= 0, got {step!r}", key=where)
         for key, name in NAMES.items():
             value = record.get(key)
-            if type(value) is float or type(value) is int:  # not bool, not str; NaN and Infinity are floats
-                self.series[name].add(step, float(value))
-        if _number(record.get("max_grad_norm")) is not None:
-            self.extra["max_grad_norm"] = float(record["max_grad_norm"])
+            if value is None:  # not logged this step (a Trainer logs a grad_norm of null under DeepSpeed)
+                continue
+            number = _number(value)
+            if number is None:  # a loss of "nan" or true: dropped, a curve would be judged without its point
+                raise InputError(self.source, f"expected a number (NaN and Infinity included), got {value!r}"[:200],
+                                 key=f"{where}: {key}")
+            self.series[name].add(step, number)
+        clip = _number(record.get("max_grad_norm"))
+        if clip is not None and math.isfinite(clip):  # an infinite threshold would pass every norm as unclipped
+            self.extra["max_grad_norm"] = clip
         for key in ("max_steps", "total_steps"):  # sftdoctor's record (the Trainer's count); LLaMA-Factory's
             if type(record.get(key)) is int and record[key] > 0:
                 self.extra["planned_steps"] = record[key]
@@ -104,30 +160,29 @@ class Reader:
         for index, record in enumerate(history):
             self.record(f"log_history[{index}]", record)
         for key, name in (("max_steps", "planned_steps"), ("eval_steps", "eval_steps"), ("save_steps", "save_steps")):
-            if isinstance(state.get(key), int) and state[key] > 0:
+            if type(state.get(key)) is int and state[key] > 0:
                 self.extra[name] = state[key]
         best = state.get("best_model_checkpoint")
         if isinstance(best, str) and best:
             self.extra["best_checkpoint"] = best
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise InputError(path, f"cannot be read: {exc.strerror or exc}") from None
+def _there(path: Path) -> bool:
+    """Something is at `path`, a FIFO, a device or a dangling link included (each is refused by name when read,
+    never skipped as if absent)."""
+    return os.path.lexists(path)
 
 
 def log_file(path: Path) -> Path:
     """The metric log of RUN (a directory or the file itself)."""
-    if not path.exists():
+    if not _there(path):
         raise InputError(path, "not found (expected a run directory, or a metrics.jsonl or trainer_state.json)")
-    if path.is_file():
+    if not path.is_dir():  # a file, or a FIFO or device that read_text refuses
         return path
     for name in LOG_FILES:
-        if (path / name).is_file():
+        if _there(path / name):  # a FIFO or /dev/zero here is refused by name, not passed over
             return path / name
-    saved = [p for _, p in checkpoints(path) if (p / TRAINER_STATE).is_file()]
+    saved = [p for _, p in checkpoints(path) if _there(p / TRAINER_STATE)]
     if saved:
         return saved[-1] / TRAINER_STATE
     raise InputError(path, f"holds no {rundir.METRICS} or {TRAINER_STATE} (expected a sftdoctor run directory or a "
@@ -145,12 +200,10 @@ def _plan(folder: Path) -> dict[str, Any]:
     """The run's resolved settings; {} for a Trainer's directory, which has none. One that is there but
     unreadable is bad input: read as "no settings", the schedule would pass unchecked."""
     path = folder / rundir.RESOLVED
-    if not path.exists():
+    if not _there(path):
         return {}
     try:
-        plan = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(path, f"cannot read the run's resolved settings: {getattr(exc, 'strerror', None) or exc}") from None
+        plan = json.loads(read_text(path, "run record"))
     except (ValueError, RecursionError) as exc:
         raise InputError(path, f"not valid JSON ({parse_problem(exc)}); expected the run's resolved settings") from None
     if not isinstance(plan, dict):
@@ -164,12 +217,24 @@ def _plan(folder: Path) -> dict[str, Any]:
     return plan
 
 
-def _stopped(folder: Path) -> dict[str, Any] | None:
-    try:
-        record = json.loads((folder / rundir.STOPPED).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+def _stopped(folder: Path, problems: list[str]) -> dict[str, Any] | None:
+    """The watcher's record of why it stopped the run; one that cannot be read is said (in `problems`), never
+    read as "not stopped"."""
+    path = folder / rundir.STOPPED
+    if not _there(path):
         return None
-    return record if isinstance(record, dict) else None
+    try:
+        record = json.loads(read_text(path, "stop record", limit=1 << 20))
+    except InputError as exc:
+        problems.append(f"{exc}; how the run ended is not known")
+        return None
+    except (ValueError, RecursionError) as exc:
+        problems.append(f"{path}: not valid JSON ({parse_problem(exc)}); how the run ended is not known")
+        return None
+    if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("id", "title")):
+        problems.append(f"{path}: expected an object with \"id\" and \"title\" strings; how the run ended is not known")
+        return None
+    return record
 
 
 def read_run(path: Path) -> dict[str, Any]:
@@ -178,13 +243,14 @@ def read_run(path: Path) -> dict[str, Any]:
     source = log_file(path)
     folder = path if path.is_dir() else source.parent
     reader = Reader(source)
-    text = _read(source)
+    text = read_text(source, "metric log")
     (reader.trainer_state if source.name.endswith(".json") else reader.jsonl)(text)
     series = {name: s.to_json() for name, s in reader.series.items() if s.steps}
     if not series:
         raise InputError(source, "holds no metric records (expected a \"step\" with \"loss\", \"eval_loss\" or "
                                  "\"learning_rate\")")
     plan = _plan(folder)
+    problems: list[str] = []
     saved = [(step, p) for step, p in checkpoints(folder)]
     marked = [step for step, p in saved if is_complete(p)]
     last = max(s["steps"][-1] for s in series.values())
@@ -211,6 +277,8 @@ def read_run(path: Path) -> dict[str, Any]:
         # sftdoctor marks the checkpoints every rank finished; a Trainer's folders are all taken as they are
         "checkpoints": marked if plan else [step for step, _ in saved],
         "best_checkpoint": reader.extra.get("best_checkpoint"),
-        "stopped": _stopped(folder),
+        "stopped": _stopped(folder, problems),
         "finished": (folder / "final").is_dir() and (not planned or last >= planned),
+        "non_finite": {name: gone for name, values in series.items() if (gone := non_finite(values))},
+        "problems": problems,  # what could not be read and was left out, each said in one line
     }

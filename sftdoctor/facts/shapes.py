@@ -21,7 +21,7 @@ SHAPES: dict[str, Any] = {
              "devices": [{"index": OPT_INT, "name": OPT_STR, "uuid": OPT_STR, "pci_bus_id": OPT_STR,
                           "compute_capability": OPT_VERSION, "memory_total_mib": OPT_COUNT, "nvlink_links_up": OPT_COUNT}]},
     "topology": {"source": OPT_STR, "devices": [str], "nics": {str: str}, "links": {str: {str: str}},
-                 "incomplete": {str: str}},
+                 "incomplete": {str: str}, "inconsistent": OPT_STR},
     "flash_attn": {"installed": OPT_BOOL, "version": OPT_STR, "import_ok": OPT_BOOL, "import_error": OPT_STR,
                    "wheel": OPT_STR},
     "torch_build": {"version": OPT_VERSION, "cuda": OPT_VERSION, "hip": OPT_VERSION, "git_version": OPT_STR},
@@ -48,7 +48,13 @@ def fact_problem(name: str, value: Any) -> tuple[str, str] | None:
     missing = next((key for key in REQUIRED.get(name, ()) if isinstance(value, dict) and key not in value), None)
     if missing:
         return f".{missing}", "missing"
-    return problem(value, SHAPES[name]) if name in SHAPES else None
+    found = problem(value, SHAPES[name]) if name in SHAPES else None
+    if found is None and name == "topology":  # well-formed, but its rows may still disagree
+        from sftdoctor.facts.topology import contradiction
+
+        if pair := contradiction(value["links"]):
+            found = ".links", f"{pair[0]}: {pair[1]}"
+    return found
 
 
 def _name(spec: Any) -> str:

@@ -6,7 +6,10 @@ the terminal underline escapes nvidia-smi prints around the header. Pastes too: 
 table (`| GPU0 | GPU1 |`), a markdown quote (`> ` before each line), a row wrapped onto the
 next line, and a paste cut off in its last rows. The matrix is symmetric, so a row that is
 missing or cut short is read from its column in the other rows; what could not be read is
-named in "incomplete" (present only then). The fact is:
+named in "incomplete" (present only then). A matrix that contradicts itself (GPU0->GPU1 NV4 but GPU1->GPU0
+SYS, a diagonal that is not X, a row of another length, a row without its column) is not a topology: given
+by the user it is refused (Contradiction); probed here, the fact says only "inconsistent" and why, and no
+link is judged from it. The fact is:
 {"source": ..., "devices": ["GPU0", ..., "NIC0"], "nics": {"NIC0": "mlx5_0"},
  "links": {"GPU0": {"GPU1": "NV12", "NIC0": "PXB", ...}, ...},
  "affinity": {"GPU0": {"CPU Affinity": "0-47", "NUMA Affinity": "0"}},
@@ -22,18 +25,25 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.errors import InputError
+from sftdoctor.errors import InputError, read_bytes
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|\[[0-9;]*m(?=\S)")
 _LINK = re.compile(r"X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC|PSB|NA|N/A")
+_DEVICE = re.compile(r"GPU\d+|NIC\d+")
 _NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 _AFFINITY_NAMES = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 _AFFINITY_START = {"CPU", "NUMA", "GPU"}  # a header word that is not a device name
 _QUOTE = re.compile(r"^\s*(?:>\s?)+")
 _MARKDOWN = re.compile(r"\\([\\_*|`])")
 # The header: GPU0 as a word, followed by another device, an affinity column or nothing (not prose).
-_HEADER = re.compile(r"(?:^|\s)GPU0(?:\s+(?:GPU1|NIC0|CPU|NUMA|[A-Za-z]+\d*_\d+)\b|\s*$)")
+_HEADER = re.compile(r"(?:^|\s)GPU0(?:\s+(?:GPU\d+|NIC0|CPU|NUMA|[A-Za-z]+\d*_\d+)\b|\s*$)")
 _TABLE_RULE = re.compile(r"[\s|:\-]*-[\s|:\-]*")
+
+
+
+class Contradiction(InputError):
+    """A matrix that contradicts itself: no link can be judged from it."""
+
 
 # Closeness of a path, best first (the order of nvidia-smi's legend).
 PATH_RANK = {"NV": 0, "PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
@@ -63,7 +73,7 @@ def parse_topology(text: str, source: str = "<topology>") -> dict[str, Any]:
             break
         columns.append(word)
     if len(set(columns)) != len(columns):
-        raise InputError(source, f"line {header_at + 1}: repeated device column in the header")
+        raise Contradiction(source, f"line {header_at + 1}: repeated device column in the header")
     leading = [name for name in _AFFINITY_NAMES if name in " ".join(words[:first])]
     affinity_names = leading + [name for name in _AFFINITY_NAMES if name in " ".join(words[first + len(columns):])]
 
@@ -71,23 +81,23 @@ def parse_topology(text: str, source: str = "<topology>") -> dict[str, Any]:
     affinity: dict[str, dict[str, str]] = {}
     nics: dict[str, str] = {}
     cut: tuple[int, str, int] | None = None  # a row with too few link codes: (line, row, codes read)
-    rows = _rows(lines, header_at + 1, columns, len(leading))
+    rows = _rows(lines, header_at + 1, columns, len(leading), source)
     for number, row, values in rows:
         if row is None:
             nics[values[0]] = values[1]
             continue
         before, values = values[:len(leading)], values[len(leading):]
         if cut is not None:  # a row follows the short one: it was not cut off at the end of a paste
-            raise InputError(source, _short(cut[:2], len(columns)))
+            raise Contradiction(source, _short(cut[:2], len(columns)))
         codes = list(itertools.takewhile(_LINK.fullmatch, values[: len(columns)]))
         if len(values) < len(columns) and len(codes) >= len(values) - 1:  # link codes up to where it stops
             cut = (number, row, len(codes))
             links[row] = dict(zip(columns, codes[:-1]))  # its last code may be cut too (NV1 of NV12)
             continue
         if len(codes) < len(columns):
-            raise InputError(source, _short((number, row), len(columns)))
+            raise Contradiction(source, _short((number, row), len(columns)))
         if codes[columns.index(row)] != "X":
-            raise InputError(source, f"line {number}: row {row} should have X in its own column")
+            raise Contradiction(source, f"line {number}: row {row} should have X in its own column")
         links[row] = dict(zip(columns, codes))
         if extra := {name: cell for name, cell in zip(affinity_names, before + values[len(columns):]) if cell}:
             affinity[row] = extra
@@ -102,8 +112,29 @@ def parse_topology(text: str, source: str = "<topology>") -> dict[str, Any]:
         links.setdefault(name, {})
     if not any(d.startswith("GPU") for d in devices):
         raise InputError(source, "the matrix has no GPU rows")
+    if found := contradiction(links):
+        raise Contradiction(source, found[1], key=found[0])
     fact = {"devices": devices, "nics": nics, "links": links, "affinity": affinity}
     return {**fact, "incomplete": incomplete} if incomplete else fact
+
+
+def contradiction(links: dict[str, dict[str, str]]) -> tuple[str, str] | None:
+    """(the pair "GPU0/GPU1", what contradicts) for link codes that cannot all be true: a code that is no link,
+    X off the diagonal or a device not X to itself, or a pair read differently from each end (nvidia-smi prints
+    one symmetric matrix; a row may be absent, its pairs then read from the other rows)."""
+    for a, row in links.items():
+        for b, code in row.items():
+            pair = f"{a}/{b}"
+            if not _LINK.fullmatch(code):
+                return pair, f"{a}->{b} is {code!r}, not a link code (X, NV#, PIX, PXB, PHB, NODE, SYS)"
+            if (code == "X") != (a == b):
+                return pair, (f"{a}->{b} is X, which only a device's own column may be" if a != b
+                              else f"{a}->{a} is {code}: a device's own column is X")
+            back = links.get(b, {}).get(a)
+            if a != b and back is not None and back != code:
+                return pair, (f"the matrix contradicts itself: {a}->{b} is {code} but {b}->{a} is {back} "
+                              "(nvidia-smi prints one symmetric matrix)")
+    return None
 
 
 def _plain(line: str) -> str:
@@ -115,7 +146,7 @@ def _plain(line: str) -> str:
     return line.rstrip()
 
 
-def _rows(lines: list[str], start: int, columns: list[str], leading: int
+def _rows(lines: list[str], start: int, columns: list[str], leading: int, source: str
           ) -> list[tuple[int, str | None, list[str]]]:
     """(line number, row name, its cells: the `leading` affinity cells a table put before the name, then the
     rest) of each matrix row after the header, a row wrapped onto the next lines joined back; (line number,
@@ -131,6 +162,9 @@ def _rows(lines: list[str], start: int, columns: list[str], leading: int
         if at is not None and cells[at] not in seen:
             seen.add(cells[at])
             rows.append((number, cells[at], [""] * (leading - at) + cells[:at] + cells[at + 1:]))
+        elif len(cells) > 1 and _DEVICE.fullmatch(cells[0]) and cells[0] not in columns and _LINK.fullmatch(cells[1]):
+            raise Contradiction(source, f"line {number}: row {cells[0]} has no column in the header "
+                                        f"({' '.join(columns)})")
         elif cells and rows and rows[-1][1] is not None and _LINK.fullmatch(cells[0]) and \
                 len(rows[-1][2]) < leading + len(columns):
             rows[-1][2].extend(cells)  # the rest of a row the terminal or the paste wrapped
@@ -151,10 +185,8 @@ def link(topology: dict[str, Any], a: str, b: str) -> str | None:
 
 
 def read_topology_file(path: Path) -> dict[str, Any]:
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise InputError(path, f"cannot read topology file: {exc.strerror}") from None
+    # bytes a terminal paste garbled (a box-drawing character cut in half) are replaced, not refused
+    text = read_bytes(path, "topology").decode("utf-8", errors="replace")
     return {"source": str(path), **parse_topology(text, str(path))}
 
 
@@ -171,5 +203,9 @@ def probe_topology(facts) -> dict[str, Any] | None:
         return None
     try:
         return {"source": "nvidia-smi topo -m", **parse_topology(proc.stdout, "nvidia-smi topo -m")}
+    except Contradiction as exc:  # a driver's own output: said as a warning by gpu-topology, nothing judged from it
+        where = f"{exc.key}: " if exc.key else ""
+        return {"source": "nvidia-smi topo -m", "devices": [], "nics": {}, "links": {},
+                "inconsistent": f"{where}{exc.message}"}
     except InputError:
         return None  # a single-GPU or unusual box whose output has no matrix

@@ -52,7 +52,9 @@ def load_data(plan: Plan):
     if plan.eval_files:
         evaluation = as_trained(_load_files(plan.eval_files), plan)
     elif plan.eval_fraction:
-        split = train.train_test_split(test_size=plan.eval_fraction, seed=plan.seed)
+        from sftdoctor.facts.data import eval_split  # the count the data probe checked before the gate
+
+        split = train.train_test_split(test_size=eval_split(len(train), plan.eval_fraction)[1], seed=plan.seed)
         train, evaluation = split["train"], split["test"]
     if plan.data_limit:
         limit = plan.data_limit

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -18,10 +19,10 @@ from typing import Any
 
 from sftdoctor.render import exit_code, render_table
 from sftdoctor.checks import Skipped, load_checks, run_checks
-from sftdoctor.errors import InputError, interruptible
+from sftdoctor.errors import InputError, interruptible, read_text
 from sftdoctor.facts.catalogue import fact_names
 from sftdoctor.files import write_atomic
-from sftdoctor.facts.run_records import read_run
+from sftdoctor.facts.run_records import json_safe, non_finite, read_run, said
 from sftdoctor.findings import Finding, Severity
 from sftdoctor.run import rundir
 from sftdoctor.report import page
@@ -62,37 +63,52 @@ def postrun_records(findings: list[Finding]) -> list[dict[str, Any]]:
     return [{"phase": "postrun", "step": f.evidence.get("step"), "time": time.time(), **f.to_json()} for f in findings]
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    """findings.jsonl's records; a line that is not one (a writer killed mid-line) is left out."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
+def _records(path: Path) -> list[tuple[int, str, dict[str, Any] | None]]:
+    """findings.jsonl's lines (number, text), each with its finding record, or None for a line that is not one
+    (a writer killed mid-line, a hand edit). A file that cannot be read is refused: the report rewrites it."""
+    if not os.path.lexists(path):
         return []
-    except OSError as exc:  # a folder, no permission: the gate's and the watchers' findings would go missing
-        raise InputError(path, f"cannot read the run's findings: {exc.strerror or exc}") from None
-    records = []
-    for line in text.splitlines():
+    out = []
+    for number, line in enumerate(read_text(path, "findings record").splitlines(), 1):
+        if not line.strip():
+            continue
         try:
             record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("title"), str):
-            records.append(record)
-    return records
+        except (ValueError, RecursionError):
+            record = None
+        usable = isinstance(record, dict) and isinstance(record.get("title"), str)
+        out.append((number, line, record if usable else None))
+    return out
+
+
+def _findings(path: Path, problems: list[str]) -> list[dict[str, Any]]:
+    """The finding records of findings.jsonl; the lines that are not one are said (in `problems`), never
+    left out silently: the page would say "no warnings were recorded" over them."""
+    lines = _records(path)
+    bad = [number for number, _, record in lines if record is None]
+    if bad:
+        more = f" and {len(bad) - 1} more line{'s' if len(bad) > 2 else ''}" if len(bad) > 1 else ""
+        problems.append(f"{path}: line {bad[0]}{more}: not a finding record (a JSON object with a \"title\"), left "
+                        "out of the report")
+    return [record for _, _, record in lines if record is not None]
 
 
 def record_postrun(folder: Path, records: list[dict[str, Any]]) -> None:
-    """findings.jsonl with this report's post-run records in place of earlier ones (atomically)."""
+    """findings.jsonl with this report's post-run records in place of earlier ones (atomically); every other
+    line is kept as it was, one that is not a finding record included."""
     path = folder / rundir.FINDINGS
-    kept = [r for r in _lines(path) if r.get("phase") != "postrun"]
-    write_atomic(path, "".join(json.dumps(r, default=str) + "\n" for r in kept + records))
+    kept = [line for _, line, r in _records(path) if r is None or r.get("phase") != "postrun"]
+    write_atomic(path, "".join(line + "\n" for line in kept)
+                 + "".join(json.dumps(r, default=str) + "\n" for r in records))
 
 
-def findings_of(folder: Path) -> list[dict[str, Any]]:
+def findings_of(folder: Path, problems: list[str] | None = None) -> list[dict[str, Any]]:
     """The run's recorded findings but the post-run ones (this report makes those): the preflight gate's and
     the watchers', and the rehearsal's (its own findings.jsonl, in the rehearsal's run directory)."""
-    own = [r for r in _lines(folder / rundir.FINDINGS) if r.get("phase") != "postrun"]
-    rehearsal = [{**r, "phase": "rehearsal", "step": 0} for r in _lines(folder / rundir.REHEARSAL / rundir.FINDINGS)]
+    problems = [] if problems is None else problems
+    own = [r for r in _findings(folder / rundir.FINDINGS, problems) if r.get("phase") != "postrun"]
+    rehearsal = [{**r, "phase": "rehearsal", "step": 0}
+                 for r in _findings(folder / rundir.REHEARSAL / rundir.FINDINGS, problems)]
     return own + rehearsal
 
 
@@ -120,10 +136,12 @@ def load(paths: list[Path], by: str, plugins: bool) -> list[Judged]:
             if not fact["series"].get("tokens_seen"):
                 raise InputError(path, "logged no tokens seen (tokens_seen, num_tokens or num_input_tokens_seen): "
                                        "compare it with --x step")
+            if gone := non_finite(fact["series"]["tokens_seen"]):  # no place on a tokens axis
+                raise InputError(path, f"its count of tokens seen is {said(gone)}: compare it with --x step")
     judged, number = [], 0
     for index, (fact, label) in enumerate(zip(curves, labels(curves))):
         verdicts, skipped = judge(fact, plugins)
-        records = findings_of(Path(fact["path"])) + postrun_records(verdicts)
+        records = findings_of(Path(fact["path"]), fact["problems"]) + postrun_records(verdicts)
         steps = [(marked_step(r), r) for r in records]
         marks = [(number + i, step, r) for i, (step, r) in
                  enumerate(sorted(((s, r) for s, r in steps if s is not None), key=lambda pair: pair[0]), 1)]
@@ -148,11 +166,11 @@ def write(judged: list[Judged], output: Path, by: str) -> Written:
     runs = [j.run for j in judged]
     axis = Axis(by)
     output.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".report-", dir=output))
     target, old = output / rundir.PANELS, output / f".{rundir.PANELS}.old"
     html, html_tmp = output / rundir.REPORT, output / f".{rundir.REPORT}.tmp"
-    drawn = []
-    try:
+    drawn, staging = [], None
+    try:  # the staging folder made inside: a SIGTERM right after mkdtemp still removes it
+        staging = Path(tempfile.mkdtemp(prefix=".report-", dir=output))
         for panel in shown(runs):
             drawn.append((panel, render(panel, runs, axis)))
             (staging / f"{panel.name}.png").write_bytes(drawn[-1][1])
@@ -163,7 +181,8 @@ def write(judged: list[Judged], output: Path, by: str) -> Written:
         os.replace(staging, target)
         os.replace(html_tmp, html)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
         html_tmp.unlink(missing_ok=True)
         if old.exists() and not target.exists():  # the earlier panels stay, with the earlier page
             os.replace(old, target)
@@ -199,12 +218,15 @@ def _build(paths: list[Path], output: Path | None, by: str, plugins: bool) -> Wr
 def show(written: Written, as_json: bool) -> int:
     """What the curve readers said of each run, and where the report is; the exit code."""
     findings = [f for j in written.judged for f in j.verdicts]
+    for problem in (p for j in written.judged for p in j.run.curves["problems"]):
+        print(f"sftdoctor: warning: {problem}", file=sys.stderr)
     if as_json:
-        print(json.dumps({"report": str(written.html), "panels": [str(p) for p in written.panels],
+        print(json.dumps(json_safe({"report": str(written.html), "panels": [str(p) for p in written.panels],
                           "runs": [{"name": j.run.label, "path": j.run.curves["path"],
                                     "findings": [f.to_json() for f in j.verdicts],
+                                    "not_read": j.run.curves["problems"],
                                     "skipped": [{"id": s.id, "reason": s.reason} for s in j.skipped]}
-                                   for j in written.judged]}, indent=2, default=str))
+                                   for j in written.judged]}), indent=2, allow_nan=False))
         return exit_code(findings)
     for j in written.judged:
         if len(written.judged) > 1:

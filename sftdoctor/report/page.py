@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from sftdoctor import __version__
+from sftdoctor.facts.run_records import non_finite, said, shown
 from sftdoctor.findings import Severity
 from sftdoctor.render import MARKS, SKIP_MARK
 from sftdoctor.run.schedule import floor
@@ -30,18 +31,35 @@ def esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _last(curves: dict[str, Any], name: str) -> tuple[int, float] | None:
+def _finite(curves: dict[str, Any], name: str) -> list[tuple[int, float]]:
+    series = curves["series"].get(name)
+    return [(s, v) for s, v in zip(series["steps"], series["values"]) if math.isfinite(v)] if series else []
+
+
+def _unlike(curves: dict[str, Any], name: str) -> str:
+    """Where a series stopped being a number, as a cell's second line: a last or best value read over the
+    finite points alone would hide it."""
+    gone = non_finite(curves["series"].get(name))
+    return f"<div class='error'>{esc(said(gone))}</div>" if gone else ""
+
+
+def last_cell(curves: dict[str, Any], name: str, form: str = "{:.4f}") -> str:
+    """The series' last logged value (a NaN said as NaN), and its last finite one where they differ."""
     series = curves["series"].get(name)
     if not series:
-        return None
-    finite = [(s, v) for s, v in zip(series["steps"], series["values"]) if math.isfinite(v)]
-    return finite[-1] if finite else None
+        return "-"
+    step, value = series["steps"][-1], series["values"][-1]
+    finite = _finite(curves, name)
+    if math.isfinite(value):
+        return f"{form.format(value)} (step {step}){_unlike(curves, name)}"
+    before = f"; last finite {form.format(finite[-1][1])} (step {finite[-1][0]})" if finite else ""
+    return f"{shown(value)} (step {step}){before}{_unlike(curves, name)}"
 
 
-def _best(curves: dict[str, Any], name: str) -> tuple[int, float] | None:
-    series = curves["series"].get(name)
-    finite = [(s, v) for s, v in zip(series["steps"], series["values"]) if math.isfinite(v)] if series else []
-    return min(finite, key=lambda p: p[1]) if finite else None
+def best_cell(curves: dict[str, Any], name: str) -> str:
+    finite = _finite(curves, name)
+    best = min(finite, key=lambda p: p[1]) if finite else None
+    return (f"{best[1]:.4f} (step {best[0]})" if best else "-") + _unlike(curves, name)
 
 
 def ending(curves: dict[str, Any]) -> str:
@@ -58,16 +76,13 @@ def run_rows(judged: list) -> str:
     rows = []
     for j in judged:
         c = j.run.curves
-        train, best = _last(c, "loss"), _best(c, "eval_loss")
-        seen = _last(c, "tokens_seen")
         schedule = c.get("schedule")
         rows.append(
             f"<tr><td><span class='swatch' style='background:{j.run.colour}'></span>{esc(j.run.label)}"
             f"<div class='muted'>{esc(c['path'])} ({esc(c['source'])})</div></td>"
             f"<td>{esc(ending(c))}</td>"
-            f"<td>{f'{train[1]:.4f} (step {train[0]})' if train else '-'}</td>"
-            f"<td>{f'{best[1]:.4f} (step {best[0]})' if best else '-'}</td>"
-            f"<td>{f'{int(seen[1]):,}' if seen else '-'}</td>"
+            f"<td>{last_cell(c, 'loss')}</td><td>{best_cell(c, 'eval_loss')}</td>"
+            f"<td>{last_cell(c, 'tokens_seen', '{:,.0f}')}</td>"
             f"<td>{esc(describe(schedule)) if schedule else '<span class=muted>not known</span>'}</td></tr>")
     return ("<table><tr><th>run</th><th>ended</th><th>last train loss</th><th>best eval loss</th><th>tokens seen</th>"
             "<th>schedule</th></tr>" + "".join(rows) + "</table>")
@@ -113,6 +128,12 @@ def finding_rows(judged: list) -> str:
                     "run's findings.jsonl.</p>" if others else "")
 
 
+def problem_rows(judged: list) -> str:
+    """What could not be read and was left out (a stop record, lines of findings.jsonl), one line each."""
+    rows = [f"<li class='warning'>{esc(problem)}</li>" for j in judged for problem in j.run.curves.get("problems", [])]
+    return f"<h2>Not read</h2><ul>{''.join(rows)}</ul>" if rows else ""
+
+
 def page(judged: list, drawn: list, axis) -> str:
     runs = ", ".join(esc(j.run.label) for j in judged)
     figures = "".join(
@@ -124,5 +145,5 @@ def page(judged: list, drawn: list, axis) -> str:
         f"content='width=device-width, initial-scale=1'><title>sftdoctor report: {runs}</title><style>{STYLE}</style>"
         f"</head><body><h1>sftdoctor report: {runs}</h1><div class='muted'>sftdoctor {esc(__version__)}, "
         f"{time.strftime('%Y-%m-%d %H:%M:%S')}; x axis: {esc(axis.label)}</div>"
-        f"<h2>Runs</h2>{run_rows(judged)}<h2>What the curves say</h2>{verdict_rows(judged)}"
+        f"<h2>Runs</h2>{run_rows(judged)}{problem_rows(judged)}<h2>What the curves say</h2>{verdict_rows(judged)}"
         f"<h2>Findings marked on the panels</h2>{finding_rows(judged)}<h2>Panels</h2>{figures}</body></html>\n")

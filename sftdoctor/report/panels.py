@@ -71,9 +71,25 @@ class Axis:
         return [known[max(0, bisect.bisect_right(known_steps, s) - 1)] for s in steps]
 
 
+PLOTTABLE = 1e300  # matplotlib's tick locator overflows on an axis spanning values near the float's limit
+
+
+def drawable(value: float) -> bool:
+    return math.isfinite(value) and abs(value) < PLOTTABLE
+
+
 def series(run: PlottedRun, name: str) -> tuple[list[int], list[float]]:
+    """A series as drawn: a NaN, an infinity or a value too large to place on an axis is a gap in the line
+    (said under the panel, `undrawn`, and judged by the curve readers)."""
     data = run.curves["series"].get(name) or {"steps": [], "values": []}
-    return data["steps"], [v if math.isfinite(v) else float("nan") for v in data["values"]]
+    return data["steps"], [v if drawable(v) else float("nan") for v in data["values"]]
+
+
+def undrawn(panel: Panel, runs: list[PlottedRun]) -> str:
+    """What the panel leaves out: "not drawn: grad_norm of run-a at 3 steps (NaN, inf or beyond ±1e300)"."""
+    parts = [f"{name} of {run.label} at {count} step{'s' if count > 1 else ''}" for run in runs for name in panel.series
+             if (count := sum(not drawable(v) for v in (run.curves["series"].get(name) or {}).get("values", [])))]
+    return f"not drawn: {', '.join(parts)} (NaN, inf or beyond \u00b11e300)" if parts else ""
 
 
 def line(ax, axis: Axis, run: PlottedRun, name: str, **style) -> bool:
@@ -119,7 +135,7 @@ def draw_grad_norm(ax, axis: Axis, runs: list[PlottedRun]) -> None:
     highest = lowest = None
     for run in runs:
         if line(ax, axis, run, "grad_norm", label=run.label):
-            values = [v for v in series(run, "grad_norm")[1] if math.isfinite(v) and v > 0]
+            values = [v for v in series(run, "grad_norm")[1] if drawable(v) and v > 0]
             if values:
                 highest, lowest = max(highest or 0, max(values)), min(lowest or math.inf, min(values))
         clip = run.curves.get("max_grad_norm")
@@ -194,6 +210,9 @@ def render(panel: Panel, runs: list[PlottedRun], axis: Axis) -> bytes:
     bottom = (0.55 + NOTE_INCH * listed + (NOTE_INCH if len(notes) > NOTES else 0)) / height
     ax = figure.add_axes((0.09, bottom, 0.88, 1 - bottom - 0.45 / height))
     panel.draw(ax, axis, runs)
+    if gaps := undrawn(panel, runs):
+        ax.text(0.5, 0.01, gaps[:150], transform=ax.transAxes, ha="center", va="bottom", fontsize=7,
+                color=MARK_COLOURS["error"])
     mark(ax, axis, runs)
     ax.set_title(panel.title, fontsize=11, loc="left", pad=12)
     ax.set_xlabel(axis.label, fontsize=9)

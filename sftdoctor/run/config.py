@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from sftdoctor.errors import InputError, InputErrors, did_you_mean, parse_problem, read_text
+from sftdoctor.errors import InputError, InputErrors, did_you_mean, not_a_file, parse_problem, read_text
 
 
 @dataclass(frozen=True)
@@ -366,6 +367,16 @@ def _probe_path(full: Path, test) -> bool | str:
         return getattr(exc, "strerror", None) or str(exc)
 
 
+def _unreadable_entries(folder: Path) -> list[tuple[Path, str]]:
+    """The entries of a model folder that are neither folders nor readable files (a FIFO, a device, a broken
+    symlink): transformers would block on one, or read /dev/zero until memory runs out."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return []  # the folder itself unreadable: the config's own reader says so
+    return [(e, why) for e in entries if not _probe_path(e, Path.is_dir) and (why := not_a_file(e))]
+
+
 def _resolve_path(spec: Key, value: Any, folder: Path, errors: list[InputError], path: Path, where: str) -> Any:
     if spec.local_or_hub:
         local = folder / Path(value).expanduser()
@@ -374,6 +385,9 @@ def _resolve_path(spec: Key, value: Any, folder: Path, errors: list[InputError],
             errors.append(InputError(path, f"not a usable path: {value} ({found})", key=where))
             return value
         if found:
+            if local.is_dir():  # every file a probe or the trainer will open: one line each, before any child
+                errors.extend(InputError(path, f"{value}: {entry.name} cannot be read as a file ({why})", key=where)
+                              for entry, why in _unreadable_entries(local))
             return str(local)
         if value.startswith((".", "/", "~")) or value.count("/") > 1:  # a path, not an org/name hub id
             errors.append(InputError(path, f"folder not found: {value} (looked for {local}); expected a "
@@ -388,6 +402,10 @@ def _resolve_path(spec: Key, value: Any, folder: Path, errors: list[InputError],
             found = _probe_path(full, Path.is_file)
             if isinstance(found, str):
                 errors.append(InputError(path, f"not a usable path: {given} ({found})", key=where))
+            elif found and (why := not_a_file(full)):
+                errors.append(InputError(path, f"cannot read {given}: {why}", key=where))
+            elif not found and os.path.lexists(full) and (why := not_a_file(full)):  # a FIFO, a broken link
+                errors.append(InputError(path, f"{given} is not a file ({why})", key=where))
             elif not found:
                 errors.append(InputError(path, f"file not found: {given} (looked for {full})", key=where))
         out = [str(f) for f in resolved]

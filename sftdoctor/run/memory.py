@@ -275,6 +275,14 @@ def lora_host_memory(shape: Shape, s: Setting, world: int, per_node: int, precis
     return [Term("host RAM", int(load * ADAM_BUFFER), f"{formula} x {ADAM_BUFFER}")]
 
 
+# The dtypes a checkpoint may be saved in (config.json's "dtype"/"torch_dtype") that a plan can price: the run
+# loads them cast to its own precision (resolve.load_dtype), so each weight costs dtype_bytes(precision) whatever
+# the file holds. Not an 8-bit float (float8_e4m3fn, float8_e5m2...): those weights mean nothing without the
+# scales beside them, so an fp8 checkpoint declares them in quantization_config and keeps a 16-bit dtype here
+# (DeepSeek-V3's config.json: "torch_dtype": "bfloat16", quantization_config {"quant_method": "fp8", ...}).
+SAVED_DTYPES = ("bfloat16", "float16", "float32", "float64")
+
+
 def dtype_bytes(precision: str) -> int:
     """Bytes per element of the training dtype: fp32, or 16-bit (bf16/fp16)."""
     return 4 if precision == "fp32" else 2

@@ -36,6 +36,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from sftdoctor.errors import InputError, InputErrors, did_you_mean, parse_problem, read_text
+from sftdoctor.facts import launch_inputs
+from sftdoctor.files import folder_problem
 from sftdoctor.run.config import (SECTIONS, Key, RunConfig, Section, _bool, _choice, _int, _str, key, keys,
                                   read_section, unknown_key, unknown_section, validate)
 from sftdoctor.run.resolve import eval_interval
@@ -258,6 +260,9 @@ def _read_base(base_path: Path, path: Path, errors: list[InputError]) -> tuple[R
     except InputErrors as exc:
         errors.extend(exc.errors)
         return None, None
+    problem = launch_inputs.reporter_problem(run.report.to)  # as every trial's gate refuses it (the hub: at the gate)
+    if problem:
+        errors.append(InputError(base_path, problem, key="[report].to"))
     return run, absolute(raw, run)
 
 
@@ -463,15 +468,25 @@ def _assemble(section: SweepSection, space: tuple[Dim, ...], base: RunConfig, ba
         trials = 0
     else:
         trials = section.trials
+    output = _output_dir(section, path, errors)
     if errors:
         raise InputErrors(errors)
-    output = Path(section.output_dir) if section.is_given("output_dir") else path.parent / "sweeps" / path.stem
-    output = Path(os.path.abspath(output))  # the trials' run configs name it, from their own folders
     return Sweep(path=path, base_path=Path(section.base), base=base, base_raw=base_raw, space=space,
                  objective=section.objective,
                  direction=section.direction or ("maximize" if match else "minimize"), trials=trials,
                  sampler=sampler, pruner=pruner, seed=section.seed, narrow=section.narrow,
                  study=section.study or _study_name(path), output_dir=output, notes=tuple(notes))
+
+
+def _output_dir(section: SweepSection, path: Path, errors: list[InputError]) -> Path:
+    """The sweep's folder (its study, a run directory per trial), refused when it cannot be made, as `train`
+    refuses a run's output_dir: before the first trial, and by --dry-run too."""
+    output = Path(section.output_dir) if section.is_given("output_dir") else path.parent / "sweeps" / path.stem
+    output = Path(os.path.abspath(output))  # the trials' run configs name it, from their own folders
+    problem = folder_problem(output)
+    if problem:
+        errors.append(InputError(path, problem, key="[sweep].output_dir"))
+    return output
 
 
 def _study_name(path: Path) -> str:

@@ -48,6 +48,8 @@ def why_of(t, retries: dict[int, int]) -> str:
         return f"retried as trial {retries[t.number]}" + (f" ({t.user_attrs['interrupted']})"
                                                           if t.user_attrs.get("interrupted") else "")
     why = t.user_attrs.get("why")
+    if state_of(t, retries) == "complete" and not finite(t.value):
+        return f"not ranked: its objective is {t.value} (not a number to compare)"
     if isinstance(why, dict) and why.get("title") and state_of(t, retries) in ("pruned", "failed"):
         if why.get("id") in ("pruner", "objective", "run"):
             return why["title"]
@@ -89,14 +91,23 @@ def counts(study) -> str:
     return ", ".join(f"{states.count(s)} {s}" for s in order if states.count(s))
 
 
-def best(study):
+def ranked_trials(study) -> list:
+    """The complete trials whose objective is a finite number, best first. A NaN compares false with every
+    number, so a sort would put it anywhere (first, as often as not), and an infinite loss is no result: such a
+    trial is shown in the table with its value and never ranked."""
     from optuna.trial import TrialState
 
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if not done:
-        return None, []
-    ranked = sorted(done, key=lambda t: t.value, reverse=study.direction.name == "MAXIMIZE")
-    return ranked[0], ranked
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if finite(t.value)]
+    return sorted(done, key=lambda t: t.value, reverse=study.direction.name == "MAXIMIZE")
+
+
+def finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def best(study):
+    ranked = ranked_trials(study)
+    return (ranked[0] if ranked else None), ranked
 
 
 def write_best(sweep: Sweep, trial) -> Path:
@@ -132,8 +143,7 @@ def history_png(study, sweep: Sweep) -> bytes:
 
     figure = _figure(9, 4.2)
     ax = figure.add_axes((0.09, 0.13, 0.88, 0.76))
-    done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE and t.value is not None
-            and math.isfinite(t.value)]
+    done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE and finite(t.value)]
     pruned = [t for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)) if t.intermediate_values]
     maximize = study.direction.name == "MAXIMIZE"
     ax.scatter([t.number for t in done], [t.value for t in done], color=COMPLETE, s=28, zorder=3, label="complete")
@@ -161,10 +171,9 @@ def history_png(study, sweep: Sweep) -> bytes:
 
 
 def importances(study, sweep: Sweep) -> tuple[dict[str, float] | None, str]:
-    """Optuna's parameter importances, or why there are none."""
-    from optuna.trial import TrialState
-
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    """Optuna's parameter importances (over the trials of a finite objective, as Optuna filters), or why there
+    are none."""
+    done = ranked_trials(study)
     if len(sweep.space) < 2:
         return None, "one key in the space: nothing to compare it with"
     if len(done) < 2:

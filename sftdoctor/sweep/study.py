@@ -19,7 +19,6 @@ Optuna 5.0's public API throughout: ask/tell, enqueue_trial, user attributes, Jo
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import time
@@ -29,6 +28,7 @@ from typing import Any
 from sftdoctor.errors import InputError
 from sftdoctor.run.resolve import eval_interval
 from sftdoctor.sweep.config import Dim, Sweep
+from sftdoctor.sweep.journal import ADVICE, check_journal, cut_short
 
 JOURNAL = "study.journal"
 LOCK = "sweep"  # the lock file is SWEEP_DIR/sweep.lock (a symbolic link while held)
@@ -51,33 +51,32 @@ def storage(folder: Path):
     from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 
     journal = folder / JOURNAL
-    if journal.exists() and not journal.is_file():
-        raise InputError(journal, "is not a file; expected the study's Optuna journal (move it away for a new study)")
-    if journal.is_file():
-        garbled(journal)
+    if os.path.lexists(journal):
+        if journal.is_dir():
+            raise InputError(journal, "is not a file; expected the study's Optuna journal (move it away for a new "
+                                      "study)")
+        if not journal.exists():
+            raise InputError(journal, "a symbolic link to nothing; expected the study's Optuna journal")
+        check_journal(journal)
     path = str(journal)
-    try:  # the journal is replayed here: a file someone else wrote, or garbled, fails in Optuna's reader
-        return JournalStorage(JournalFileBackend(path, lock_obj=JournalFileSymlinkLock(path)))
+    lock = JournalFileSymlinkLock(path)
+    if journal.exists():
+        with _held(lock):  # every writer holds it while it writes: a last line without "\n" now is cut short
+            cut_short(journal)
+    try:  # the journal is replayed here (checked above, line by line, as Optuna reads it)
+        return JournalStorage(JournalFileBackend(path, lock_obj=lock))
     except (ValueError, KeyError, TypeError, IndexError, AttributeError, AssertionError) as exc:
         raise InputError(journal, f"not an Optuna journal ({type(exc).__name__}: {str(exc)[:120]}); move it away "
                                   "for a new study, or restore it from a copy") from None
 
 
-def garbled(journal: Path) -> None:
-    """Every finished line of an Optuna journal is one JSON object with an op_code. Optuna raises on a bad line
-    only once another follows it (the last may be a write in progress), so at the study's next write, mid-sweep."""
-    with journal.open("rb") as f:
-        for number, line in enumerate(f, 1):
-            if not line.endswith(b"\n"):
-                return  # being written
-            try:
-                record = json.loads(line)
-            except ValueError as exc:  # UnicodeDecodeError included
-                raise InputError(journal, f"line {number}: not an Optuna journal ({type(exc).__name__}: "
-                                          f"{str(exc)[:120]}); move it away for a new study, or restore it") from None
-            if not isinstance(record, dict) or not isinstance(record.get("op_code"), int):
-                raise InputError(journal, f"line {number}: not an Optuna journal (a record with no op_code); move "
-                                          "it away for a new study, or restore it")
+@contextlib.contextmanager
+def _held(lock):
+    lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 @contextlib.contextmanager
@@ -85,12 +84,8 @@ def locked(folder: Path):
     """The sweep's own critical sections (create the study, count and ask), across processes and hosts."""
     from optuna.storages.journal import JournalFileSymlinkLock
 
-    lock = JournalFileSymlinkLock(str(folder / LOCK), grace_period=LOCK_GRACE_S)
-    lock.acquire()
-    try:
+    with _held(JournalFileSymlinkLock(str(folder / LOCK), grace_period=LOCK_GRACE_S)):
         yield
-    finally:
-        lock.release()
 
 
 def distributions(space: tuple[Dim, ...]) -> dict[str, Any]:
@@ -217,7 +212,13 @@ def open_study(sweep: Sweep, space: tuple[Dim, ...], narrowing: dict[str, Any]):
         workers = [k for k in study.user_attrs if k.startswith("worker:")]
         here = me()
         study.set_user_attr(f"worker:{here['host']}:{here['pid']}:{here['pid_start']}", time.time())
-    return study, tuple(Dim.from_json(d) for d in stored["space"]), len(workers)
+    space = tuple(Dim.from_json(d) for d in stored["space"])
+    try:  # the journal's types were checked; a range Optuna refuses (low above high) is found here, not mid-sweep
+        distributions(space)
+    except (ValueError, TypeError) as exc:
+        raise InputError(journal, f"the study's space cannot be sampled ({exc}); {ADVICE}",
+                         key="user_attr.sweep.space") from None
+    return study, space, len(workers)
 
 
 def describe_change(stored: dict[str, Any], sweep: Sweep) -> str:
@@ -297,7 +298,7 @@ def existing(sweep: Sweep):
     """The study of a sweep directory, read only (for --dry-run), or None."""
     import optuna
 
-    if not (sweep.output_dir / JOURNAL).exists():
+    if not os.path.lexists(sweep.output_dir / JOURNAL):  # a link to nothing is refused, as a run refuses it
         return None
     try:
         return optuna.load_study(study_name=sweep.study, storage=storage(sweep.output_dir))

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from sftdoctor.errors import InputErrors
+from sftdoctor.errors import InputError, InputErrors
 from sftdoctor.findings import Severity
 from sftdoctor.run import load_run_config
 from sftdoctor.run.checkpoints import newest_complete
@@ -195,10 +195,13 @@ def objective(sweep: Sweep, run_dir: Path, follower: Follower) -> tuple[float | 
         step, loss = follower.last
         return loss, f"eval_loss at step {step}"
     task, metric = sweep.task_metric
-    try:
-        doc = json.loads((run_dir / EVAL_RESULT).read_text(encoding="utf-8"))
-        metrics = doc["metrics"][task]
-    except (OSError, ValueError, KeyError, TypeError):
+    from sftdoctor.eval.command import read_result
+
+    try:  # its types checked: a score that is a string or a list is no objective
+        metrics = read_result(run_dir / EVAL_RESULT, "[sweep] objective", settings=False)["metrics"].get(task)
+    except InputError as exc:
+        return None, f"no result of the task {task}: {exc}"
+    if metrics is None:
         return None, f"no result of the task {task} in {run_dir / EVAL_RESULT}"
     if metric not in metrics:
         return None, f"the task {task} has no metric {metric!r}; it has {', '.join(sorted(metrics))}"
@@ -211,7 +214,8 @@ def pruned_by_pruner(study, sweep: Sweep, number: int, step: int, value: float, 
     if sweep.pruner == "median":
         others = [t.intermediate_values[step] for t in study.get_trials(deepcopy=False,
                                                                         states=(TrialState.COMPLETE, TrialState.PRUNED))
-                  if t.number != number and step in t.intermediate_values]
+                  if t.number != number and step in t.intermediate_values
+                  and math.isfinite(t.intermediate_values[step])]  # as Optuna's own median (nanmedian)
         there = f"the median {statistics.median(others):.4f} of {len(others)} other trials" if others else "the others"
         title = (f"the median pruner stopped it at step {step}: its best eval_loss so far {best:.4f} is worse than "
                  f"{there} at that step")

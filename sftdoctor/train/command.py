@@ -33,15 +33,14 @@ def main(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool 
     print("\n" + describe(plan), flush=True)
     if dry_run:
         print(memory_summary(plan, facts))
+        refuse_another_run(plan, Path(plan.output_dir), resume)  # as the run itself would, below
         return 1 if blocked and not force else 0
     if batch is not None:
         return batch_job(plan, config, facts.get("run"), blocked and not force, batch == "submit")
     rejoin = rejoining(plan)
     if not may_start(plan, findings, blocked and not force, rejoin):
         return 1
-    run_dir = Path(plan.output_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise InputError(config, f"{run_dir} exists and is not a folder", key="[training].output_dir")
+    run_dir = Path(plan.output_dir)  # one that cannot be made was refused before the checks (facts.launch_inputs)
     env = worker_env(plan, config, run_dir)
     if not prepare(plan, run_dir, resume and not smoke, resume):
         return 0  # the run was complete
@@ -67,14 +66,22 @@ def may_start(plan, findings: list, blocked: bool, rejoin: bool) -> bool:
     return True
 
 
+def refuse_another_run(plan, run_dir: Path, resume: bool) -> None:
+    """A run directory that holds checkpoints is continued with --resume or not at all (a rehearsal or a drill,
+    which starts clean, excepted). `check --config` cannot know the flag: `train --dry-run` says it."""
+    if (plan.rehearsal or plan.drill) and owner(plan):
+        return
+    if checkpoints(run_dir) and not resume:
+        raise InputError(run_dir, "already holds checkpoints; add --resume to continue, or set another "
+                                  "[training] output_dir", key="[training].output_dir")
+
+
 def prepare(plan, run_dir: Path, complete_ends_it: bool, resume: bool) -> bool:
     """The run directory made ready: cleaned for a rehearsal or a drill, refused when it holds another run's
     checkpoints, rewound to its newest complete checkpoint on --resume. False: the run was already complete."""
     if (plan.rehearsal or plan.drill) and owner(plan):  # each rehearsal and drill starts clean
         shutil.rmtree(run_dir, ignore_errors=True)
-    if checkpoints(run_dir) and not resume:
-        raise InputError(run_dir, "already holds checkpoints; add --resume to continue, or set another "
-                                  "[training] output_dir", key="[training].output_dir")
+    refuse_another_run(plan, run_dir, resume)
     run_dir.mkdir(parents=True, exist_ok=True)
     done = finished(run_dir) if complete_ends_it else None
     if done:

@@ -18,7 +18,8 @@ def repair(model, ids: tuple[int, ...], partitioned: bool) -> None:
     for weight in weights:
         with _whole(weight, partitioned), torch.no_grad():
             rows = list(ids)
-            trained = weight.abs().amax(dim=1) > ZERO  # other never-trained rows (reserved tokens) stay out of the mean
+            # other never-trained rows (reserved tokens) and broken ones (NaN/inf) stay out of the mean
+            trained = (weight.abs().amax(dim=1) > ZERO) & torch.isfinite(weight).all(dim=1)
             trained[rows] = False
             weight[rows] = weight[trained].float().mean(dim=0).to(weight.dtype)
 

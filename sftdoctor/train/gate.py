@@ -14,9 +14,8 @@ from typing import Any
 from sftdoctor import render
 from sftdoctor.checks import load_checks, run_checks
 from sftdoctor.distributed import gate as shared_gate
-from sftdoctor.errors import InputError
 from sftdoctor.findings import Severity
-from sftdoctor.facts import Facts, Inputs
+from sftdoctor.facts import Facts, Inputs, launch_inputs
 from sftdoctor.files import write_atomic
 from sftdoctor.run import Plan
 from sftdoctor.run.rundir import FACTS, FINDINGS
@@ -39,11 +38,8 @@ def preflight(config: Path, plugins: bool, facts_file: Path | None = None) -> tu
     (bad input raises, before anything runs), the preflight checks run and shown; (facts, findings, any
     error). `facts_file`: judge a recorded machine's facts (`sftdoctor facts`) instead of this one's."""
     facts = Facts(Inputs(config=config, facts=facts_file))
-    facts.get("run")  # a bad run config or data file is bad input: exit 2 before anything runs
-    facts.get("data")
+    launch_inputs.require(facts)  # bad input, as `check --config` refuses it: exit 2 before anything runs
     findings, blocked = gate(facts, plugins)
-    if facts.get("plan") is None:  # a probe of the run's inputs failed: nothing to launch
-        raise InputError(config, f"the run cannot be planned: {facts.why_missing('plan') or facts.why_missing('run')}")
     return facts, findings, blocked
 
 

@@ -13,12 +13,10 @@ import shutil
 import signal
 import sys
 import time
-from importlib.util import find_spec
 from pathlib import Path
 
 from sftdoctor import render
-from sftdoctor.errors import InputError
-from sftdoctor.facts.configs import hub_cache_config, hub_unreachable, is_hub_id
+from sftdoctor.facts.launch_inputs import in_hub_cache
 from sftdoctor.run import Plan
 from sftdoctor.run.resolve import REHEARSAL_SAVE_AT
 from sftdoctor.run.checkpoints import newest_complete, step_of
@@ -55,20 +53,12 @@ def rendezvous_id(plan: Plan) -> str:
 def worker_env(plan: Plan, config: Path, run_dir: Path) -> dict[str, str]:
     """The workers' environment: offline-safe model loading and reporting."""
     env = dict(os.environ)
-    hub_ids = [p for p in {plan.model_path, plan.tokenizer_path} if is_hub_id(p)]
-    missing = [p for p in hub_ids if hub_cache_config(p) is None]
-    if missing and env.get("HF_HUB_OFFLINE") == "1":
-        raise InputError(config, f"{missing[0]} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1",
-                         key="[model].path")
-    for model_id in missing:
-        if why := hub_unreachable(model_id):
-            key = "[model].path" if model_id == plan.model_path else "[model].tokenizer"
-            raise InputError(config, f"{model_id} is not in the local Hugging Face cache, and {why}", key=key)
-    if hub_ids and not missing:
+    # A hub model neither cached nor reachable, or a [report] backend not installed, was refused before the checks
+    # (facts.launch_inputs), as `check --config` refuses it.
+    hub_ids = [p for p in {plan.model_path, plan.tokenizer_path} if not Path(p).exists()]
+    if hub_ids and all(in_hub_cache(p) for p in hub_ids):
         env.setdefault("HF_HUB_OFFLINE", "1")  # everything is cached: never wait on a hub that may be unreachable
     to = plan.report_to
-    if to != "none" and find_spec(to) is None:
-        raise InputError(config, f"{to} is not installed (pip install {to})", key="[report].to")
     if to == "wandb":
         env.setdefault("WANDB_DIR", str(run_dir))
         if "WANDB_API_KEY" not in env:

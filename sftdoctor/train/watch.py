@@ -15,6 +15,7 @@ import functools
 import json
 import math
 import os
+import socket
 import sys
 import threading
 import time
@@ -41,6 +42,9 @@ from sftdoctor.run.rundir import FINDINGS, STOPPED
 NAN_EXIT = 86  # stopped on a non-finite loss
 HANG_EXIT = 87  # stopped by the hang watchdog
 FR_KEY = "sftdoctor/flight-recorder"
+STACKS_KEY = "sftdoctor/hang/stacks"
+PID_KEY = "sftdoctor/hang/pid"
+SWAP_MARGIN_S = 30.0  # the swap's reads beyond its own deadline: the dumps of 64 ranks take seconds on a live store
 DONE_KEY = "sftdoctor/hang/done"
 ROWS_KEY = "sftdoctor/nan-rows"
 REPORT_WAIT_S = 120.0  # the reporting rank's analysis: 0.1 s at 2 ranks, 7 s at 64 (bench/flight_recorder.py)
@@ -205,6 +209,11 @@ class HangWatchdog(threading.Thread):
         self.last = time.monotonic()
         self.done = threading.Event()
 
+    @property
+    def poll(self) -> float:
+        """How often the watchdog looks; the ranks' reports are awaited for two of these and 5 s more."""
+        return max(0.5, min(5.0, self.timeout / 10))
+
     def beat(self, step: int, phase: str, slack: float = 1.0) -> None:
         self.step, self.phase, self.slack, self.last = step, phase, slack, time.monotonic()
 
@@ -212,8 +221,10 @@ class HangWatchdog(threading.Thread):
         self.done.set()
 
     def run(self) -> None:
-        poll = max(0.5, min(5.0, self.timeout / 10))
-        while not self.done.wait(poll):
+        # where this rank's process is: the reporting rank reads the state of one that sends nothing (T, D)
+        _set(_store() if self.world > 1 else None, f"{PID_KEY}/{self.rank}",
+             json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+        while not self.done.wait(self.poll):
             stalled = time.monotonic() - self.last
             if stalled > self.timeout * self.slack:
                 self.fire(stalled)
@@ -226,30 +237,14 @@ class HangWatchdog(threading.Thread):
         dump = self._dump_flight_recorder()  # before the report: a rank that reported has dumped
         mine = {"step": self.step, "phase": self.phase, "stalled_s": round(stalled, 1), "where": _where(self.main_thread)}
         store = _store()
-        reports = {self.rank: mine}
-        if store is not None:
-            try:
-                if dump is not None:  # through the store too: the ranks of other nodes write into their own run dir
-                    store.set(f"{FR_KEY}/{self.rank}", dump)
-                store.set(f"sftdoctor/hang/{self.rank}", json.dumps(mine))
-                deadline = time.monotonic() + 2 * max(0.5, min(5.0, self.timeout / 10)) + 5
-                while time.monotonic() < deadline and len(reports) < self.world:
-                    for r in range(self.world):
-                        key = f"sftdoctor/hang/{r}"
-                        if r not in reports and store.check([key]):
-                            reports[r] = json.loads(store.get(key))
-                    time.sleep(0.2)
-                first = store.add("sftdoctor/hang/reported", 1) == 1
-                if first:
-                    self._gather_dumps(store, reports)
-            except Exception:  # the store itself may be gone with rank 0: report what we have
-                first = True
-        else:
-            first = True
+        asked, reports = store is not None, {self.rank: mine}
+        first, store = self._swap_bounded(store, reports, dump) if asked else (True, None)
+        reports = dict(reports)
         if first:
-            hang = {"timeout_s": self.timeout, "behind": behind(reports, self.world),
+            hang = {"timeout_s": self.timeout, "behind": behind(reports, self.world), "world": self.world,
                     "ranks": {str(r): info for r, info in reports.items()}, "stacks": str(stacks),
-                    "flight_recorder": self._read_dumps()}
+                    "arrived": arrived(self.run_dir, self.world, reports, store),
+                    "store_answered": store is not None if asked else None, "flight_recorder": self._read_dumps()}
             findings = self.reporter.check(hang=hang)
             self.reporter.publish(findings, self.step, force=True)
             if findings:
@@ -259,6 +254,41 @@ class HangWatchdog(threading.Thread):
             _wait(store, DONE_KEY, REPORT_WAIT_S)
         time.sleep(1.0)  # let the other ranks finish their dumps
         os._exit(HANG_EXIT)
+
+    def _swap_bounded(self, store, reports: dict[int, Any], dump: bytes | None) -> tuple[bool, Any]:
+        """`_swap` with a deadline: the store's server runs in rank 0's process, and a TCPStore read waits on its
+        socket without a timeout (torch 2.13: `set_timeout` bounds waits for keys, not replies). With that process
+        frozen (SIGSTOP, D state) the swap never returns: this rank then reports alone, the store taken as gone.
+        Returns (whether this rank reports, the store or None)."""
+        answer: list[bool] = []
+        worker = threading.Thread(target=lambda: answer.append(self._swap(store, reports, dump)), daemon=True)
+        worker.start()
+        worker.join(2 * self.poll + 5 + SWAP_MARGIN_S)
+        return (answer[0], store) if answer else (True, None)
+
+    def _swap(self, store, reports: dict[int, Any], dump: bytes | None) -> bool:
+        """Send this rank's stacks, dump and report through the store, collect the others' reports until a short
+        deadline; whether this rank is the first done (the one that reports). The store's reads are TCP, not
+        NCCL: they answer while a collective is wedged."""
+        try:
+            # through the store too: the ranks of other nodes write into their own run dir
+            store.set(f"{STACKS_KEY}/{self.rank}", (self.run_dir / "stacks" / f"rank-{self.rank}.txt").read_bytes())
+            if dump is not None:
+                store.set(f"{FR_KEY}/{self.rank}", dump)
+            store.set(f"sftdoctor/hang/{self.rank}", json.dumps(reports[self.rank]))
+            deadline = time.monotonic() + 2 * self.poll + 5
+            while time.monotonic() < deadline and len(reports) < self.world:
+                for r in range(self.world):
+                    key = f"sftdoctor/hang/{r}"
+                    if r not in reports and store.check([key]):
+                        reports[r] = json.loads(store.get(key))
+                time.sleep(0.2)
+            first = store.add("sftdoctor/hang/reported", 1) == 1
+            if first:
+                self._gather_dumps(store, reports)
+            return first
+        except Exception:  # the store itself may be gone with rank 0: report what we have
+            return True
 
     def _dump_flight_recorder(self) -> bytes | None:
         """This rank's flight recorder (NCCL's, or the generic one that records Gloo), saved before we abort."""
@@ -274,18 +304,65 @@ class HangWatchdog(threading.Thread):
         return data
 
     def _gather_dumps(self, store, reports: dict[int, Any]) -> None:
-        """The dumps of the ranks that reported, from the store, where this node has none of its own."""
-        for r in reports:
-            path = self.run_dir / FR_DIR / f"rank-{r}"
-            if not path.exists() and store.check([f"{FR_KEY}/{r}"]):
-                path.parent.mkdir(exist_ok=True)
-                path.write_bytes(store.get(f"{FR_KEY}/{r}"))
+        """The stacks and dumps of every rank that sent them, from the store, where this node has none of its own
+        (a rank that never reported may still have sent its stacks before it froze)."""
+        for r in range(self.world):
+            for key, path in ((FR_KEY, self.run_dir / FR_DIR / f"rank-{r}"),
+                              (STACKS_KEY, self.run_dir / "stacks" / f"rank-{r}.txt")):
+                if not path.exists() and store.check([f"{key}/{r}"]):
+                    path.parent.mkdir(exist_ok=True)
+                    path.write_bytes(store.get(f"{key}/{r}"))
 
     def _read_dumps(self) -> dict[str, Any] | None:
         """Torch's analyzer over every rank's dump: which collective, which rank stayed out or called another."""
         if not (self.run_dir / FR_DIR).is_dir():
             return None
         return flight_recorder.read(self.run_dir / FR_DIR, self.world, compat.process_groups())
+
+
+def arrived(run_dir: Path, world: int, reports: dict[int, dict[str, Any]], store=None) -> dict[str, dict[str, Any]]:
+    """What came from each rank of the world when the watchdog fired: its progress report, its stacks file, its
+    flight-recorder dump (paths, or None). A rank from which nothing came is frozen or gone, the first suspect:
+    where its process is (host, pid) and, on this host, its state (T stopped, D blocked in the kernel)."""
+    def there(path: Path) -> str | None:
+        return str(path) if path.is_file() else None
+    said = {str(r): {"report": r in reports, "stacks": there(run_dir / "stacks" / f"rank-{r}.txt"),
+                     "dump": there(run_dir / FR_DIR / f"rank-{r}")} for r in range(world)}
+    for r, got in said.items():
+        if not (got["report"] or got["stacks"] or got["dump"]):
+            got["process"] = process_of(store, int(r))
+    return said
+
+
+def process_of(store, rank: int) -> dict[str, Any] | None:
+    """The host and pid a rank published when its watchdog started, and its state read from /proc on this host."""
+    try:
+        if store is None or not store.check([f"{PID_KEY}/{rank}"]):
+            return None
+        where = json.loads(store.get(f"{PID_KEY}/{rank}"))
+    except Exception:  # the store is gone: nothing more is known of that rank
+        return None
+    if where.get("host") != socket.gethostname():
+        return {**where, "state": None}
+    return {**where, **proc_state(int(where["pid"]))}
+
+
+PROC_STATES = {"R": "running", "S": "sleeping", "D": "blocked in the kernel (uninterruptible sleep)",
+               "T": "stopped (SIGSTOP)", "t": "stopped by a debugger", "Z": "a zombie (exited, not reaped)",
+               "X": "dead", "I": "idle"}
+
+
+def proc_state(pid: int) -> dict[str, Any]:
+    """A process's state letter and meaning (/proc/PID/stat) and the kernel function it waits in (wchan)."""
+    try:
+        letter = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return {"state": "gone (no such process on this host)"}
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip() or None
+    except OSError:
+        wchan = None
+    return {"state": f"{letter} ({PROC_STATES.get(letter, 'unknown')})", "wchan": None if wchan == "0" else wchan}
 
 
 def _store():

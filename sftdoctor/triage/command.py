@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
 
 from sftdoctor import kb
 from sftdoctor.checks.collectives import dumps_finding
-from sftdoctor.errors import InputError
+from sftdoctor.errors import InputError, read_text
 from sftdoctor.facts.child import in_child
 from sftdoctor.facts.flight_recorder import FR_DIR, dumps_in
+from sftdoctor.run.rundir import RESOLVED
 from sftdoctor.triage import Diagnosis, add_dumps_finding, diagnose
 from sftdoctor.triage.render import render_diagnosis, render_diagnosis_json
 from sftdoctor.triage.sniff import SAMPLE, unreadable
@@ -58,13 +60,28 @@ def triage(log_file: str, as_json: bool, jobs: int) -> int:
 
 def beside(diagnosis: Diagnosis, folder: Path) -> None:
     """The flight-recorder dumps beside the log (the run directory, or its flight-recorder/ folder that the hang
-    watchdog writes), read by torch's analyzer in a child process: which collective, which rank stayed out."""
+    watchdog writes), read by torch's analyzer in a child process: which collective, which rank stayed out. The
+    dumps that cannot be read are named in the finding; the log's own verdict stands whatever they hold."""
     for where in (folder / FR_DIR, folder):
         if found := dumps_in(where):
-            fr = in_child("sftdoctor.facts.flight_recorder", {"folder": str(where)}, "reading the flight-recorder dumps",
+            request = {"folder": str(where), "world": world_of(folder)}
+            fr = in_child("sftdoctor.facts.flight_recorder", request, "reading the flight-recorder dumps",
                           timeout_s=FR_TIMEOUT_S)
-            add_dumps_finding(diagnosis, dumps_finding({"folder": str(where), "dumps": sorted(found), **fr}))
+            if "dumps" not in fr:  # the reader itself failed (a timeout): each dump unread, for that reason
+                why = fr.get("error")
+                fr = {**fr, "dumps": [], "unreadable": {str(r): f"{p.name}: {why}" for r, p in found.items()}}
+            add_dumps_finding(diagnosis, dumps_finding({"folder": str(where), **fr}))
             return
+
+
+def world_of(run_dir: Path) -> int | None:
+    """The run's world size from its resolved.json beside the log (sftdoctor's run directory), or None: the dumps
+    alone may not say how many ranks there were, and a rank that sent no dump must still be counted."""
+    try:
+        size = json.loads(read_text(run_dir / RESOLVED, "resolved plan", limit=1 << 20)).get("world_size")
+    except (InputError, ValueError, AttributeError, RecursionError):
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
 def _head(stream) -> bytes:

@@ -246,8 +246,43 @@ def test_too_few_points_are_skipped_with_the_count_needed():
     assert reasons["memory-growth"] == "no memory was logged"
 
 
-def test_non_finite_values_are_left_out_not_fatal():
+def test_a_non_finite_point_is_a_finding_and_never_judged_over():
+    """Dropped, a loss that went NaN for its last steps "fell", and a norm that went inf "stayed level"."""
     curves = healthy()
-    curves["series"]["loss"]["values"][10] = float("nan")
+    curves["series"]["loss"]["values"][-3:] = [float("nan")] * 3
     curves["series"]["grad_norm"]["values"][5] = float("inf")
-    assert said(curves) == {}
+    findings, skipped = judge(curves, plugins=False)
+    by_id = {f.id: f for f in findings}
+    assert by_id["loss-plateau"].severity.value == "error"
+    assert by_id["loss-plateau"].title == "the train loss is non-finite from step 580 (NaN): 3 of 60 logged points"
+    assert by_id["loss-plateau"].evidence["step"] == 580 and by_id["loss-plateau"].explain == "nan-loss"
+    assert by_id["grad-norm-curve"].title == ("the gradient norm is non-finite at 1 of 60 logged points, first at step "
+                                              "60 (inf)")
+    assert not any(word in f.title for f in findings for word in ("fell", "stayed level"))
+
+
+def test_a_rate_that_went_nan_is_not_said_to_follow_its_schedule():
+    curves = synthetic(learning_rate=[1e-3] * 10 + [float("nan")] * 2)
+    [finding] = [f for f in judge(curves, plugins=False)[0] if f.id == "lr-curve"]
+    assert finding.severity.value == "error"
+    assert finding.title.startswith("the learning rate is non-finite from step 110")
+
+
+def test_a_reader_whose_second_series_is_non_finite_is_skipped_saying_why():
+    curves = synthetic(eval_loss=[1.0, 0.9, 1.0, 1.1, 1.2, 1.3], loss=[1.0, 0.8, float("inf"), 0.5, 0.4, 0.3])
+    findings, skipped = judge(curves, plugins=False)
+    reasons = {s.id: s.reason for s in skipped}
+    assert reasons["overfitting"] == "the train loss is non-finite at 1 of 6 logged points, first at step 30 (inf): " \
+                                     "not judged over those"
+    assert {f.id: f.severity.value for f in findings}["loss-plateau"] == "error"
+
+
+def test_fp16_overflowed_steps_are_left_out_of_the_gradient_norm_and_said():
+    """An fp16 step that overflows logs an infinite norm by design (the loss scaler skips it)."""
+    curves = healthy()
+    curves["precision"] = "fp16"
+    curves["series"]["grad_norm"]["values"][5] = float("inf")
+    [finding] = [f for f in judge(curves, plugins=False)[0] if f.id == "grad-norm-curve"]
+    assert finding.severity.value == "ok" and finding.title.endswith("; 1 overflowed fp16 steps (inf) left out")
+    curves["series"]["grad_norm"]["values"][6] = float("nan")  # NaN is no overflow
+    assert said(curves)["grad-norm-curve"].startswith("the gradient norm is non-finite at 2 of 60")

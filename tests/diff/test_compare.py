@@ -64,8 +64,8 @@ def test_a_run_without_facts_is_compared_on_its_plan_alone(tmp_path):
 def test_the_step_where_the_losses_part(tmp_path):
     a = run(tmp_path / "a", losses=[(1, 5.0), (2, 4.0), (3, 3.0), (4, 2.5)])
     b = run(tmp_path / "b", losses=[(1, 5.0), (2, 4.02), (3, 3.5), (4, 3.1), (5, 3.0)])
-    assert where_they_part(a, b) == {"step": 3, "a": 3.0, "b": 3.5, "common_steps": 4,
-                                     "last": {"a": [4, 2.5], "b": [5, 3.0]}}
+    assert where_they_part(a, b) == {"step": 3, "a": 3.0, "b": 3.5, "common_steps": 4, "both_non_finite": None,
+                                     "non_finite": {"a": None, "b": None}, "last": {"a": [4, 2.5], "b": [5, 3.0]}}
     assert where_they_part(a, a)["step"] is None  # a 0.5% wobble (step 2) is not a parting; equal runs never part
 
 
@@ -85,18 +85,19 @@ def test_what_is_not_a_run_is_named(tmp_path, resolved, says):
         recorded(folder)
 
 
-@pytest.mark.parametrize("kept, says", [
-    ('{"facts": [], "data_files": {}}', "facts: expected an object of facts"),
-    ('{"facts": {"packages": "x"}}', "facts.packages: expected an object, got str"),
-    ('{"facts": {"gpus": {"devices": "y"}}}', "facts.gpus.devices: "),
-    ('{"facts": {}, "data_files": {"a": "b"}}', "data_files: expected an object of file name -> {sha256, bytes}"),
+@pytest.mark.parametrize("kept, areas, says", [
+    ('{"facts": [], "data_files": {}}', ("stack", "gpus", "env"), "facts: expected an object of facts, got list"),
+    ('{"facts": {"packages": "x"}}', ("stack",), "facts.packages: expected an object, got str"),
+    ('{"facts": {"gpus": {"devices": "y"}}}', ("gpus",), "facts.gpus.devices: "),
+    ('{"facts": {}, "data_files": {"a": "b"}}', ("data",),
+     "data_files: expected an object of file name -> {sha256, bytes}"),
 ])
-def test_a_broken_facts_json_is_named_not_a_traceback(tmp_path, kept, says):
+def test_a_broken_facts_json_is_named_and_its_areas_not_compared(tmp_path, kept, areas, says):
+    """facts.json is optional (older runs have none): a damaged one costs its areas, named with why, not the diff."""
     folder = run(tmp_path / "a", facts=False)
     (folder / "facts.json").write_text(kept)
-    with pytest.raises(InputError) as caught:
-        recorded(folder)
-    assert str(caught.value).startswith(f"{folder / 'facts.json'}: {says}")
+    gaps = [g for g in recorded(folder).gaps if f"{folder / 'facts.json'}: {says}" in g.why]
+    assert len(gaps) == 1 and gaps[0].areas == areas, recorded(folder).gaps
 
 
 def test_unreadable_metrics_are_said_not_read_as_no_loss(tmp_path):
@@ -104,10 +105,76 @@ def test_unreadable_metrics_are_said_not_read_as_no_loss(tmp_path):
     b = run(tmp_path / "b")
     (b / "metrics.jsonl").write_text("garbage\n")
     assert where_they_part(a, b)["error"].startswith(f"{b / 'metrics.jsonl'}: line 1: expected one JSON object")
-    assert where_they_part(a, run(tmp_path / "c"))["error"] == f"{tmp_path / 'c'} logged no train loss"
+    assert where_they_part(a, run(tmp_path / "c"))["error"] == f"{tmp_path / 'c'} has no metrics.jsonl"
+    (b / "metrics.jsonl").write_text('{"step": 1, "learning_rate": 0.1}\n')
+    assert where_they_part(a, b)["error"] == f"{b} logged no train loss"
 
 
 def test_runs_logged_at_no_common_step_are_not_said_to_agree(tmp_path):
     a = run(tmp_path / "a", losses=[(1, 5.0), (3, 4.0)])
     b = run(tmp_path / "b", losses=[(2, 5.0), (4, 4.0)])
     assert where_they_part(a, b) == {"error": "the two runs logged their losses at no common step"}
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("losses_b, step, both, b_from", [
+    ([(1, 5.0), (2, 4.0), (3, NAN), (4, NAN)], 3, None, 3),  # one a number, the other not: they part there
+    ([(1, 5.0), (2, INF), (3, 3.0), (4, 2.5)], 2, None, 2),  # an inf spike that came back
+])
+def test_a_loss_that_stops_being_a_number_is_where_they_part(tmp_path, losses_b, step, both, b_from):
+    """Every comparison with NaN is false: compared as numbers, a NaN run "agreed at every common step"."""
+    a = run(tmp_path / "a", losses=[(1, 5.0), (2, 4.0), (3, 3.0), (4, 2.5)])
+    b = run(tmp_path / "b", losses=losses_b)
+    parted = where_they_part(a, b)
+    assert (parted["step"], parted["both_non_finite"], parted["non_finite"]["a"]) == (step, both, None)
+    assert parted["non_finite"]["b"]["step"] == b_from
+
+
+def test_two_nan_losses_are_both_non_finite_not_agreement(tmp_path):
+    a = run(tmp_path / "a", losses=[(1, 5.0), (2, 4.0), (3, NAN), (4, NAN)])
+    b = run(tmp_path / "b", losses=[(1, 5.0), (2, 4.0), (3, NAN), (4, NAN)])
+    parted = where_they_part(a, b)
+    assert parted["step"] is None and parted["both_non_finite"] == 3
+    assert parted["non_finite"]["a"] == {"step": 3, "value": "NaN", "count": 2, "of": 4, "to_end": True}
+
+
+def test_a_fact_one_run_lacks_is_not_compared_not_equal(tmp_path):
+    """An older facts.json without gpus, or one whose probe failed: "{} == {}" said "0 differences" of it."""
+    a = run(tmp_path / "a")
+    b = run(tmp_path / "b")
+    kept = json.loads((b / "facts.json").read_text())
+    del kept["facts"]["gpus"]
+    kept["unavailable"] = {"gpus": "nvidia-smi: not found"}
+    (b / "facts.json").write_text(json.dumps(kept))
+    assert found(a, b) == []
+    [gap] = recorded(b).gaps
+    assert gap.areas == ("gpus",)
+    assert gap.why == f"has no facts.gpus in {b / 'facts.json'} (its probe said: nvidia-smi: not found)"
+
+
+def test_data_whose_digest_could_not_be_taken_is_not_compared(tmp_path):
+    broken = {"a/train.jsonl": {"error": "Permission denied"}}
+    a, b = run(tmp_path / "a", data=broken), run(tmp_path / "b", data=broken)
+    assert found(a, b) == []
+    assert [g.areas for g in recorded(a).gaps] == [("data",)]
+    assert recorded(a).gaps[0].why == "has no digest of a/train.jsonl (Permission denied)"
+
+
+def test_a_setting_that_is_not_a_number_is_never_the_same(tmp_path):
+    a, b = run(tmp_path / "a", plan={"learning_rate": NAN}), run(tmp_path / "b", plan={"learning_rate": NAN})
+    found_ = [(d.area, d.what) for d in differences(recorded(a), recorded(b))]
+    assert found_ == [("plan", "learning_rate (not a finite number)")]
+
+
+def test_a_gpu_probe_that_failed_is_not_compared_as_no_gpus(tmp_path):
+    """NVML and nvidia-smi both failing at two launches read as "no GPUs" in both: an agreement on nothing."""
+    failed = {"source": None, "driver_version": None, "cuda_version": None, "devices": [],
+              "error": "NVML: Driver Not Loaded"}
+    a, b = run(tmp_path / "a", facts={"gpus": failed}), run(tmp_path / "b", facts={"gpus": failed})
+    assert found(a, b) == []
+    assert [(g.areas, g.why) for g in recorded(a).gaps] == [
+        (("gpus",), f"has facts.gpus from a GPU probe that failed in {a / 'facts.json'}: NVML: Driver Not Loaded")]
+    none = {**failed, "error": "no NVIDIA kernel driver loaded (/proc/driver/nvidia/version is absent)"}
+    assert recorded(run(tmp_path / "c", facts={"gpus": none})).gaps == ()  # a machine without GPUs: a fact

@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from conftest import EXAMPLES
+from hostile import no_hang
 from sftdoctor.errors import InputError
 from sftdoctor.eval.harness import task_manager, unreadable_yamls
 
@@ -23,7 +24,6 @@ def folder(tmp_path, yaml: str | bytes, data: bytes | None = None):
 
 
 @pytest.mark.parametrize("yaml, data, says", [
-    (CHOICE.replace("count.jsonl", "gone.jsonl"), None, "(FileNotFoundError: Unable to find"),
     (CHOICE, b"not json\n", "(ValueError: "),
     (CHOICE, b"", "(StopIteration: no documents in its split)"),
     (CHOICE.replace("{{choices}}", "{{no_such_field}}"), None, "(UndefinedError: 'no_such_field' is undefined)"),
@@ -36,6 +36,35 @@ def test_a_task_of_ones_own_that_cannot_be_built_is_named_before_the_model_loads
         task_manager(["mine"], include)
     message = str(caught.value)
     assert message.startswith(f"{include}: --include: task 'mine' cannot be built by lm-eval (") and says in message
+
+
+@pytest.mark.parametrize("data_files, says", [
+    ("{test: gone.jsonl}", "dataset_kwargs.data_files.test: no file {include}/gone.jsonl"),
+    ("[count.jsonl, sub/gone.jsonl]", "dataset_kwargs.data_files[1]: no file {include}/sub/gone.jsonl"),
+    ("{test: 'nothing*.jsonl'}", "dataset_kwargs.data_files.test: no file matches {include}/nothing*.jsonl"),
+    ("{test: pipe.jsonl}", "dataset_kwargs.data_files.test: {include}/pipe.jsonl is a named pipe, not a data file"),
+])
+def test_a_data_file_that_is_not_there_is_named_with_its_yaml_and_key_before_lm_eval_reads(tmp_path, data_files, says):
+    """lm-eval knows the task by its YAML alone; its data is read only when the task is built, and datasets
+    then says "Unable to find" without the YAML or the key (a named pipe it skips as if it were missing)."""
+    import os
+
+    include = folder(tmp_path, CHOICE.replace("  data_files:\n    test: count.jsonl", f"  data_files: {data_files}"))
+    os.mkfifo(include / "pipe.jsonl")
+    with no_hang(20), pytest.raises(InputError) as caught:
+        task_manager(["mine"], include)
+    assert str(caught.value).startswith(f"{include / 'mine.yaml'}: {says.format(include=include)} (task 'mine'")
+
+
+def test_data_files_are_found_as_datasets_finds_them(tmp_path):
+    """Relative to data_dir when it is given, a glob that matches, a group's tasks: all there, all built."""
+    (tmp_path / "data").mkdir()
+    shutil.copy(TASKS / "count.jsonl", tmp_path / "data" / "part-1.jsonl")
+    yaml = CHOICE.replace("  data_files:\n    test: count.jsonl",
+                          "  data_dir: data\n  data_files: {test: 'part-*.jsonl'}")
+    (tmp_path / "mine.yaml").write_text(yaml)
+    (tmp_path / "both.yaml").write_text("group: both\ntask: [mine]\n")
+    assert "mine" in task_manager(["both"], tmp_path).all_tasks
 
 
 @pytest.mark.slow  # a name not in the folder indexes lm-eval's 14,000 bundled tasks: 7 s

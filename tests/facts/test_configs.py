@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import FIXTURES, index
+from conftest import EXAMPLES, FIXTURES, index
 from sftdoctor.checks.common import ds_precision_flags
 from sftdoctor.errors import InputError, InputErrors
 from sftdoctor.facts import Facts, Inputs
-from sftdoctor.facts.configs import read_json_object, summarize_model_config
+from sftdoctor.facts.configs import LOADABLE_DTYPES, read_json_object, summarize_model_config
 
 DEEPSPEED = index("deepspeed")
 MODELS = index("model_config")
@@ -106,3 +106,19 @@ def test_config_loaders_give_a_value_or_a_clean_input_error(tmp_path_factory, da
                 Facts(inputs).get(probe)
         except (InputError, InputErrors) as exc:
             assert str(name) in str(exc)
+
+
+@pytest.mark.parametrize("value,loads", [("auto", False), ("torch.bfloat16", False), ("bf16", False),
+                                         *((name, True) for name in LOADABLE_DTYPES)])
+def test_the_dtype_names_refused_are_those_the_pinned_transformers_cannot_load(tmp_path, value, loads):
+    """facts.configs.LOADABLE_DTYPES pinned against transformers 5.24-5.25's PretrainedConfig (getattr(torch, v))."""
+    from transformers import AutoConfig
+
+    config = json.loads((EXAMPLES / "tiny" / "model" / "config.json").read_text())
+    config.pop("dtype", None)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "torch_dtype": value}))
+    if loads:
+        AutoConfig.from_pretrained(tmp_path)
+    else:
+        with pytest.raises(AttributeError):
+            AutoConfig.from_pretrained(tmp_path)

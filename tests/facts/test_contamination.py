@@ -35,8 +35,9 @@ def test_a_training_row_holding_13_words_of_an_eval_document_makes_it_dirty(tmp_
 def test_short_documents_must_occur_whole_and_the_shortest_are_not_judged():
     index = Index("t", [("d0", "one two three four five six seven eight"), ("d1", "too short to judge")])
     index.scan("row", words("x one two three four five six seven eight y"))
-    assert index.result() == {"docs": 2, "touched": 1, "too_short": 1,
-                              "examples": [{"train": "row", "eval": "d0",
+    assert index.result() == {"docs": 2, "touched": 1, "too_short": 1, "rules": {"word 13-grams": 1},
+                              "too_short_below": "8 words",
+                              "examples": [{"train": "row", "eval": "d0", "rule": "word 13-grams", "shared": "8 words",
                                             "overlap": "one two three four five six seven eight"}]}
 
 
@@ -73,8 +74,8 @@ def test_the_bundled_example_is_scanned_against_its_tasks_and_its_eval_file():
     titles = [f["title"] for f in json.loads(proc.stdout)["findings"]]
     # its synthetic rows repeat 20 words: one sorted answer of the eval split shares 13 words with a training row
     assert titles[0].startswith("eval file eval.jsonl: 1 of 37 documents (2.7%) occur in the training rows")
-    assert titles[1:] == ["tiny_count_choice: none of 100 documents occurs in the 1,200 training rows",
-                          "tiny_count_gen: none of 100 documents occurs in the 1,200 training rows"]
+    assert titles[1:] == ["tiny_count_choice: none of 100 documents occurs in the 1,200 training rows (word 13-grams)",
+                          "tiny_count_gen: none of 100 documents occurs in the 1,200 training rows (word 13-grams)"]
 
 
 @pytest.mark.slow

@@ -128,11 +128,16 @@ def test_a_dump_is_never_unpickled_into_code(tmp_path):
 
 
 def test_dumps_that_cannot_be_read_are_said_unreadable_not_clean(tmp_path):
+    """Issue 40: the dumps that can be read are analysed, the others named; none is read as clean."""
     shutil.copy(FIXTURES / "gloo-broadcast-vs-all-reduce" / "trace-0", tmp_path / "trace-0")
     (tmp_path / "trace-1").write_bytes((FIXTURES / "gloo-broadcast-vs-all-reduce" / "trace-1").read_bytes()[:100])
     fr = read(tmp_path)
-    assert fr["dumps"] == [0, 1] and "trace-1: not a readable flight-recorder dump" in fr["error"]
-    assert "could not read the dumps" in describe(fr)[1]
+    assert fr["dumps"] == [0] and fr["no_dump"] == [1]
+    assert fr["unreadable"]["1"].startswith("trace-1: not a readable flight-recorder dump")
+    headline, detail = describe(fr)
+    assert headline == "rank 0 is inside all_reduce #6 on default_pg [[1000]] Float; rank 1's dump unreadable"
+    assert "Rank 1's dump could not be read (trace-1: not a readable flight-recorder dump" in detail
+    assert "every rank" not in detail
 
 
 def test_dumps_that_recorded_nothing_cannot_judge(tmp_path):

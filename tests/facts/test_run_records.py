@@ -66,7 +66,7 @@ GOOD_PLAN = {"lr_scheduler": "cosine_with_min_lr", "learning_rate": 1e-3, "lr_sc
 
 
 @pytest.mark.parametrize("text, says", [
-    (b"\x88\x00binary", "cannot read the run's resolved settings"),
+    (b"\x88\x00binary", "expected a UTF-8 run record, got binary data"),
     (b'{"lr_scheduler": "cosine",', "not valid JSON ("),
     (b"[1, 2]", "expected a JSON object (the run's resolved settings), got list"),
     (json.dumps({**GOOD_PLAN, "total_steps": "x"}).encode(), "total_steps: expected int, got 'x'"),
@@ -171,3 +171,40 @@ def test_fuzzed_logs_are_read_or_refused_in_one_line(tmp_path, lines):
         return
     for series in curves["series"].values():
         assert series["steps"] == sorted(set(series["steps"])) and len(series["steps"]) == len(series["values"])
+
+
+def test_a_loss_too_large_for_a_float_is_infinite_not_a_traceback(tmp_path):
+    """json reads 1 followed by 400 zeros as an int; float() of it raised OverflowError."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 1' + "0" * 400 + '}\n{"step": 2, "loss": NaN}\n')
+    curves = read_run(tmp_path)
+    assert curves["series"]["loss"]["values"][0] == float("inf")
+    assert curves["non_finite"]["loss"] == {"step": 1, "value": "inf", "count": 2, "of": 2, "to_end": True}
+
+
+@pytest.mark.parametrize("value", ['"nan"', "true", "[1]", '{"a": 1}'])
+def test_a_logged_value_of_another_type_is_refused_not_dropped(tmp_path, value):
+    """Dropped, a loss logged as "nan" left the curve judged without the point where it broke."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "loss": ' + value + '}\n')
+    with pytest.raises(InputError) as caught:
+        read_run(tmp_path)
+    assert str(caught.value).startswith(f"{tmp_path / 'metrics.jsonl'}: line 2: loss: expected a number (NaN and "
+                                        "Infinity included), got ")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0, "grad_norm": null}\n')  # null: not logged
+    assert "grad_norm" not in read_run(tmp_path)["series"]
+
+
+def test_an_infinite_clipping_threshold_in_a_record_is_not_taken(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0, "max_grad_norm": Infinity}\n')
+    assert read_run(tmp_path)["max_grad_norm"] is None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "unreadable", "dangling", "loop", "folder"])
+def test_a_log_that_is_not_a_file_is_refused_by_name_never_read_or_passed_over(tmp_path, kind):
+    """A FIFO blocked the read forever; /dev/zero never ended; skipped as absent, another log was read instead."""
+    from hostile import no_hang, special_file
+
+    special_file(tmp_path / "metrics.jsonl", kind)
+    write_lines(tmp_path / "trainer_log.jsonl", [{"current_steps": 1, "loss": 1.0}])
+    with no_hang(10), pytest.raises(InputError) as caught:
+        read_run(tmp_path)
+    assert str(caught.value).startswith(f"{tmp_path / 'metrics.jsonl'}: ")

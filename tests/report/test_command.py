@@ -151,7 +151,7 @@ def test_a_findings_file_that_cannot_be_read_is_bad_input_not_an_empty_history(t
     (folder / "findings.jsonl").mkdir()
     proc = cli(str(folder), "--no-plugins", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr == f"sftdoctor: error: {folder / 'findings.jsonl'}: cannot read the run's findings: Is a directory\n"
+    assert proc.stderr == f"sftdoctor: error: {folder / 'findings.jsonl'}: expected a findings record file, got a directory\n"
     assert not (folder / "report.html").exists()
 
 

@@ -131,10 +131,11 @@ def test_the_space_is_the_one_the_study_was_created_with(tmp_path):
 
 @pytest.mark.parametrize("journal, says", [
     (b"\x91\xfe binary\n", "line 1: not an Optuna journal (UnicodeDecodeError"),
-    (b'{"op_code": 0, "study_name": "sweep"}\nnot json\n', "line 2: not an Optuna journal (JSONDecodeError"),
+    (b'{"op_code": 0, "worker_id": "w", "study_name": "sweep", "directions": [1]}\nnot json\n',
+     "line 2: not an Optuna journal (JSONDecodeError"),
     (b"[1, 2]\n", "line 1: not an Optuna journal (a record with no op_code)"),
-    (b'{"op_code": 0}\n', "not an Optuna journal (KeyError: 'study_name')"),
-    (b'{"op_code": 99, "worker_id": "x"}\n', "not an Optuna journal (AssertionError"),  # optuna 4.x's replay
+    (b'{"op_code": 0, "worker_id": "w"}\n', "line 1: study_name: missing; expected a string (op_code 0)"),
+    (b'{"op_code": 99, "worker_id": "x"}\n', "line 1: op_code: not an Optuna journal (op_code 99; expected 0 to 10)"),
     (None, "is not a file; expected the study's Optuna journal"),
 ])
 def test_a_garbled_journal_is_named_when_the_study_is_opened_or_shown(tmp_path, journal, says):

@@ -2,6 +2,7 @@
 
 import io
 import json
+import os
 import subprocess
 import signal
 import sys
@@ -11,7 +12,8 @@ import psutil
 import pytest
 
 from conftest import install_plugin
-from sftdoctor.train.watch import TRAINING_PHASE, attribute, behind
+from hostile import no_hang
+from sftdoctor.train.watch import TRAINING_PHASE, arrived, attribute, behind, proc_state
 from trainrun import complete, config, metrics, train
 
 NAN_EXIT, HANG_EXIT = 86, 87
@@ -359,3 +361,151 @@ def test_the_watchers_pass_only_runtime_facts_of_the_catalogue():
     assert RuntimeFacts({"step_stats": {"step": 1}}).known("step_stats")
     with pytest.raises(ValueError, match=r"not runtime facts of the catalogue: \['step_stat'\]"):
         RuntimeFacts({"step_stat": {"step": 1}})
+
+
+# ---------------------------------------------------------------- a rank really frozen (SIGSTOP), not a drill
+# As a stuck NFS read, a D-state process or a wedged GPU freezes it: the watchdog names it as the rank that sent
+# nothing, says nothing of collectives it may not have entered, and the run leaves no process behind (a stopped
+# process ignores SIGTERM until continued; SIGKILL ends it).
+
+ALL_RANKS = ("every rank", "none completed", "collective itself is stuck", "collectives match",
+             "no rank is inside a collective")
+
+
+def freeze_a_rank_after_two_steps(cfg, run_dir, rank):
+    """Start the run, SIGSTOP `rank` once two steps are logged; (exit code, output, seconds from the freeze to the
+    end, the frozen process)."""
+    launcher = subprocess.Popen([sys.executable, "-m", "sftdoctor", "train", str(cfg), "--no-rehearse"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and launcher.poll() is None:
+            if (run_dir / "metrics.jsonl").is_file() and len(metrics(run_dir)) >= 2:
+                break
+            time.sleep(0.2)
+        victims = [p for p in psutil.Process(launcher.pid).children(recursive=True)
+                   if "sftdoctor.train.sft" in " ".join(p.cmdline()) and p.environ().get("RANK") == str(rank)]
+        assert victims, f"no rank-{rank} worker found"
+        os.kill(victims[0].pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        out, _ = launcher.communicate(timeout=180)
+        return launcher.returncode, out, time.monotonic() - frozen, victims[0]
+    finally:
+        if launcher.poll() is None:  # SIGKILL ends a stopped process too
+            for proc in [*psutil.Process(launcher.pid).children(recursive=True), psutil.Process(launcher.pid)]:
+                proc.kill()
+            launcher.communicate()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", [1, 0])  # 0 also serves the ranks' store: the other reports alone
+def test_a_frozen_rank_is_named_as_the_rank_that_sent_nothing(tmp_path, tiny_data, rank):
+    cfg = config(tmp_path, tiny_data["messages"], launch={"nproc_per_node": 2, "stop_grace_s": 5},
+                 training={"max_steps": 400, "save_steps": 1000}, extra={"watch": {"hang_timeout_s": 8}})
+    run_dir, other = tmp_path / "out", 1 - rank
+    code, out, took, frozen = freeze_a_rank_after_two_steps(cfg, run_dir, rank)
+    assert code == HANG_EXIT, out[-4000:]
+    # 8 s, the report, torchrun's 5 s for the frozen rank, then SIGKILL (rank 0: the store's silence, 36 s more)
+    assert took < (60 if rank else 100)
+    [finding] = runtime_findings(run_dir)
+    title, detail = finding["title"], finding["detail"]
+    assert title.startswith(f"hang: no progress for 8 s; behind: rank {rank} (sent nothing: no report, no stacks, "
+                            "no dump")
+    if rank:  # its state, read from /proc by rank 0 (the pid came through the store)
+        assert f"; process {frozen.pid} on " in title and ": T (stopped (SIGSTOP))" in title
+        assert f"kill -CONT {frozen.pid}" in finding["fix"]
+    else:
+        assert "The ranks' store (TCP, served from rank 0's process) did not answer either" in detail
+    assert "cat /proc/PID/stack" in finding["fix"] and "ps -o stat=" in finding["fix"] and "dmesg" in finding["fix"]
+    assert not any(words in title + detail for words in ALL_RANKS), detail
+    # per rank, what arrived: the other rank's report, stacks and dump; nothing from the frozen one
+    arrived = finding["evidence"]["arrived"]
+    assert arrived[str(other)]["report"] and arrived[str(other)]["stacks"].endswith(f"stacks/rank-{other}.txt")
+    assert arrived[str(other)]["dump"].endswith(f"flight-recorder/rank-{other}")
+    assert [arrived[str(rank)][what] for what in ("report", "stacks", "dump")] == [False, None, None]
+    assert detail.startswith(f"Rank {rank} sent nothing: its process is unresponsive")
+    assert f"rank {other}: step " in detail and f"stacks {run_dir / 'stacks' / f'rank-{other}.txt'}" in detail
+    assert f"rank {rank}: nothing (no report, no stacks, no dump)" in detail
+    assert f"Flight recorder (rank {other} of 2, " in detail
+    assert f"Rank {rank} sent no dump: nothing is known of rank {rank}" in detail
+    assert {p.name for p in (run_dir / "stacks").iterdir()} == {f"rank-{other}.txt"}
+    assert {p.name for p in (run_dir / "flight-recorder").iterdir()} == {f"rank-{other}"}
+    # nothing of the run is left, the frozen rank included
+    assert not psutil.pid_exists(frozen.pid) or frozen.status() == psutil.STATUS_ZOMBIE
+    assert job_processes(run_dir) == []
+    # the triage of the output, and of the log with the dump beside it, gives the same root
+    from sftdoctor.triage import diagnose
+
+    root = diagnose(io.BytesIO(out.encode())).root.finding
+    assert root.id == "nccl-timeout" and f"behind: rank {rank} (sent nothing" in root.title
+    explained = subprocess.run([sys.executable, "-m", "sftdoctor", "explain", "--log", str(run_dir / "train.log")],
+                               capture_output=True, text=True, timeout=120)
+    assert explained.returncode == 1 and "root cause: nccl-timeout" in explained.stdout, explained.stdout
+    assert f"behind: rank {rank} (sent nothing" in explained.stdout
+    assert f"rank {rank} sent no dump" in explained.stdout
+    assert not any(words in explained.stdout for words in ALL_RANKS), explained.stdout
+
+
+def test_the_watchdog_lists_what_arrived_from_each_rank(tmp_path):
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "rank-0.txt").write_text("Thread 0x1")
+    (tmp_path / "flight-recorder").mkdir()
+    (tmp_path / "flight-recorder" / "rank-0").write_bytes(b"\x80")
+    said = arrived(tmp_path, 2, {0: {"step": 3}})
+    assert said == {"0": {"report": True, "stacks": str(tmp_path / "stacks" / "rank-0.txt"),
+                          "dump": str(tmp_path / "flight-recorder" / "rank-0")},
+                    "1": {"report": False, "stacks": None, "dump": None, "process": None}}
+
+
+def test_a_process_state_is_read_from_proc():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        for _ in range(50):
+            if proc_state(child.pid)["state"].startswith("T"):
+                break
+            time.sleep(0.05)
+        assert proc_state(child.pid)["state"] == "T (stopped (SIGSTOP))"
+    finally:
+        child.kill()
+        child.wait()
+    assert proc_state(child.pid) == {"state": "gone (no such process on this host)"}
+
+
+@pytest.mark.slow
+def test_a_frozen_store_host_does_not_hold_the_watchdog(tmp_path, monkeypatch):
+    """The c10d store is served from rank 0's process: frozen, every store read waits for ever (torch 2.13's
+    set_timeout does not bound a reply). The watchdog then reports alone, the store taken as gone."""
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+
+    from sftdoctor.train import watch
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-c", "import datetime, time, torch.distributed as d; "
+                               f"s = d.TCPStore('127.0.0.1', {port}, 2, True, timeout=datetime.timedelta(seconds=60), "
+                               "wait_for_workers=False); "
+                               "print('up', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "up"
+        store = dist.PrefixStore("default_pg", dist.TCPStore("127.0.0.1", port, 2, False,
+                                                             timeout=datetime.timedelta(seconds=60)))
+        os.kill(server.pid, signal.SIGSTOP)
+        monkeypatch.setattr(watch, "SWAP_MARGIN_S", 0.0)
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("RANK", "1")
+        dog = watch.HangWatchdog(1.0, reporter=None, run_dir=tmp_path)
+        (tmp_path / "stacks").mkdir()
+        (tmp_path / "stacks" / "rank-1.txt").write_text("Thread 0x1")
+        began = time.monotonic()
+        reports = {1: {"step": 3}}
+        with no_hang(60):
+            assert dog._swap_bounded(store, reports, None) == (True, None)
+        assert time.monotonic() - began < 2 * dog.poll + 5 + 3 and reports == {1: {"step": 3}}
+    finally:
+        server.kill()
+        server.wait()
