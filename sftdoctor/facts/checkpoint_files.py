@@ -43,6 +43,8 @@ def checkpoint_problem(folder: Path) -> str | None:
 
 def shard_problem(path: Path) -> str | None:
     """Why one safetensors file cannot be loaded, from its header and its size."""
+    if path.is_dir():
+        return "a folder, not a safetensors file"
     try:
         regular_file(path, "safetensors file")
         size = os.path.getsize(path)

@@ -20,7 +20,7 @@ from safetensors.numpy import save_file
 
 from sftdoctor.checks import run_check
 from sftdoctor.facts import Facts
-from sftdoctor.facts.token_rows import REFERENCE_ROWS, read_rows
+from sftdoctor.facts.token_rows import REFERENCE_ROWS, read_rows, weight_files
 
 pytestmark = pytest.mark.slow  # the reader imports torch; each command line reads rows in a child process
 
@@ -147,23 +147,27 @@ def test_a_file_that_is_not_a_file_in_place_of_the_checkpoint_is_not_judged(tmp_
     result = check(tmp_path, cfg)
     passed, lines = judged_lines(result)
     assert not passed, result.stdout
-    if result.exit_code == 2:  # the run config's reader refuses a model folder whose files cannot be read
-        assert "model.safetensors cannot be read as a file" in result.stderr, result.stderr
+    if result.exit_code == 2:  # refused with the run config: a file that cannot be read, or no safetensors at all
+        assert "model.safetensors cannot be read as a file" in result.stderr \
+            or "[model].path: model.safetensors: " in result.stderr, result.stderr
     else:  # a file that can be opened but holds no safetensors: the probe says so
         assert result.exit_code == 0 and any(
             f"not judged: the embedding rows could not be read ({tmp_path}/model/model.safetensors: " in line
             for line in lines), result.stdout
 
 
-def test_a_shard_the_index_names_that_is_missing_is_not_judged(tmp_path):
+def test_a_shard_the_index_names_that_is_missing_is_refused_before_the_rows_are_judged(tmp_path):
+    """from_pretrained would stop on it at load: refused with the run config (facts.checkpoint_files), and the
+    probe that reads the rows says the same when asked on its own."""
     cfg = example(tmp_path, matrix())
     (tmp_path / "model" / "model.safetensors").rename(tmp_path / "model" / "model-00002-of-00002.safetensors")
     (tmp_path / "model" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
         NAME: "model-00001-of-00002.safetensors", "lm_head.weight": "model-00002-of-00002.safetensors"}}))
     result = check(tmp_path, cfg)
-    assert result.exit_code == 0, result.stdout
-    assert ("not judged: the embedding rows could not be read "
-            f"({tmp_path}/model/model-00001-of-00002.safetensors: safetensors shard not found)") in result.stdout
+    assert result.exit_code == 2 and ("[model].path: model-00001-of-00002.safetensors: safetensors file not found"
+                                      in result.stderr), result.stderr
+    assert weight_files(tmp_path / "model") == {
+        "error": "safetensors shard not found", "file": f"{tmp_path}/model/model-00001-of-00002.safetensors"}
 
 
 @given(how=st.sampled_from(["none", "truncated", "offsets", "shape", "dtype-unknown", "dtype-int", "dtype-f16",
@@ -195,13 +199,13 @@ def test_check_never_passes_rows_it_could_not_read(tmp_path_factory, how, cut, n
 # ---------------------------------------------------------------- a repair of rows that cannot be read
 
 REFUSAL = ("[model] repair_untrained_tokens cannot repair the embedding rows: they cannot be read "
-           "({}/model/model.safetensors: SafetensorError: Error while deserializing header: incomplete metadata, "
-           "file not fully covered)")
+           "({}/model/model.safetensors: SafetensorError: Error while deserializing header: invalid JSON in header: "
+           "unknown variant `X9`")
 
 
 def test_a_repair_of_rows_that_cannot_be_read_is_refused_by_check_and_by_the_gate(tmp_path):
     cfg = example(tmp_path, matrix(zeros=[1, 2]), repair=True)
-    lie(tmp_path / "model" / "model.safetensors", "truncated", 10)
+    lie(tmp_path / "model" / "model.safetensors", "dtype-unknown", 0)  # its size fits: past the checkpoint check
     result = check(tmp_path, cfg)
     refusal = REFUSAL.format(tmp_path)
     assert result.exit_code == 1 and refusal in " ".join(result.stdout.split()), result.stdout

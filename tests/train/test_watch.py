@@ -117,7 +117,8 @@ def test_a_poisoned_row_is_traced_to_its_file_and_line_on_every_rank(tmp_path, t
 def test_a_row_whose_token_has_a_broken_embedding_is_traced_to_its_line(tmp_path, tiny_data):
     """The public case (unslothai/unsloth#1056): rows holding a token whose embedding row was never trained make
     the loss NaN. Here a checkpoint whose row for one token is garbage (inf, as uninitialised memory can read), and
-    one training row, appended last, that uses that token."""
+    one training row, appended last, that uses that token. The gate refuses that checkpoint before launch; forced
+    past it, the watcher names the row."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -147,7 +148,9 @@ def test_a_row_whose_token_has_a_broken_embedding_is_traced_to_its_line(tmp_path
     cfg = config(tmp_path, data, training={"max_steps": 45, "save_steps": 100, "learning_rate": 1e-4})
     cfg.write_text(cfg.read_text().replace(str(data / "data" / "train.jsonl"), str(folder / "train.jsonl"))
                    .replace(f'path = "{data / "model"}"\nweights = "random"', f'path = "{folder / "model"}"'))
-    proc = train(cfg)
+    refused = train(cfg, "--dry-run")  # the gate reads the row first (untrained-tokens): the run never starts
+    assert refused.returncode == 1 and "holds NaN/inf: the checkpoint is broken" in refused.stdout, refused.stdout[-3000:]
+    proc = train(cfg, "--force")  # forced past the gate, the watcher traces the NaN to the row
     assert proc.returncode == NAN_EXIT, proc.stdout[-3000:] + proc.stderr[-3000:]
     [finding] = runtime_findings(tmp_path / "out")
     assert finding["evidence"]["rows"]["culprits"] == [f"train.jsonl line {len(lines) + 1}"], finding["detail"]
