@@ -25,6 +25,7 @@ NON_FINITE = [math.nan, math.inf, -math.inf]
 NON_FINITE_JSON = ["NaN", "Infinity", "-Infinity"]  # json.loads reads these; strict JSON has no such literal
 NON_FINITE_TEXT = ["nan", "inf", "-inf", "NaN", "Infinity", "-Infinity", "1e400", "-1e400"]
 EXTREME = [1e308, -1e308, 5e-324, 10**400]  # finite, but near the float's limits (10**400: json reads an int)
+# version strings a hand-written parser trips on: most are no PEP 440 version; "v0.14.0" and "0.14.0 " are (as 0.14.0)
 UNPARSEABLE_VERSIONS = ["banana", "v0.14.0", "", " ", "0.14.0 ", "1..2", "1.2.3-", "latest", "☃", "0.14.0;rm"]
 
 SPECIAL = ["fifo", "dev-zero", "dev-null", "unreadable", "dangling", "folder", "empty", "binary", "loop"]
