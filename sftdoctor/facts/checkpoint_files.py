@@ -4,13 +4,15 @@ no tensor read): a shard the index names but the folder lacks, a truncated downl
 
 The format (safetensors 0.4-0.7, its Rust `SafeTensors::read_metadata`): 8 bytes, the header's length N as a
 little-endian u64; N bytes of JSON, {tensor name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__":
-{...}}; then the data, which the offsets must cover exactly: a file longer or shorter than 8 + N + the largest
-end is refused ("incomplete metadata, file not fully covered").
+{...}}; then the data. Its `validate` refuses a dtype it does not know, offsets that do not hold shape x dtype
+bytes, tensors that do not tile the data in order from 0, and a file longer or shorter than 8 + N + the last
+end ("incomplete metadata, file not fully covered").
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -18,6 +20,10 @@ from pathlib import Path
 from sftdoctor.errors import InputError, read_bytes, regular_file
 
 MAX_HEADER = 100 * 2**20  # safetensors' own limit on N (MAX_HEADER_SIZE)
+# safetensors 0.8's Dtype enum and each one's bits (an unknown name fails the header's parse: "unknown variant")
+DTYPE_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8,
+              "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
+              "C64": 64, "F64": 64, "I64": 64, "U64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 
 
@@ -62,17 +68,43 @@ def shard_problem(path: Path) -> str | None:
         return f"not a safetensors header ({_why(exc)})"
     if not isinstance(header, dict):
         return "not a safetensors header (not a JSON object)"
-    ends = []
+    spans = []
     for name, tensor in header.items():
-        offsets = tensor.get("data_offsets") if isinstance(tensor, dict) and name != "__metadata__" else [0, 0]
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
-            return f"not a safetensors header (tensor {name[:80]!r} has no data_offsets [begin, end])"
-        ends.append(offsets[1])
-    expected = 8 + length + max(ends, default=0)
+        if name == "__metadata__":
+            continue
+        span = _tensor_span(tensor)
+        if isinstance(span, str):
+            return f"not a loadable safetensors header: tensor {name[:80]!r} {span}"
+        spans.append(span)
+    end = 0
+    for begin, stop in sorted(spans):  # safetensors' validate: the tensors tile the data, in order, from 0
+        if begin != end:
+            return f"not a loadable safetensors header: a tensor starts at byte {begin:,} of the data, not {end:,}"
+        end = stop
+    expected = 8 + length + end
     if expected != size:
         return (f"its tensors end at byte {expected:,} but the file has {size:,} bytes "
                 f"({'truncated: an interrupted download or copy' if size < expected else 'data past the last tensor'})")
     return None
+
+
+def _tensor_span(tensor) -> tuple[int, int] | str:
+    """Where a tensor's bytes begin and end in the data, or what safetensors would refuse in its entry: a dtype it
+    does not know, a shape that is not a list of sizes, offsets that do not hold shape x dtype bytes."""
+    if not isinstance(tensor, dict):
+        return "is not an object"
+    dtype, shape, offsets = tensor.get("dtype"), tensor.get("shape"), tensor.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        return f"has dtype {str(dtype)[:20]!r}, which safetensors does not know"
+    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+        return "has no shape (a list of sizes)"
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]):
+        return "has no data_offsets [begin, end]"
+    bits = DTYPE_BITS[dtype] * math.prod(shape)
+    if bits != 8 * (offsets[1] - offsets[0]):
+        return f"holds {offsets[1] - offsets[0]:,} bytes where its shape {shape} of {dtype} needs {bits / 8:,g}"
+    return offsets[0], offsets[1]
 
 
 def _why(exc: BaseException) -> str:

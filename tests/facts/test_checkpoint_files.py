@@ -58,6 +58,36 @@ def test_data_past_the_last_tensor_is_refused_as_safetensors_refuses_it(tmp_path
     assert "past the last tensor" in shard_problem(path)
 
 
+def rewrite(path, change):
+    """The file with its header changed by `change(header)` and its data kept."""
+    data = path.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    change(header)
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + length:])
+
+
+LIES = {
+    "unknown dtype": lambda h: h["a"].update(dtype="X9"),
+    "dtype of another size": lambda h: h["a"].update(dtype="F16"),
+    "shape of another size": lambda h: h["a"].update(shape=[3, 6]),
+    "shape not a list": lambda h: h["a"].update(shape="3x5"),
+    "a gap between tensors": lambda h: h["b"].update(data_offsets=[h["b"]["data_offsets"][0] + 4,
+                                                                  h["b"]["data_offsets"][1] + 4]),
+    "overlapping tensors": lambda h: h["b"].update(data_offsets=[0, h["b"]["data_offsets"][1]
+                                                                 - h["b"]["data_offsets"][0]]),
+}
+
+
+@pytest.mark.parametrize("lie", sorted(LIES))
+def test_a_header_that_lies_is_refused_where_safetensors_refuses_it(tmp_path, lie):
+    path = write(tmp_path / "model.safetensors", {"a": (3, 5), "b": (7,)})
+    rewrite(path, LIES[lie])
+    assert not loads(path)
+    assert shard_problem(path).startswith("not a loadable safetensors header"), shard_problem(path)
+
+
 def test_a_shard_the_index_names_but_the_folder_lacks_is_named(tmp_path):
     write(tmp_path / "model-00001-of-00002.safetensors", {"a": (2, 2)})
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
