@@ -11,13 +11,12 @@ import json
 import shutil
 
 import pytest
+import safetensors.torch
+import torch
 from cli_contract import sftdoctor
 from conftest import EXAMPLES
 
 from sftdoctor.facts.checkpoint_files import checkpoint_problem, shard_problem
-
-torch = pytest.importorskip("torch")
-safetensors = pytest.importorskip("safetensors.torch")
 
 
 def write(path, tensors):
