@@ -11,8 +11,9 @@ import json
 import shutil
 
 import pytest
-import safetensors.torch
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from cli_contract import sftdoctor
 from conftest import EXAMPLES
 
@@ -20,13 +21,11 @@ from sftdoctor.facts.checkpoint_files import checkpoint_problem, shard_problem
 
 
 def write(path, tensors):
-    safetensors.save_file({k: torch.ones(*shape) for k, shape in tensors.items()}, str(path))
+    save_file({k: torch.ones(*shape) for k, shape in tensors.items()}, str(path))
     return path
 
 
 def loads(path) -> bool:
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), "pt") as f:
             [f.get_tensor(k) for k in f.keys()]
