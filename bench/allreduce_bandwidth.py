@@ -61,8 +61,20 @@ def main() -> None:
         peer_script = Path(tmp) / "peer.py"
         peer_script.write_text(PEER)
         for procs in args.procs:
-            doc = json.loads(torchrun(procs, "-m", "sftdoctor", "check", "--distributed", "--json", "--seconds", "20",
-                                      "--out", str(Path(tmp) / "out")))
+            doc = json.loads(
+                torchrun(
+                    procs,
+                    "-m",
+                    "sftdoctor",
+                    "check",
+                    "--distributed",
+                    "--json",
+                    "--seconds",
+                    "20",
+                    "--out",
+                    str(Path(tmp) / "out"),
+                )
+            )
             [bw] = [f for f in doc["findings"] if f["id"] == "collective-bandwidth"]
             ours = {s["bytes"]: s["busbw_gbps"] for s in bw["evidence"]["sizes"]}
             peer = {s["bytes"]: s["busbw_gbps"] for s in json.loads(torchrun(procs, str(peer_script)))}

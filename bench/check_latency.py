@@ -21,8 +21,10 @@ PEERS = {
     "ds_report": ["ds_report"],
     "accelerate env": ["accelerate", "env"],
 }
-SFTDOCTOR = {"sftdoctor check": [sys.executable, "-m", "sftdoctor", "check"],
-             "sftdoctor check --json": [sys.executable, "-m", "sftdoctor", "check", "--json"]}
+SFTDOCTOR = {
+    "sftdoctor check": [sys.executable, "-m", "sftdoctor", "check"],
+    "sftdoctor check --json": [sys.executable, "-m", "sftdoctor", "check", "--json"],
+}
 
 
 def resolve(command: list[str]) -> list[str] | None:

@@ -54,15 +54,30 @@ def make(folder: Path, rows: int, docs: int, script: str = "latin") -> dict:
             if i % every == 0 and i // every < docs:
                 text += " " + documents[i // every]
             cut = len(text) - len(documents[0]) - 1 if script == "cjk" else 200  # a planted document in one turn
-            f.write(json.dumps({"messages": [{"role": "user", "content": text[:cut]},
-                                             {"role": "assistant", "content": text[cut:]}]}) + "\n")
-    return {"train": [str(folder / "train.jsonl")], "eval_files": [str(folder / "eval.jsonl")], "tasks": [],
-            "include": None, "script": script}
+            f.write(
+                json.dumps(
+                    {
+                        "messages": [
+                            {"role": "user", "content": text[:cut]},
+                            {"role": "assistant", "content": text[cut:]},
+                        ]
+                    }
+                )
+                + "\n"
+            )
+    return {
+        "train": [str(folder / "train.jsonl")],
+        "eval_files": [str(folder / "eval.jsonl")],
+        "tasks": [],
+        "include": None,
+        "script": script,
+    }
 
 
 def run(request: dict, mode: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(request), mode], capture_output=True, text=True,
-                          check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(request), mode], capture_output=True, text=True, check=True
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -77,8 +92,12 @@ def main() -> None:
         peer, ours = run(request, "read"), run(request, "scan")
     print(f"rows                 {options.rows:,} ({options.docs:,} eval documents, planted in as many rows)")
     print(f"script               {options.script}")
-    print(f"read and split       {peer['seconds']:.1f} s, {options.rows / peer['seconds']:,.0f} rows/s, peak {peer['peak_mib']:.0f} MiB")
-    print(f"contamination scan   {ours['seconds']:.1f} s, {options.rows / ours['seconds']:,.0f} rows/s, peak {ours['peak_mib']:.0f} MiB")
+    print(
+        f"read and split       {peer['seconds']:.1f} s, {options.rows / peer['seconds']:,.0f} rows/s, peak {peer['peak_mib']:.0f} MiB"
+    )
+    print(
+        f"contamination scan   {ours['seconds']:.1f} s, {options.rows / ours['seconds']:,.0f} rows/s, peak {ours['peak_mib']:.0f} MiB"
+    )
     print(f"ratio                {ours['seconds'] / peer['seconds']:.2f}x the reading it cannot avoid")
     print(f"found                {ours['found']:,} of {options.docs:,} planted documents")
 

@@ -54,13 +54,27 @@ def loop(work: Path, collectives: int, buffer: int) -> dict[str, float]:
     env = {**os.environ, "TORCH_FR_BUFFER_SIZE": str(buffer), "OMP_NUM_THREADS": "1"}
     from sftdoctor.facts.system import free_port
 
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-port", str(free_port()),
-                           str(script), str(collectives)], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            str(script),
+            str(collectives),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         raise SystemExit(f"worker failed: {proc.stderr[-2000:]}")
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def run_step_s(work: Path, buffer: int, index: int, steps: int = 40) -> float:
@@ -77,15 +91,26 @@ def dumps(folder: Path, ranks: int, entries: int = 2000) -> None:
     template = next(e for e in real["entries"] if e["profiling_name"] == "gloo:all_reduce" and e["pg_id"] == 2)
     for rank in range(ranks):
         count = entries - 1 if rank == ranks - 1 else entries
-        body = [{**template, "pg_id": 0, "record_id": i, "collective_seq_id": i + 1, "op_id": i + 1} for i in range(count)]
-        dump = {"version": real["version"], "pg_config": real["pg_config"],
-                "pg_status": {"0": {"last_enqueued_collective": count, "last_started_collective": -1,
-                                    "last_completed_collective": entries - 1}}, "entries": body}
+        body = [
+            {**template, "pg_id": 0, "record_id": i, "collective_seq_id": i + 1, "op_id": i + 1} for i in range(count)
+        ]
+        dump = {
+            "version": real["version"],
+            "pg_config": real["pg_config"],
+            "pg_status": {
+                "0": {
+                    "last_enqueued_collective": count,
+                    "last_started_collective": -1,
+                    "last_completed_collective": entries - 1,
+                }
+            },
+            "entries": body,
+        }
         (folder / f"rank-{rank}").write_bytes(pickle.dumps(dump))
 
 
 def analysis(work: Path, ranks: int) -> tuple[float, float, str]:
-    from sftdoctor.checks.collectives import describe
+    from sftdoctor.checks._collectives import describe
     from sftdoctor.facts.flight_recorder import read
 
     folder = work / f"fr-{ranks}"
@@ -112,19 +137,25 @@ def main() -> None:
         for _ in range(args.repeats):
             for buffer in (0, 2000):
                 runs[buffer].append(loop(work, args.collectives, buffer))
-        print(f"1. in the loop: 2 gloo ranks, {args.collectives} all_reduces per size, {args.repeats} runs each, median")
+        print(
+            f"1. in the loop: 2 gloo ranks, {args.collectives} all_reduces per size, {args.repeats} runs each, median"
+        )
         for size in runs[0][0]:
             off = statistics.median(r[size] for r in runs[0])
             on = statistics.median(r[size] for r in runs[2000])
-            print(f"   {int(size) / 1024:>6.0f} KiB: recorder off {off * 1e6:8.1f} us, on {on * 1e6:8.1f} us: "
-                  f"ratio {on / off:.3f}")
+            print(
+                f"   {int(size) / 1024:>6.0f} KiB: recorder off {off * 1e6:8.1f} us, on {on * 1e6:8.1f} us: "
+                f"ratio {on / off:.3f}"
+            )
         steps: dict[int, list[float]] = {0: [], 2000: []}
         for index in range(args.repeats):
             for buffer in (0, 2000):
                 steps[buffer].append(run_step_s(work, buffer, index))
         off, on = statistics.median(steps[0]), statistics.median(steps[2000])
-        print(f"2. in a run: the tiny example, 2 gloo ranks, 40 steps, {args.repeats} runs each: recorder off "
-              f"{off * 1e3:.1f} ms a step, on {on * 1e3:.1f} ms: ratio {on / off:.3f}")
+        print(
+            f"2. in a run: the tiny example, 2 gloo ranks, 40 steps, {args.repeats} runs each: recorder off "
+            f"{off * 1e3:.1f} ms a step, on {on * 1e3:.1f} ms: ratio {on / off:.3f}"
+        )
         print("3. when the watchdog fires: torch's analyzer over 2,000 entries per rank")
         for ranks in (8, 64):
             took, peak, headline = analysis(work, ranks)

@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / "tests" / "fixtures" / "logs"
 
+
 def training_block(rng: random.Random, rank_count: int = 8) -> bytes:
     """About 1 MB of what a healthy multi-rank run prints: mostly tqdm redraws, a Trainer dict every
     10 steps, NCCL INFO lines, warnings and checkpoint messages."""
@@ -43,18 +44,26 @@ def training_block(rng: random.Random, rank_count: int = 8) -> bytes:
         bar = "█" * (step % 40)
         lines.append(f"[rank{rank}]: {step % 100}%|{bar:<40}| {step}/50000 [1:02:03<9:08:07, 1.37it/s]\r")
         if step % 10 == 0:
-            lines.append(f"{{'loss': '{rng.uniform(0.5, 3):.4g}', 'grad_norm': '{rng.uniform(0.1, 2):.4g}', "
-                         f"'learning_rate': '{2e-5 * rng.random():.4g}', 'epoch': '{step / 1e4:.4g}'}}\n")
+            lines.append(
+                f"{{'loss': '{rng.uniform(0.5, 3):.4g}', 'grad_norm': '{rng.uniform(0.1, 2):.4g}', "
+                f"'learning_rate': '{2e-5 * rng.random():.4g}', 'epoch': '{step / 1e4:.4g}'}}\n"
+            )
         kind = rng.random()
         if kind < 0.15:
-            lines.append(f"node{rank // 4}:{1000 + rank}:{1100 + rank} [{rank % 4}] NCCL INFO Channel {step % 32:02d}/0 : "
-                         f"{rank}[{rank % 4}] -> {(rank + 1) % rank_count}[{(rank + 1) % 4}] via P2P/CUMEM/read\n")
+            lines.append(
+                f"node{rank // 4}:{1000 + rank}:{1100 + rank} [{rank % 4}] NCCL INFO Channel {step % 32:02d}/0 : "
+                f"{rank}[{rank % 4}] -> {(rank + 1) % rank_count}[{(rank + 1) % 4}] via P2P/CUMEM/read\n"
+            )
         elif kind < 0.17:
-            lines.append(f"[rank{rank}]:[W{step:04d} 12:00:00.000000000 ProcessGroupNCCL.cpp:4751] Warning: "
-                         "TORCH_NCCL_AVOID_RECORD_STREAMS is the default now, this environment variable is ignored\n")
+            lines.append(
+                f"[rank{rank}]:[W{step:04d} 12:00:00.000000000 ProcessGroupNCCL.cpp:4751] Warning: "
+                "TORCH_NCCL_AVOID_RECORD_STREAMS is the default now, this environment variable is ignored\n"
+            )
         elif kind < 0.18:
-            lines.append(f"[INFO|trainer.py:2134] 2025-01-0{1 + rank % 9} 12:00:00,{step % 1000:03d} >> "
-                         f"Saving model checkpoint to runs/out/checkpoint-{step}\n")
+            lines.append(
+                f"[INFO|trainer.py:2134] 2025-01-0{1 + rank % 9} 12:00:00,{step % 1000:03d} >> "
+                f"Saving model checkpoint to runs/out/checkpoint-{step}\n"
+            )
     return "".join(lines).encode()
 
 
@@ -109,9 +118,18 @@ def with_synthetic(made: list[str]) -> tuple:
         arity = 1 if isinstance(sig.needle, str) else len(sig.needle)
         if len(taken := list(itertools.islice(left, arity))) < arity:
             return real + tuple(extra)
-        extra.append(dataclasses.replace(sig, id=f"synthetic-{i}", needle=taken[0] if arity == 1 else tuple(taken),
-                                         regex=re.compile("|".join(map(re.escape, taken))), role="symptom",
-                                         summary="", only_if=(), wraps=0))
+        extra.append(
+            dataclasses.replace(
+                sig,
+                id=f"synthetic-{i}",
+                needle=taken[0] if arity == 1 else tuple(taken),
+                regex=re.compile("|".join(map(re.escape, taken))),
+                role="symptom",
+                summary="",
+                only_if=(),
+                wraps=0,
+            )
+        )
 
 
 # `sftdoctor explain` with the made-up signatures (its worker processes get the needles from it)
@@ -176,9 +194,12 @@ def main() -> None:
         pattern_file = Path(tmp) / "needles.txt"
         pattern_file.write_text("\n".join(needles()) + "\n")
         subprocess.run(["cat", str(log)], stdout=subprocess.DEVNULL)  # warm the page cache for everyone alike
-        peers = {"cat": timed(["cat", str(log)], stdout=subprocess.DEVNULL),
-                 "grep -c -F -f needles": timed(["grep", "-c", "-a", "-F", "-f", str(pattern_file), str(log)],
-                                                env={**os.environ, "LC_ALL": "C"})}
+        peers = {
+            "cat": timed(["cat", str(log)], stdout=subprocess.DEVNULL),
+            "grep -c -F -f needles": timed(
+                ["grep", "-c", "-a", "-F", "-f", str(pattern_file), str(log)], env={**os.environ, "LC_ALL": "C"}
+            ),
+        }
         programs = {"": [sys.executable, "-m", "sftdoctor"]}
         if args.signatures_x10:
             made = Path(tmp) / "synthetic.json"  # nine made-up needles for each real one
@@ -186,24 +207,32 @@ def main() -> None:
             x10 = X10.format(bench=str(Path(__file__).parent), made=str(made))
             programs[", x10 signatures"] = [sys.executable, "-c", x10]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        runs = {(label, n): watched([*program, "explain", "--log", str(log), "--json", "-j", str(n)], env)
-                for label, program in programs.items() for n in sorted({1, jobs})}
+        runs = {
+            (label, n): watched([*program, "explain", "--log", str(log), "--json", "-j", str(n)], env)
+            for label, program in programs.items()
+            for n in sorted({1, jobs})
+        }
     report(size_mb, peers, runs)
 
 
 def report(size_mb: float, peers: dict, runs: dict) -> None:
     """MB/s of each, then the triage against its peers, against -j 1 and against today's signatures."""
+
     def name(label, n):
         return f"sftdoctor explain --log -j {n}{label}"
 
     diagnosis = json.loads(next(iter(runs.values()))[2])
-    print(f"log: {size_mb:,.0f} MB, {diagnosis['lines']:,} lines, {len(diagnosis['findings'])} findings, "
-          f"root cause {diagnosis['root_cause']}")
+    print(
+        f"log: {size_mb:,.0f} MB, {diagnosis['lines']:,} lines, {len(diagnosis['findings'])} findings, "
+        f"root cause {diagnosis['root_cause']}"
+    )
     for peer, (wall, cpu) in peers.items():
         print(f"{peer:<46} {wall:6.2f} s {size_mb / wall:6.0f} MB/s  CPU {cpu:5.2f} s")
     for (label, n), (wall, cpu, _, peak) in runs.items():
-        print(f"{name(label, n):<46} {wall:6.2f} s {size_mb / wall:6.0f} MB/s  CPU {cpu:5.2f} s  "
-              f"peak RSS {peak / 2**20:4.0f} MiB (all processes)")
+        print(
+            f"{name(label, n):<46} {wall:6.2f} s {size_mb / wall:6.0f} MB/s  CPU {cpu:5.2f} s  "
+            f"peak RSS {peak / 2**20:4.0f} MiB (all processes)"
+        )
     cat, grep = peers["cat"][0], peers["grep -c -F -f needles"][0]
     for (label, n), (wall, *_) in runs.items():
         against = [f"{cat / wall:.3f} of cat's read speed", f"{grep / wall:.2f} of grep -F's"]

@@ -35,8 +35,9 @@ import sys
 import tempfile
 import threading
 import time
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -47,11 +48,24 @@ EXAMPLES = ROOT / "examples"
 WORKER = "sftdoctor.train.sft"
 
 QWEN2_05B = {  # Qwen/Qwen2-0.5B's config.json, less its vocabulary-independent extras
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "dtype": "float32", "hidden_size": 896,
-    "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-    "max_position_embeddings": 32768, "max_window_layers": 24, "vocab_size": 151936, "rms_norm_eps": 1e-06,
-    "rope_theta": 1000000.0, "tie_word_embeddings": True, "use_cache": False, "bos_token_id": None,
-    "eos_token_id": 2, "pad_token_id": 0,
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "dtype": "float32",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 24,
+    "vocab_size": 151936,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+    "use_cache": False,
+    "bos_token_id": None,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
 }
 SIZES = {  # steps, repeats, per-device batch, max_length when not given
     "tiny": (20, 3, None, None),  # the example's own batch (8 x 2 accumulation) and max_length (256)
@@ -89,8 +103,9 @@ def prepare(work: Path, size: str) -> Path:
     return work / "tiny.toml"
 
 
-def variant(example: Path, name: str, size: str, steps: int, batch: int | None, max_length: int | None,
-            lora: dict | None) -> Path:
+def variant(
+    example: Path, name: str, size: str, steps: int, batch: int | None, max_length: int | None, lora: dict | None
+) -> Path:
     """The example's config, training only (no eval set), for `steps` steps, no checkpoint before the end."""
     sections = tomllib.loads(example.read_text())
     sections["data"].pop("eval", None)
@@ -128,8 +143,12 @@ def train(config: Path) -> dict:
     """`sftdoctor train CONFIG` with its workers' peak memory polled from /proc."""
     log = config.with_suffix(".log")
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "sftdoctor", "train", str(config), "--no-rehearse"],
-                                stdout=out, stderr=subprocess.STDOUT, cwd=config.parent)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sftdoctor", "train", str(config), "--no-rehearse"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=config.parent,
+        )
         peaks: dict[int, int] = {}
 
         def poll():
@@ -153,8 +172,15 @@ def train(config: Path) -> dict:
     steps = [r for r in records if "loss" in r and "tokens_seen" in r]
     first, last = steps[0], steps[-1]
     rate = (last["tokens_seen"] - first["tokens_seen"]) / (last["time"] - first["time"])
-    return {"plan": plan, "run_dir": run_dir, "rate": rate, "peak_mib": sum(peaks.values()) / 1024,
-            "workers": len(peaks), "loss": (first["loss"], last["loss"]), "steps": len(steps)}
+    return {
+        "plan": plan,
+        "run_dir": run_dir,
+        "rate": rate,
+        "peak_mib": sum(peaks.values()) / 1024,
+        "workers": len(peaks),
+        "loss": (first["loss"], last["loss"]),
+        "steps": len(steps),
+    }
 
 
 def trainable(result: dict, model_dir: Path) -> int:
@@ -164,7 +190,7 @@ def trainable(result: dict, model_dir: Path) -> int:
 
         with safe_open(str(result["run_dir"] / "final" / "adapter_model.safetensors"), "pt") as f:
             total = 0
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                 shape = f.get_slice(key).get_shape()
                 count = 1
                 for n in shape:
@@ -199,34 +225,57 @@ def main() -> int:
         model_dir = work / "tiny" / ("model-0.5b" if args.model_size == "0.5b" else "model")
         for index in range(repeats):
             for name in ("full", "lora") if index % 2 == 0 else ("lora", "full"):
-                print(f"training {name} ({args.model_size}, {steps} steps, run {index + 1} of {repeats}) ...",
-                      file=sys.stderr, flush=True)
-                config = variant(example, f"{name}-{index}", args.model_size, steps, batch, max_length,
-                                 lora if name == "lora" else None)
+                print(
+                    f"training {name} ({args.model_size}, {steps} steps, run {index + 1} of {repeats}) ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                config = variant(
+                    example,
+                    f"{name}-{index}",
+                    args.model_size,
+                    steps,
+                    batch,
+                    max_length,
+                    lora if name == "lora" else None,
+                )
                 result = train(config)
                 result["trainable"] = trainable(result, model_dir)
                 runs[name].append(result)
                 shutil.rmtree(result["run_dir"], ignore_errors=True)  # the 0.5b ones hold GBs
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    results = {name: {"trainable": done[0]["trainable"], "loss": done[0]["loss"], "plan": done[0]["plan"],
-                      "rate": statistics.median(r["rate"] for r in done),
-                      "rates": [r["rate"] for r in done],
-                      "peak_mib": statistics.median(r["peak_mib"] for r in done)} for name, done in runs.items()}
+    results = {
+        name: {
+            "trainable": done[0]["trainable"],
+            "loss": done[0]["loss"],
+            "plan": done[0]["plan"],
+            "rate": statistics.median(r["rate"] for r in done),
+            "rates": [r["rate"] for r in done],
+            "peak_mib": statistics.median(r["peak_mib"] for r in done),
+        }
+        for name, done in runs.items()
+    }
     plan = results["full"]["plan"]
-    print(f"model {args.model_size}: {plan['per_device_batch_size']} per device x "
-          f"{plan['gradient_accumulation_steps']} accumulation, max_length {plan['max_length']}, "
-          f"packing {'on' if plan['packing'] else 'off'}, {plan['precision']}, {steps} steps, "
-          f"{os.cpu_count()} CPUs; LoRA r {args.rank} alpha 32 all-linear; median of {repeats}")
-    print(f"{'run':<6} {'trainable params':>17} {'real tok/s':>11} {'peak RSS MiB':>13} {'loss first -> last':>20}"
-          "  tok/s of each run")
+    print(
+        f"model {args.model_size}: {plan['per_device_batch_size']} per device x "
+        f"{plan['gradient_accumulation_steps']} accumulation, max_length {plan['max_length']}, "
+        f"packing {'on' if plan['packing'] else 'off'}, {plan['precision']}, {steps} steps, "
+        f"{os.cpu_count()} CPUs; LoRA r {args.rank} alpha 32 all-linear; median of {repeats}"
+    )
+    print(
+        f"{'run':<6} {'trainable params':>17} {'real tok/s':>11} {'peak RSS MiB':>13} {'loss first -> last':>20}"
+        "  tok/s of each run"
+    )
     for name, r in results.items():
         loss = f"{r['loss'][0]:.3f} -> {r['loss'][1]:.3f}"
         each = ", ".join(f"{rate:,.1f}" for rate in r["rates"])
         print(f"{name:<6} {r['trainable']:>17,} {r['rate']:>11,.1f} {r['peak_mib']:>13,.0f} {loss:>20}  {each}")
     full, lora = results["full"], results["lora"]
-    print(f"ratio LoRA / full: trainable params {lora['trainable'] / full['trainable']:.4f}, "
-          f"tokens/s {lora['rate'] / full['rate']:.2f}, peak RSS {lora['peak_mib'] / full['peak_mib']:.2f}")
+    print(
+        f"ratio LoRA / full: trainable params {lora['trainable'] / full['trainable']:.4f}, "
+        f"tokens/s {lora['rate'] / full['rate']:.2f}, peak RSS {lora['peak_mib'] / full['peak_mib']:.2f}"
+    )
     return 0
 
 

@@ -70,7 +70,7 @@ def lookup(rows: int) -> tuple[float, float, int]:
     values = rng.integers(0, 150_000, int(offsets[-1]), dtype=np.int64)
     column = pa.chunked_array([pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))])
     wanted = rng.choice(rows, 16, replace=False)
-    sequences = [torch.from_numpy(values[offsets[i]:offsets[i + 1]]) for i in wanted]
+    sequences = [torch.from_numpy(values[offsets[i] : offsets[i + 1]]) for i in wanted]
     tracemalloc.start()
     begin = time.perf_counter()
     index = RowIndex(column, np.arange(rows), max_length=None)
@@ -87,12 +87,16 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     args = parser.parse_args()
     per_call, step = bookkeeping_s(), tiny_step_s()
-    print(f"1. in the loop: {per_call * 1e6:.2f} us per micro-batch kept; the tiny model's step (8 x 256 tokens, "
-          f"forward + backward, CPU) {step * 1e3:.1f} ms: overhead {per_call / step:.2e} of a step "
-          f"({per_call * 8 / step:.2e} at 8 micro-batches a step)")
+    print(
+        f"1. in the loop: {per_call * 1e6:.2f} us per micro-batch kept; the tiny model's step (8 x 256 tokens, "
+        f"forward + backward, CPU) {step * 1e3:.1f} ms: overhead {per_call / step:.2e} of a step "
+        f"({per_call * 8 / step:.2e} at 8 micro-batches a step)"
+    )
     took, peak, tokens = lookup(args.rows)
-    print(f"2. at the stop: 16 sequences found among {args.rows:,} rows ({tokens:,} tokens) in {took:.2f} s, "
-          f"peak {peak:.1f} MiB beyond the rows themselves")
+    print(
+        f"2. at the stop: 16 sequences found among {args.rows:,} rows ({tokens:,} tokens) in {took:.2f} s, "
+        f"peak {peak:.1f} MiB beyond the rows themselves"
+    )
 
 
 if __name__ == "__main__":

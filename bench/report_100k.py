@@ -31,31 +31,82 @@ PEER = "import json, sys\nfor line in open(sys.argv[1], encoding='utf-8'):\n    
 
 
 def make_run(folder: Path, steps: int) -> None:
-    plan = {"lr_scheduler": "cosine_with_min_lr", "learning_rate": 2e-5, "lr_scheduler_kwargs": {"min_lr_rate": 0.1},
-            "warmup_steps": steps // 50, "total_steps": steps, "max_grad_norm": 1.0, "save_steps": 5000,
-            "eval_steps": 500, "precision": "bf16", "deepspeed": None}
+    plan = {
+        "lr_scheduler": "cosine_with_min_lr",
+        "learning_rate": 2e-5,
+        "lr_scheduler_kwargs": {"min_lr_rate": 0.1},
+        "warmup_steps": steps // 50,
+        "total_steps": steps,
+        "max_grad_norm": 1.0,
+        "save_steps": 5000,
+        "eval_steps": 500,
+        "precision": "bf16",
+        "deepspeed": None,
+    }
     (folder / "resolved.json").write_text(json.dumps(plan))
     schedule = schedules.schedule_of(plan)
     start = time.time()
     with open(folder / "metrics.jsonl", "w", encoding="utf-8") as out:
         for step in range(1, steps + 1):
             noise = math.sin(step * 12.9898) * 0.05
-            out.write(json.dumps({
-                "step": step, "time": start + step * 0.8, "loss": 1.2 * math.exp(-step / (steps / 4)) + 0.8 + noise,
-                "grad_norm": 0.4 + abs(noise), "learning_rate": schedules.rate(schedule, step - 1),
-                "tokens_per_second": (52000.0 if step < 0.6 * steps else 31000.0) * (1 + noise / 5),
-                "tokens_seen": step * 524288, "padding_fraction": 0.0, "step_time_s": 0.8, "max_grad_norm": 1.0,
-                "memory_allocated_gib": 61.2 + noise, "memory_rank": 3, "memory_reserved_gib": 70.1,
-                "host_rss_gib": 18.4, "host_rss_rank": 0, "entropy": 1.1 + noise, "mean_token_accuracy": 0.71,
-                "num_tokens": float(step * 524288), "epoch": step / steps * 3}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "time": start + step * 0.8,
+                        "loss": 1.2 * math.exp(-step / (steps / 4)) + 0.8 + noise,
+                        "grad_norm": 0.4 + abs(noise),
+                        "learning_rate": schedules.rate(schedule, step - 1),
+                        "tokens_per_second": (52000.0 if step < 0.6 * steps else 31000.0) * (1 + noise / 5),
+                        "tokens_seen": step * 524288,
+                        "padding_fraction": 0.0,
+                        "step_time_s": 0.8,
+                        "max_grad_norm": 1.0,
+                        "memory_allocated_gib": 61.2 + noise,
+                        "memory_rank": 3,
+                        "memory_reserved_gib": 70.1,
+                        "host_rss_gib": 18.4,
+                        "host_rss_rank": 0,
+                        "entropy": 1.1 + noise,
+                        "mean_token_accuracy": 0.71,
+                        "num_tokens": float(step * 524288),
+                        "epoch": step / steps * 3,
+                    }
+                )
+                + "\n"
+            )
             if step % 500 == 0:
-                out.write(json.dumps({"step": step, "time": start + step * 0.8, "eval_loss": 1.0 + noise,
-                                      "eval_runtime": 12.0, "epoch": step / steps * 3}) + "\n")
+                out.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "time": start + step * 0.8,
+                            "eval_loss": 1.0 + noise,
+                            "eval_runtime": 12.0,
+                            "epoch": step / steps * 3,
+                        }
+                    )
+                    + "\n"
+                )
     with open(folder / "findings.jsonl", "w", encoding="utf-8") as out:
-        out.write(json.dumps({"phase": "preflight", "severity": "warning", "id": "gpu-topology",
-                              "title": "GPUs 4-7 talk over PCIe"}) + "\n")
-        out.write(json.dumps({"phase": "runtime", "step": 41234, "severity": "warning", "id": "loss-spike",
-                              "title": "loss spike at step 41234: 2.31 against a recent median of 1.18"}) + "\n")
+        out.write(
+            json.dumps(
+                {"phase": "preflight", "severity": "warning", "id": "gpu-topology", "title": "GPUs 4-7 talk over PCIe"}
+            )
+            + "\n"
+        )
+        out.write(
+            json.dumps(
+                {
+                    "phase": "runtime",
+                    "step": 41234,
+                    "severity": "warning",
+                    "id": "loss-spike",
+                    "title": "loss spike at step 41234: 2.31 against a recent median of 1.18",
+                }
+            )
+            + "\n"
+        )
 
 
 def measure(command: list[str]) -> tuple[float, float, int]:
@@ -95,8 +146,10 @@ def main() -> None:
     print(f"{'':<28}{'wall s':>8}{'peak RSS MiB':>14}")
     print(f"{'json.loads every line':<28}{best['peer'][0]:>8.2f}{best['peer'][1]:>14.0f}")
     print(f"{'sftdoctor report':<28}{best['report'][0]:>8.2f}{best['report'][1]:>14.0f}")
-    print(f"ratio report / parse only: {best['report'][0] / best['peer'][0]:.2f}x time, "
-          f"{best['report'][1] / best['peer'][1]:.2f}x memory")
+    print(
+        f"ratio report / parse only: {best['report'][0] / best['peer'][0]:.2f}x time, "
+        f"{best['report'][1] / best['peer'][1]:.2f}x memory"
+    )
     print(f"wrote report.html ({page:.2f} MiB) and {len(panels)} panels: {', '.join(panels)}")
     for line in said:
         print(f"  curve reader: {line}")

@@ -34,11 +34,16 @@ def programs(runs: int) -> list[sandbox.Program]:
     """Trusted programs only, since the plain mode has no sandbox: each problem's canonical solution and the
     fixtures' wrong completions, not the one that reaches for the network."""
     problems = code.read_problems(FIXTURES / "problems.jsonl")
-    canonical = {json.loads(line)["task_id"]: json.loads(line)["canonical_solution"]
-                 for line in (FIXTURES / "problems.jsonl").read_text().splitlines()}
+    canonical = {
+        json.loads(line)["task_id"]: json.loads(line)["canonical_solution"]
+        for line in (FIXTURES / "problems.jsonl").read_text().splitlines()
+    }
     samples = [{"task_id": t, "completion": c} for t, c in canonical.items()]
-    samples += [s for s in code.read_completions(FIXTURES / "completions.jsonl")
-                if "import" not in s["completion"] and s["completion"] != canonical[s["task_id"]]]
+    samples += [
+        s
+        for s in code.read_completions(FIXTURES / "completions.jsonl")
+        if "import" not in s["completion"] and s["completion"] != canonical[s["task_id"]]
+    ]
     every = [code.program(problems[s["task_id"]], s["completion"]) for s in samples]
     return [every[i % len(every)] for i in range(runs)]
 
@@ -47,8 +52,13 @@ def plain(python: str, program: sandbox.Program, limits: sandbox.Limits) -> bool
     """HumanEval's own way: the concatenated program, passed when it exits 0."""
     source = f"{program.source}\n{program.test}\ncheck({program.entry_point})\n"
     try:
-        done = subprocess.run([python, "-I", "-S", "-c", source], capture_output=True, timeout=limits.wall_s,
-                              stdin=subprocess.DEVNULL, check=False)
+        done = subprocess.run(
+            [python, "-I", "-S", "-c", source],
+            capture_output=True,
+            timeout=limits.wall_s,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return False
     return done.returncode == 0
@@ -87,10 +97,14 @@ def main() -> int:
             sys.exit(f"the modes disagree on which samples pass (workers {workers})")
         rows.append((workers, best["plain"], best["bubblewrap"], sum(verdicts["plain"])))
     print(f"{args.runs} executions of {len(set(sources))} programs, interpreter {python}; best of {args.repeats}")
-    print(f"{'workers':>7}  {'plain exec/s':>12}  {'sandboxed exec/s':>16}  {'ratio sandboxed/plain':>21}  {'ms added per exec':>17}")
+    print(
+        f"{'workers':>7}  {'plain exec/s':>12}  {'sandboxed exec/s':>16}  {'ratio sandboxed/plain':>21}  {'ms added per exec':>17}"
+    )
     for workers, plain_s, boxed_s, passed in rows:
-        print(f"{workers:>7}  {args.runs / plain_s:>12.1f}  {args.runs / boxed_s:>16.1f}  {plain_s / boxed_s:>21.3f}  "
-              f"{(boxed_s - plain_s) / args.runs * workers * 1000:>17.1f}")
+        print(
+            f"{workers:>7}  {args.runs / plain_s:>12.1f}  {args.runs / boxed_s:>16.1f}  {plain_s / boxed_s:>21.3f}  "
+            f"{(boxed_s - plain_s) / args.runs * workers * 1000:>17.1f}"
+        )
     print(f"both modes agree: {rows[-1][3]} of {args.runs} pass")
     return 0
 

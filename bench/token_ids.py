@@ -63,10 +63,16 @@ def make(folder: Path, rows: int, every: int) -> tuple[Path, int]:
             answer = text[200:]
             if i % every == 0:
                 answer, planted = f"<tool_call>{answer}</tool_call>", planted + 1
-            f.write(json.dumps({"messages": [{"role": "user", "content": text[:200]},
-                                             {"role": "assistant", "content": answer}]}) + "\n")
-    (folder / "run.toml").write_text('[model]\npath = "model"\nweights = "random"\n[data]\ntrain = "train.jsonl"\n'
-                                     '[training]\nglobal_batch_size = 8\nper_device_batch_size = 8\npacking = false\n')
+            f.write(
+                json.dumps(
+                    {"messages": [{"role": "user", "content": text[:200]}, {"role": "assistant", "content": answer}]}
+                )
+                + "\n"
+            )
+    (folder / "run.toml").write_text(
+        '[model]\npath = "model"\nweights = "random"\n[data]\ntrain = "train.jsonl"\n'
+        "[training]\nglobal_batch_size = 8\nper_device_batch_size = 8\npacking = false\n"
+    )
     return folder / "run.toml", planted
 
 
@@ -78,8 +84,9 @@ def request(config: Path, files: list[str]) -> dict:
 
 
 def run(asked: dict, mode: str, cwd: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(asked), mode], capture_output=True, text=True,
-                          check=True, cwd=cwd)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(asked), mode], capture_output=True, text=True, check=True, cwd=cwd
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -106,19 +113,25 @@ def main() -> None:
     print(f"rows                 {n:,} chat rows, {planted:,} of them holding the 2 added tokens past the embedding")
     for label, took in (("reading", peer), ("token-id scan", ours)):
         print(f"{label:<21}{took['seconds']:.1f} s, {n / took['seconds']:,.0f} rows/s, peak {took['peak_mib']:.0f} MiB")
-    rows_only = ours['seconds'] - ours['loaded']
-    print(f"  of which           {ours['loaded']:.1f} s importing transformers (and torch) and loading the tokenizer, "
-          f"{rows_only:.1f} s on the rows")
-    print(f"ratio                {ours['seconds'] / peer['seconds']:.2f}x reading the rows; "
-          f"{ours['seconds'] / (peer['seconds'] + ours['loaded']):.2f}x reading them and loading the tokenizer "
-          f"(what any token-id scan must do); the rows alone {rows_only / peer['seconds']:.2f}x")
+    rows_only = ours["seconds"] - ours["loaded"]
+    print(
+        f"  of which           {ours['loaded']:.1f} s importing transformers (and torch) and loading the tokenizer, "
+        f"{rows_only:.1f} s on the rows"
+    )
+    print(
+        f"ratio                {ours['seconds'] / peer['seconds']:.2f}x reading the rows; "
+        f"{ours['seconds'] / (peer['seconds'] + ours['loaded']):.2f}x reading them and loading the tokenizer "
+        f"(what any token-id scan must do); the rows alone {rows_only / peer['seconds']:.2f}x"
+    )
     print(f"found                {ours['found']:,} of {planted:,} planted rows")
     if full:
         read, whole = full
         m = options.full_rows
-        print(f"tokenizing all       {whole['seconds']:.1f} s for {m:,} rows ({m / whole['seconds']:,.0f} rows/s): "
-              f"{whole['seconds'] / read['seconds']:.1f}x reading them ({read['seconds']:.2f} s); "
-              f"found {whole['found']:,}")
+        print(
+            f"tokenizing all       {whole['seconds']:.1f} s for {m:,} rows ({m / whole['seconds']:,.0f} rows/s): "
+            f"{whole['seconds'] / read['seconds']:.1f}x reading them ({read['seconds']:.2f} s); "
+            f"found {whole['found']:,}"
+        )
 
 
 if __name__ == "__main__":

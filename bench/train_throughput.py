@@ -46,15 +46,18 @@ def write_data(path: Path, rows: int, max_length: int, seed: int = 0) -> dict:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(TINY / "model")
-    words = " ".join(turn["content"] for line in (TINY / "data" / "train.jsonl").read_text().splitlines()
-                     for turn in json.loads(line)["messages"]).split()
+    words = " ".join(
+        turn["content"]
+        for line in (TINY / "data" / "train.jsonl").read_text().splitlines()
+        for turn in json.loads(line)["messages"]
+    ).split()
     rng = random.Random(seed)
     lengths = []
     with path.open("w") as out:
         for _ in range(rows):
             n = max(8, min(max_length, round(rng.lognormvariate(math.log(MEDIAN), SIGMA))))
             start = rng.randrange(len(words))
-            ids = tokenizer(" ".join((words * 2)[start:start + n]), add_special_tokens=False)["input_ids"][:n]
+            ids = tokenizer(" ".join((words * 2)[start : start + n]), add_special_tokens=False)["input_ids"][:n]
             text = tokenizer.decode(ids)
             out.write(json.dumps({"text": text}) + "\n")
             lengths.append(len(tokenizer(text)["input_ids"]))
@@ -68,7 +71,7 @@ def sftdoctor_run(work: Path, data: Path, max_length: int, rows: int) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     config = work / "run.toml"
     config.write_text(f'''[model]
-path = "{TINY / 'model'}"
+path = "{TINY / "model"}"
 weights = "random"
 [data]
 train = "{data}"
@@ -90,7 +93,7 @@ output_dir = "{out}"
     return {"tokens": step["tokens_seen"], "seconds": runtime, "padding": step["padding_fraction"], "choice": choice}
 
 
-BASELINE = r'''
+BASELINE = r"""
 import json, sys
 from datasets import load_dataset
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -113,12 +116,22 @@ def counting(examples):
 trainer.data_collator = counting
 runtime = trainer.train().metrics["train_runtime"]
 print(json.dumps({"tokens": seen["real"], "seconds": runtime, "padding": 1 - seen["real"] / seen["all"]}))
-'''
+"""
 
 
 def trl_run(work: Path, data: Path, max_length: int, packing: bool, checkpointing: bool) -> dict:
-    argv = [sys.executable, "-c", BASELINE, str(TINY), str(data), str(work / "trl"), str(BATCH),
-            str(max_length), "1" if packing else "0", "1" if checkpointing else "0"]
+    argv = [
+        sys.executable,
+        "-c",
+        BASELINE,
+        str(TINY),
+        str(data),
+        str(work / "trl"),
+        str(BATCH),
+        str(max_length),
+        "1" if packing else "0",
+        "1" if checkpointing else "0",
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode:
         sys.exit(proc.stderr[-3000:])
@@ -137,12 +150,18 @@ def main() -> int:
     try:
         data = work / "train.jsonl"
         lengths = write_data(data, args.rows, args.max_length)
-        print(f"data: {args.rows} rows, tokens per row median {lengths['median']}, p95 {lengths['p95']}, "
-              f"max {lengths['max']} (max_length {args.max_length}); batch {BATCH}, one epoch each, CPU")
+        print(
+            f"data: {args.rows} rows, tokens per row median {lengths['median']}, p95 {lengths['p95']}, "
+            f"max {lengths['max']} (max_length {args.max_length}); batch {BATCH}, one epoch each, CPU"
+        )
         for _ in range(args.repeats):
             runs = {"sftdoctor train (auto)": lambda: sftdoctor_run(work, data, args.max_length, args.rows)}
-            runs.update({name: (lambda p=p, c=c: trl_run(work, data, args.max_length, p, c))
-                         for name, (p, c) in TRL_SETTINGS.items()})
+            runs.update(
+                {
+                    name: (lambda p=p, c=c: trl_run(work, data, args.max_length, p, c))
+                    for name, (p, c) in TRL_SETTINGS.items()
+                }
+            )
             for name, run in runs.items():
                 r = run()
                 rates.setdefault(name, []).append(r["tokens"] / r["seconds"])
@@ -157,8 +176,10 @@ def main() -> int:
         print(f"{name:<32} {rate:>11,.0f} {r['padding']:>8.1%} {ours / rate:>15.2f}")
     fastest = max((n for n in TRL_SETTINGS), key=lambda n: statistics.median(rates[n]))
     ratio = ours / statistics.median(rates[fastest])
-    print(f"ratio sftdoctor / fastest TRL setting ({fastest}) = {ratio:.2f}: "
-          f"{'at least as fast' if ratio >= 1.0 else 'SLOWER'}")
+    print(
+        f"ratio sftdoctor / fastest TRL setting ({fastest}) = {ratio:.2f}: "
+        f"{'at least as fast' if ratio >= 1.0 else 'SLOWER'}"
+    )
     return 0
 
 

@@ -27,10 +27,10 @@ def step_time(out: Path, steps: int, env: dict[str, str], ranks: int = 1) -> flo
     config = out.parent / f"{out.name}.toml"
     launch = f'[launch]\nnproc_per_node = {ranks}\nmaster_port = "auto"\n' if ranks > 1 else ""
     config.write_text(f'''[model]
-path = "{TINY / 'model'}"
+path = "{TINY / "model"}"
 weights = "random"
 [data]
-train = "{TINY / 'data' / 'train.jsonl'}"
+train = "{TINY / "data" / "train.jsonl"}"
 max_length = 256
 [training]
 per_device_batch_size = 8
@@ -40,8 +40,13 @@ save_steps = {steps * 10}
 gradient_checkpointing = false
 output_dir = "{out}"
 {launch}''')
-    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(config), "--no-rehearse"],
-                          capture_output=True, text=True, env={**os.environ, **env}, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "train", str(config), "--no-rehearse"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=900,
+    )
     if proc.returncode:
         sys.exit(proc.stdout[-2000:] + proc.stderr[-2000:])
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -64,7 +69,9 @@ def main() -> int:
             times[watch].append(one_run(work, args.steps, watch, index))
     on, off = statistics.median(times[True]), statistics.median(times[False])
     print(f"median step time, watchers on : {on * 1000:.1f} ms  ({', '.join(f'{t * 1000:.1f}' for t in times[True])})")
-    print(f"median step time, watchers off: {off * 1000:.1f} ms  ({', '.join(f'{t * 1000:.1f}' for t in times[False])})")
+    print(
+        f"median step time, watchers off: {off * 1000:.1f} ms  ({', '.join(f'{t * 1000:.1f}' for t in times[False])})"
+    )
     print(f"ratio on / off = {on / off:.4f} ({(on / off - 1) * 100:+.2f}%; goal under +1%)")
     return 0
 

@@ -16,8 +16,31 @@ import json
 import random
 from pathlib import Path
 
-WORDS = ("red green blue cat dog sun moon tree rock bird fish star rain snow wind leaf "
-         "apple pear plum lime kiwi fig date").split()
+WORDS = [
+    "red",
+    "green",
+    "blue",
+    "cat",
+    "dog",
+    "sun",
+    "moon",
+    "tree",
+    "rock",
+    "bird",
+    "fish",
+    "star",
+    "rain",
+    "snow",
+    "wind",
+    "leaf",
+    "apple",
+    "pear",
+    "plum",
+    "lime",
+    "kiwi",
+    "fig",
+    "date",
+]
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'assistant' %}"
@@ -129,24 +152,50 @@ def train_tokenizer(folder: Path, corpus: list[str], vocab_size: int = 384) -> N
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(corpus, trainer)
     tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>", "unk_token": None, "model_max_length": 512,
-        "chat_template": CHAT_TEMPLATE,
-    }, indent=2) + "\n")
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": None,
+                "eos_token": "<|im_end|>",
+                "pad_token": "<|endoftext|>",
+                "unk_token": None,
+                "model_max_length": 512,
+                "chat_template": CHAT_TEMPLATE,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def model_config(vocab_size: int) -> dict:
     return {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "dtype": "float32",
-        "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "max_position_embeddings": 512, "vocab_size": vocab_size,
-        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": True, "use_cache": False,
-        "bos_token_id": None, "eos_token_id": 2, "pad_token_id": 0,
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "dtype": "float32",
+        "hidden_size": 64,
+        "intermediate_size": 192,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "vocab_size": vocab_size,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+        "use_cache": False,
+        "bos_token_id": None,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
     }
 
 
@@ -163,13 +212,17 @@ def main() -> None:
     train, evaluation = rows(args.rows, args.shape, args.seed), rows(max(8, args.rows // 20), args.shape, args.seed + 1)
     write_jsonl(data / "train.jsonl", train)
     write_jsonl(data / "eval.jsonl", evaluation)
-    corpus = [json.dumps(r) for r in rows(2000, "messages", 1234)] + [f"<|im_start|>{r}\n" for r in ("user", "assistant")]
+    corpus = [json.dumps(r) for r in rows(2000, "messages", 1234)] + [
+        f"<|im_start|>{r}\n" for r in ("user", "assistant")
+    ]
     train_tokenizer(model, corpus)
     eval_tasks(args.out / "tasks", 100, args.seed + 2)
     vocab = json.loads((model / "tokenizer.json").read_text())["model"]["vocab"]
     (model / "config.json").write_text(json.dumps(model_config(len(vocab)), indent=2) + "\n")
-    print(f"wrote {len(train)} train and {len(evaluation)} eval rows ({args.shape}) and a {len(vocab)}-token "
-          f"tokenizer under {args.out}")
+    print(
+        f"wrote {len(train)} train and {len(evaluation)} eval rows ({args.shape}) and a {len(vocab)}-token "
+        f"tokenizer under {args.out}"
+    )
 
 
 if __name__ == "__main__":

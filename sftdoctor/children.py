@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,8 +20,6 @@ def die_with_parent() -> None:
 
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL a child started in a session of its own, with everything it started, and reap it."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()

@@ -44,8 +44,15 @@ def _input_options(func):
         click.option("--config", "config", type=PATH, help="The run config (TOML) of `sftdoctor train`."),
         click.option("--model-config", type=PATH, help="A model's config.json, or its folder."),
         click.option("--deepspeed", type=PATH, help="A DeepSpeed JSON config."),
-        click.option("--topology", type=PATH, help="A saved `nvidia-smi topo -m` output, read instead of the local one."),
-        click.option("--facts", "facts_file", type=PATH, help="Replay a saved facts snapshot (`sftdoctor facts`) instead of probing."),
+        click.option(
+            "--topology", type=PATH, help="A saved `nvidia-smi topo -m` output, read instead of the local one."
+        ),
+        click.option(
+            "--facts",
+            "facts_file",
+            type=PATH,
+            help="Replay a saved facts snapshot (`sftdoctor facts`) instead of probing.",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -65,8 +72,11 @@ def _missing_stack(exc: ModuleNotFoundError, command: str) -> None:
     """A light install (`pip install -e .`) checks a box; `train` needs the training stack."""
     if (exc.name or "").split(".")[0] not in STACK:
         raise exc
-    click.echo(f"sftdoctor: error: `sftdoctor {command}` needs {exc.name}, which is not installed: install the training "
-               "stack with pip install 'sftdoctor[train]' (torch first, the build for your driver)", err=True)
+    click.echo(
+        f"sftdoctor: error: `sftdoctor {command}` needs {exc.name}, which is not installed: install the training "
+        "stack with pip install 'sftdoctor[train]' (torch first, the build for your driver)",
+        err=True,
+    )
     sys.exit(EXIT_BAD_INPUT)
 
 
@@ -125,24 +135,65 @@ def main():
 @click.option("--select", help="Run only these checks (comma-separated ids).")
 @click.option("--list", "list_checks", is_flag=True, help="List the checks and exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print facts and findings as one JSON document.")
-@click.option("--no-plugins", is_flag=True, help="Do not load third-party checks (entry points 'sftdoctor.checks'; "
-              "or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1).")
+@click.option(
+    "--no-plugins",
+    is_flag=True,
+    help="Do not load third-party checks (entry points 'sftdoctor.checks'; "
+    "or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Show detail and fix for every finding, not only problems.")
-@click.option("--distributed", is_flag=True, help="Run on every rank under torchrun: one verdict for the whole job, "
-              "with all-reduce bandwidth and correctness. --facts may name one snapshot per rank ({rank}, {node}).")
-@click.option("--seconds", type=Finite(min=0.1), default=10.0, show_default=True,
-              help="With --distributed: time budget of the all-reduce sweep.")
-@click.option("--bound", type=Finite(min=1.0), default=60.0, show_default=True,
-              help="With --distributed: seconds to wait for a rank to join, or a collective to finish.")
-@click.option("--out", type=PATH, default=Path("sftdoctor-distributed"), show_default=True,
-              help="With --distributed: where each rank's record and the findings are written.")
+@click.option(
+    "--distributed",
+    is_flag=True,
+    help="Run on every rank under torchrun: one verdict for the whole job, "
+    "with all-reduce bandwidth and correctness. --facts may name one snapshot per rank ({rank}, {node}).",
+)
+@click.option(
+    "--seconds",
+    type=Finite(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="With --distributed: time budget of the all-reduce sweep.",
+)
+@click.option(
+    "--bound",
+    type=Finite(min=1.0),
+    default=60.0,
+    show_default=True,
+    help="With --distributed: seconds to wait for a rank to join, or a collective to finish.",
+)
+@click.option(
+    "--out",
+    type=PATH,
+    default=Path("sftdoctor-distributed"),
+    show_default=True,
+    help="With --distributed: where each rank's record and the findings are written.",
+)
 @click.option("--drill", help="With --distributed: absent:RANK keeps that rank away, to see it named.")
-def check(config, model_config, deepspeed, topology, facts_file, select, list_checks, as_json, no_plugins, verbose,
-          distributed, seconds, bound, out, drill):
+def check(
+    config,
+    model_config,
+    deepspeed,
+    topology,
+    facts_file,
+    select,
+    list_checks,
+    as_json,
+    no_plugins,
+    verbose,
+    distributed,
+    seconds,
+    bound,
+    out,
+    drill,
+):
     """Run the preflight checks. Exit 0: no error; 1: an error finding; 2: bad input."""
     ctx = click.get_current_context()
-    alone = [name for name in ("seconds", "bound", "out", "drill")
-             if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE]
+    alone = [
+        name
+        for name in ("seconds", "bound", "out", "drill")
+        if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+    ]
     if alone and not distributed:  # silently ignored, it would read as if it had been applied
         click.echo(f"sftdoctor: error: --{alone[0]}: goes with --distributed", err=True)
         sys.exit(EXIT_BAD_INPUT)
@@ -150,15 +201,25 @@ def check(config, model_config, deepspeed, topology, facts_file, select, list_ch
         from sftdoctor.distributed.command import main as distributed_main
 
         if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-            click.echo("sftdoctor: error: --distributed runs under a launcher: torchrun --nproc-per-node G "
-                       "-m sftdoctor check --distributed", err=True)
+            click.echo(
+                "sftdoctor: error: --distributed runs under a launcher: torchrun --nproc-per-node G "
+                "-m sftdoctor check --distributed",
+                err=True,
+            )
             sys.exit(EXIT_BAD_INPUT)
         from sftdoctor.checks import plugins_enabled
         from sftdoctor.errors import InputError, InputErrors
 
         try:
-            code = distributed_main(bound, seconds, out, str(facts_file) if facts_file else None, as_json, drill,
-                                    plugins=plugins_enabled(no_plugins))
+            code = distributed_main(
+                bound,
+                seconds,
+                out,
+                str(facts_file) if facts_file else None,
+                as_json,
+                drill,
+                plugins=plugins_enabled(no_plugins),
+            )
         except (InputError, InputErrors) as exc:
             _bad_input(exc)
         sys.exit(code)
@@ -167,8 +228,14 @@ def check(config, model_config, deepspeed, topology, facts_file, select, list_ch
     from sftdoctor.errors import InputError, InputErrors
 
     try:
-        code = check_main(_inputs(config, model_config, deepspeed, topology, facts_file), select, list_checks, as_json,
-                          plugins_enabled(no_plugins), verbose)
+        code = check_main(
+            _inputs(config, model_config, deepspeed, topology, facts_file),
+            select,
+            list_checks,
+            as_json,
+            plugins_enabled(no_plugins),
+            verbose,
+        )
     except (InputError, InputErrors) as exc:
         _bad_input(exc)
     sys.exit(code)
@@ -191,15 +258,25 @@ def facts(config, model_config, deepspeed, topology, facts_file):
 @click.argument("config", type=PATH)
 @click.option("--resume", is_flag=True, help="Continue from the newest complete checkpoint in the run directory.")
 @click.option("--dry-run", is_flag=True, help="Resolve, run the checks and print the plan; do not train.")
-@click.option("--smoke", is_flag=True, help="Rehearse the whole pipeline in seconds on a shrunk model, with a save and a resume.")
+@click.option(
+    "--smoke", is_flag=True, help="Rehearse the whole pipeline in seconds on a shrunk model, with a save and a resume."
+)
 @click.option("--force", is_flag=True, help="Start even when a check finds an error (recorded in the run directory).")
-@click.option("--drill", help="Inject a fault to prove the alarms work: nan-loss@STEP[:RANK], nan-row@STEP[:RANK] (a "
-              "row that is non-finite wherever it runs), hang@STEP[:RANK] or desync@STEP[:RANK] (that rank calls "
-              "another collective).")
-@click.option("--no-plugins", is_flag=True, help="Do not load third-party checks (or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1).")
+@click.option(
+    "--drill",
+    help="Inject a fault to prove the alarms work: nan-loss@STEP[:RANK], nan-row@STEP[:RANK] (a "
+    "row that is non-finite wherever it runs), hang@STEP[:RANK] or desync@STEP[:RANK] (that rank calls "
+    "another collective).",
+)
+@click.option(
+    "--no-plugins", is_flag=True, help="Do not load third-party checks (or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1)."
+)
 @click.option("--no-rehearse", is_flag=True, help="Skip the rehearsal before a multi-process or DeepSpeed run.")
-@click.option("--sbatch", is_flag=True, help="Write RUN_DIR/sbatch.sh, the run as a Slurm batch job ([slurm] in CONFIG), "
-                                             "instead of training here.")
+@click.option(
+    "--sbatch",
+    is_flag=True,
+    help="Write RUN_DIR/sbatch.sh, the run as a Slurm batch job ([slurm] in CONFIG), instead of training here.",
+)
 @click.option("--submit", is_flag=True, help="With --sbatch: also submit it (sbatch) and print the job id.")
 def train(config, resume, dry_run, smoke, force, drill, no_plugins, no_rehearse, sbatch, submit):
     """Fine-tune with the settings in CONFIG (TOML), after the checks pass."""
@@ -213,9 +290,17 @@ def train(config, resume, dry_run, smoke, force, drill, no_plugins, no_rehearse,
         if submit and not sbatch:
             raise InputError("--submit", "goes with --sbatch")
         fault = parse_drill(drill) if drill is not None else None
-        code = run_training(config, resume=resume, dry_run=dry_run, smoke=smoke, force=force, drill=fault,
-                            plugins=plugins_enabled(no_plugins), rehearse_first=not no_rehearse,
-                            batch="submit" if submit else "write" if sbatch else None)
+        code = run_training(
+            config,
+            resume=resume,
+            dry_run=dry_run,
+            smoke=smoke,
+            force=force,
+            drill=fault,
+            plugins=plugins_enabled(no_plugins),
+            rehearse_first=not no_rehearse,
+            batch="submit" if submit else "write" if sbatch else None,
+        )
     except (InputError, InputErrors) as exc:
         _bad_input(exc)
     except ModuleNotFoundError as exc:
@@ -244,12 +329,21 @@ def _sigterm_interrupts() -> None:
 
 @main.command("sweep")
 @click.argument("sweep_file", metavar="SWEEP.toml", type=PATH)
-@click.option("--facts", "facts_file", type=PATH,
-              help="Judge the trials (the gate, the narrowing) on a recorded machine's facts (`sftdoctor facts`) "
-                   "instead of this one's; with --dry-run, see what fits there.")
-@click.option("--dry-run", is_flag=True, help="Check the sweep file, narrow the space and show it, with the study so far; "
-                                              "run no trial.")
-@click.option("--no-plugins", is_flag=True, help="Do not load third-party checks (or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1).")
+@click.option(
+    "--facts",
+    "facts_file",
+    type=PATH,
+    help="Judge the trials (the gate, the narrowing) on a recorded machine's facts (`sftdoctor facts`) "
+    "instead of this one's; with --dry-run, see what fits there.",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Check the sweep file, narrow the space and show it, with the study so far; run no trial.",
+)
+@click.option(
+    "--no-plugins", is_flag=True, help="Do not load third-party checks (or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1)."
+)
 def sweep_command(sweep_file, facts_file, dry_run, no_plugins):
     """Search hyperparameters: each trial a `sftdoctor train` run of the base config with one point of the
     space, through the same gate (a setting the checks refuse is pruned before it launches), Optuna's
@@ -263,8 +357,10 @@ def sweep_command(sweep_file, facts_file, dry_run, no_plugins):
     from sftdoctor.errors import InputError, InputErrors
 
     if find_spec("optuna") is None:
-        click.echo("sftdoctor: error: `sftdoctor sweep` needs optuna, which is not installed: "
-                   "pip install 'sftdoctor[sweep]'", err=True)
+        click.echo(
+            "sftdoctor: error: `sftdoctor sweep` needs optuna, which is not installed: pip install 'sftdoctor[sweep]'",
+            err=True,
+        )
         sys.exit(EXIT_BAD_INPUT)
     from sftdoctor.sweep.command import main as sweep_main
 
@@ -281,8 +377,22 @@ class Size(click.ParamType):
     """A memory size: 80GiB, 80GB, 81920MiB, 40G."""
 
     name = "size"
-    UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 10**3, "KIB": 2**10, "M": 2**20, "MB": 10**6, "MIB": 2**20,
-             "G": 2**30, "GB": 10**9, "GIB": 2**30, "T": 2**40, "TB": 10**12, "TIB": 2**40}
+    UNITS = {
+        "": 1,
+        "B": 1,
+        "K": 2**10,
+        "KB": 10**3,
+        "KIB": 2**10,
+        "M": 2**20,
+        "MB": 10**6,
+        "MIB": 2**20,
+        "G": 2**30,
+        "GB": 10**9,
+        "GIB": 2**30,
+        "T": 2**40,
+        "TB": 10**12,
+        "TIB": 2**40,
+    }
 
     def convert(self, value, param, ctx):
         import re
@@ -314,12 +424,18 @@ MAX_GPU_MEMORY = 4 * 2**40
 @main.command()
 @click.argument("config", type=PATH)
 @click.option("--gpu-memory", type=Size(), help="Plan for GPUs of this memory (e.g. 80GiB) instead of the ones found.")
-@click.option("--gpus", "gpus_per_node", type=click.IntRange(1, MAX_GPUS_PER_NODE),
-              help="GPUs per node to plan for (default: the run's).")
+@click.option(
+    "--gpus",
+    "gpus_per_node",
+    type=click.IntRange(1, MAX_GPUS_PER_NODE),
+    help="GPUs per node to plan for (default: the run's).",
+)
 @click.option("--nodes", type=click.IntRange(1, MAX_NODES), help="Nodes to plan for (default: the run's).")
 @click.option("--mfu", type=Finite(0.01, 1.0), default=0.4, show_default=True, help="Assumed model-FLOPs utilisation.")
 @click.option("--peak-tflops", type=Finite(min=1), help="The GPU's dense bf16 peak, if sftdoctor does not know it.")
-@click.option("--tokens-per-second", type=Finite(min=1), help="Measured throughput (e.g. of a --smoke run) instead of MFU.")
+@click.option(
+    "--tokens-per-second", type=Finite(min=1), help="Measured throughput (e.g. of a --smoke run) instead of MFU."
+)
 @click.option("--json", "as_json", is_flag=True, help="Every term of every candidate as one JSON document.")
 def plan(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second, as_json):
     """Will CONFIG fit, what is the fastest setting that does, and how long will it take."""
@@ -340,25 +456,83 @@ def plan(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_
 @click.option("--include", type=PATH, help="A folder of lm-eval task YAMLs of your own (with their local data).")
 @click.option("--limit", type=click.IntRange(min=1), help="At most this many examples per task.")
 @click.option("--num-fewshot", type=click.IntRange(min=0), help="Few-shot examples (default: each task's own).")
-@click.option("--batch-size", default=None, metavar="N|auto", help="Per forward pass (default: auto on a GPU, 8 on a CPU).")
-@click.option("--compare", type=PATH, help="A result of an earlier `sftdoctor eval` to compare with (same settings only).")
-@click.option("--out", type=PATH, help="Where to write the result (default: RUN_DIR/eval.json, or eval.json in the model folder).")
+@click.option(
+    "--batch-size", default=None, metavar="N|auto", help="Per forward pass (default: auto on a GPU, 8 on a CPU)."
+)
+@click.option(
+    "--compare", type=PATH, help="A result of an earlier `sftdoctor eval` to compare with (same settings only)."
+)
+@click.option(
+    "--out", type=PATH, help="Where to write the result (default: RUN_DIR/eval.json, or eval.json in the model folder)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document.")
-@click.option("--code", "code_problems", type=PATH, metavar="PROBLEMS.jsonl",
-              help="Score generated code on these HumanEval-format problems; every sample runs in a sandbox.")
-@click.option("--completions", type=PATH, metavar="FILE",
-              help="With --code: the samples to score (task_id + completion lines, several per task).")
+@click.option(
+    "--code",
+    "code_problems",
+    type=PATH,
+    metavar="PROBLEMS.jsonl",
+    help="Score generated code on these HumanEval-format problems; every sample runs in a sandbox.",
+)
+@click.option(
+    "--completions",
+    type=PATH,
+    metavar="FILE",
+    help="With --code: the samples to score (task_id + completion lines, several per task).",
+)
 @click.option("--model", "code_model", metavar="TARGET", help="With --code: generate the samples with this model.")
-@click.option("--samples", type=click.IntRange(min=1), default=1, show_default=True, help="With --model: samples per problem.")
-@click.option("--k", "k_values", metavar="K,...", help="With --code: pass@k for these k (default: 1 and the samples per task).")
-@click.option("--sandbox", "sandbox_kind", type=click.Choice(["bubblewrap", "docker"]), default="bubblewrap",
-              show_default=True, help="With --code: where the samples run (there is no unsandboxed mode).")
+@click.option(
+    "--samples", type=click.IntRange(min=1), default=1, show_default=True, help="With --model: samples per problem."
+)
+@click.option(
+    "--k", "k_values", metavar="K,...", help="With --code: pass@k for these k (default: 1 and the samples per task)."
+)
+@click.option(
+    "--sandbox",
+    "sandbox_kind",
+    type=click.Choice(["bubblewrap", "docker"]),
+    default="bubblewrap",
+    show_default=True,
+    help="With --code: where the samples run (there is no unsandboxed mode).",
+)
 @click.option("--workers", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default="CPUs")
-@click.option("--timeout", "timeout_s", type=Finite(min=0.1), default=10.0, show_default=True, help="With --code: wall-clock seconds per sample.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=Finite(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="With --code: wall-clock seconds per sample.",
+)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=512, show_default=True)
-@click.option("--temperature", type=Finite(min=0.0), default=0.2, show_default=True, help="With --model (0.2: the pass@1 setting of Chen et al.).")
-def eval_command(target, tasks, base, include, limit, num_fewshot, batch_size, compare, out, as_json, code_problems,
-                 completions, code_model, samples, k_values, sandbox_kind, workers, timeout_s, max_new_tokens, temperature):
+@click.option(
+    "--temperature",
+    type=Finite(min=0.0),
+    default=0.2,
+    show_default=True,
+    help="With --model (0.2: the pass@1 setting of Chen et al.).",
+)
+def eval_command(
+    target,
+    tasks,
+    base,
+    include,
+    limit,
+    num_fewshot,
+    batch_size,
+    compare,
+    out,
+    as_json,
+    code_problems,
+    completions,
+    code_model,
+    samples,
+    k_values,
+    sandbox_kind,
+    workers,
+    timeout_s,
+    max_new_tokens,
+    temperature,
+):
     """Evaluate a fine-tuned model (a run directory, checkpoint, model folder or hub id) with
     lm-evaluation-harness, against its base with --base; or (--code) score generated code in a sandbox.
 
@@ -369,8 +543,28 @@ def eval_command(target, tasks, base, include, limit, num_fewshot, batch_size, c
     before = os.environ.get("TQDM_DISABLE")
     os.environ["TQDM_DISABLE"] = "1"
     try:
-        _eval(target, tasks, base, include, limit, num_fewshot, batch_size, compare, out, as_json, code_problems,
-              completions, code_model, samples, k_values, sandbox_kind, workers, timeout_s, max_new_tokens, temperature)
+        _eval(
+            target,
+            tasks,
+            base,
+            include,
+            limit,
+            num_fewshot,
+            batch_size,
+            compare,
+            out,
+            as_json,
+            code_problems,
+            completions,
+            code_model,
+            samples,
+            k_values,
+            sandbox_kind,
+            workers,
+            timeout_s,
+            max_new_tokens,
+            temperature,
+        )
     finally:
         if before is None:
             os.environ.pop("TQDM_DISABLE", None)
@@ -378,17 +572,54 @@ def eval_command(target, tasks, base, include, limit, num_fewshot, batch_size, c
             os.environ["TQDM_DISABLE"] = before
 
 
-def _eval(target, tasks, base, include, limit, num_fewshot, batch_size, compare, out, as_json, code_problems,
-          completions, code_model, samples, k_values, sandbox_kind, workers, timeout_s, max_new_tokens, temperature):
+def _eval(
+    target,
+    tasks,
+    base,
+    include,
+    limit,
+    num_fewshot,
+    batch_size,
+    compare,
+    out,
+    as_json,
+    code_problems,
+    completions,
+    code_model,
+    samples,
+    k_values,
+    sandbox_kind,
+    workers,
+    timeout_s,
+    max_new_tokens,
+    temperature,
+):
     from sftdoctor.errors import InputError
     from sftdoctor.eval.command import main as eval_main
 
     try:
-        code = eval_main(target, tasks, base=base, include=include, limit=limit, num_fewshot=num_fewshot,
-                         batch_size=batch_size, compare=compare, out=out, as_json=as_json, code_problems=code_problems,
-                         completions=completions, code_model=code_model, samples=samples, k_values=k_values,
-                         sandbox_kind=sandbox_kind, workers=workers, timeout_s=timeout_s,
-                         max_new_tokens=max_new_tokens, temperature=temperature)
+        code = eval_main(
+            target,
+            tasks,
+            base=base,
+            include=include,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            batch_size=batch_size,
+            compare=compare,
+            out=out,
+            as_json=as_json,
+            code_problems=code_problems,
+            completions=completions,
+            code_model=code_model,
+            samples=samples,
+            k_values=k_values,
+            sandbox_kind=sandbox_kind,
+            workers=workers,
+            timeout_s=timeout_s,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+        )
     except InputError as exc:
         _bad_input(exc)
     except ModuleNotFoundError as exc:
@@ -399,9 +630,16 @@ def _eval(target, tasks, base, include, limit, num_fewshot, batch_size, compare,
 @main.command()
 @click.argument("topic", required=False)
 @click.option("--list", "list_topics", is_flag=True, help="List the topics with one-line summaries.")
-@click.option("--log", "log_file", metavar="FILE", help="Triage a failed run's log (- for stdin): the root cause first.")
+@click.option(
+    "--log", "log_file", metavar="FILE", help="Triage a failed run's log (- for stdin): the root cause first."
+)
 @click.option("--json", "as_json", is_flag=True, help="With --log: print the diagnosis as one JSON document.")
-@click.option("-j", "--jobs", type=click.IntRange(min=1), help="With --log: processes for a large log file (default: CPUs, at most 8).")
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(min=1),
+    help="With --log: processes for a large log file (default: CPUs, at most 8).",
+)
 def explain(topic, list_topics, log_file, as_json, jobs):
     """Explain a finding's topic, or (--log) say what went wrong in a run's log.
 
@@ -437,13 +675,27 @@ def diff(run_a, run_b, as_json):
 
 @main.command()
 @click.argument("runs", nargs=-1, required=True, type=PATH)
-@click.option("--output", "-o", type=PATH,
-              help="Folder to write report.html and its panels in (default: the run directory; with several runs, "
-                   "./sftdoctor-report).")
-@click.option("--x", "by", type=click.Choice(["step", "tokens"]), default="step", show_default=True,
-              help="Align the runs by optimizer step or by tokens seen.")
-@click.option("--json", "as_json", is_flag=True, help="Print the curve readers' findings and the files written as JSON.")
-@click.option("--no-plugins", is_flag=True, help="Do not load third-party checks (or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1).")
+@click.option(
+    "--output",
+    "-o",
+    type=PATH,
+    help="Folder to write report.html and its panels in (default: the run directory; with several runs, "
+    "./sftdoctor-report).",
+)
+@click.option(
+    "--x",
+    "by",
+    type=click.Choice(["step", "tokens"]),
+    default="step",
+    show_default=True,
+    help="Align the runs by optimizer step or by tokens seen.",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the curve readers' findings and the files written as JSON."
+)
+@click.option(
+    "--no-plugins", is_flag=True, help="Do not load third-party checks (or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1)."
+)
 def report(runs, output, by, as_json, no_plugins):
     """Draw a run's curves (loss, learning rate, gradient norm, loss scale, throughput, memory) into one
     self-contained report.html with a PNG per panel, its findings marked at their step, and read them with the
@@ -454,13 +706,15 @@ def report(runs, output, by, as_json, no_plugins):
     from importlib.util import find_spec
 
     from sftdoctor.checks import plugins_enabled
-    from sftdoctor.errors import InputError
-    from sftdoctor.errors import Interrupted
+    from sftdoctor.errors import InputError, Interrupted
     from sftdoctor.report.command import main as report_main
 
     if find_spec("matplotlib") is None:
-        click.echo("sftdoctor: error: `sftdoctor report` draws with matplotlib, which is not installed: "
-                   "pip install 'sftdoctor[report]'", err=True)
+        click.echo(
+            "sftdoctor: error: `sftdoctor report` draws with matplotlib, which is not installed: "
+            "pip install 'sftdoctor[report]'",
+            err=True,
+        )
         sys.exit(EXIT_BAD_INPUT)
     try:
         code = report_main(list(runs), output, by, as_json, plugins_enabled(no_plugins))

@@ -36,7 +36,9 @@ def parse_problem(exc: Exception) -> str:
     message = getattr(exc, "msg", None) or str(exc)
     if "integer string conversion" in message:
         return "a number of more than 4300 digits"
-    return f"{message} at line {lineno}, column {colno}" if lineno and "line" not in message else message.splitlines()[0]
+    return (
+        f"{message} at line {lineno}, column {colno}" if lineno and "line" not in message else message.splitlines()[0]
+    )
 
 
 class _NonFinite:
@@ -112,8 +114,12 @@ def reading(path, what: str):
         raise InputError(path, f"cannot read {what}: {exc.strerror or exc}") from None
 
 
-NOT_REGULAR = {stat.S_IFIFO: "a named pipe", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-               stat.S_IFSOCK: "a socket"}
+NOT_REGULAR = {
+    stat.S_IFIFO: "a named pipe",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
 READ_LIMIT = 1 << 30  # no file sftdoctor reads whole (a config, a JSON record, a log's index) is a GiB
 
 
@@ -162,7 +168,6 @@ def read_text(path, what: str, limit: int = READ_LIMIT) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as text mode reads them
 
 
-
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM while a command wrote its output: what it staged was removed on the way out."""
 
@@ -185,6 +190,7 @@ def interruptible():
 
     def stop(signum, frame):
         raise Interrupted(signum)
+
     before = signal.signal(signal.SIGTERM, stop)
     try:
         yield

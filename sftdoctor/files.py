@@ -47,5 +47,6 @@ def folder_problem(path: Path) -> str | None:
         return f"{existing} is not a folder, so {path} cannot be made in it"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"{existing} is not writable by this user (uid {os.geteuid()})" + (
-            "" if existing == path else f", so {path} cannot be made in it")
+            "" if existing == path else f", so {path} cannot be made in it"
+        )
     return None

@@ -17,7 +17,12 @@ from sftdoctor import __version__
 from sftdoctor.facts.run_records import json_safe
 from sftdoctor.findings import Finding, Severity
 
-MARKS = {Severity.OK: ("✓", "32"), Severity.INFO: ("i", "36"), Severity.WARNING: ("!", "33"), Severity.ERROR: ("✗", "1;31")}
+MARKS = {
+    Severity.OK: ("✓", "32"),
+    Severity.INFO: ("i", "36"),
+    Severity.WARNING: ("!", "33"),
+    Severity.ERROR: ("✗", "1;31"),
+}
 SKIP_MARK = "-"
 
 
@@ -30,7 +35,10 @@ def summary_line(findings: list[Finding], skipped: list) -> str:
     counts = summary(findings, skipped)
     checks = len({f.id for f in findings}) + len(skipped)
     plural = {"error": "errors", "warning": "warnings"}
-    parts = [f"{counts[s]} {plural.get(s, s) if counts[s] != 1 else s}" for s in ("error", "warning", "info", "ok", "skipped")]
+    parts = [
+        f"{counts[s]} {plural.get(s, s) if counts[s] != 1 else s}"
+        for s in ("error", "warning", "info", "ok", "skipped")
+    ]
     return f"{checks} check{'' if checks == 1 else 's'}: " + ", ".join(parts)
 
 
@@ -46,8 +54,9 @@ class _Style:
         return f"\x1b[{code}m{text}\x1b[0m" if self.on and text else text
 
 
-def render_table(findings: list[Finding], skipped: list, verbose: bool = False, out: TextIO | None = None,
-                 with_summary: bool = True) -> None:
+def render_table(
+    findings: list[Finding], skipped: list, verbose: bool = False, out: TextIO | None = None, with_summary: bool = True
+) -> None:
     out = out or sys.stdout
     style = _Style(out)
     ids = [f.id for f in findings] + [s.id for s in skipped]

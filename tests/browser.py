@@ -7,8 +7,14 @@ from pathlib import Path
 import pytest
 
 # Without the background-networking flags Chromium keeps trying hosts this closed network refuses.
-FLAGS = ["--disable-gpu", "--no-first-run", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--disable-quic"]
+FLAGS = [
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+]
 
 
 def chromium() -> str:
@@ -30,8 +36,10 @@ def look(page_path: Path, screenshot: Path, width: int = 1100) -> dict:
             page.on("request", lambda r: outside.append(r.url) if not r.url.startswith(("data:", "file:")) else None)
             page.goto(page_path.resolve().as_uri(), wait_until="load")
             images = page.eval_on_selector_all(
-                "img", "els => els.map(e => ({alt: e.alt, width: e.naturalWidth, height: e.naturalHeight, "
-                       "complete: e.complete, shown: e.getBoundingClientRect().width}))")
+                "img",
+                "els => els.map(e => ({alt: e.alt, width: e.naturalWidth, height: e.naturalHeight, "
+                "complete: e.complete, shown: e.getBoundingClientRect().width}))",
+            )
             title = page.title()
             page.screenshot(path=str(screenshot), full_page=True)
         finally:

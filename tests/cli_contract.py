@@ -52,8 +52,10 @@ def sftdoctor(args, root: Path, names, input=None):
     args = [str(a) for a in args]
     before, procs = _tree(root), _children()
     result = RUNNER.invoke(main, args, input=input)
-    shown = (f"$ sftdoctor {' '.join(args)}\n[exit {result.exit_code}]\n--- stdout\n{result.stdout[-3000:]}\n"
-             f"--- stderr\n{result.stderr[-3000:]}")
+    shown = (
+        f"$ sftdoctor {' '.join(args)}\n[exit {result.exit_code}]\n--- stdout\n{result.stdout[-3000:]}\n"
+        f"--- stderr\n{result.stderr[-3000:]}"
+    )
     if result.exc_info is not None and not isinstance(result.exception, SystemExit):
         shown += "\n--- uncaught\n" + "".join(traceback.format_exception(*result.exc_info))[-4000:]
     assert result.exception is None or isinstance(result.exception, SystemExit), shown
@@ -71,5 +73,3 @@ def sftdoctor(args, root: Path, names, input=None):
     survivors = _children() - procs
     assert not survivors, f"child processes survived: {survivors}\n{shown}"
     return result
-
-

@@ -105,6 +105,7 @@ def no_network(request, monkeypatch):
             if self.family in (socket.AF_INET, socket.AF_INET6) and _remote(address):
                 raise NetworkReached(f"a unit test reached the network: connect({address!r})")
             return real(self, address)
+
         return connect
 
     monkeypatch.setattr(socket.socket, "connect", guarded(real_connect))
@@ -135,8 +136,13 @@ def recorded_topology(name: str) -> dict:
     return {"source": name, **parse_topology(fixture_text("topology", name), name)}
 
 
-NO_GPU = {"source": None, "driver_version": None, "cuda_version": None, "devices": [],
-          "error": "NVML: NVML Shared Library Not Found"}
+NO_GPU = {
+    "source": None,
+    "driver_version": None,
+    "cuda_version": None,
+    "devices": [],
+    "error": "NVML: NVML Shared Library Not Found",
+}
 
 
 @pytest.fixture(scope="session")
@@ -191,8 +197,14 @@ def run_of(**sections):
     values = {"model": {"path": "m"}, "data": {"train": ("d.jsonl",)}}
     for name, given in sections.items():
         values[name] = {**values.get(name, {}), **given}
-    return RunConfig(path="run.toml", **{name: kind(given=frozenset(values.get(name, {})), **values.get(name, {}))
-                                         for name, kind in SECTIONS.items() if name not in OPTIONAL or name in values})
+    return RunConfig(
+        path="run.toml",
+        **{
+            name: kind(given=frozenset(values.get(name, {})), **values.get(name, {}))
+            for name, kind in SECTIONS.items()
+            if name not in OPTIONAL or name in values
+        },
+    )
 
 
 @pytest.fixture(scope="session")
@@ -201,7 +213,11 @@ def tiny_data(tmp_path_factory):
     out = {}
     for shape in ("messages", "prompt_completion", "text"):
         folder = tmp_path_factory.mktemp(shape)
-        subprocess.run([sys.executable, str(EXAMPLES / "make_tiny.py"), "--out", str(folder), "--shape", shape, "--rows", "160"], check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, str(EXAMPLES / "make_tiny.py"), "--out", str(folder), "--shape", shape, "--rows", "160"],
+            check=True,
+            capture_output=True,
+        )
         out[shape] = folder
     return out
 

@@ -39,8 +39,12 @@ def special_file(path: Path, kind: str) -> Path:
     if kind == "fifo":
         os.mkfifo(path)
     elif kind in ("dev-zero", "dev-null", "unreadable", "dangling"):
-        target = {"dev-zero": "/dev/zero", "dev-null": "/dev/null", "unreadable": "/proc/self/mem",
-                  "dangling": str(path.parent / "no-such-target")}[kind]
+        target = {
+            "dev-zero": "/dev/zero",
+            "dev-null": "/dev/null",
+            "unreadable": "/proc/self/mem",
+            "dangling": str(path.parent / "no-such-target"),
+        }[kind]
         path.symlink_to(target)
     elif kind == "loop":
         path.symlink_to(path.name)  # a symlink to itself: ELOOP
@@ -75,9 +79,19 @@ def wrong_type(value) -> st.SearchStrategy:
         "list": st.sampled_from([[], [1], ["a", None]]),
         "object": st.sampled_from([{}, {"a": 1}]),
     }
-    mine = ("bool" if isinstance(value, bool) else "number" if isinstance(value, (int, float))
-            else "str" if isinstance(value, str) else "null" if value is None
-            else "list" if isinstance(value, list) else "object")
+    mine = (
+        "bool"
+        if isinstance(value, bool)
+        else "number"
+        if isinstance(value, (int, float))
+        else "str"
+        if isinstance(value, str)
+        else "null"
+        if value is None
+        else "list"
+        if isinstance(value, list)
+        else "object"
+    )
     return st.one_of(*(s for k, s in kinds.items() if k != mine))
 
 
@@ -89,8 +103,10 @@ class Hung(BaseException):  # BaseException: an `except Exception` in the code u
 def no_hang(seconds: float = 20.0):
     """Fail (raise Hung) if the block runs longer than `seconds`: a read of a FIFO blocks forever otherwise.
     Main thread only (SIGALRM)."""
+
     def fire(signum, frame):
         raise Hung(f"still running after {seconds} s: blocked on a read?")
+
     before = signal.signal(signal.SIGALRM, fire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
@@ -113,6 +129,7 @@ def fed_fifo(path: Path, data: bytes):
                 handle.write(data)
         except OSError:  # the reader closed early (EPIPE): what it read is its business
             pass
+
     writer = threading.Thread(target=write, daemon=True)
     writer.start()
     try:

@@ -39,8 +39,19 @@ class Host:
     def command(self, argv: list[str]) -> list[str]:
         """`argv` run on this host: in its network namespace, under its own hostname, with its mounts."""
         binds = "".join(f"mount --bind {shlex.quote(src)} {shlex.quote(dst)} && " for src, dst in self.mounts)
-        return ["ip", "netns", "exec", self.netns, "unshare", "--uts", "sh", "-c",
-                f'{binds}hostname {self.name} && exec "$@"', "sh", *map(str, argv)]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.netns,
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            f'{binds}hostname {self.name} && exec "$@"',
+            "sh",
+            *map(str, argv),
+        ]
 
     def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
         return subprocess.Popen(self.command(argv), **kwargs)

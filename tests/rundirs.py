@@ -15,19 +15,41 @@ from hypothesis import strategies as st
 
 STEPS = 24
 SERIES = ("loss", "grad_norm", "learning_rate", "eval_loss")
-PLAN = {"version": 8, "lr_scheduler": "linear", "learning_rate": 1e-3, "warmup_steps": 2, "total_steps": STEPS,
-        "max_grad_norm": 1.0, "precision": "bf16", "save_steps": 12, "eval_steps": 6, "output_dir": "out",
-        "train_files": ["data/train.jsonl"], "reasons": {"precision": "auto"}}
-FACTS = {"schema": 2, "sftdoctor": "0.x", "host": "node1",
-         "facts": {"packages": {"torch": "2.13.0", "transformers": "5.25.0", "trl": "1.16.0"},
-                   "torch_build": {"version": "2.13.0+cu128", "cuda": "12.8"},
-                   "gpus": {"driver_version": "570.86", "cuda_version": "12.8",
-                            "devices": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559}]},
-                   "env": {"NCCL_IB_DISABLE": "0", "MASTER_PORT": "29500"}},
-         "unavailable": {},
-         "data_files": {"data/train.jsonl": {"sha256": "ab" * 32, "bytes": 1000}}}
-FINDINGS = [{"phase": "preflight", "severity": "warning", "id": "gpu-topology", "title": "GPUs talk over PCIe"},
-            {"phase": "runtime", "step": 7, "severity": "warning", "id": "loss-spike", "title": "loss spike at step 7"}]
+PLAN = {
+    "version": 8,
+    "lr_scheduler": "linear",
+    "learning_rate": 1e-3,
+    "warmup_steps": 2,
+    "total_steps": STEPS,
+    "max_grad_norm": 1.0,
+    "precision": "bf16",
+    "save_steps": 12,
+    "eval_steps": 6,
+    "output_dir": "out",
+    "train_files": ["data/train.jsonl"],
+    "reasons": {"precision": "auto"},
+}
+FACTS = {
+    "schema": 2,
+    "sftdoctor": "0.x",
+    "host": "node1",
+    "facts": {
+        "packages": {"torch": "2.13.0", "transformers": "5.25.0", "trl": "1.16.0"},
+        "torch_build": {"version": "2.13.0+cu128", "cuda": "12.8"},
+        "gpus": {
+            "driver_version": "570.86",
+            "cuda_version": "12.8",
+            "devices": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559}],
+        },
+        "env": {"NCCL_IB_DISABLE": "0", "MASTER_PORT": "29500"},
+    },
+    "unavailable": {},
+    "data_files": {"data/train.jsonl": {"sha256": "ab" * 32, "bytes": 1000}},
+}
+FINDINGS = [
+    {"phase": "preflight", "severity": "warning", "id": "gpu-topology", "title": "GPUs talk over PCIe"},
+    {"phase": "runtime", "step": 7, "severity": "warning", "id": "loss-spike", "title": "loss spike at step 7"},
+]
 STOPPED = {"exit_code": 3, "id": "nan-loss", "title": "non-finite loss at step 24: stopped"}
 FILES = ("resolved.json", "facts.json", "metrics.jsonl", "findings.jsonl")
 
@@ -35,9 +57,18 @@ FILES = ("resolved.json", "facts.json", "metrics.jsonl", "findings.jsonl")
 def metrics() -> list[dict[str, Any]]:
     records = []
     for step in range(1, STEPS + 1):
-        records.append({"step": step, "loss": 2 * math.exp(-step / 8) + 0.5, "grad_norm": 0.5 + 0.01 * (step % 3),
-                        "learning_rate": 1e-3 * min(step / 2, (STEPS - step) / (STEPS - 2)), "max_grad_norm": 1.0,
-                        "tokens_seen": 1000 * step, "tokens_per_second": 12000.0, "host_rss_gib": 1.0})
+        records.append(
+            {
+                "step": step,
+                "loss": 2 * math.exp(-step / 8) + 0.5,
+                "grad_norm": 0.5 + 0.01 * (step % 3),
+                "learning_rate": 1e-3 * min(step / 2, (STEPS - step) / (STEPS - 2)),
+                "max_grad_norm": 1.0,
+                "tokens_seen": 1000 * step,
+                "tokens_per_second": 12000.0,
+                "host_rss_gib": 1.0,
+            }
+        )
         if step % 6 == 0:
             records.append({"step": step, "eval_loss": 2 * math.exp(-step / 8) + 0.6})
     return records
@@ -79,8 +110,21 @@ JSON_DOCS = {"resolved.json": PLAN, "facts.json": FACTS, "stopped.json": STOPPED
 @st.composite
 def mutation(draw, files=FILES) -> tuple:
     """One hostile change to a run directory, as data (applied by `mutate`)."""
-    kind = draw(st.sampled_from(["non_finite", "non_finite", "absent", "absent_key", "special", "wrong_type",
-                                 "wrong_type", "duplicate", "unsorted"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "non_finite",
+                "non_finite",
+                "absent",
+                "absent_key",
+                "special",
+                "wrong_type",
+                "wrong_type",
+                "duplicate",
+                "unsorted",
+            ]
+        )
+    )
     records = metrics()
     if kind == "non_finite":
         name = draw(st.sampled_from(SERIES))
@@ -96,7 +140,7 @@ def mutation(draw, files=FILES) -> tuple:
         return kind, name, path
     if kind == "wrong_type":
         name = draw(st.sampled_from(sorted(set(files) & {*JSON_DOCS, "metrics.jsonl", "findings.jsonl"})))
-        doc = (JSON_DOCS.get(name) or (records if name == "metrics.jsonl" else FINDINGS))
+        doc = JSON_DOCS.get(name) or (records if name == "metrics.jsonl" else FINDINGS)
         path = draw(st.sampled_from(_paths(doc)))
         return kind, name, path, draw(wrong_type(_at(doc, path)))
     index = draw(st.integers(0, len(records) - 1))
@@ -105,7 +149,7 @@ def mutation(draw, files=FILES) -> tuple:
 
 def not_a_number(value: Any) -> bool:
     """NaN, an infinity, or a whole number json reads as one too large for a float (read as infinite)."""
-    return isinstance(value, float) and not math.isfinite(value) or isinstance(value, int) and abs(value) > 2 ** 1024
+    return isinstance(value, float) and not math.isfinite(value) or isinstance(value, int) and abs(value) > 2**1024
 
 
 def not_numbers(changes: list[tuple]) -> set[str]:
@@ -117,8 +161,10 @@ def not_numbers(changes: list[tuple]) -> set[str]:
 
 def strict(text: str) -> Any:
     """JSON as any parser reads it: a bare NaN or Infinity literal (Python's own extension) fails."""
+
     def refuse(literal):
         raise ValueError(f"non-standard JSON literal {literal}")
+
     return json.loads(text, parse_constant=refuse)
 
 

@@ -21,20 +21,38 @@ DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue")
 
 
 def conf(folder: Path, host: str) -> str:
-    return "\n".join([
-        "ClusterName=sftdoctor-tests", f"SlurmctldHost={host}", "SlurmUser=root", "SlurmdUser=root",
-        "AuthType=auth/munge", f"StateSaveLocation={folder}/state", f"SlurmdSpoolDir={folder}/spool",
-        f"SlurmctldPidFile={folder}/slurmctld.pid", f"SlurmdPidFile={folder}/slurmd.pid",
-        f"SlurmctldLogFile={folder}/slurmctld.log", f"SlurmdLogFile={folder}/slurmd.log",
-        f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}",
-        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
-        "SchedulerType=sched/backfill", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
-        "ReturnToService=2", "KillWait=30",
-        # A requeued job waits cred_expire (default 120 s) before it may start again; the test need not.
-        "AuthInfo=cred_expire=10", "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none",
-        f"NodeName={host} CPUs={os.cpu_count() or 1} RealMemory=2000 State=UNKNOWN",
-        f"PartitionName=tests Nodes={host} Default=YES MaxTime=INFINITE State=UP", ""])
+    return "\n".join(
+        [
+            "ClusterName=sftdoctor-tests",
+            f"SlurmctldHost={host}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            f"StateSaveLocation={folder}/state",
+            f"SlurmdSpoolDir={folder}/spool",
+            f"SlurmctldPidFile={folder}/slurmctld.pid",
+            f"SlurmdPidFile={folder}/slurmd.pid",
+            f"SlurmctldLogFile={folder}/slurmctld.log",
+            f"SlurmdLogFile={folder}/slurmd.log",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "MpiDefault=none",
+            "SchedulerType=sched/backfill",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "ReturnToService=2",
+            "KillWait=30",
+            # A requeued job waits cred_expire (default 120 s) before it may start again; the test need not.
+            "AuthInfo=cred_expire=10",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            f"NodeName={host} CPUs={os.cpu_count() or 1} RealMemory=2000 State=UNKNOWN",
+            f"PartitionName=tests Nodes={host} Default=YES MaxTime=INFINITE State=UP",
+            "",
+        ]
+    )
 
 
 MUNGE_PID = Path("/run/munge/munged.pid")
@@ -73,8 +91,16 @@ def cluster(folder: Path):
         (folder / sub).mkdir(parents=True, exist_ok=True)
     (folder / "slurm.conf").write_text(conf(folder, socket.gethostname()))
     env = {**os.environ, "SLURM_CONF": str(folder / "slurm.conf")}
-    daemons = [subprocess.Popen([name, "-D", "-f", env["SLURM_CONF"]], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True) for name in ("slurmctld", "slurmd")]
+    daemons = [
+        subprocess.Popen(
+            [name, "-D", "-f", env["SLURM_CONF"]],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for name in ("slurmctld", "slurmd")
+    ]
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -83,7 +109,9 @@ def cluster(folder: Path):
                 break
             time.sleep(0.5)
         else:
-            pytest.skip(f"Slurm did not come up: {(folder / 'slurmctld.log').read_text()[-300:] if (folder / 'slurmctld.log').exists() else 'no log'}")
+            pytest.skip(
+                f"Slurm did not come up: {(folder / 'slurmctld.log').read_text()[-300:] if (folder / 'slurmctld.log').exists() else 'no log'}"
+            )
         yield env
     finally:
         subprocess.run(["scancel", "--full", "-u", "root"], env=env, capture_output=True)

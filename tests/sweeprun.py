@@ -7,19 +7,28 @@ import sys
 from pathlib import Path
 
 from conftest import EXAMPLES
-from trainrun import config as run_config, toml_value
+from trainrun import config as run_config
+from trainrun import toml_value
 
 # A GPU of 1.5 GiB: the tiny model fits at a micro-batch of 4 (about 1.0 GiB, most of it the CUDA context),
 # not at 2048 rows of 64 tokens (about 2.3 GiB).
-TINY_GPU = {"source": "nvidia-smi", "driver_version": "550.54.15", "cuda_version": "12.4",
-            "devices": [{"index": 0, "name": "NVIDIA Tiny", "compute_capability": "8.0", "memory_total_mib": 1536}]}
+TINY_GPU = {
+    "source": "nvidia-smi",
+    "driver_version": "550.54.15",
+    "cuda_version": "12.4",
+    "devices": [{"index": 0, "name": "NVIDIA Tiny", "compute_capability": "8.0", "memory_total_mib": 1536}],
+}
 
 
 def base(folder: Path, data: Path, extra: dict | None = None, **training) -> Path:
     """The shortest run that evaluates: 4 steps of 4 rows of 64 tokens, an evaluation every 2 steps."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = run_config(folder, data, training={"max_steps": 4, "save_steps": 4, "eval_steps": 2, "logging_steps": 2,
-                                              "packing": False, **training}, extra=extra)
+    path = run_config(
+        folder,
+        data,
+        training={"max_steps": 4, "save_steps": 4, "eval_steps": 2, "logging_steps": 2, "packing": False, **training},
+        extra=extra,
+    )
     text = path.read_text().replace("max_length = 128", "max_length = 64")
     (folder / "base.toml").write_text(text)
     path.unlink()
@@ -27,8 +36,10 @@ def base(folder: Path, data: Path, extra: dict | None = None, **training) -> Pat
 
 
 def toml_entry(name: str, spec: dict) -> str:
-    inner = ", ".join(f"{k} = {toml_value(v) if not isinstance(v, list) else '[' + ', '.join(toml_value(x) for x in v) + ']'}"
-                      for k, v in spec.items())
+    inner = ", ".join(
+        f"{k} = {toml_value(v) if not isinstance(v, list) else '[' + ', '.join(toml_value(x) for x in v) + ']'}"
+        for k, v in spec.items()
+    )
     return f"{name} = {{{inner}}}"
 
 
@@ -43,7 +54,9 @@ def sweep_file(folder: Path, base_path: Path, space: dict, name: str = "sweep.to
 
 def tiny_gpu_facts(folder: Path) -> Path:
     path = folder / "tiny-gpu.json"
-    path.write_text(json.dumps({"sftdoctor": "0.1.0", "schema": 2, "host": "tiny-gpu-box", "facts": {"gpus": TINY_GPU}}))
+    path.write_text(
+        json.dumps({"sftdoctor": "0.1.0", "schema": 2, "host": "tiny-gpu-box", "facts": {"gpus": TINY_GPU}})
+    )
     return path
 
 
@@ -65,7 +78,7 @@ def trials(sweep_dir: Path, study: str = "sweep"):
 
 
 LIGHT_BASE = f"""[model]
-path = "{EXAMPLES / 'tiny' / 'model'}"
+path = "{EXAMPLES / "tiny" / "model"}"
 weights = "random"
 
 [data]

@@ -26,12 +26,12 @@ def test_ci_installs_what_the_readme_test_command_installs_and_every_part_the_te
     assert 'export CI="${CI:-true}"' in ci
 
 
-SKIPPING = '''
+SKIPPING = """
 import pytest
 
 def test_needs_a_part():
     pytest.skip("no Slurm here")
-'''
+"""
 
 
 @pytest.mark.parametrize("ci, outcome", [("true", "1 failed"), ("", "1 skipped")])
@@ -41,17 +41,38 @@ def test_a_skip_for_a_missing_part_fails_under_ci_and_only_there(tmp_path, ci, o
         "import importlib.util\n"
         f"spec = importlib.util.spec_from_file_location('project_conftest', {str(ROOT / 'tests' / 'conftest.py')!r})\n"
         "project = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(project)\n"
-        "pytest_runtest_makereport = project.pytest_runtest_makereport\n")
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                          "-o", "addopts=", str(tmp_path)], capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin", "CI": ci}, cwd=tmp_path, timeout=120)
+        "pytest_runtest_makereport = project.pytest_runtest_makereport\n"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-o",
+            "addopts=",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "CI": ci},
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert outcome in out.stdout, out.stdout
     if ci:
         assert "skipped under CI, where every part is installed: no Slurm here" in out.stdout
 
 
 def test_a_unit_test_cannot_reach_another_host_but_loopback_works():
-    with socket.socket() as sock, pytest.raises(AssertionError, match=r"a unit test reached the network: connect\(\('192.0.2.1'"):
+    with (
+        socket.socket() as sock,
+        pytest.raises(AssertionError, match=r"a unit test reached the network: connect\(\('192.0.2.1'"),
+    ):
         sock.connect(("192.0.2.1", 80))  # TEST-NET-1: never routed
     with socket.socket() as server, socket.socket() as client:
         server.bind(("127.0.0.1", 0))

@@ -1,5 +1,6 @@
 """The `sftdoctor` command as a user runs it: exit codes, output, bad input."""
 
+import contextlib
 import gzip
 import json
 import re
@@ -8,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES
 
 TOPO = FIXTURES / "topology"
@@ -49,11 +49,15 @@ def test_replayed_v100_with_bf16_deepspeed_fails_with_fixes_and_topics(tmp_path,
     assert proc.returncode == 1
     assert "✗" in proc.stdout and "bf16-support" in proc.stdout and "lack bf16" in proc.stdout
     assert "fix:" in proc.stdout and "sftdoctor explain bf16-support" in proc.stdout
-    assert re.fullmatch(r"\d+ checks: 1 error, \d+ warnings?, \d+ info, \d+ ok, \d+ skipped", proc.stdout.splitlines()[-1])
+    assert re.fullmatch(
+        r"\d+ checks: 1 error, \d+ warnings?, \d+ info, \d+ ok, \d+ skipped", proc.stdout.splitlines()[-1]
+    )
 
 
 def test_json_document_has_findings_facts_and_summary(v100_snapshot):
-    proc = sftdoctor("check", "--json", "--facts", str(v100_snapshot), "--model-config", str(MODELS / "Qwen2-0.5B.json"))
+    proc = sftdoctor(
+        "check", "--json", "--facts", str(v100_snapshot), "--model-config", str(MODELS / "Qwen2-0.5B.json")
+    )
     doc = json.loads(proc.stdout)
     assert set(doc) >= {"findings", "skipped", "summary", "facts", "exit_code"}
     for finding in doc["findings"]:
@@ -72,41 +76,64 @@ def test_facts_snapshot_round_trips_through_check(tmp_path):
     snap.write_text(sftdoctor("facts").stdout)
     direct = json.loads(sftdoctor("check", "--json").stdout)
     replayed = json.loads(sftdoctor("check", "--json", "--facts", str(snap)).stdout)
-    assert [(f["id"], f["severity"], f["title"]) for f in direct["findings"]] == \
-           [(f["id"], f["severity"], f["title"]) for f in replayed["findings"]]
+    assert [(f["id"], f["severity"], f["title"]) for f in direct["findings"]] == [
+        (f["id"], f["severity"], f["title"]) for f in replayed["findings"]
+    ]
 
 
 def test_select_and_list():
     proc = sftdoctor("check", "--select", "nccl-env")
     assert "nccl-env" in proc.stdout and "torch-cuda-match" not in proc.stdout
     listing = sftdoctor("check", "--list").stdout
-    assert all(i in listing for i in ("torch-cuda-match", "bf16-support", "gpu-topology", "model-dtype",
-                                      "deepspeed-precision", "flash-attn", "nccl-env"))
+    assert all(
+        i in listing
+        for i in (
+            "torch-cuda-match",
+            "bf16-support",
+            "gpu-topology",
+            "model-dtype",
+            "deepspeed-precision",
+            "flash-attn",
+            "nccl-env",
+        )
+    )
 
 
-@pytest.mark.parametrize("args, says", [
-    (["check", "--select", "gpu-topolgy"], "did you mean 'gpu-topology'"),
-    (["check", "--deepspeed", "/nonexistent/ds.json"], "/nonexistent/ds.json: DeepSpeed config not found"),
-    (["check", "--topology", str(MODELS / "gpt2.json")], "no `nvidia-smi topo -m` matrix found"),
-    (["check", "--facts", str(TOPO / "index.json")], "expected a JSON object with a 'facts' object"),
-    (["facts", "--model-config", str(TOPO / "k40m_4x_soc_mlx4_tensorflow_gdr.txt")], "not valid JSON"),
-    (["explain", "nan-los"], "no topic 'nan-los'"),
-    (["explain", "--log", "/nonexistent/train.log"], "/nonexistent/train.log: cannot read the log: No such file"),
-    (["explain", "--log", str(TOPO)], "cannot read the log: Is a directory"),
-    (["explain", "nan-loss", "--log", "-"], "give a TOPIC or --log FILE, not both"),
-    (["explain", "nan-loss", "--json"], "--json goes with --log FILE"),
-    (["check", "--distributed"], "--distributed runs under a launcher: torchrun"),
-    (["check", "--bogus"], "sftdoctor check: No such option '--bogus'"),
-    # click's own usage errors, one line like the rest, not its four (usage, hint, blank, error)
-    (["check", "--seconds", "abc"], "sftdoctor check: Invalid value for '--seconds': 'abc' is not a valid float range"),
-    (["plan", "--mfu", "nan", "run.toml"], "sftdoctor plan: Invalid value for '--mfu': 'nan' is not a finite number"),
-    (["plan"], "sftdoctor plan: Missing argument 'CONFIG'. (see sftdoctor plan --help)"),
-    (["trian"], "sftdoctor: No such command 'trian'"),
-    (["explain", "--log", "-", "--jobs", "0"], "'-j' / '--jobs': 0 is not in the range x>=1"),
-    (["check", "--seconds", "3"], "--seconds: goes with --distributed"),  # not silently ignored
-    (["train", "run.toml", "--drill", "nan-loss@\u00b2"], "--drill: expected nan-loss@STEP[:RANK]"),  # '²'.isdigit()
-    (["train", "run.toml", "--drill", ""], "--drill: expected nan-loss@STEP[:RANK]"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["check", "--select", "gpu-topolgy"], "did you mean 'gpu-topology'"),
+        (["check", "--deepspeed", "/nonexistent/ds.json"], "/nonexistent/ds.json: DeepSpeed config not found"),
+        (["check", "--topology", str(MODELS / "gpt2.json")], "no `nvidia-smi topo -m` matrix found"),
+        (["check", "--facts", str(TOPO / "index.json")], "expected a JSON object with a 'facts' object"),
+        (["facts", "--model-config", str(TOPO / "k40m_4x_soc_mlx4_tensorflow_gdr.txt")], "not valid JSON"),
+        (["explain", "nan-los"], "no topic 'nan-los'"),
+        (["explain", "--log", "/nonexistent/train.log"], "/nonexistent/train.log: cannot read the log: No such file"),
+        (["explain", "--log", str(TOPO)], "cannot read the log: Is a directory"),
+        (["explain", "nan-loss", "--log", "-"], "give a TOPIC or --log FILE, not both"),
+        (["explain", "nan-loss", "--json"], "--json goes with --log FILE"),
+        (["check", "--distributed"], "--distributed runs under a launcher: torchrun"),
+        (["check", "--bogus"], "sftdoctor check: No such option '--bogus'"),
+        # click's own usage errors, one line like the rest, not its four (usage, hint, blank, error)
+        (
+            ["check", "--seconds", "abc"],
+            "sftdoctor check: Invalid value for '--seconds': 'abc' is not a valid float range",
+        ),
+        (
+            ["plan", "--mfu", "nan", "run.toml"],
+            "sftdoctor plan: Invalid value for '--mfu': 'nan' is not a finite number",
+        ),
+        (["plan"], "sftdoctor plan: Missing argument 'CONFIG'. (see sftdoctor plan --help)"),
+        (["trian"], "sftdoctor: No such command 'trian'"),
+        (["explain", "--log", "-", "--jobs", "0"], "'-j' / '--jobs': 0 is not in the range x>=1"),
+        (["check", "--seconds", "3"], "--seconds: goes with --distributed"),  # not silently ignored
+        (
+            ["train", "run.toml", "--drill", "nan-loss@\u00b2"],
+            "--drill: expected nan-loss@STEP[:RANK]",
+        ),  # '²'.isdigit()
+        (["train", "run.toml", "--drill", ""], "--drill: expected nan-loss@STEP[:RANK]"),
+    ],
+)
 def test_bad_input_is_one_clear_line_and_exit_2(args, says):
     proc = sftdoctor(*args)
     assert proc.returncode == 2
@@ -114,12 +141,17 @@ def test_bad_input_is_one_clear_line_and_exit_2(args, says):
     assert line.startswith("sftdoctor: error: ") and says in line
 
 
-@pytest.mark.parametrize("log, says", [
-    (b"", "-: cannot triage the log: empty: there is nothing to triage"),
-    (gzip.compress((LOGS / "gpu-negative-healthy-trl-dpo-logs.log").read_bytes()),
-     "-: cannot triage the log: a gzip file, not a text log: decompress it first (zcat FILE"),
-    (bytes(range(256)) * 64, "-: cannot triage the log: binary data, not a text log"),
-])
+@pytest.mark.parametrize(
+    "log, says",
+    [
+        (b"", "-: cannot triage the log: empty: there is nothing to triage"),
+        (
+            gzip.compress((LOGS / "gpu-negative-healthy-trl-dpo-logs.log").read_bytes()),
+            "-: cannot triage the log: a gzip file, not a text log: decompress it first (zcat FILE",
+        ),
+        (bytes(range(256)) * 64, "-: cannot triage the log: binary data, not a text log"),
+    ],
+)
 def test_a_log_that_cannot_be_read_as_text_is_refused_not_found_healthy(log, says):
     """A false "nothing recognised" (exit 0) on bytes that were never a log is the worst answer: refuse them."""
     proc = subprocess.run([sys.executable, "-m", "sftdoctor", "explain", "--log", "-"], input=log, capture_output=True)
@@ -131,7 +163,9 @@ def test_a_log_that_cannot_be_read_as_text_is_refused_not_found_healthy(log, say
 def test_a_broken_run_config_lists_every_problem(tmp_path):
     config = tmp_path / "run.toml"
     (tmp_path / "d.jsonl").write_text('{"text": "a"}\n')
-    config.write_text('[model]\npath = "x"\nprecision = "bf61"\n[data]\ntrain = "d.jsonl"\n[launch]\nmaster_port = 70000\n')
+    config.write_text(
+        '[model]\npath = "x"\nprecision = "bf61"\n[data]\ntrain = "d.jsonl"\n[launch]\nmaster_port = 70000\n'
+    )
     proc = sftdoctor("check", "--config", str(config))
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -142,9 +176,11 @@ def test_a_broken_run_config_lists_every_problem(tmp_path):
 def test_run_config_pulls_in_its_model_and_deepspeed_configs(tmp_path, v100_snapshot):
     config = tmp_path / "run.toml"
     (tmp_path / "d.jsonl").write_text('{"text": "a"}\n')
-    config.write_text(f'[model]\npath = "{MODELS / "Qwen2-0.5B.json"}"\nprecision = "fp16"\n'
-                      f'[deepspeed]\nconfig = "{DS / "FastChat_deepspeed_config_s2.json"}"\n'
-                      '[data]\ntrain = "d.jsonl"\n')
+    config.write_text(
+        f'[model]\npath = "{MODELS / "Qwen2-0.5B.json"}"\nprecision = "fp16"\n'
+        f'[deepspeed]\nconfig = "{DS / "FastChat_deepspeed_config_s2.json"}"\n'
+        '[data]\ntrain = "d.jsonl"\n'
+    )
     doc = json.loads(sftdoctor("check", "--json", "--facts", str(v100_snapshot), "--config", str(config)).stdout)
     ids = {f["id"] for f in doc["findings"]}
     assert {"model-dtype", "deepspeed-precision", "bf16-support"} <= ids
@@ -168,15 +204,14 @@ def test_check_works_on_a_box_without_the_training_stack(tmp_path):
         source = origin.parent if origin.name == "__init__.py" else origin
         (tmp_path / source.name).symlink_to(source)
     code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from sftdoctor.cli import main; main()"
-    proc = subprocess.run([sys.executable, "-S", "-c", code, "check", "--json"], capture_output=True, text=True,
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code, "check", "--json"], capture_output=True, text=True, cwd=tmp_path
+    )
     doc = json.loads(proc.stdout)
     assert proc.returncode == 0, proc.stderr
     torch = next(f for f in doc["findings"] if f["id"] == "torch-cuda-match")
     assert torch["severity"] == "info" and "torch is not installed" in torch["title"]
     assert doc["facts"]["facts"]["packages"]["transformers"] is None
-
-
 
 
 def test_explain_log_names_the_root_cause_first_and_exits_1():
@@ -199,7 +234,9 @@ def test_explain_log_reads_the_flight_recorder_dumps_beside_the_log(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[1] == "root cause: nccl-timeout in the flight-recorder dumps beside the log"
-    assert "flight recorder: rank 1 called broadcast #31 on default_pg [[1048576]] Float where rank 0 called" in lines[2]
+    assert (
+        "flight recorder: rank 1 called broadcast #31 on default_pg [[1048576]] Float where rank 0 called" in lines[2]
+    )
     doc = json.loads(sftdoctor("explain", "--log", str(tmp_path / "train.log"), "--json").stdout)
     assert doc["findings"][0]["evidence"]["groups"][0]["other"]["1"]["collective"] == "broadcast"
 
@@ -228,8 +265,9 @@ def test_explain_log_of_a_healthy_run_exits_0_and_says_nothing_was_recognised():
 
 def test_explain_log_of_a_run_that_failed_for_no_known_reason_exits_1_and_says_so():
     """A real paste that ends in a traceback's frames (the NameError is only in the issue's title): a failure."""
-    proc = sftdoctor("explain", "--log", str(LOGS / "verdict-cut-traceback-frames-only-main-py-stable-diffusion.log"),
-                     "--json")
+    proc = sftdoctor(
+        "explain", "--log", str(LOGS / "verdict-cut-traceback-frames-only-main-py-stable-diffusion.log"), "--json"
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     doc = json.loads(proc.stdout)
     assert (doc["verdict"], doc["failed"], doc["root_cause"]) == ("failed-unrecognised", True, None)
@@ -238,7 +276,8 @@ def test_explain_log_of_a_run_that_failed_for_no_known_reason_exits_1_and_says_s
 
 def test_gpu_memory_sizes_parse_or_fail_cleanly():
     import click
-    from hypothesis import given, settings, strategies as st
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
 
     from sftdoctor.cli import Size
 
@@ -252,19 +291,20 @@ def test_gpu_memory_sizes_parse_or_fail_cleanly():
     @settings(max_examples=300, deadline=None)
     @given(st.text(max_size=20))
     def anything(text):
-        try:
+        with contextlib.suppress(click.BadParameter):
             assert Size().convert(text, None, None) >= 2**20
-        except click.BadParameter:
-            pass
 
     anything()
 
 
-@pytest.mark.parametrize("option, value", [("--mfu", "nan"), ("--peak-tflops", "inf"), ("--tokens-per-second", "nan"),
-                                           ("--gpu-memory", "0")])
+@pytest.mark.parametrize(
+    "option, value", [("--mfu", "nan"), ("--peak-tflops", "inf"), ("--tokens-per-second", "nan"), ("--gpu-memory", "0")]
+)
 def test_plan_refuses_numbers_that_mean_nothing(tmp_path, option, value):
     (tmp_path / "d.jsonl").write_text('{"text": "a"}\n')
-    (tmp_path / "run.toml").write_text(f'[model]\npath = "{MODELS / "Meta-Llama-3-8B.json"}"\n[data]\ntrain = "d.jsonl"\n')
+    (tmp_path / "run.toml").write_text(
+        f'[model]\npath = "{MODELS / "Meta-Llama-3-8B.json"}"\n[data]\ntrain = "d.jsonl"\n'
+    )
     proc = sftdoctor("plan", str(tmp_path / "run.toml"), "--gpu-memory", "80GiB", option, value)
     assert proc.returncode == 2 and option in proc.stderr and "Traceback" not in proc.stderr
 
@@ -280,8 +320,9 @@ def test_a_light_install_names_the_extra_to_install(tmp_path):
     (tmp_path / "d.jsonl").write_text('{"text": "a"}\n')
     (tmp_path / "run.toml").write_text(f'[model]\npath = "{MODELS / "gpt2.json"}"\n[data]\ntrain = "d.jsonl"\n')
     code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from sftdoctor.cli import main; main()"
-    proc = subprocess.run([sys.executable, "-S", "-c", code, "train", "run.toml"], capture_output=True, text=True,
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code, "train", "run.toml"], capture_output=True, text=True, cwd=tmp_path
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "needs torch, which is not installed" in proc.stderr and "pip install 'sftdoctor[train]'" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()

@@ -46,8 +46,10 @@ pytestmark = pytest.mark.slow
 HUGE_LITERAL = "9" * 4400  # more digits than int() converts (sys.int_info.default_max_str_digits)
 CRASHED = re.compile(r"crashed: |not a Finding")
 PROBE_FAILED = re.compile(r"probe \w+ failed")
-FUZZ = {"deadline": None, "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                                    HealthCheck.data_too_large]}
+FUZZ = {
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -59,6 +61,7 @@ def _offline_without_plugins():
 
 
 # ---------------------------------------------------------------- what every command must do
+
 
 def judged(result) -> dict | None:
     """`check --json` that gave a verdict: one JSON document of it, no check crashed, no probe failed."""
@@ -86,13 +89,66 @@ def every_path(root: Path) -> list[Path]:
 
 TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
 NAME = TEXT  # keys, sections, fact names: line breaks in them too
-ODD_NUMBERS = st.sampled_from([0, -1, 1, 2, 3, 7, 2**16, 2**31, 2**32, 2**63 - 1, -2**63, 2**64, 10**30, 10**100,
-                               0.0, -0.0, 0.5, 1e-9, 5e-324, 1e308, -1e308, math.nan, math.inf, -math.inf])
-ODD_STRINGS = st.sampled_from(["", " ", "auto", "none", "null", "true", "false", "0", "-1", "1e400", "NaN", "inf",
-                               "bf16", "fp16", "cpu", "gpu", "two", "stage3", "\n", "\u2028", "ü", "\x00", "a" * 300])
+ODD_NUMBERS = st.sampled_from(
+    [
+        0,
+        -1,
+        1,
+        2,
+        3,
+        7,
+        2**16,
+        2**31,
+        2**32,
+        2**63 - 1,
+        -(2**63),
+        2**64,
+        10**30,
+        10**100,
+        0.0,
+        -0.0,
+        0.5,
+        1e-9,
+        5e-324,
+        1e308,
+        -1e308,
+        math.nan,
+        math.inf,
+        -math.inf,
+    ]
+)
+ODD_STRINGS = st.sampled_from(
+    [
+        "",
+        " ",
+        "auto",
+        "none",
+        "null",
+        "true",
+        "false",
+        "0",
+        "-1",
+        "1e400",
+        "NaN",
+        "inf",
+        "bf16",
+        "fp16",
+        "cpu",
+        "gpu",
+        "two",
+        "stage3",
+        "\n",
+        "\u2028",
+        "ü",
+        "\x00",
+        "a" * 300,
+    ]
+)
 JSONISH = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | TEXT | ODD_NUMBERS,
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(NAME, children, max_size=3), max_leaves=8)
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(NAME, children, max_size=3),
+    max_leaves=8,
+)
 
 
 def one_in(n: int):
@@ -105,30 +161,42 @@ def constants(values: list):
     return st.sampled_from(values).map(copy.deepcopy)
 
 
-ODD_JSON = st.one_of(ODD_NUMBERS, ODD_STRINGS, st.integers(), st.floats(), TEXT, st.booleans(), st.none(), JSONISH,
-                     constants([[], [None], [1, "a"], {}, {"": None}, {"enabled": True}]))
+ODD_JSON = st.one_of(
+    ODD_NUMBERS,
+    ODD_STRINGS,
+    st.integers(),
+    st.floats(),
+    TEXT,
+    st.booleans(),
+    st.none(),
+    JSONISH,
+    constants([[], [None], [1, "a"], {}, {"": None}, {"enabled": True}]),
+)
 
 
 def misspelt(word: str):
     """A near miss of `word`: a letter dropped, doubled, swapped or changed, another case, a suffix."""
     if not word:
         return NAME
-    return st.tuples(st.integers(0, len(word) - 1), st.sampled_from(["drop", "double", "swap", "change", "case", "s"]),
-                     st.sampled_from("aeiou_-. 0Z")).map(lambda t: _misspell(word, *t))
+    return st.tuples(
+        st.integers(0, len(word) - 1),
+        st.sampled_from(["drop", "double", "swap", "change", "case", "s"]),
+        st.sampled_from("aeiou_-. 0Z"),
+    ).map(lambda t: _misspell(word, *t))
 
 
 def _misspell(word: str, i: int, how: str, letter: str) -> str:
     if how == "drop":
-        return word[:i] + word[i + 1:]
+        return word[:i] + word[i + 1 :]
     if how == "double":
         return word[:i] + word[i] + word[i:]
     if how == "swap" and i + 1 < len(word):
-        return word[:i] + word[i + 1] + word[i] + word[i + 2:]
+        return word[:i] + word[i + 1] + word[i] + word[i + 2 :]
     if how == "case":
         return word.upper()
     if how == "s":
         return word + "s"
-    return word[:i] + letter + word[i + 1:]
+    return word[:i] + letter + word[i + 1 :]
 
 
 def _paths(node, prefix=()):
@@ -185,16 +253,17 @@ def mutated_json(draw, base, values=ODD_JSON, names=None, max_ops: int = 3):
 
 def broken_text(base: str):
     """Text derived from a real file: cut short, a line dropped or repeated, a slice spliced elsewhere, junk put in."""
+
     def cut(at):
         return base[:at]
 
     def drop(i):
         lines = base.splitlines(keepends=True)
-        return "".join(lines[:i] + lines[i + 1:])
+        return "".join(lines[:i] + lines[i + 1 :])
 
     def repeat(i):
         lines = base.splitlines(keepends=True)
-        return "".join(lines[:i + 1] + lines[i:])
+        return "".join(lines[: i + 1] + lines[i:])
 
     def splice(a, b, at):
         a, b = sorted((a, b))
@@ -220,14 +289,30 @@ JUNK = st.text(max_size=20) | ODD_STRINGS
 
 def random_bytes():
     """Text or bytes with no structure: binary, any text, a BOM, an empty file."""
-    return st.one_of(st.binary(max_size=300), st.text(max_size=300).map(str.encode),
-                     st.sampled_from([b"", b"\xef\xbb\xbf", b"\xff\xfe\x00", b"\x00" * 16, b"{}", b"[]", b"null",
-                                      b"{\"a\": 1, \"a\": 2}", b"{\"a\": 1} // comment", b"{\"a\": 1,}", b"\"text\""]))
+    return st.one_of(
+        st.binary(max_size=300),
+        st.text(max_size=300).map(str.encode),
+        st.sampled_from(
+            [
+                b"",
+                b"\xef\xbb\xbf",
+                b"\xff\xfe\x00",
+                b"\x00" * 16,
+                b"{}",
+                b"[]",
+                b"null",
+                b'{"a": 1, "a": 2}',
+                b'{"a": 1} // comment',
+                b'{"a": 1,}',
+                b'"text"',
+            ]
+        ),
+    )
 
 
 def unconvertible():
     """What int() or the parsers' recursion cannot take."""
-    return st.sampled_from(["[" * 3000 + "]" * 3000, "{\"a\": " * 3000 + "1" + "}" * 3000, HUGE_LITERAL])
+    return st.sampled_from(["[" * 3000 + "]" * 3000, '{"a": ' * 3000 + "1" + "}" * 3000, HUGE_LITERAL])
 
 
 def lone_surrogates():
@@ -236,6 +321,7 @@ def lone_surrogates():
 
 
 # ---------------------------------------------------------------- the inputs every example starts from
+
 
 @pytest.fixture(scope="module")
 def tiny_model(tiny_data) -> Path:
@@ -248,7 +334,7 @@ def new_example(tmp_path_factory, tiny_model: Path, kind: str, rows: int = 8) ->
     shutil.copytree(tiny_model, root / "model")
     lines = (tiny_model.parent / "data" / "train.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
     (root / "d.jsonl").write_text("".join(lines[:rows]), encoding="utf-8")
-    (root / "e.jsonl").write_text("".join(lines[rows:rows + 4]), encoding="utf-8")
+    (root / "e.jsonl").write_text("".join(lines[rows : rows + 4]), encoding="utf-8")
     return root
 
 
@@ -256,9 +342,20 @@ def new_example(tmp_path_factory, tiny_model: Path, kind: str, rows: int = 8) ->
 BASE_RUN = {
     "model": {"path": "model", "weights": "random", "precision": "auto", "attn_implementation": "auto"},
     "data": {"train": "d.jsonl", "eval": "e.jsonl", "max_length": 256, "format": "auto"},
-    "training": {"global_batch_size": 16, "per_device_batch_size": 8, "learning_rate": 3e-3,
-                 "lr_scheduler": "cosine_with_min_lr", "min_lr_rate": 0.1, "warmup_ratio": 0.05, "max_steps": 60,
-                 "gradient_checkpointing": False, "packing": False, "logging_steps": 10, "save_steps": 30, "seed": 0},
+    "training": {
+        "global_batch_size": 16,
+        "per_device_batch_size": 8,
+        "learning_rate": 3e-3,
+        "lr_scheduler": "cosine_with_min_lr",
+        "min_lr_rate": 0.1,
+        "warmup_ratio": 0.05,
+        "max_steps": 60,
+        "gradient_checkpointing": False,
+        "packing": False,
+        "logging_steps": 10,
+        "save_steps": 30,
+        "seed": 0,
+    },
     "launch": {"nproc_per_node": "auto", "master_port": 29500},
     "watch": {"on_nan": "stop", "hang_timeout_s": 300},
     "report": {"to": "none"},
@@ -298,18 +395,40 @@ def toml_value(value) -> str:
 def toml_document(doc: dict) -> str:
     """TOML of a dict of sections: the keys that are not tables first (TOML puts root keys before tables)."""
     root = [f"{toml_string(k)} = {toml_value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
-    tables = [f"[{toml_string(k)}]\n" + "".join(f"{toml_string(kk)} = {toml_value(vv)}\n" for kk, vv in v.items())
-              for k, v in doc.items() if isinstance(v, dict)]
+    tables = [
+        f"[{toml_string(k)}]\n" + "".join(f"{toml_string(kk)} = {toml_value(vv)}\n" for kk, vv in v.items())
+        for k, v in doc.items()
+        if isinstance(v, dict)
+    ]
     return "\n".join(root) + "\n" + "\n".join(tables)
 
 
-TOML_SCALARS = st.one_of(ODD_NUMBERS, ODD_STRINGS, st.integers(), st.floats(), TEXT, st.booleans(),
-                         st.dates(), st.times(), st.datetimes())
-TOML_VALUES = st.recursive(TOML_SCALARS, lambda c: st.lists(c, max_size=3) | st.dictionaries(NAME, c, max_size=2),
-                           max_leaves=5)
-PATHISH = st.sampled_from(["d.jsonl", "e.jsonl", "model", "run.toml", "missing.jsonl", "model/",
-                           "../outside.jsonl", "/nonexistent/x.jsonl", "~/x", "org/name", "a/b/c", ".", "./",
-                           "", "d.jsonl\n", "mo\u2028del"])
+TOML_SCALARS = st.one_of(
+    ODD_NUMBERS, ODD_STRINGS, st.integers(), st.floats(), TEXT, st.booleans(), st.dates(), st.times(), st.datetimes()
+)
+TOML_VALUES = st.recursive(
+    TOML_SCALARS, lambda c: st.lists(c, max_size=3) | st.dictionaries(NAME, c, max_size=2), max_leaves=5
+)
+PATHISH = st.sampled_from(
+    [
+        "d.jsonl",
+        "e.jsonl",
+        "model",
+        "run.toml",
+        "missing.jsonl",
+        "model/",
+        "../outside.jsonl",
+        "/nonexistent/x.jsonl",
+        "~/x",
+        "org/name",
+        "a/b/c",
+        ".",
+        "./",
+        "",
+        "d.jsonl\n",
+        "mo\u2028del",
+    ]
+)
 SECTION_NAMES = st.sampled_from(list(SECTIONS)) | st.sampled_from(["modle", "Model", "train", "deepspeeds", ""]) | NAME
 
 
@@ -329,8 +448,11 @@ def run_documents(draw):
         how = draw(st.sampled_from(["set", "set", "set", "set", "path", "delete", "misspell", "section", "drop"]))
         table = doc.get(section)
         if how == "section":
-            doc[section] = draw(TOML_SCALARS | st.lists(TOML_SCALARS, max_size=2)
-                                | st.lists(st.dictionaries(NAME, TOML_SCALARS, max_size=2), min_size=1, max_size=2))
+            doc[section] = draw(
+                TOML_SCALARS
+                | st.lists(TOML_SCALARS, max_size=2)
+                | st.lists(st.dictionaries(NAME, TOML_SCALARS, max_size=2), min_size=1, max_size=2)
+            )
         elif how == "drop":
             doc.pop(section, None)
         elif how in ("delete", "misspell") and isinstance(table, dict) and table:
@@ -383,8 +505,12 @@ def test_run_toml(tmp_path_factory, tiny_model, data):
         assert _plain(tomllib.loads(text)) == _plain(doc), text  # the mutations reach validation, not the parser
         config.write_text(text, encoding="utf-8")
     else:
-        raw = data.draw(broken_text(RUN_TEXT).map(_packing_off).map(str.encode) | random_bytes()
-                        | unconvertible().map(lambda v: (RUN_TEXT + f"\n[more]\nx = {v}\n").encode()), label="text")
+        raw = data.draw(
+            broken_text(RUN_TEXT).map(_packing_off).map(str.encode)
+            | random_bytes()
+            | unconvertible().map(lambda v: (RUN_TEXT + f"\n[more]\nx = {v}\n").encode()),
+            label="text",
+        )
         config.write_bytes(raw)
     names = every_path(root)
     judged(sftdoctor(["check", "--json", "--config", config], root, names))
@@ -395,12 +521,40 @@ def test_run_toml(tmp_path_factory, tiny_model, data):
 # ---------------------------------------------------------------- DeepSpeed JSON
 
 DEEPSPEED = [json.loads((FIXTURES / "deepspeed" / e["file"]).read_text()) for e in index("deepspeed")]
-DS_NAMES = st.sampled_from(["zero_optimization", "zero_optimisation", "fp16", "bf16", "bfloat16", "optimizer",
-                            "scheduler", "gradient_clipping", "train_batch_size", "train_micro_batch_size_per_gpu",
-                            "gradient_accumulation_steps", "stage", "offload_optimizer", "offload_param", "device",
-                            "enabled", "loss_scale", "overlap_comm", "steps_per_print", "wall_clock_breakdown"])
-DS_VALUES = ODD_JSON | constants([{"device": "gpu"}, {"stage": 99}, {"stage": "two"}, {"enabled": "yes"},
-                                        {"device": "cpu", "pin_memory": "yes"}, "auto"])
+DS_NAMES = st.sampled_from(
+    [
+        "zero_optimization",
+        "zero_optimisation",
+        "fp16",
+        "bf16",
+        "bfloat16",
+        "optimizer",
+        "scheduler",
+        "gradient_clipping",
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "stage",
+        "offload_optimizer",
+        "offload_param",
+        "device",
+        "enabled",
+        "loss_scale",
+        "overlap_comm",
+        "steps_per_print",
+        "wall_clock_breakdown",
+    ]
+)
+DS_VALUES = ODD_JSON | constants(
+    [
+        {"device": "gpu"},
+        {"stage": 99},
+        {"stage": "two"},
+        {"enabled": "yes"},
+        {"device": "cpu", "pin_memory": "yes"},
+        "auto",
+    ]
+)
 
 
 def test_the_fuzz_bases_are_accepted(tmp_path_factory, tiny_model):
@@ -410,9 +564,11 @@ def test_the_fuzz_bases_are_accepted(tmp_path_factory, tiny_model):
     (root / "ds.json").write_text(json.dumps(DEEPSPEED[0]), encoding="utf-8")
     (root / "topo.txt").write_text(TOPOLOGIES[0][1], encoding="utf-8")
     names = every_path(root)
-    for args in (["check", "--json", "--config", root / "run.toml"],
-                 ["check", "--json", "--model-config", root / "model"],
-                 ["check", "--json", "--topology", root / "topo.txt"]):
+    for args in (
+        ["check", "--json", "--config", root / "run.toml"],
+        ["check", "--json", "--model-config", root / "model"],
+        ["check", "--json", "--topology", root / "topo.txt"],
+    ):
         assert judged(sftdoctor(args, root, names)) is not None, args  # judged (0 or 1), not refused
     assert sftdoctor(["train", "--dry-run", root / "run.toml", "--no-rehearse"], root, names).exit_code != 2
     assert sftdoctor(["plan", root / "run.toml", "--gpu-memory", "80GiB"], root, names).exit_code == 0
@@ -427,8 +583,12 @@ def test_deepspeed_json_text(tmp_path_factory, data):
     root = tmp_path_factory.mktemp("dstext")
     path = root / "ds.json"
     base = json.dumps(data.draw(st.sampled_from(DEEPSPEED), label="base"), indent=2)
-    raw = data.draw(broken_text(base).map(str.encode) | random_bytes()
-                    | unconvertible().map(lambda v: f'{{"train_batch_size": {v}}}'.encode()), label="text")
+    raw = data.draw(
+        broken_text(base).map(str.encode)
+        | random_bytes()
+        | unconvertible().map(lambda v: f'{{"train_batch_size": {v}}}'.encode()),
+        label="text",
+    )
     path.write_bytes(raw)
     judged(sftdoctor(["check", "--json", "--deepspeed", path], root, [path]))
 
@@ -447,16 +607,84 @@ def test_deepspeed_json(tmp_path_factory, data):
 
 # ---------------------------------------------------------------- model config.json
 
-SHAPE_KEYS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
-              "intermediate_size", "head_dim", "model_type", "torch_dtype", "dtype", "tie_word_embeddings",
-              "max_position_embeddings", "text_config", "n_embd", "n_layer", "n_head", "num_experts"]
-MODEL_TYPES = st.sampled_from(sorted(GATED_MLP)) | st.sampled_from(["", "Qwen2", "llama ", "not-a-model", "gpt2"]) | \
-    constants([None, 0, 5, True, [], {}, ["llama"]])
-SHAPE_VALUES = st.one_of(constants([0, -1, 1, 3, 7, 64, 10**7, 10**18, 2**63, 10**100, 0.5, 64.0, -64.0,
-                                    math.nan, math.inf, True, False, None, "64", "", "auto", [64], {"a": 1}]),
-                         st.integers(-5, 10**9), st.floats(), TEXT)
-DTYPES = constants(["bfloat16", "float16", "float32", "torch.bfloat16", "bf16", "half", "auto", "int8", "",
-                    "float64", None, 16, True, ["bfloat16"], {"dtype": "bfloat16"}]) | TEXT
+SHAPE_KEYS = [
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "intermediate_size",
+    "head_dim",
+    "model_type",
+    "torch_dtype",
+    "dtype",
+    "tie_word_embeddings",
+    "max_position_embeddings",
+    "text_config",
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "num_experts",
+]
+MODEL_TYPES = (
+    st.sampled_from(sorted(GATED_MLP))
+    | st.sampled_from(["", "Qwen2", "llama ", "not-a-model", "gpt2"])
+    | constants([None, 0, 5, True, [], {}, ["llama"]])
+)
+SHAPE_VALUES = st.one_of(
+    constants(
+        [
+            0,
+            -1,
+            1,
+            3,
+            7,
+            64,
+            10**7,
+            10**18,
+            2**63,
+            10**100,
+            0.5,
+            64.0,
+            -64.0,
+            math.nan,
+            math.inf,
+            True,
+            False,
+            None,
+            "64",
+            "",
+            "auto",
+            [64],
+            {"a": 1},
+        ]
+    ),
+    st.integers(-5, 10**9),
+    st.floats(),
+    TEXT,
+)
+DTYPES = (
+    constants(
+        [
+            "bfloat16",
+            "float16",
+            "float32",
+            "torch.bfloat16",
+            "bf16",
+            "half",
+            "auto",
+            "int8",
+            "",
+            "float64",
+            None,
+            16,
+            True,
+            ["bfloat16"],
+            {"dtype": "bfloat16"},
+        ]
+    )
+    | TEXT
+)
 
 
 @st.composite
@@ -498,8 +726,12 @@ def test_model_config(tmp_path_factory, tiny_model, data):
     path = root / "model" / "config.json"
     base = path.read_text(encoding="utf-8")
     if data.draw(one_in(5), label="text"):
-        raw = data.draw(broken_text(base).map(str.encode) | random_bytes()
-                        | unconvertible().map(lambda v: f'{{"hidden_size": {v}}}'.encode()), label="raw")
+        raw = data.draw(
+            broken_text(base).map(str.encode)
+            | random_bytes()
+            | unconvertible().map(lambda v: f'{{"hidden_size": {v}}}'.encode()),
+            label="raw",
+        )
         path.write_bytes(raw)
     else:
         path.write_text(json.dumps(data.draw(model_configs(base), label="config"), allow_nan=True), encoding="utf-8")
@@ -530,6 +762,7 @@ def test_model_config_plan(tmp_path_factory, tiny_model, data):
 
 # ---------------------------------------------------------------- facts snapshot
 
+
 @pytest.fixture(scope="module")
 def snapshots() -> list[dict]:
     """This machine's `sftdoctor facts`, and the same with 8 recorded H100s and their recorded topology."""
@@ -542,9 +775,30 @@ def snapshots() -> list[dict]:
     return [machine, gpu_box]
 
 
-FACT_NAMES = st.sampled_from(["gpus", "topology", "packages", "torch_build", "env", "rendezvous", "toolkit", "nics",
-                              "flash_attn", "deepspeed_defaults", "transformers_features", "cluster", "run", "plan",
-                              "schema", "facts", "devices", "memory_total_mib", "compute_capability", "name"])
+FACT_NAMES = st.sampled_from(
+    [
+        "gpus",
+        "topology",
+        "packages",
+        "torch_build",
+        "env",
+        "rendezvous",
+        "toolkit",
+        "nics",
+        "flash_attn",
+        "deepspeed_defaults",
+        "transformers_features",
+        "cluster",
+        "run",
+        "plan",
+        "schema",
+        "facts",
+        "devices",
+        "memory_total_mib",
+        "compute_capability",
+        "name",
+    ]
+)
 
 
 @given(data=st.data())
@@ -556,8 +810,12 @@ def test_facts_snapshot(tmp_path_factory, tiny_model, snapshots, data):
     path = root / "snap.json"
     base = data.draw(st.sampled_from(snapshots), label="base")
     if data.draw(one_in(5), label="text"):
-        raw = data.draw(broken_text(json.dumps(base, indent=1)).map(str.encode) | random_bytes()
-                        | unconvertible().map(lambda v: f'{{"schema": {v}, "facts": {{}}}}'.encode()), label="raw")
+        raw = data.draw(
+            broken_text(json.dumps(base, indent=1)).map(str.encode)
+            | random_bytes()
+            | unconvertible().map(lambda v: f'{{"schema": {v}, "facts": {{}}}}'.encode()),
+            label="raw",
+        )
         path.write_bytes(raw)
     else:
         doc = data.draw(mutated_json(base, names=FACT_NAMES), label="snapshot")
@@ -573,21 +831,41 @@ def test_facts_snapshot(tmp_path_factory, tiny_model, snapshots, data):
 
 ROLES = st.sampled_from(["system", "user", "assistant", "tool", "human", "gpt", "function_call", "robot", "", None, 1])
 CONTENT = st.one_of(st.text(max_size=20), st.sampled_from(["", " ", "\n"]), ODD_JSON)
-TURN = st.fixed_dictionaries({}, optional={"role": ROLES, "content": CONTENT, "from": ROLES, "value": CONTENT}) | ODD_JSON
+TURN = (
+    st.fixed_dictionaries({}, optional={"role": ROLES, "content": CONTENT, "from": ROLES, "value": CONTENT}) | ODD_JSON
+)
 TURNS = st.lists(TURN, max_size=4) | ODD_JSON | st.text(max_size=10)
 WORDS = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=20).filter(lambda t: t.strip())
-CHAT = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "tool"]),
-                                       "content": st.text(max_size=20)}), min_size=1, max_size=3)
+CHAT = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant", "tool"]), "content": st.text(max_size=20)}
+    ),
+    min_size=1,
+    max_size=3,
+)
 GOOD = {  # valid rows of each format, as data/train.jsonl files hold them
     "messages": st.fixed_dictionaries({"messages": CHAT}),
-    "sharegpt": st.fixed_dictionaries({"conversations": st.lists(st.fixed_dictionaries(
-        {"from": st.sampled_from(["system", "human", "gpt", "user", "assistant", "observation"]),
-         "value": st.text(max_size=20)}), min_size=1, max_size=3)}),
-    "alpaca": st.fixed_dictionaries({"instruction": st.text(max_size=20), "output": st.text(max_size=20)},
-                                    optional={"input": st.text(max_size=10) | st.none(),
-                                              "system": st.text(max_size=10) | st.none()}),
-    "prompt_completion": st.fixed_dictionaries({"prompt": st.text(max_size=20) | CHAT,
-                                                "completion": st.text(max_size=20) | CHAT}),
+    "sharegpt": st.fixed_dictionaries(
+        {
+            "conversations": st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "from": st.sampled_from(["system", "human", "gpt", "user", "assistant", "observation"]),
+                        "value": st.text(max_size=20),
+                    }
+                ),
+                min_size=1,
+                max_size=3,
+            )
+        }
+    ),
+    "alpaca": st.fixed_dictionaries(
+        {"instruction": st.text(max_size=20), "output": st.text(max_size=20)},
+        optional={"input": st.text(max_size=10) | st.none(), "system": st.text(max_size=10) | st.none()},
+    ),
+    "prompt_completion": st.fixed_dictionaries(
+        {"prompt": st.text(max_size=20) | CHAT, "completion": st.text(max_size=20) | CHAT}
+    ),
     "text": st.fixed_dictionaries({"text": WORDS}),
 }
 ROW_KEYS = ["messages", "conversations", "instruction", "input", "output", "system", "prompt", "completion", "text"]
@@ -599,12 +877,29 @@ ROW = st.one_of(  # a row of any shape: valid, of the wrong types, of no format,
     st.fixed_dictionaries({"instruction": CONTENT, "output": CONTENT}, optional={"input": CONTENT, "system": CONTENT}),
     st.fixed_dictionaries({"prompt": CONTENT | TURNS, "completion": CONTENT | TURNS}),
     st.fixed_dictionaries({"text": CONTENT}),
-    st.tuples(st.sampled_from(sorted(GOOD)).flatmap(GOOD.get),
-              st.dictionaries(st.sampled_from(ROW_KEYS), CONTENT | TURNS, min_size=1, max_size=2))
-    .map(lambda t: {**t[0], **t[1]}),
+    st.tuples(
+        st.sampled_from(sorted(GOOD)).flatmap(GOOD.get),
+        st.dictionaries(st.sampled_from(ROW_KEYS), CONTENT | TURNS, min_size=1, max_size=2),
+    ).map(lambda t: {**t[0], **t[1]}),
 )
-JUNK_LINES = st.sampled_from(["", "   ", "{", "}", "not json", "[1, 2", '{"text": "a"} {"text": "b"}', "\ufeff{}",
-                              '{"text": "a",}', "NaN", '{"text": NaN}', "null", "[]", '"text"']) | st.text(max_size=20)
+JUNK_LINES = st.sampled_from(
+    [
+        "",
+        "   ",
+        "{",
+        "}",
+        "not json",
+        "[1, 2",
+        '{"text": "a"} {"text": "b"}',
+        "\ufeff{}",
+        '{"text": "a",}',
+        "NaN",
+        '{"text": NaN}',
+        "null",
+        "[]",
+        '"text"',
+    ]
+) | st.text(max_size=20)
 
 
 def _row_line(draw, row) -> str:
@@ -624,8 +919,13 @@ def data_files(draw):
         at = draw(st.integers(0, len(lines)))
         odd = draw(st.sampled_from(["row", "row", "two formats", "line", "deep"]))
         if odd in ("row", "two formats"):
-            row = draw(ROW if odd == "row" else st.tuples(GOOD[fmt], st.dictionaries(
-                st.sampled_from(ROW_KEYS), CONTENT | TURNS, min_size=1, max_size=2)).map(lambda t: {**t[0], **t[1]}))
+            row = draw(
+                ROW
+                if odd == "row"
+                else st.tuples(
+                    GOOD[fmt], st.dictionaries(st.sampled_from(ROW_KEYS), CONTENT | TURNS, min_size=1, max_size=2)
+                ).map(lambda t: {**t[0], **t[1]})
+            )
             rows.insert(at, row)
             lines.insert(at, _row_line(draw, row))
         else:
@@ -652,15 +952,19 @@ def test_data_rows(tmp_path_factory, tiny_model, data):
     root = new_example(tmp_path_factory, tiny_model, "data")
     name, raw, written = data.draw(data_files(), label="data")
     (root / name).write_bytes(raw)
-    fmt = data.draw(st.sampled_from(["auto", "auto", written, "messages", "sharegpt", "alpaca", "prompt_completion",
-                                     "text"]), label="format")
+    fmt = data.draw(
+        st.sampled_from(["auto", "auto", written, "messages", "sharegpt", "alpaca", "prompt_completion", "text"]),
+        label="format",
+    )
     train = data.draw(st.sampled_from([name, [name], [name, name]]), label="train")
     run = {**BASE_RUN, "data": {"train": train, "max_length": 64, "format": fmt}}
     (root / "run.toml").write_text(toml_document(run), encoding="utf-8")
     names = every_path(root)
     # The checks that build a trainer in a child process (6 s each) judge one input in 25; the others, every one.
     every = data.draw(st.integers(0, 24), label="with the trainer probes") == 0
-    select = [] if every else ["--select", ",".join(c for c in load_checks(plugins=False).checks if c not in CHILD_PROBED)]
+    select = (
+        [] if every else ["--select", ",".join(c for c in load_checks(plugins=False).checks if c not in CHILD_PROBED)]
+    )
     judged(sftdoctor(["check", "--json", "--config", root / "run.toml", *select], root, names))
     sftdoctor(["plan", root / "run.toml", "--gpu-memory", "80GiB"], root, names)
 
@@ -668,9 +972,40 @@ def test_data_rows(tmp_path_factory, tiny_model, data):
 # ---------------------------------------------------------------- topology text
 
 TOPOLOGIES = [(e["file"], (FIXTURES / "topology" / e["file"]).read_text(encoding="utf-8")) for e in index("topology")]
-TOKENS = st.sampled_from(["X", "NV1", "NV12", "NV18", "NV999", "PIX", "PXB", "PHB", "NODE", "SYS", "SOC", "PSB", "NA",
-                          "N/A", "GPU0", "GPU1", "GPU7", "GPU99", "NIC0", "mlx5_0", "CPU", "Affinity", "NUMA", "0-47",
-                          "\x1b[4m", "\t", "", "GPU0\tGPU0", "Legend:", "NIC0: mlx5_0"]) | st.text(max_size=6)
+TOKENS = st.sampled_from(
+    [
+        "X",
+        "NV1",
+        "NV12",
+        "NV18",
+        "NV999",
+        "PIX",
+        "PXB",
+        "PHB",
+        "NODE",
+        "SYS",
+        "SOC",
+        "PSB",
+        "NA",
+        "N/A",
+        "GPU0",
+        "GPU1",
+        "GPU7",
+        "GPU99",
+        "NIC0",
+        "mlx5_0",
+        "CPU",
+        "Affinity",
+        "NUMA",
+        "0-47",
+        "\x1b[4m",
+        "\t",
+        "",
+        "GPU0\tGPU0",
+        "Legend:",
+        "NIC0: mlx5_0",
+    ]
+) | st.text(max_size=6)
 
 
 @st.composite

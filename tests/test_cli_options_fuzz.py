@@ -30,13 +30,66 @@ pytestmark = pytest.mark.slow  # 2,000 command lines in-process: about 20 s
 
 FUZZ = {"deadline": None, "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]}
 
-TEXT_VALUES = ["", " ", "0", "-1", "1", "2", "3.5", "nan", "inf", "-inf", "1e400", "9" * 30, "\u00b2", "\u0663",
-               "abc", "a,,b", ",", "auto", "step", "tokens", "absent:0", "absent:9", "nan-loss@1", "hang@0:1",
-               "nan-loss@2:\u00b2", "x\ny", "\u00e9t\u00e9", "{rank}", "{", "}{", "80GiB", "-5GiB", "0.5MiB",
-               "bubblewrap", "docker", "nccl-error", "bf16-support", "gpu-topology,nccl-env", "tiny_count_choice",
-               "torch-cuda-match,,", "1,2,0", "1,-1"]
-FILES = ["missing", "folder", "binary", "empty", "gzip", "list.json", "object.json", "text", "/dev/null", "fifo",
-         "dev-zero", "unreadable", "dangling", "loop"]
+TEXT_VALUES = [
+    "",
+    " ",
+    "0",
+    "-1",
+    "1",
+    "2",
+    "3.5",
+    "nan",
+    "inf",
+    "-inf",
+    "1e400",
+    "9" * 30,
+    "\u00b2",
+    "\u0663",
+    "abc",
+    "a,,b",
+    ",",
+    "auto",
+    "step",
+    "tokens",
+    "absent:0",
+    "absent:9",
+    "nan-loss@1",
+    "hang@0:1",
+    "nan-loss@2:\u00b2",
+    "x\ny",
+    "\u00e9t\u00e9",
+    "{rank}",
+    "{",
+    "}{",
+    "80GiB",
+    "-5GiB",
+    "0.5MiB",
+    "bubblewrap",
+    "docker",
+    "nccl-error",
+    "bf16-support",
+    "gpu-topology,nccl-env",
+    "tiny_count_choice",
+    "torch-cuda-match,,",
+    "1,2,0",
+    "1,-1",
+]
+FILES = [
+    "missing",
+    "folder",
+    "binary",
+    "empty",
+    "gzip",
+    "list.json",
+    "object.json",
+    "text",
+    "/dev/null",
+    "fifo",
+    "dev-zero",
+    "unreadable",
+    "dangling",
+    "loop",
+]
 SPECIAL = {"fifo", "dev-zero", "unreadable", "dangling", "loop"}  # tests/hostile.py: files that are not files
 LOG = (FIXTURES / "logs" / "gpu-negative-healthy-trl-dpo-logs.log").read_bytes()
 
@@ -84,13 +137,15 @@ def command_lines(draw, files: dict[str, Path]):
     return argv, names | {one_line(v) for v in argv[1:] if v.strip()}  # as errors escape them
 
 
-LAUNCHER = st.fixed_dictionaries({
-    "RANK": st.sampled_from(["0", "1", "5", "-1", "x", ""]),
-    "WORLD_SIZE": st.sampled_from(["1", "2", "0", "abc", ""]),
-    "LOCAL_RANK": st.sampled_from(["0", "3", "x"]),
-    "MASTER_ADDR": st.sampled_from(["", " "]),  # never set: no rank ever opens a store and waits
-    "MASTER_PORT": st.sampled_from(["29500", "0", "99999", "http"]),
-})
+LAUNCHER = st.fixed_dictionaries(
+    {
+        "RANK": st.sampled_from(["0", "1", "5", "-1", "x", ""]),
+        "WORLD_SIZE": st.sampled_from(["1", "2", "0", "abc", ""]),
+        "LOCAL_RANK": st.sampled_from(["0", "3", "x"]),
+        "MASTER_ADDR": st.sampled_from(["", " "]),  # never set: no rank ever opens a store and waits
+        "MASTER_PORT": st.sampled_from(["29500", "0", "99999", "http"]),
+    }
+)
 
 
 @given(data=st.data())

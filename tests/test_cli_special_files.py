@@ -59,8 +59,16 @@ def test_every_read_path_is_covered():
     """A new path option joins this test by itself; this guards that the list read from click is not empty
     of the ones known today."""
     paths = set(read_paths())
-    assert {("check", "--config"), ("check", "--topology"), ("explain", "--log"), ("diff", "run_a"),
-            ("report", "runs"), ("sweep", "sweep_file"), ("train", "config"), ("plan", "config")} <= paths
+    assert {
+        ("check", "--config"),
+        ("check", "--topology"),
+        ("explain", "--log"),
+        ("diff", "run_a"),
+        ("report", "runs"),
+        ("sweep", "sweep_file"),
+        ("train", "config"),
+        ("plan", "config"),
+    } <= paths
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -3,8 +3,8 @@
 from pathlib import Path
 
 import pytest
-
 from conftest import make_run
+
 from sftdoctor.errors import InputError, InputErrors, did_you_mean
 
 
@@ -25,7 +25,10 @@ def test_input_error_accepts_a_path_as_its_source():
 
 
 def test_input_errors_print_one_line_per_problem():
-    errors = [InputError("run.toml", "unknown key", key="[data].trian"), InputError("run.toml", "required", key="[model].path")]
+    errors = [
+        InputError("run.toml", "unknown key", key="[data].trian"),
+        InputError("run.toml", "required", key="[model].path"),
+    ]
     combined = InputErrors(errors)
     assert str(combined).splitlines() == ["run.toml: [data].trian: unknown key", "run.toml: [model].path: required"]
     assert combined.errors == errors
@@ -33,7 +36,9 @@ def test_input_errors_print_one_line_per_problem():
 
 def test_did_you_mean_suggests_the_closest_choice():
     assert did_you_mean("learning_rat", ["epochs", "learning_rate", "seed"]) == " (did you mean 'learning_rate'?)"
-    assert did_you_mean("nproc_per_nod", (k for k in ("nnodes", "nproc_per_node"))) == " (did you mean 'nproc_per_node'?)"
+    assert (
+        did_you_mean("nproc_per_nod", (k for k in ("nnodes", "nproc_per_node"))) == " (did you mean 'nproc_per_node'?)"
+    )
 
 
 @pytest.mark.parametrize("word, choices", [("zzz", ["epochs", "learning_rate"]), ("epochs", [])])
@@ -46,5 +51,7 @@ def test_a_run_config_with_a_typo_reports_every_problem_with_a_suggestion(tmp_pa
         make_run(tmp_path, training={"learning_rat": 1e-5, "epochs": "x"})
     lines = str(caught.value).splitlines()
     assert len(lines) == 2
-    assert lines[0].startswith(f"{tmp_path / 'run.toml'}: [training].learning_rat: unknown key (did you mean 'learning_rate'?)")
+    assert lines[0].startswith(
+        f"{tmp_path / 'run.toml'}: [training].learning_rat: unknown key (did you mean 'learning_rate'?)"
+    )
     assert lines[1] == f"{tmp_path / 'run.toml'}: [training].epochs: expected a number > 0 and <= 10000, got 'x'"

@@ -11,8 +11,9 @@ HEAVY = ("torch", "transformers", "trl", "deepspeed", "accelerate", "datasets", 
 
 
 def imported_modules(*args):
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "sftdoctor", *args],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "sftdoctor", *args], capture_output=True, text=True
+    )
     modules = set()
     for line in proc.stderr.splitlines():
         if line.startswith("import time:") and "|" in line:
@@ -27,10 +28,20 @@ def test_the_heavy_stack_is_installed_so_this_guard_can_fail():
     assert importlib.util.find_spec("torch") and importlib.util.find_spec("transformers")
 
 
-@pytest.mark.parametrize("args", [["--help"], ["check"], ["check", "--json"], ["check", "--list"],
-                                  ["explain", "--list"], ["explain", "nan-loss"], ["facts"],
-                                  ["explain", "--log", "tests/fixtures/logs/gpu-oom-new-format-llamafactory-multirank-rank7.log"],
-                                  ["report", "tests/fixtures/curves/overfit_cpt_large_adgen.json", "--output", "{tmp}"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["check"],
+        ["check", "--json"],
+        ["check", "--list"],
+        ["explain", "--list"],
+        ["explain", "nan-loss"],
+        ["facts"],
+        ["explain", "--log", "tests/fixtures/logs/gpu-oom-new-format-llamafactory-multirank-rank7.log"],
+        ["report", "tests/fixtures/curves/overfit_cpt_large_adgen.json", "--output", "{tmp}"],
+    ],
+)
 def test_no_heavy_imports(args, tmp_path):
     proc, modules = imported_modules(*(a.replace("{tmp}", str(tmp_path)) for a in args))
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
@@ -42,7 +53,9 @@ def test_explain_log_reads_flight_recorder_dumps_in_a_child(tmp_path):
     """torch's analyzer runs in a child process: the CLI's own process still imports nothing heavy."""
     import shutil
 
-    shutil.copytree(Path(__file__).parent / "fixtures" / "flight_recorder" / "gloo-hang-drill", tmp_path / "flight-recorder")
+    shutil.copytree(
+        Path(__file__).parent / "fixtures" / "flight_recorder" / "gloo-hang-drill", tmp_path / "flight-recorder"
+    )
     (tmp_path / "train.log").write_text("step 2\n")
     proc, modules = imported_modules("explain", "--log", str(tmp_path / "train.log"))
     assert "flight recorder: rank 1 never entered" in proc.stdout  # the dumps were read (by the child)
@@ -59,7 +72,9 @@ def gpu_snapshot(tmp_path_factory):
     sys.path.insert(0, str(Path(__file__).parent))
     from conftest import recorded_gpus, recorded_topology
 
-    doc = json.loads(subprocess.run([sys.executable, "-m", "sftdoctor", "facts"], capture_output=True, text=True).stdout)
+    doc = json.loads(
+        subprocess.run([sys.executable, "-m", "sftdoctor", "facts"], capture_output=True, text=True).stdout
+    )
     doc["facts"]["gpus"] = recorded_gpus("h100_sxm_8x_driver550_modal_glossary.txt")
     doc["facts"]["topology"] = recorded_topology("h100_8x_nv18_no_nic_stas00_ml_engineering.txt")
     path = tmp_path_factory.mktemp("gpu") / "facts.json"
@@ -72,8 +87,10 @@ def test_check_with_a_run_config_on_gpu_facts_imports_nothing_heavy(gpu_snapshot
     config = tmp_path / "run.toml"
     (tmp_path / "d.jsonl").write_text('{"text": "a"}\n')
     llama = Path(__file__).parent / "fixtures" / "model_config" / "Meta-Llama-3-8B.json"
-    config.write_text(f'[model]\npath = "{llama}"\n[data]\ntrain = "d.jsonl"\nmax_length = 4096\n'
-                      '[training]\npacking = false\n[deepspeed]\nzero_stage = 2\n')
+    config.write_text(
+        f'[model]\npath = "{llama}"\n[data]\ntrain = "d.jsonl"\nmax_length = 4096\n'
+        "[training]\npacking = false\n[deepspeed]\nzero_stage = 2\n"
+    )
     proc, modules = imported_modules("check", "--facts", str(gpu_snapshot), "--config", str(config))
     assert "memory-fit" in proc.stdout and "8.03B parameters on 8 GPUs" in proc.stdout, proc.stdout + proc.stderr
     assert not modules & set(HEAVY), sorted(modules & set(HEAVY))

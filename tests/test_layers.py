@@ -54,17 +54,26 @@ def imports(path: Path, module: str | None = None) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # from .x import y, from .. import z
-                anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(anchor + ([node.module] if node.module else []))
             found.append((node.lineno, base))
             # `from sftdoctor import render` imports the module sftdoctor.render
-            found += [(node.lineno, f"{base}.{a.name}") for a in node.names
-                      if (PACKAGE.parent / f"{base}.{a.name}".replace(".", "/")).with_suffix(".py").exists()
-                      or (PACKAGE.parent / f"{base}.{a.name}".replace(".", "/")).is_dir()]
-        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-              and isinstance(node.args[0].value, str)
-              and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
-                   or (isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__")))):
+            found += [
+                (node.lineno, f"{base}.{a.name}")
+                for a in node.names
+                if (PACKAGE.parent / f"{base}.{a.name}".replace(".", "/")).with_suffix(".py").exists()
+                or (PACKAGE.parent / f"{base}.{a.name}".replace(".", "/")).is_dir()
+            ]
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and (
+                (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                or (isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__"))
+            )
+        ):
             found.append((node.lineno, node.args[0].value))
     return [(line, name) for line, name in found if name == "sftdoctor" or name.startswith("sftdoctor.")]
 
@@ -106,9 +115,16 @@ def test_every_form_of_upward_import_is_caught(tmp_path):
     path = tmp_path / "memory.py"
     path.write_text(UPWARD)
     found = {line.split(" imports ")[1] for line in upward(path, "sftdoctor.checks.memory")}
-    assert found >= {"sftdoctor.train.launch", "sftdoctor.sweep", "sftdoctor.sweep.command", "sftdoctor.train",
-                     "sftdoctor.train.launch", "sftdoctor.eval", "sftdoctor.cli", "sftdoctor.plan.command",
-                     "sftdoctor.report.page"}, found
+    assert found >= {
+        "sftdoctor.train.launch",
+        "sftdoctor.sweep",
+        "sftdoctor.sweep.command",
+        "sftdoctor.train",
+        "sftdoctor.eval",
+        "sftdoctor.cli",
+        "sftdoctor.plan.command",
+        "sftdoctor.report.page",
+    }, found
     path.write_text("from . import common\nfrom ..facts import configs\nimport sftdoctor.run.resolve\n")
     assert upward(path, "sftdoctor.checks.memory") == []  # same layer and below: fine
 

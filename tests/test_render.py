@@ -20,10 +20,20 @@ class Terminal(io.StringIO):
 
 
 FINDINGS = [
-    error("bf16 is requested but 4x Tesla V100 lack bf16", "bf16 needs compute capability 8.0",
-          'use fp16: [model].precision = "fp16"', id="bf16-support", explain="bf16-support"),
-    warning("gradient_clipping is 0", "DeepSpeed stops clipping", "set gradient_clipping = auto",
-            id="deepspeed-precision", explain="deepspeed-clipping"),
+    error(
+        "bf16 is requested but 4x Tesla V100 lack bf16",
+        "bf16 needs compute capability 8.0",
+        'use fp16: [model].precision = "fp16"',
+        id="bf16-support",
+        explain="bf16-support",
+    ),
+    warning(
+        "gradient_clipping is 0",
+        "DeepSpeed stops clipping",
+        "set gradient_clipping = auto",
+        id="deepspeed-precision",
+        explain="deepspeed-clipping",
+    ),
     info("2 NCCL variables set", "NCCL_DEBUG=INFO", "unset NCCL_DEBUG for speed", id="nccl-env", explain="nccl-env"),
     ok("llama saved in bfloat16, trained in bf16", "torch_dtype=bfloat16", id="model-dtype", explain="model-dtype"),
 ]
@@ -41,14 +51,23 @@ def test_summary_counts_each_severity_and_the_skipped():
     assert summary([], []) == {"ok": 0, "info": 0, "warning": 0, "error": 0, "skipped": 0}
 
 
-@pytest.mark.parametrize("findings, skipped, line", [
-    (FINDINGS, SKIPPED, "5 checks: 1 error, 1 warning, 1 info, 1 ok, 1 skipped"),
-    ([error("a", id="a"), error("b", id="b"), warning("c", id="c"), warning("d", id="d")], [],
-     "4 checks: 2 errors, 2 warnings, 0 info, 0 ok, 0 skipped"),
-    ([info("a", id="a"), info("b", id="b"), ok("c", id="c"), ok("d", id="d")], SKIPPED * 2,
-     "6 checks: 0 errors, 0 warnings, 2 info, 2 ok, 2 skipped"),
-    ([], [], "0 checks: 0 errors, 0 warnings, 0 info, 0 ok, 0 skipped"),
-])
+@pytest.mark.parametrize(
+    "findings, skipped, line",
+    [
+        (FINDINGS, SKIPPED, "5 checks: 1 error, 1 warning, 1 info, 1 ok, 1 skipped"),
+        (
+            [error("a", id="a"), error("b", id="b"), warning("c", id="c"), warning("d", id="d")],
+            [],
+            "4 checks: 2 errors, 2 warnings, 0 info, 0 ok, 0 skipped",
+        ),
+        (
+            [info("a", id="a"), info("b", id="b"), ok("c", id="c"), ok("d", id="d")],
+            SKIPPED * 2,
+            "6 checks: 0 errors, 0 warnings, 2 info, 2 ok, 2 skipped",
+        ),
+        ([], [], "0 checks: 0 errors, 0 warnings, 0 info, 0 ok, 0 skipped"),
+    ],
+)
 def test_summary_line_says_error_and_warning_in_the_singular_only_for_one(findings, skipped, line):
     assert summary_line(findings, skipped) == line
 
@@ -66,8 +85,13 @@ def test_exit_code_is_1_only_with_an_error(findings, code):
 def test_each_row_starts_with_its_mark_and_check_id():
     rows = [line for line in table().splitlines() if not line.startswith(" ")]
     assert [row[:3] for row in rows[:5]] == ["✗  ", "!  ", "i  ", "✓  ", "-  "]
-    assert [row.split()[1] for row in rows[:5]] == ["bf16-support", "deepspeed-precision", "nccl-env", "model-dtype",
-                                                     "gpu-topology"]
+    assert [row.split()[1] for row in rows[:5]] == [
+        "bf16-support",
+        "deepspeed-precision",
+        "nccl-env",
+        "model-dtype",
+        "gpu-topology",
+    ]
     assert rows[4] == "-  gpu-topology         skipped: no `nvidia-smi topo -m` matrix (give one with --topology)"
     assert rows[5] == "5 checks: 1 error, 1 warning, 1 info, 1 ok, 1 skipped"
 
@@ -82,9 +106,14 @@ def test_titles_and_their_detail_lines_align_after_the_longest_id():
 
 def test_warnings_and_errors_show_detail_fix_and_explain_topic():
     text = table()
-    for line in ("bf16 needs compute capability 8.0", 'fix: use fp16: [model].precision = "fp16"',
-                 "→ sftdoctor explain bf16-support", "DeepSpeed stops clipping", "fix: set gradient_clipping = auto",
-                 "→ sftdoctor explain deepspeed-clipping"):
+    for line in (
+        "bf16 needs compute capability 8.0",
+        'fix: use fp16: [model].precision = "fp16"',
+        "→ sftdoctor explain bf16-support",
+        "DeepSpeed stops clipping",
+        "fix: set gradient_clipping = auto",
+        "→ sftdoctor explain deepspeed-clipping",
+    ):
         assert line in text, line
 
 
@@ -158,10 +187,14 @@ def test_render_json_without_errors_says_exit_code_0(capsys):
 
 def test_render_json_is_strict_json_even_with_a_nan_in_the_evidence(capsys):
     """`check --json` is read back as a facts snapshot, whose reader refuses NaN literals (errors.loads_finite)."""
-    render_json([warning("loss", "d", "f", id="x", evidence={"loss": float("nan"), "scale": float("inf")})], [],
-                {"lr": float("-inf")})
+    render_json(
+        [warning("loss", "d", "f", id="x", evidence={"loss": float("nan"), "scale": float("inf")})],
+        [],
+        {"lr": float("-inf")},
+    )
 
     def refuse(literal):
         raise AssertionError(f"bare {literal} in the output")
+
     doc = json.loads(capsys.readouterr().out, parse_constant=refuse)
     assert doc["findings"][0]["evidence"] == {"loss": "NaN", "scale": "inf"} and doc["facts"] == {"lr": "-inf"}

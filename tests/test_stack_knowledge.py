@@ -30,7 +30,9 @@ def test_deprecated_nccl_names_are_the_fallbacks_the_installed_torch_reads():
     if header is None:
         pytest.skip("this torch build ships no c10d headers")
     text = header.read_text()
-    aliases = dict(re.findall(r'static std::vector<std::string> (TORCH_NCCL_\w+) = \{\s*"TORCH_NCCL_\w+",\s*"(NCCL_\w+)"\}', text))
+    aliases = dict(
+        re.findall(r'static std::vector<std::string> (TORCH_NCCL_\w+) = \{\s*"TORCH_NCCL_\w+",\s*"(NCCL_\w+)"\}', text)
+    )
     assert {old: new for new, old in aliases.items()} == DEPRECATED
 
 
@@ -50,7 +52,10 @@ def test_deepspeed_still_reads_the_legacy_bfloat16_key():
 def test_the_gradient_clipping_default_is_read_from_the_installed_deepspeed():
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    assert Facts().get("deepspeed_defaults")["gradient_clipping"] == DeepSpeedConfig({"train_batch_size": 1}).gradient_clipping
+    assert (
+        Facts().get("deepspeed_defaults")["gradient_clipping"]
+        == DeepSpeedConfig({"train_batch_size": 1}).gradient_clipping
+    )
 
 
 def test_transformers_leaves_an_absent_gradient_clipping_to_deepspeed():
@@ -61,7 +66,9 @@ def test_transformers_leaves_an_absent_gradient_clipping_to_deepspeed():
     absent = HfTrainerDeepSpeedConfig({"train_batch_size": "auto"})
     absent.trainer_config_process(args)
     assert "gradient_clipping" not in absent.config
-    auto = HfTrainerDeepSpeedConfig({"gradient_clipping": "auto", "bfloat16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}})
+    auto = HfTrainerDeepSpeedConfig(
+        {"gradient_clipping": "auto", "bfloat16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}}
+    )
     auto.trainer_config_process(args)
     assert auto.config["gradient_clipping"] == 0.5
     assert auto.config["bfloat16"]["enabled"] == "auto"  # the legacy key is not filled
@@ -94,7 +101,9 @@ def test_transformers_refuses_gradient_clipping_zero_against_the_default_max_gra
     config = HfTrainerDeepSpeedConfig({"gradient_clipping": 0, "train_micro_batch_size_per_gpu": "auto"})
     config.trainer_config_process(TrainingArguments(output_dir="/tmp/x", report_to=[]))
     with pytest.raises(ValueError, match="ds gradient_clipping=0 vs hf max_grad_norm=1.0"):
-        config.trainer_config_finalize(TrainingArguments(output_dir="/tmp/x", report_to=[]), model=None, num_training_steps=10)
+        config.trainer_config_finalize(
+            TrainingArguments(output_dir="/tmp/x", report_to=[]), model=None, num_training_steps=10
+        )
 
 
 def test_transformers_names_a_missing_flash_attn_as_the_check_quotes():

@@ -31,11 +31,22 @@ def write_config(folder: Path, sections: dict) -> Path:
 def config(folder: Path, data: Path, training=None, launch=None, deepspeed=None, extra=None) -> Path:
     sections = {
         "model": {"path": str(data / "model"), "weights": "random"},
-        "data": {"train": str(data / "data" / "train.jsonl"), "eval": str(data / "data" / "eval.jsonl"),
-                 "max_length": 128},
-        "training": {"per_device_batch_size": 4, "learning_rate": 3e-3, "max_steps": 4, "save_steps": 2,
-                     "logging_steps": 1, "gradient_checkpointing": False, "seed": 0, "output_dir": "out",
-                     **(training or {})},
+        "data": {
+            "train": str(data / "data" / "train.jsonl"),
+            "eval": str(data / "data" / "eval.jsonl"),
+            "max_length": 128,
+        },
+        "training": {
+            "per_device_batch_size": 4,
+            "learning_rate": 3e-3,
+            "max_steps": 4,
+            "save_steps": 2,
+            "logging_steps": 1,
+            "gradient_checkpointing": False,
+            "seed": 0,
+            "output_dir": "out",
+            **(training or {}),
+        },
         "launch": {"master_port": "auto", **(launch or {})},
     }
     if deepspeed:
@@ -45,8 +56,13 @@ def config(folder: Path, data: Path, training=None, launch=None, deepspeed=None,
 
 
 def train(cfg: Path, *flags, timeout=600, env=None):
-    return subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(cfg), *flags],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "train", str(cfg), *flags],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -50,7 +50,9 @@ class Context:
     def why_no_cuda(self) -> str:
         if self.rehearsal:
             return "CPU rehearsal: no GPU"
-        return "torch cannot use a GPU here: " + (self.machine.get("torch", {}).get("why") or "torch.cuda.is_available() is False")
+        return "torch cannot use a GPU here: " + (
+            self.machine.get("torch", {}).get("why") or "torch.cuda.is_available() is False"
+        )
 
     # ------------------------------------------------------------ time
 
@@ -79,19 +81,54 @@ class Context:
     def log(self, name: str) -> Path:
         return self.work / "logs" / name
 
-    def sftdoctor(self, name: str, *args: str, timeout: float, ok: tuple[int, ...] = (0,),
-                  env: dict[str, str] | None = None) -> tuple[int, str, str]:
-        return procs.run([sys.executable, "-m", "sftdoctor", *args], self.log(name), timeout,
-                         env=env or self.env(), cwd=self.work, ok=ok)
+    def sftdoctor(
+        self, name: str, *args: str, timeout: float, ok: tuple[int, ...] = (0,), env: dict[str, str] | None = None
+    ) -> tuple[int, str, str]:
+        return procs.run(
+            [sys.executable, "-m", "sftdoctor", *args],
+            self.log(name),
+            timeout,
+            env=env or self.env(),
+            cwd=self.work,
+            ok=ok,
+        )
 
-    def child(self, name: str, script: str, *args: str, timeout: float, env: dict[str, str] | None = None,
-              ok: tuple[int, ...] = (0,)) -> tuple[int, str, str]:
-        return procs.run([sys.executable, str(CHILDREN / script), *args], self.log(name), timeout,
-                         env=env or self.env(), cwd=self.work, ok=ok)
+    def child(
+        self,
+        name: str,
+        script: str,
+        *args: str,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        ok: tuple[int, ...] = (0,),
+    ) -> tuple[int, str, str]:
+        return procs.run(
+            [sys.executable, str(CHILDREN / script), *args],
+            self.log(name),
+            timeout,
+            env=env or self.env(),
+            cwd=self.work,
+            ok=ok,
+        )
 
-    def torchrun(self, name: str, procs_: int, *args: str, timeout: float, env: dict[str, str] | None = None,
-                 ok: tuple[int, ...] = (0,)) -> tuple[int, str, str]:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs_), *args]
+    def torchrun(
+        self,
+        name: str,
+        procs_: int,
+        *args: str,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        ok: tuple[int, ...] = (0,),
+    ) -> tuple[int, str, str]:
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(procs_),
+            *args,
+        ]
         return procs.run(command, self.log(name), timeout, env=env or self.env(), cwd=self.work, ok=ok)
 
 

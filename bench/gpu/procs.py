@@ -8,6 +8,7 @@ could not be found any more).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -36,22 +37,24 @@ def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL the child, its session's process group and every process below it, by their ids."""
     tree = descendants(proc.pid)
     for pid in [proc.pid, *tree]:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # started with start_new_session: its group id is its pid
     except (ProcessLookupError, PermissionError):
         pass
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
 
 
-def run(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = None, cwd: Path | None = None,
-        ok: tuple[int, ...] = (0,)) -> tuple[int, str, str]:
+def run(
+    cmd: list[str],
+    log: Path,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    ok: tuple[int, ...] = (0,),
+) -> tuple[int, str, str]:
     """Run `cmd` to its end or `timeout` seconds; (exit code, stdout, stderr). stdout goes to LOG.out and stderr
     to LOG.err (files, so a chatty child can never block on a full pipe). An exit code not in `ok` or a timeout
     raises ChildFailed with the output's tail."""
@@ -62,8 +65,9 @@ def run(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = 
     out_path, err_path = log.with_suffix(".out"), log.with_suffix(".err")
     began = time.monotonic()
     with open(out_path, "w") as out, open(err_path, "w") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True
+        )
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -71,12 +75,14 @@ def run(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = 
         finally:
             if proc.poll() is None:  # timed out, or the suite's own alarm interrupted the wait
                 kill_tree(proc)
-    HISTORY.append({"log": log.name, "seconds": round(time.monotonic() - began, 1), "exit": code,
-                    "timeout_s": round(timeout, 1)})
+    HISTORY.append(
+        {"log": log.name, "seconds": round(time.monotonic() - began, 1), "exit": code, "timeout_s": round(timeout, 1)}
+    )
     stdout, stderr = out_path.read_text(errors="replace"), err_path.read_text(errors="replace")
     if code is None:
-        raise ChildFailed(f"{name}: killed after {time.monotonic() - began:.0f} s (its timeout)",
-                          tail(stdout + "\n" + stderr))
+        raise ChildFailed(
+            f"{name}: killed after {time.monotonic() - began:.0f} s (its timeout)", tail(stdout + "\n" + stderr)
+        )
     if code not in ok:
         raise ChildFailed(f"{name}: exit {code}", tail(stdout + "\n" + stderr))
     return code, stdout, stderr

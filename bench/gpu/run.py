@@ -24,8 +24,9 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -41,10 +42,24 @@ GRACE_S = 15  # past the budget, the suite's own alarm stops whatever still runs
 
 def expected_s(ctx: Context, name: str) -> float:
     """What each step usually takes (seconds): its share of the budget. A step that will skip costs nothing."""
-    gpu = {"machine": 30, "packing_probe": 45, "throughput": 150, "watch_overhead": 70, "memory_plan": 150,
-           "allreduce": 70, "flight_recorder": 25}
-    cpu = {"machine": 5, "packing_probe": 30, "throughput": 110, "watch_overhead": 45, "memory_plan": 25,
-           "allreduce": 40, "flight_recorder": 3}  # measured on a busy 2-core machine, cold caches
+    gpu = {
+        "machine": 30,
+        "packing_probe": 45,
+        "throughput": 150,
+        "watch_overhead": 70,
+        "memory_plan": 150,
+        "allreduce": 70,
+        "flight_recorder": 25,
+    }
+    cpu = {
+        "machine": 5,
+        "packing_probe": 30,
+        "throughput": 110,
+        "watch_overhead": 45,
+        "memory_plan": 25,
+        "allreduce": 40,
+        "flight_recorder": 3,
+    }  # measured on a busy 2-core machine, cold caches
     if not ctx.rehearsal and not ctx.cuda and name != "machine":
         return 0
     if not ctx.rehearsal and name == "allreduce" and len(ctx.cuda_devices) < 2:
@@ -75,6 +90,7 @@ def on_alarm(signum, frame):
 
 
 # ================================================================ the machine and where results go
+
 
 def gpu_name_slug(machine: dict[str, Any]) -> str:
     devices = machine.get("nvml", {}).get("devices") or machine.get("torch", {}).get("devices") or []
@@ -112,8 +128,9 @@ def probe_machine(work: Path, rehearsal: bool, timeout: float) -> dict[str, Any]
     if rehearsal:
         env["CUDA_VISIBLE_DEVICES"] = ""
     try:
-        _, out, _ = procs.run([sys.executable, str(HERE / "children" / "env_probe.py")], work / "logs" / "env-probe",
-                              timeout, env=env)
+        _, out, _ = procs.run(
+            [sys.executable, str(HERE / "children" / "env_probe.py")], work / "logs" / "env-probe", timeout, env=env
+        )
         return last_json(out)
     except (procs.ChildFailed, ValueError) as exc:
         return {"torch": {"available": False, "why": f"the environment probe failed: {exc}"}, "error": str(exc)}
@@ -121,11 +138,12 @@ def probe_machine(work: Path, rehearsal: bool, timeout: float) -> dict[str, Any]
 
 # ================================================================ running the steps within the budget
 
+
 def allowance(ctx: Context, index: int, names: list[str], end: float, scale: float) -> tuple[float, float]:
     """(seconds this step may take, what it usually takes, scaled): all that is left, less half of what the
     later steps usually take, and at most three times its own."""
     own = expected_s(ctx, names[index]) * scale
-    later = sum(expected_s(ctx, n) for n in names[index + 1:]) * scale
+    later = sum(expected_s(ctx, n) for n in names[index + 1 :]) * scale
     left = end - time.monotonic()
     return min(left - 0.5 * later, 3 * own if own else left), own
 
@@ -144,8 +162,11 @@ def run_step(ctx: Context, name: str, func: Callable[[Context], dict[str, Any]],
     except Exception as exc:  # a bug or an unexpected output: recorded, the suite goes on
         import traceback
 
-        out = {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:400],
-               "output_tail": procs.tail(traceback.format_exc(), 12)}
+        out = {
+            "status": "error",
+            "error": f"{type(exc).__name__}: {exc}"[:400],
+            "output_tail": procs.tail(traceback.format_exc(), 12),
+        }
     out["seconds"] = round(time.monotonic() - began, 1)
     return out
 
@@ -161,16 +182,23 @@ def run_all(ctx: Context, names: list[str], budget: float, results: dict[str, An
         for index, name in enumerate(names):
             seconds, own = allowance(ctx, index, names, end, scale)
             if time.monotonic() > end or (own and seconds < 0.25 * own):
-                results["steps"][name] = {"status": "skipped",
-                                          "skipped": f"out of time: {max(0, end - time.monotonic()):.0f} s of the "
-                                                     f"budget left, the step usually takes {own / scale:.0f} s"}
+                results["steps"][name] = {
+                    "status": "skipped",
+                    "skipped": f"out of time: {max(0, end - time.monotonic()):.0f} s of the "
+                    f"budget left, the step usually takes {own / scale:.0f} s",
+                }
                 continue
-            print(f"[{time.monotonic() - start:5.0f} s] {name} (up to {seconds:.0f} s) ...", file=sys.stderr, flush=True)
+            print(
+                f"[{time.monotonic() - start:5.0f} s] {name} (up to {seconds:.0f} s) ...", file=sys.stderr, flush=True
+            )
             results["steps"][name] = run_step(ctx, name, dict(STEPS)[name], max(seconds, 1.0))
             step = results["steps"][name]
-            print(f"[{time.monotonic() - start:5.0f} s] {name}: {step['status']}"
-                  + (f": {step.get('error') or step.get('skipped')}" if step["status"] != "ok" else ""),
-                  file=sys.stderr, flush=True)
+            print(
+                f"[{time.monotonic() - start:5.0f} s] {name}: {step['status']}"
+                + (f": {step.get('error') or step.get('skipped')}" if step["status"] != "ok" else ""),
+                file=sys.stderr,
+                flush=True,
+            )
             write_results(results, out, start)
     finally:
         signal.alarm(0)
@@ -188,6 +216,7 @@ def write_results(results: dict[str, Any], out: Path, start: float) -> None:
 
 
 # ================================================================ the table
+
 
 def could_not_run(results: dict[str, Any]) -> list[str]:
     lines = []
@@ -228,26 +257,41 @@ def table(results: dict[str, Any]) -> str:
     lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {c}" for a, b, c in rows]
     lines.insert(1, "-" * min(120, width[0] + width[1] + 20))
     missing = results.get("could_not_run") or []
-    lines += ["", f"could not run ({len(missing)}):" if missing else "could not run: nothing",
-              *(f"  {line}" for line in missing)]
+    lines += [
+        "",
+        f"could not run ({len(missing)}):" if missing else "could not run: nothing",
+        *(f"  {line}" for line in missing),
+    ]
     return "\n".join(lines)
 
 
 # ================================================================ main
 
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="sftdoctor's GPU paths on a real GPU, in one command and a few minutes "
-                                                 "(or rehearsed on a CPU).", epilog=f"steps: {', '.join(NAMES)}")
-    parser.add_argument("--cpu-rehearsal", action="store_true",
-                        help="every step on the CPU with the tiny example model (the GPUs hidden): CI keeps it working")
+    parser = argparse.ArgumentParser(
+        description="sftdoctor's GPU paths on a real GPU, in one command and a few minutes (or rehearsed on a CPU).",
+        epilog=f"steps: {', '.join(NAMES)}",
+    )
+    parser.add_argument(
+        "--cpu-rehearsal",
+        action="store_true",
+        help="every step on the CPU with the tiny example model (the GPUs hidden): CI keeps it working",
+    )
     parser.add_argument("--budget-s", type=float, default=480, help="the whole suite's time (default 480)")
     parser.add_argument("--out", type=Path, help="the results JSON (default bench/gpu/results-HOST-DATE.json)")
-    parser.add_argument("--fixture-dir", type=Path,
-                        help="where facts.json and check.json go (default tests/fixtures/gpu-machines/COUNTx-GPU-NAME/; "
-                             "in the rehearsal OUT's name with -fixture)")
+    parser.add_argument(
+        "--fixture-dir",
+        type=Path,
+        help="where facts.json and check.json go (default tests/fixtures/gpu-machines/COUNTx-GPU-NAME/; "
+        "in the rehearsal OUT's name with -fixture)",
+    )
     parser.add_argument("--only", help="run only these steps (comma-separated)")
-    parser.add_argument("--attn", default=",".join(steps.SFTDOCTOR_ATTN),
-                        help="attention implementations for the packing probe (default: sftdoctor's choices)")
+    parser.add_argument(
+        "--attn",
+        default=",".join(steps.SFTDOCTOR_ATTN),
+        help="attention implementations for the packing probe (default: sftdoctor's choices)",
+    )
     parser.add_argument("--peak-tflops", type=float, help="the GPU's dense bf16 peak, when sftdoctor's table lacks it")
     parser.add_argument("--steps", type=int, help="measured training steps (GPU 30, CPU 4)")
     parser.add_argument("--warmup", type=int, help="warm-up steps left out of the rates (GPU 5, CPU 2)")
@@ -267,27 +311,47 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="sftdoctor-gpu-suite-"))
     machine = probe_machine(work, args.cpu_rehearsal, timeout=min(120, args.budget_s / 4))
-    has_gpu = bool(machine.get("nvml", {}).get("devices") or machine.get("nvidia_smi", {}).get("devices")
-                   or machine.get("torch", {}).get("devices"))
+    has_gpu = bool(
+        machine.get("nvml", {}).get("devices")
+        or machine.get("nvidia_smi", {}).get("devices")
+        or machine.get("torch", {}).get("devices")
+    )
     if not has_gpu and not args.cpu_rehearsal:
         shutil.rmtree(work, ignore_errors=True)
-        print("bench/gpu/run.py: no NVIDIA GPU found here; run `python bench/gpu/run.py --cpu-rehearsal` "
-              "to rehearse the steps on the CPU", file=sys.stderr)
+        print(
+            "bench/gpu/run.py: no NVIDIA GPU found here; run `python bench/gpu/run.py --cpu-rehearsal` "
+            "to rehearse the steps on the CPU",
+            file=sys.stderr,
+        )
         return 2
     mode = "cpu-rehearsal" if args.cpu_rehearsal else "gpu"
     out = args.out or default_out(args.cpu_rehearsal)
-    fixture = args.fixture_dir or (out.with_name(out.stem + "-fixture") if args.cpu_rehearsal
-                                   else ROOT / "tests" / "fixtures" / "gpu-machines" / gpu_name_slug(machine))
-    load = wl.prepare(work, "tiny" if args.cpu_rehearsal else "qwen2-0.5b",
-                      {"steps": args.steps, "warmup": args.warmup, "batch": args.batch, "max_length": args.max_length})
+    fixture = args.fixture_dir or (
+        out.with_name(out.stem + "-fixture")
+        if args.cpu_rehearsal
+        else ROOT / "tests" / "fixtures" / "gpu-machines" / gpu_name_slug(machine)
+    )
+    load = wl.prepare(
+        work,
+        "tiny" if args.cpu_rehearsal else "qwen2-0.5b",
+        {"steps": args.steps, "warmup": args.warmup, "batch": args.batch, "max_length": args.max_length},
+    )
     tflops, source = peak(machine, args.peak_tflops) if not args.cpu_rehearsal else (None, "CPU rehearsal: no GPU")
     ctx = Context(mode, work, load, machine, fixture, tflops, source, args.attn.split(","))
     names = args.only.split(",") if args.only else NAMES
-    results = {"suite": "bench/gpu/run.py", "mode": mode, "host": socket.gethostname(),
-               "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "command": " ".join([Path(sys.executable).name, *sys.argv]), "budget_s": args.budget_s,
-               "workload": load.describe(), "machine": machine, "peak_tflops": tflops, "peak_source": source,
-               "steps": {}}
+    results = {
+        "suite": "bench/gpu/run.py",
+        "mode": mode,
+        "host": socket.gethostname(),
+        "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "budget_s": args.budget_s,
+        "workload": load.describe(),
+        "machine": machine,
+        "peak_tflops": tflops,
+        "peak_source": source,
+        "steps": {},
+    }
     try:
         run_all(ctx, names, args.budget_s - (time.monotonic() - started), results, out)
     finally:

@@ -19,17 +19,27 @@ from context import Context, last_json
 GIB = 2**30
 CPU_PLAN_MEMORY = "16GiB"  # the rehearsal has no GPU to plan for: `sftdoctor plan --gpu-memory` this
 SFTDOCTOR_ATTN = ["eager", "sdpa", "flash_attention_2"]  # [model] attn_implementation's choices
-FLASH = {"flash_attention_2": ("flash-attn", "flash_attn"),  # the package each needs: env_probe.py's key
-         "flash_attention_3": ("flash-attn 3 (flash_attn_interface)", "flash_attn_3")}
+FLASH = {
+    "flash_attention_2": ("flash-attn", "flash_attn"),  # the package each needs: env_probe.py's key
+    "flash_attention_3": ("flash-attn 3 (flash_attn_interface)", "flash_attn_3"),
+}
 
 
 # ================================================================ shared: sftdoctor runs and plans
 
-def run_config(ctx: Context, name: str, steps: int | None = None, batch: int | None = None,
-               training: dict[str, Any] | None = None) -> Path:
+
+def run_config(
+    ctx: Context, name: str, steps: int | None = None, batch: int | None = None, training: dict[str, Any] | None = None
+) -> Path:
     load = ctx.load
-    return wl.write_config(ctx.work / "configs" / f"{name}.toml", load, ctx.work / "runs" / name,
-                           steps or load.max_steps, batch or load.batch, training)
+    return wl.write_config(
+        ctx.work / "configs" / f"{name}.toml",
+        load,
+        ctx.work / "runs" / name,
+        steps or load.max_steps,
+        batch or load.batch,
+        training,
+    )
 
 
 def train(ctx: Context, name: str, config: Path, share: float = 1.0, **env: str) -> dict[str, Any]:
@@ -43,12 +53,21 @@ def train(ctx: Context, name: str, config: Path, share: float = 1.0, **env: str)
         return runs[name]
     began = time.monotonic()
     try:
-        _, stdout, stderr = ctx.sftdoctor(f"train-{name}", "train", str(config), "--force", "--no-rehearse",
-                                          timeout=ctx.share(share), env=ctx.env(pin=True, **env))
+        _, stdout, stderr = ctx.sftdoctor(
+            f"train-{name}",
+            "train",
+            str(config),
+            "--force",
+            "--no-rehearse",
+            timeout=ctx.share(share),
+            env=ctx.env(pin=True, **env),
+        )
         run_dir = ctx.work / "runs" / name
         records = wl.read_records(run_dir / "metrics.jsonl")
         if not records:
-            raise procs.ChildFailed(f"sftdoctor train {name}: no step records in metrics.jsonl", procs.tail(stdout + stderr))
+            raise procs.ChildFailed(
+                f"sftdoctor train {name}: no step records in metrics.jsonl", procs.tail(stdout + stderr)
+            )
     except procs.ChildFailed as exc:
         cause = next((line.strip() for line in exc.tail.splitlines() if "the run failed" in line), None)
         runs[name] = procs.ChildFailed(f"sftdoctor train {name}: {cause}", exc.tail) if cause else exc
@@ -59,16 +78,24 @@ def train(ctx: Context, name: str, config: Path, share: float = 1.0, **env: str)
     for folder in [*run_dir.glob("checkpoint-*"), run_dir / "final"]:
         shutil.rmtree(folder, ignore_errors=True)
     gate = next((line.strip() for line in stdout.splitlines() if " checks: " in line and "error" in line), None)
-    runs[name] = {"name": name, "config": config, "plan": json.loads((run_dir / "resolved.json").read_text()),
-                  "records": records, "gate": gate, "seconds": round(time.monotonic() - began, 1)}
+    runs[name] = {
+        "name": name,
+        "config": config,
+        "plan": json.loads((run_dir / "resolved.json").read_text()),
+        "records": records,
+        "gate": gate,
+        "seconds": round(time.monotonic() - began, 1),
+    }
     return runs[name]
 
 
 def settings(plan: dict[str, Any]) -> str:
     """What sftdoctor decided, in one line (from resolved.json)."""
-    return (f"{plan['precision']} (weights {plan['load_dtype']}), {plan['attn_implementation']}, "
-            f"packing {'on' if plan['packing'] else 'off'}, liger {'on' if plan['liger_kernel'] else 'off'}, "
-            f"checkpointing {'on' if plan['checkpointing'] else 'off'}, micro-batch {plan['per_device_batch_size']}")
+    return (
+        f"{plan['precision']} (weights {plan['load_dtype']}), {plan['attn_implementation']}, "
+        f"packing {'on' if plan['packing'] else 'off'}, liger {'on' if plan['liger_kernel'] else 'off'}, "
+        f"checkpointing {'on' if plan['checkpointing'] else 'off'}, micro-batch {plan['per_device_batch_size']}"
+    )
 
 
 def sftdoctor_plan(ctx: Context, config: Path, timeout: float) -> dict[str, Any]:
@@ -76,8 +103,16 @@ def sftdoctor_plan(ctx: Context, config: Path, timeout: float) -> dict[str, Any]
     plans = ctx.memo.setdefault("plans", {})
     if config not in plans:
         memory = ["--gpu-memory", CPU_PLAN_MEMORY] if not ctx.cuda else []
-        _, stdout, _ = ctx.sftdoctor(f"plan-{config.stem}", "plan", str(config), "--json", *memory,
-                                     timeout=timeout, ok=(0, 1), env=ctx.env(pin=True))
+        _, stdout, _ = ctx.sftdoctor(
+            f"plan-{config.stem}",
+            "plan",
+            str(config),
+            "--json",
+            *memory,
+            timeout=timeout,
+            ok=(0, 1),
+            env=ctx.env(pin=True),
+        )
         plans[config] = last_json(stdout)
     return plans[config]
 
@@ -110,8 +145,9 @@ def machine(ctx: Context) -> dict[str, Any]:
     recorded, not_run = raw_outputs(ctx, folder)
     gpus = facts["facts"].get("gpus") or {}
     devices = gpus.get("devices") or []
-    problems = [f"{f['severity']} {f['id']}: {f['title']}" for f in check["findings"]
-                if f["severity"] in ("error", "warning")]
+    problems = [
+        f"{f['severity']} {f['id']}: {f['title']}" for f in check["findings"] if f["severity"] in ("error", "warning")
+    ]
     figures = {
         "GPUs (sftdoctor facts)": describe_devices(devices) if devices else f"none: {gpus.get('error')}",
         "GPU probe source": gpus.get("source") or "none",
@@ -126,8 +162,11 @@ def machine(ctx: Context) -> dict[str, Any]:
     else:
         figures.update(compare_views(ctx.machine))
     write_index(folder, facts, recorded)
-    return {"figures": figures, "not_run": not_run,
-            "detail": {"files": sorted(p.name for p in folder.iterdir()), "probes": ctx.machine}}
+    return {
+        "figures": figures,
+        "not_run": not_run,
+        "detail": {"files": sorted(p.name for p in folder.iterdir()), "probes": ctx.machine},
+    }
 
 
 def raw_outputs(ctx: Context, folder: Path) -> tuple[dict[str, str], dict[str, str]]:
@@ -152,26 +191,42 @@ def summary_line(summary: dict[str, int]) -> str:
 def describe_devices(devices: list[dict[str, Any]]) -> str:
     names = sorted({d.get("name") for d in devices})
     first = devices[0]
-    return (f"{len(devices)}x {', '.join(map(str, names))} ({first.get('memory_total_mib'):,} MiB, "
-            f"cc {first.get('compute_capability')})")
+    return (
+        f"{len(devices)}x {', '.join(map(str, names))} ({first.get('memory_total_mib'):,} MiB, "
+        f"cc {first.get('compute_capability')})"
+    )
 
 
 def compare_views(machine: dict[str, Any]) -> dict[str, str]:
     """Do NVML, nvidia-smi and torch agree on the GPUs (name, memory, compute capability)?"""
-    def rows(view):
-        return [(d.get("name"), d.get("memory_total_mib"), d.get("compute_capability")) for d in view.get("devices") or []]
 
-    nvml, smi, torch = rows(machine.get("nvml", {})), rows(machine.get("nvidia_smi", {})), rows(machine.get("torch", {}))
-    out = {"NVML vs nvidia-smi": "agree" if nvml and nvml == smi else
-           f"differ: NVML {nvml or machine.get('nvml', {}).get('error')}; nvidia-smi {smi or machine.get('nvidia_smi', {}).get('error')}"}
+    def rows(view):
+        return [
+            (d.get("name"), d.get("memory_total_mib"), d.get("compute_capability")) for d in view.get("devices") or []
+        ]
+
+    nvml, smi, torch = (
+        rows(machine.get("nvml", {})),
+        rows(machine.get("nvidia_smi", {})),
+        rows(machine.get("torch", {})),
+    )
+    out = {
+        "NVML vs nvidia-smi": "agree"
+        if nvml and nvml == smi
+        else f"differ: NVML {nvml or machine.get('nvml', {}).get('error')}; nvidia-smi {smi or machine.get('nvidia_smi', {}).get('error')}"
+    }
     if nvml and torch and len(nvml) != len(torch):
-        out["torch vs NVML"] = (f"torch sees {len(torch)} of NVML's {len(nvml)} GPUs "
-                                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+        out["torch vs NVML"] = (
+            f"torch sees {len(torch)} of NVML's {len(nvml)} GPUs "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+        )
     elif nvml and torch:
         same = [(n, c) for n, _, c in nvml] == [(n, c) for n, _, c in torch]
         gap = max(abs((a or 0) - (b or 0)) for (_, a, _), (_, b, _) in zip(nvml, torch, strict=True))
-        out["torch vs NVML"] = (f"{'same names and compute capability' if same else 'DIFFER: ' + repr((nvml, torch))}"
-                                f"; memory differs by up to {gap} MiB (torch counts what CUDA can allocate)")
+        out["torch vs NVML"] = (
+            f"{'same names and compute capability' if same else 'DIFFER: ' + repr((nvml, torch))}"
+            f"; memory differs by up to {gap} MiB (torch counts what CUDA can allocate)"
+        )
     return out
 
 
@@ -179,16 +234,24 @@ def write_index(folder: Path, facts: dict[str, Any], recorded: dict[str, str]) -
     """index.json as the recorded fixtures have it: each file with where and how it was recorded."""
     gpus = facts["facts"].get("gpus") or {}
     source = f"recorded by bench/gpu/run.py on host {facts.get('host')} at {facts.get('collected_at')}"
-    common = {"driver_version": gpus.get("driver_version"), "cuda_version": gpus.get("cuda_version"),
-              "gpus": [{k: d.get(k) for k in ("index", "name", "memory_total_mib", "compute_capability")}
-                       for d in gpus.get("devices") or []]}
-    entries = [{"file": "facts.json", "source": f"{source}: `sftdoctor facts`", **common},
-               {"file": "check.json", "source": f"{source}: `sftdoctor check --json`", **common}]
+    common = {
+        "driver_version": gpus.get("driver_version"),
+        "cuda_version": gpus.get("cuda_version"),
+        "gpus": [
+            {k: d.get(k) for k in ("index", "name", "memory_total_mib", "compute_capability")}
+            for d in gpus.get("devices") or []
+        ],
+    }
+    entries = [
+        {"file": "facts.json", "source": f"{source}: `sftdoctor facts`", **common},
+        {"file": "check.json", "source": f"{source}: `sftdoctor check --json`", **common},
+    ]
     entries += [{"file": name, "source": f"{source}: `{command}`", **common} for name, command in recorded.items()]
     (folder / "index.json").write_text(json.dumps(entries, indent=2) + "\n")
 
 
 # ================================================================ the packing probe under each attention
+
 
 def packing_probe(ctx: Context) -> dict[str, Any]:
     """sftdoctor's packing probe (packed samples' logits against each alone) under each attention implementation
@@ -206,9 +269,17 @@ def packing_probe(ctx: Context) -> dict[str, Any]:
         else:
             impls.append(impl)
     if "flex_attention" not in ctx.attn:
-        not_run["flex_attention"] = "not one of sftdoctor's choices; --attn ...,flex_attention adds it (its compile takes ~80 s on a CPU)"
-    _, out, _ = ctx.child("packing-probe", "attention_probe.py", str(ctx.load.model_dir), ",".join(impls),
-                          *(["--cuda"] if ctx.cuda else []), timeout=ctx.left())
+        not_run["flex_attention"] = (
+            "not one of sftdoctor's choices; --attn ...,flex_attention adds it (its compile takes ~80 s on a CPU)"
+        )
+    _, out, _ = ctx.child(
+        "packing-probe",
+        "attention_probe.py",
+        str(ctx.load.model_dir),
+        ",".join(impls),
+        *(["--cuda"] if ctx.cuda else []),
+        timeout=ctx.left(),
+    )
     results = last_json(out)
     figures = {}
     for name, r in results.items():
@@ -216,11 +287,14 @@ def packing_probe(ctx: Context) -> dict[str, Any]:
             figures[name] = f"not proven: {r.get('error')}"
             continue
         verdict = "isolated" if r["isolated"] else "NOT isolated"
-        figures[name] = f"{verdict} on {r.get('device')} (max |logit diff| {r['max_abs_diff']:.2g}, tolerance {r['tolerance']:g})"
+        figures[name] = (
+            f"{verdict} on {r.get('device')} (max |logit diff| {r['max_abs_diff']:.2g}, tolerance {r['tolerance']:g})"
+        )
     return {"figures": figures, "not_run": not_run, "detail": results}
 
 
 # ================================================================ throughput: sftdoctor's choices against TRL's defaults
+
 
 def throughput(ctx: Context) -> dict[str, Any]:
     """The same model, data and steps: `sftdoctor train` with its own choices against a plain TRL SFTTrainer
@@ -245,15 +319,18 @@ def throughput(ctx: Context) -> dict[str, Any]:
         figures["TRL"] = f"failed: {exc.line}"
         detail["trl_output_tail"] = exc.tail
     if not runs:
-        raise procs.ChildFailed("neither trainer ran", detail.get("sftdoctor_output_tail", "") + "\n"
-                                + detail.get("trl_output_tail", ""))
+        raise procs.ChildFailed(
+            "neither trainer ran", detail.get("sftdoctor_output_tail", "") + "\n" + detail.get("trl_output_tail", "")
+        )
     parameters = plan["model"]["parameters"] if plan else runs["TRL"]["parameters"] if "TRL" in runs else None
     seq = wl.attention_seq_len(load.token_lengths)
     flops = wl.flops_per_token(load.config, parameters, seq) if parameters else None
     if flops:
-        figures["model"] = (f"{load.name}: {parameters:,} parameters ({flops['non_embedding_parameters']:,} "
-                            f"non-embedding), max_length {load.max_length}, micro-batch {load.batch}, "
-                            f"{load.warmup} + {load.steps} steps")
+        figures["model"] = (
+            f"{load.name}: {parameters:,} parameters ({flops['non_embedding_parameters']:,} "
+            f"non-embedding), max_length {load.max_length}, micro-batch {load.batch}, "
+            f"{load.warmup} + {load.steps} steps"
+        )
         figures["FLOPs per token (6N + attention)"] = flops["with_head"]
     figures["attention context (sum n^2 / sum n)"] = seq
     figures["peak bf16 TFLOPS per GPU"] = ctx.peak_tflops if ctx.peak_tflops else f"unknown: {ctx.peak_source}"
@@ -270,10 +347,12 @@ def throughput(ctx: Context) -> dict[str, Any]:
     if "TRL" in runs:
         theirs = runs["TRL"]
         rates["TRL"] = trainer_figures(ctx, "TRL", theirs["records"], flops, figures, not_run)
-        figures["TRL settings"] = (f"{'bf16 autocast' if theirs['bf16'] else 'fp32'} ({theirs['dtype']} weights), "
-                                   f"{theirs['attn_implementation']}, packing {'on' if theirs['packing'] else 'off'}, "
-                                   f"checkpointing {'on' if theirs['gradient_checkpointing'] else 'off'}, "
-                                   f"micro-batch {load.batch}, {theirs['optim']}")
+        figures["TRL settings"] = (
+            f"{'bf16 autocast' if theirs['bf16'] else 'fp32'} ({theirs['dtype']} weights), "
+            f"{theirs['attn_implementation']}, packing {'on' if theirs['packing'] else 'off'}, "
+            f"checkpointing {'on' if theirs['gradient_checkpointing'] else 'off'}, "
+            f"micro-batch {load.batch}, {theirs['optim']}"
+        )
         if ctx.cuda and theirs.get("max_memory_allocated"):
             figures["TRL max_memory_allocated (GiB)"] = theirs["max_memory_allocated"] / GIB
     if rates.get("sftdoctor") and rates.get("TRL"):
@@ -285,8 +364,14 @@ def throughput(ctx: Context) -> dict[str, Any]:
     return {"figures": figures, "not_run": not_run, "detail": detail}
 
 
-def trainer_figures(ctx: Context, who: str, records: list[dict[str, Any]], flops: dict[str, float] | None,
-                    figures: dict[str, Any], not_run: dict[str, str]) -> float | None:
+def trainer_figures(
+    ctx: Context,
+    who: str,
+    records: list[dict[str, Any]],
+    flops: dict[str, float] | None,
+    figures: dict[str, Any],
+    not_run: dict[str, str],
+) -> float | None:
     warmup = ctx.load.warmup
     rate = wl.tokens_per_second(records, warmup)
     figures[f"{who} tokens/s"] = rate
@@ -310,13 +395,24 @@ def trainer_figures(ctx: Context, who: str, records: list[dict[str, Any]], flops
 
 def trl_baseline(ctx: Context) -> dict[str, Any]:
     load, result = ctx.load, ctx.work / "trl-result.json"
-    ctx.child("trl-baseline", "trl_baseline.py", str(load.model_dir), str(load.data), str(ctx.work / "runs" / "trl"),
-              str(load.max_steps), str(load.batch), str(load.max_length), str(result), timeout=ctx.left(),
-              env=ctx.env(pin=True))
+    ctx.child(
+        "trl-baseline",
+        "trl_baseline.py",
+        str(load.model_dir),
+        str(load.data),
+        str(ctx.work / "runs" / "trl"),
+        str(load.max_steps),
+        str(load.batch),
+        str(load.max_length),
+        str(result),
+        timeout=ctx.left(),
+        env=ctx.env(pin=True),
+    )
     return json.loads(result.read_text())
 
 
 # ================================================================ the memory plan against max_memory_allocated
+
 
 def memory_plan(ctx: Context) -> dict[str, Any]:
     """The plan's predicted peak per GPU against torch.cuda.max_memory_allocated (the largest of the
@@ -372,17 +468,32 @@ def memory_settings(ctx: Context) -> list[tuple[str, str, Path]]:
     def label(ckpt: bool, batch: int) -> str:
         return f"checkpointing {'on' if ckpt else 'off'}, micro-batch {batch}"
 
-    first = (label(checkpointing, load.batch), "throughput", run_config(ctx, "throughput")) if isinstance(base, dict) else \
-        (label(checkpointing, load.batch), "memory-a", run_config(ctx, "memory-a", load.memory_steps, load.batch,
-                                                                    {"gradient_checkpointing": checkpointing}))
-    return [first,
-            (label(not checkpointing, load.batch), "memory-b",
-             run_config(ctx, "memory-b", load.memory_steps, load.batch, {"gradient_checkpointing": not checkpointing})),
-            (label(checkpointing, half), "memory-c",
-             run_config(ctx, "memory-c", load.memory_steps, half, {"gradient_checkpointing": checkpointing}))]
+    first = (
+        (label(checkpointing, load.batch), "throughput", run_config(ctx, "throughput"))
+        if isinstance(base, dict)
+        else (
+            label(checkpointing, load.batch),
+            "memory-a",
+            run_config(ctx, "memory-a", load.memory_steps, load.batch, {"gradient_checkpointing": checkpointing}),
+        )
+    )
+    return [
+        first,
+        (
+            label(not checkpointing, load.batch),
+            "memory-b",
+            run_config(ctx, "memory-b", load.memory_steps, load.batch, {"gradient_checkpointing": not checkpointing}),
+        ),
+        (
+            label(checkpointing, half),
+            "memory-c",
+            run_config(ctx, "memory-c", load.memory_steps, half, {"gradient_checkpointing": checkpointing}),
+        ),
+    ]
 
 
 # ================================================================ all-reduce bus bandwidth and the flight recorder
+
 
 def allreduce(ctx: Context) -> dict[str, Any]:
     """`sftdoctor check --distributed` on every GPU (gloo over 2 CPU processes in the rehearsal) against a plain
@@ -393,32 +504,53 @@ def allreduce(ctx: Context) -> dict[str, Any]:
     if ranks < 2:
         return {"skipped": f"needs 2+ GPUs ({ranks} visible to torch)"}
     seconds = 1.0 if ctx.rehearsal else max(3.0, min(20.0, ctx.share(0.3)))
-    code, out, _ = ctx.torchrun("check-distributed", ranks, "-m", "sftdoctor", "check", "--distributed", "--json",
-                                "--seconds", f"{seconds:g}", "--out", str(ctx.work / "distributed"),
-                                timeout=ctx.share(0.6), ok=(0, 1))
+    code, out, _ = ctx.torchrun(
+        "check-distributed",
+        ranks,
+        "-m",
+        "sftdoctor",
+        "check",
+        "--distributed",
+        "--json",
+        "--seconds",
+        f"{seconds:g}",
+        "--out",
+        str(ctx.work / "distributed"),
+        timeout=ctx.share(0.6),
+        ok=(0, 1),
+    )
     doc = last_json(out)
     found = {f["id"]: f for f in doc["findings"]}
     bandwidth = [f for f in doc["findings"] if f["id"] == "collective-bandwidth"]
     if not bandwidth:
-        raise procs.ChildFailed("check --distributed reported no collective-bandwidth finding",
-                                procs.tail(json.dumps(doc["findings"], indent=1)))
+        raise procs.ChildFailed(
+            "check --distributed reported no collective-bandwidth finding",
+            procs.tail(json.dumps(doc["findings"], indent=1)),
+        )
     evidence = bandwidth[0]["evidence"]
     ours = {s["bytes"]: s["busbw_gbps"] for s in evidence["sizes"]}
     peer = collective_loop(ctx, ranks, sorted(ours), timeout=ctx.left())
     theirs = {s["bytes"]: s["busbw_gbps"] for s in peer["sizes"]}
     common = max(set(ours) & set(theirs))
-    figures = {"ranks, backend": f"{ranks}, {evidence['backend']}",
-               f"sftdoctor bus bandwidth at {common / 2**20:g} MiB (GB/s)": ours[common],
-               f"plain loop bus bandwidth at {common / 2**20:g} MiB (GB/s)": theirs[common],
-               "ratio sftdoctor / plain loop": ours[common] / theirs[common] if theirs[common] else None,
-               "sftdoctor verdict": f"{bandwidth[0]['severity']}: {bandwidth[0]['title']}",
-               "collective-correctness": (found.get("collective-correctness") or {}).get("title", "absent"),
-               "cluster-consistency": (found.get("cluster-consistency") or {}).get("title", "absent"),
-               "check --distributed exit": code}
+    figures = {
+        "ranks, backend": f"{ranks}, {evidence['backend']}",
+        f"sftdoctor bus bandwidth at {common / 2**20:g} MiB (GB/s)": ours[common],
+        f"plain loop bus bandwidth at {common / 2**20:g} MiB (GB/s)": theirs[common],
+        "ratio sftdoctor / plain loop": ours[common] / theirs[common] if theirs[common] else None,
+        "sftdoctor verdict": f"{bandwidth[0]['severity']}: {bandwidth[0]['title']}",
+        "collective-correctness": (found.get("collective-correctness") or {}).get("title", "absent"),
+        "cluster-consistency": (found.get("cluster-consistency") or {}).get("title", "absent"),
+        "check --distributed exit": code,
+    }
     if evidence.get("expected"):
         figures["expected from the topology"] = json.dumps(evidence["expected"])[:160]
-    detail = {"sizes": [{"bytes": b, "sftdoctor_busbw_gbps": ours.get(b), "plain_busbw_gbps": theirs.get(b)}
-                        for b in sorted(set(ours) | set(theirs))], "findings": doc["findings"]}
+    detail = {
+        "sizes": [
+            {"bytes": b, "sftdoctor_busbw_gbps": ours.get(b), "plain_busbw_gbps": theirs.get(b)}
+            for b in sorted(set(ours) | set(theirs))
+        ],
+        "findings": doc["findings"],
+    }
     return {"figures": figures, "detail": detail}
 
 
@@ -428,8 +560,15 @@ def collective_loop(ctx: Context, ranks: int, sizes: list[int], timeout: float) 
 
     result = ctx.work / f"collective-{ranks}.json"
     env = ctx.env(**flight_recorder_env(ctx.work / "flight-recorder"))
-    ctx.torchrun(f"collective-loop-{ranks}", ranks, str(Path(__file__).parent / "children" / "collective_loop.py"),
-                 str(result), ",".join(map(str, sizes)), timeout=timeout, env=env)
+    ctx.torchrun(
+        f"collective-loop-{ranks}",
+        ranks,
+        str(Path(__file__).parent / "children" / "collective_loop.py"),
+        str(result),
+        ",".join(map(str, sizes)),
+        timeout=timeout,
+        env=env,
+    )
     ctx.memo["collective"] = json.loads(result.read_text())
     return ctx.memo["collective"]
 
@@ -449,10 +588,16 @@ def flight_recorder(ctx: Context) -> dict[str, Any]:
         figures["why"] = fr.get("why") or fr.get("error")
         return {"figures": figures, "detail": peer}
     collectives = ", ".join(f"{k} x{v}" for k, v in fr["collectives"].items()) or "none"
-    figures.update({"entries": fr["entries"], "collectives recorded": collectives,
-                    "states": ", ".join(f"{k} x{v}" for k, v in fr["states"].items()) or "none",
-                    "entries with a Python stack": fr["with_stack"], "dump format version": fr.get("version"),
-                    "dump bytes": fr["bytes"]})
+    figures.update(
+        {
+            "entries": fr["entries"],
+            "collectives recorded": collectives,
+            "states": ", ".join(f"{k} x{v}" for k, v in fr["states"].items()) or "none",
+            "entries with a Python stack": fr["with_stack"],
+            "dump format version": fr.get("version"),
+            "dump bytes": fr["bytes"],
+        }
+    )
     if peer["backend"] == "nccl" and not any(str(k).startswith("nccl:") for k in fr["collectives"]):
         figures["warning"] = "an NCCL group recorded no nccl: collective"
     return {"figures": figures, "detail": {k: v for k, v in peer.items() if k != "sizes"}}
@@ -460,18 +605,23 @@ def flight_recorder(ctx: Context) -> dict[str, Any]:
 
 # ================================================================ the watchers' overhead
 
+
 def watch_overhead(ctx: Context) -> dict[str, Any]:
     """The throughput run (watchers on) against the same config with SFTDOCTOR_NO_WATCH=1: median step times."""
     on = train(ctx, "throughput", run_config(ctx, "throughput"), share=0.5)
     off = train(ctx, "watch-off", run_config(ctx, "watch-off"), SFTDOCTOR_NO_WATCH="1")
     warmup = ctx.load.warmup
     on_s, off_s = wl.median_step_s(on["records"], warmup), wl.median_step_s(off["records"], warmup)
-    figures = {"median step, watchers on (ms)": on_s * 1000 if on_s else None,
-               "median step, watchers off (ms)": off_s * 1000 if off_s else None,
-               "steps measured": len([r for r in on["records"] if r["step"] > warmup])}
+    figures = {
+        "median step, watchers on (ms)": on_s * 1000 if on_s else None,
+        "median step, watchers off (ms)": off_s * 1000 if off_s else None,
+        "steps measured": len([r for r in on["records"] if r["step"] > warmup]),
+    }
     if on_s and off_s:
         figures["ratio on / off"] = on_s / off_s
         figures["overhead per step (ms)"] = (on_s - off_s) * 1000
-    detail = {f"step_time_s watchers {which}": [r.get("step_time_s") for r in run["records"]]
-              for which, run in (("on", on), ("off", off))}
+    detail = {
+        f"step_time_s watchers {which}": [r.get("step_time_s") for r in run["records"]]
+        for which, run in (("on", on), ("off", off))
+    }
     return {"figures": figures, "detail": detail}

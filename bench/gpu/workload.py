@@ -24,15 +24,51 @@ TINY = ROOT / "examples" / "tiny" / "model"
 # Qwen/Qwen2-0.5B's config.json (https://huggingface.co/Qwen/Qwen2-0.5B/blob/main/config.json), less its
 # vocabulary-independent extras; the same dict as bench/lora_vs_full.py. 494,032,768 parameters (tied).
 QWEN2_05B = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "dtype": "float32", "hidden_size": 896,
-    "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-    "max_position_embeddings": 32768, "max_window_layers": 24, "vocab_size": 151936, "rms_norm_eps": 1e-06,
-    "rope_theta": 1000000.0, "tie_word_embeddings": True, "use_cache": False, "bos_token_id": None,
-    "eos_token_id": 2, "pad_token_id": 0,
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "dtype": "float32",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 24,
+    "vocab_size": 151936,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+    "use_cache": False,
+    "bos_token_id": None,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
 }
 
-WORDS = ("red green blue cat dog sun moon tree rock bird fish star rain snow wind leaf "
-         "apple pear plum lime kiwi fig date").split()  # examples/make_tiny.py's words: one token each
+WORDS = [
+    "red",
+    "green",
+    "blue",
+    "cat",
+    "dog",
+    "sun",
+    "moon",
+    "tree",
+    "rock",
+    "bird",
+    "fish",
+    "star",
+    "rain",
+    "snow",
+    "wind",
+    "leaf",
+    "apple",
+    "pear",
+    "plum",
+    "lime",
+    "kiwi",
+    "fig",
+    "date",
+]  # examples/make_tiny.py's words: one token each
 
 
 @dataclass
@@ -58,13 +94,19 @@ class Workload:
     def describe(self) -> dict[str, Any]:
         lengths = self.token_lengths
         out = {k: v for k, v in asdict(self).items() if k not in ("config", "token_lengths")}
-        out.update(model_dir=str(self.model_dir), data=str(self.data), max_steps=self.max_steps,
-                   hidden=self.config.get("hidden_size"), layers=self.config.get("num_hidden_layers"),
-                   vocab=self.config.get("vocab_size"), tied=bool(self.config.get("tie_word_embeddings")),
-                   mean_tokens=round(statistics.mean(lengths), 1) if lengths else None,
-                   median_tokens=statistics.median(lengths) if lengths else None,
-                   max_tokens=max(lengths) if lengths else None,
-                   attention_seq_len=round(attention_seq_len(lengths), 1) if lengths else None)
+        out.update(
+            model_dir=str(self.model_dir),
+            data=str(self.data),
+            max_steps=self.max_steps,
+            hidden=self.config.get("hidden_size"),
+            layers=self.config.get("num_hidden_layers"),
+            vocab=self.config.get("vocab_size"),
+            tied=bool(self.config.get("tie_word_embeddings")),
+            mean_tokens=round(statistics.mean(lengths), 1) if lengths else None,
+            median_tokens=statistics.median(lengths) if lengths else None,
+            max_tokens=max(lengths) if lengths else None,
+            attention_seq_len=round(attention_seq_len(lengths), 1) if lengths else None,
+        )
         return out
 
 
@@ -99,8 +141,9 @@ def chat_text(row: dict[str, Any]) -> str:
     return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in row["messages"])
 
 
-def write_rows(path: Path, rows: int, max_length: int, median: int, sigma: float, tokenizer: Path,
-               seed: int = 0) -> list[int]:
+def write_rows(
+    path: Path, rows: int, max_length: int, median: int, sigma: float, tokenizer: Path, seed: int = 0
+) -> list[int]:
     """Chat rows whose token lengths are lognormal (median `median`, capped at max_length): a short user turn
     and a long assistant turn of one-token words. Returns each row's token count, at most max_length."""
     from tokenizers import Tokenizer  # the Rust tokenizer alone: no transformers import in the suite's process
@@ -113,11 +156,15 @@ def write_rows(path: Path, rows: int, max_length: int, median: int, sigma: float
             total = min(max_length - 1, max(16, int(rng.lognormvariate(math.log(median), sigma))))
             prompt = [rng.choice(WORDS) for _ in range(rng.randint(3, 8))]
             answer = [rng.choice(WORDS) for _ in range(max(1, total - len(prompt) - 12))]
-            row = {"messages": [{"role": "user", "content": "repeat: " + " ".join(prompt)},
-                                {"role": "assistant", "content": " ".join(answer)}]}
+            row = {
+                "messages": [
+                    {"role": "user", "content": "repeat: " + " ".join(prompt)},
+                    {"role": "assistant", "content": " ".join(answer)},
+                ]
+            }
             tokens = len(encoder.encode(chat_text(row)).ids)
             if tokens > total and len(answer) > tokens - total:  # one token a word: trim to fit exactly
-                answer = answer[:len(answer) - (tokens - total)]
+                answer = answer[: len(answer) - (tokens - total)]
                 row["messages"][1]["content"] = " ".join(answer)
                 tokens = len(encoder.encode(chat_text(row)).ids)
             out.write(json.dumps(row) + "\n")
@@ -127,6 +174,7 @@ def write_rows(path: Path, rows: int, max_length: int, median: int, sigma: float
 
 # ---------------------------------------------------------------- sftdoctor run configs
 
+
 def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -135,15 +183,23 @@ def toml_value(value: Any) -> str:
     return repr(value)
 
 
-def write_config(path: Path, load: Workload, output_dir: Path, steps: int, batch: int,
-                 training: dict[str, Any] | None = None) -> Path:
+def write_config(
+    path: Path, load: Workload, output_dir: Path, steps: int, batch: int, training: dict[str, Any] | None = None
+) -> Path:
     """A run config over the workload on one process; sftdoctor decides everything not given here."""
     sections = {
         "model": {"path": load.model_dir, "weights": "random"},
         "data": {"train": load.data, "max_length": load.max_length},
-        "training": {"per_device_batch_size": batch, "global_batch_size": batch, "max_steps": steps,
-                     "logging_steps": 1, "save_steps": steps * 100, "seed": 0, "output_dir": output_dir,
-                     **(training or {})},
+        "training": {
+            "per_device_batch_size": batch,
+            "global_batch_size": batch,
+            "max_steps": steps,
+            "logging_steps": 1,
+            "save_steps": steps * 100,
+            "seed": 0,
+            "output_dir": output_dir,
+            **(training or {}),
+        },
         "launch": {"nproc_per_node": 1, "master_port": "auto"},
     }
     lines = []
@@ -155,6 +211,7 @@ def write_config(path: Path, load: Workload, output_dir: Path, steps: int, batch
 
 
 # ---------------------------------------------------------------- what a run recorded
+
 
 def read_records(metrics: Path) -> list[dict[str, Any]]:
     """The training-step records of a metrics.jsonl (it also holds the end-of-run record)."""
@@ -190,6 +247,7 @@ def peak_gib(records: list[dict[str, Any]], key: str) -> float | None:
 
 # ---------------------------------------------------------------- FLOPs and MFU
 
+
 def attention_seq_len(lengths: list[int]) -> float:
     """The context length a token attends over, averaged over tokens: sum(n^2) / sum(n) for samples of n tokens
     (packed samples attend only within themselves; padding is no model FLOP)."""
@@ -205,8 +263,11 @@ def flops_per_token(config: dict[str, Any], parameters: int, seq_len: float) -> 
     embedding = vocab * hidden
     non_embedding = parameters - embedding * (1 if config.get("tie_word_embeddings") else 2)
     attention = 12 * layers * hidden * seq_len
-    return {"with_head": 6 * (non_embedding + embedding) + attention, "non_embedding": 6 * non_embedding + attention,
-            "non_embedding_parameters": non_embedding}
+    return {
+        "with_head": 6 * (non_embedding + embedding) + attention,
+        "non_embedding": 6 * non_embedding + attention,
+        "non_embedding_parameters": non_embedding,
+    }
 
 
 def mfu(tokens_s: float | None, flops: float, peak_tflops: float | None) -> float | None:

@@ -28,8 +28,26 @@ from sftdoctor.findings import Finding, Severity
 ENTRY_POINT_GROUP = "sftdoctor.checks"
 # Every module of this package is scanned for checks (a new one needs no registration). This only orders the
 # output table, the checks a practitioner reads first at the top; a module not named here comes after these.
-SHOWN_FIRST = ("torch_cuda", "precision", "topology", "deepspeed", "flash_attn", "advisories", "nccl_env", "run_config",
-               "memory", "packing", "targets", "embeddings", "lora", "evaluation", "contamination", "runtime", "curves", "cluster")
+SHOWN_FIRST = (
+    "torch_cuda",
+    "precision",
+    "topology",
+    "deepspeed",
+    "flash_attn",
+    "advisories",
+    "nccl_env",
+    "run_config",
+    "memory",
+    "packing",
+    "targets",
+    "embeddings",
+    "lora",
+    "evaluation",
+    "contamination",
+    "runtime",
+    "curves",
+    "cluster",
+)
 _ID = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")
 
 
@@ -51,7 +69,7 @@ class CheckSpec:
             func = func.__wrapped__
         code = func.__code__
         names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
-        optional = set(names[code.co_argcount - len(func.__defaults__ or ()): code.co_argcount])
+        optional = set(names[code.co_argcount - len(func.__defaults__ or ()) : code.co_argcount])
         optional |= set(func.__kwdefaults__ or {})
         return [(name, name not in optional) for name in names]
 
@@ -78,16 +96,27 @@ class Registry:
     def add(self, spec: CheckSpec) -> None:
         wrong = next((why for why in (unavailable_to(name, spec.phase) for name, _ in spec.facts) if why), None)
         if wrong:  # it would be skipped on every run, or never be called: refused here, where it is seen
-            self.problems.append(Finding(
-                Severity.WARNING, f"check {spec.id!r} from {spec.origin} not loaded: it {wrong}",
-                fix=f"name a fact of the {spec.phase} phase (`sftdoctor explain plugins` lists them)",
-                id="plugin-load", explain="plugins"))
+            self.problems.append(
+                Finding(
+                    Severity.WARNING,
+                    f"check {spec.id!r} from {spec.origin} not loaded: it {wrong}",
+                    fix=f"name a fact of the {spec.phase} phase (`sftdoctor explain plugins` lists them)",
+                    id="plugin-load",
+                    explain="plugins",
+                )
+            )
             return
         if spec.id in self.checks:
             first = self.checks[spec.id].origin
-            self.problems.append(Finding(
-                Severity.WARNING, f"check {spec.id!r} from {spec.origin} ignored: {first} already defines it",
-                fix=f"rename the check in {spec.origin}", id="plugin-load", explain="plugins"))
+            self.problems.append(
+                Finding(
+                    Severity.WARNING,
+                    f"check {spec.id!r} from {spec.origin} ignored: {first} already defines it",
+                    fix=f"rename the check in {spec.origin}",
+                    id="plugin-load",
+                    explain="plugins",
+                )
+            )
             return
         self.checks[spec.id] = spec
 
@@ -137,10 +166,15 @@ def load_checks(plugins: bool = True) -> Registry:
             try:
                 registry.scan(load_entry_point(value), origin)
             except Exception as exc:  # a broken plugin must not take the suite down
-                registry.problems.append(Finding(
-                    Severity.WARNING, f"{origin} failed to load: {type(exc).__name__}: {exc}",
-                    fix="fix or uninstall the plugin, or run with --no-plugins",
-                    id="plugin-load", explain="plugins"))
+                registry.problems.append(
+                    Finding(
+                        Severity.WARNING,
+                        f"{origin} failed to load: {type(exc).__name__}: {exc}",
+                        fix="fix or uninstall the plugin, or run with --no-plugins",
+                        id="plugin-load",
+                        explain="plugins",
+                    )
+                )
     return registry
 
 
@@ -171,18 +205,32 @@ def run_check(spec: CheckSpec, facts) -> list[Finding] | Skipped:
         return Skipped(spec.id, str(exc))
     except Exception as exc:
         where = traceback.extract_tb(exc.__traceback__)[-1]
-        return [_broken(spec, f"crashed: {type(exc).__name__}: {exc}", f"at {where.filename}:{where.lineno} ({spec.origin})")]
+        return [
+            _broken(
+                spec, f"crashed: {type(exc).__name__}: {exc}", f"at {where.filename}:{where.lineno} ({spec.origin})"
+            )
+        ]
     wrong = [f for f in findings if not isinstance(f, Finding)]
     if wrong:
-        return [_broken(spec, f"returned {type(wrong[0]).__name__} {str(wrong[0])[:80]!r}, not a Finding",
-                        f"{spec.func.__module__}.{spec.func.__qualname__} ({spec.origin})")]
+        return [
+            _broken(
+                spec,
+                f"returned {type(wrong[0]).__name__} {str(wrong[0])[:80]!r}, not a Finding",
+                f"{spec.func.__module__}.{spec.func.__qualname__} ({spec.origin})",
+            )
+        ]
     return [replace(f, id=f.id or spec.id, explain=f.explain or spec.explain) for f in findings]
 
 
 def _broken(spec: CheckSpec, what: str, where: str) -> Finding:
-    return Finding(Severity.ERROR, f"check {spec.id} {what}", detail=where,
-                   fix="report this with `sftdoctor facts` output attached; the other checks still ran",
-                   id=spec.id, explain=spec.explain)
+    return Finding(
+        Severity.ERROR,
+        f"check {spec.id} {what}",
+        detail=where,
+        fix="report this with `sftdoctor facts` output attached; the other checks still ran",
+        id=spec.id,
+        explain=spec.explain,
+    )
 
 
 def run_checks(specs: Iterable[CheckSpec], facts) -> tuple[list[Finding], list[Skipped]]:

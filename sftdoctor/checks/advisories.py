@@ -9,8 +9,9 @@ plan (or a DeepSpeed JSON given alone) and how flash-attn was installed. Where t
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sftdoctor.checks import NotApplicable, check
 from sftdoctor.findings import info, ok, warning
@@ -54,8 +55,11 @@ def _overlap_zero12(run: Stack) -> bool | None:
     if run.zero is None:
         return None
     stages = (1, 2) if at_least(run.packages.get("deepspeed"), "0.13") else (2,)
-    return (run.stage in stages and run.zero.get("overlap_comm") is True
-            and run.zero.get("contiguous_gradients", True) is not False)
+    return (
+        run.stage in stages
+        and run.zero.get("overlap_comm") is True
+        and run.zero.get("contiguous_gradients", True) is not False
+    )
 
 
 def _overlap_zero3(run: Stack) -> bool | None:
@@ -91,7 +95,10 @@ def _flash_wheel_for_other_torch(run: Stack) -> bool | None:
 
 ADVISORIES = (
     Advisory(
-        "deepspeed-overlap-comm-zero12", "deepspeed", (None, "0.19.0"), _overlap_zero12,
+        "deepspeed-overlap-comm-zero12",
+        "deepspeed",
+        (None, "0.19.0"),
+        _overlap_zero12,
         'ZeRO-1/2 with "overlap_comm": true (and contiguous_gradients, on by default), more than one rank',
         "ZeRO-{stage} with overlap_comm can corrupt gradients: NaN or zero losses, wrong grad norms",
         "Races between the reduction stream and the gradient buckets, fixed one by one: the bucket rewritten while "
@@ -100,31 +107,54 @@ ADVISORIES = (
         "the loss turns NaN or 0 after a few steps, or grad_norm stays at 1.0, and overlap_comm false cures it.",
         'pip install -U "deepspeed>=0.19.0"; or set "overlap_comm": false (slower: the reduction no longer overlaps '
         "the backward)",
-        ("https://github.com/deepspeedai/DeepSpeed/pull/5606", "https://github.com/deepspeedai/DeepSpeed/pull/7805",
-         "https://github.com/deepspeedai/DeepSpeed/pull/7965", "https://github.com/deepspeedai/DeepSpeed/issues/5242",
-         "https://github.com/deepspeedai/DeepSpeed/issues/5347", "https://github.com/deepspeedai/DeepSpeed/issues/7188")),
+        (
+            "https://github.com/deepspeedai/DeepSpeed/pull/5606",
+            "https://github.com/deepspeedai/DeepSpeed/pull/7805",
+            "https://github.com/deepspeedai/DeepSpeed/pull/7965",
+            "https://github.com/deepspeedai/DeepSpeed/issues/5242",
+            "https://github.com/deepspeedai/DeepSpeed/issues/5347",
+            "https://github.com/deepspeedai/DeepSpeed/issues/7188",
+        ),
+    ),
     Advisory(
-        "deepspeed-zero3-overlap-torch210", "deepspeed", (None, "0.18.8"), _overlap_zero3,
+        "deepspeed-zero3-overlap-torch210",
+        "deepspeed",
+        (None, "0.18.8"),
+        _overlap_zero3,
         "ZeRO-3 (overlap_comm on by default) with torch 2.10 or newer",
         "ZeRO-3 with torch {torch}: the gradient reduce-scatter races the backward, NaN weights after the first step",
         "ZeRO-3 synchronised its reduce-scatter with the default stream instead of the current one; torch 2.10's "
         "autograd stream handling makes the race reliable (PR #7898: NaN in 55 weight layers after step 1 on a subset "
         "of ranks, grad_norm clipped to 1.0).",
         'pip install -U "deepspeed>=0.18.8"',
-        ("https://github.com/deepspeedai/DeepSpeed/pull/7898",
-         "https://github.com/deepspeedai/DeepSpeed/releases/tag/v0.18.8")),
+        (
+            "https://github.com/deepspeedai/DeepSpeed/pull/7898",
+            "https://github.com/deepspeedai/DeepSpeed/releases/tag/v0.18.8",
+        ),
+    ),
     Advisory(
-        "deepspeed-0.18.3-accumulation", "deepspeed", ("0.18.3", "0.18.4"), _accumulates,
+        "deepspeed-0.18.3-accumulation",
+        "deepspeed",
+        ("0.18.3", "0.18.4"),
+        _accumulates,
         "gradient accumulation (> 1 step) under the Trainer",
         "gradients are divided by the accumulation steps twice",
         "0.18.3's new backward API scaled each gradient by 1/gradient_accumulation_steps even when the Trainer "
         "asked it not to (scale_wrt_gas=False, transformers PR #35808): grad_norm drops by the accumulation factor "
         "and the loss curves differ with the accumulation steps (PR #7665, fixed by PR #7724 in 0.18.4).",
         'pip install -U "deepspeed>=0.18.4"',
-        ("https://github.com/deepspeedai/DeepSpeed/pull/7665", "https://github.com/deepspeedai/DeepSpeed/pull/7724",
-         "https://github.com/huggingface/accelerate/issues/3877", "https://github.com/deepspeedai/DeepSpeed/issues/7749")),
+        (
+            "https://github.com/deepspeedai/DeepSpeed/pull/7665",
+            "https://github.com/deepspeedai/DeepSpeed/pull/7724",
+            "https://github.com/huggingface/accelerate/issues/3877",
+            "https://github.com/deepspeedai/DeepSpeed/issues/7749",
+        ),
+    ),
     Advisory(
-        "transformers-accumulation-loss", "transformers", (None, "4.46.0"), _accumulates,
+        "transformers-accumulation-loss",
+        "transformers",
+        (None, "4.46.0"),
+        _accumulates,
         "gradient accumulation (> 1 step)",
         "the loss is averaged per micro-batch, not over the step's tokens",
         "Before 4.46.0 the Trainer averaged each micro-batch's loss over its own tokens and then over the micro-"
@@ -132,31 +162,53 @@ ADVISORIES = (
         "logged loss is higher than it should be (the October 2024 gradient accumulation fix, PRs #34191, #34198, "
         "#34283).",
         'pip install -U "transformers>=4.48.1" (4.46.0-4.48.0 have follow-up bugs)',
-        ("https://huggingface.co/blog/gradient_accumulation", "https://github.com/huggingface/transformers/pull/34191",
-         "https://github.com/huggingface/transformers/pull/34198")),
+        (
+            "https://huggingface.co/blog/gradient_accumulation",
+            "https://github.com/huggingface/transformers/pull/34191",
+            "https://github.com/huggingface/transformers/pull/34198",
+        ),
+    ),
     Advisory(
-        "transformers-accumulation-kwargs", "transformers", ("4.46.0", "4.48.1"), _accumulates,
+        "transformers-accumulation-kwargs",
+        "transformers",
+        ("4.46.0", "4.48.1"),
+        _accumulates,
         "gradient accumulation (> 1 step)",
         "the loss can be scaled by the accumulation steps (models without loss kwargs)",
         "The fix of 4.46.0 passed num_items_in_batch to every model: for models whose forward takes no loss "
         "kwargs the loss was no longer divided by the accumulation steps (4.47.0 doubled it at 2 steps; PRs #34511, "
         "#35438, #35651). LLaMA-Factory refuses 4.46.0-4.48.0 for this reason.",
         'pip install -U "transformers>=4.48.1"',
-        ("https://github.com/huggingface/transformers/pull/34511", "https://github.com/huggingface/transformers/pull/35438",
-         "https://github.com/huggingface/transformers/pull/35651", "https://github.com/huggingface/transformers/issues/35787",
-         "https://github.com/hiyouga/LLaMA-Factory/commit/222423bcef9ba99be4f5a4bc2cb2ddffc2057de8")),
+        (
+            "https://github.com/huggingface/transformers/pull/34511",
+            "https://github.com/huggingface/transformers/pull/35438",
+            "https://github.com/huggingface/transformers/pull/35651",
+            "https://github.com/huggingface/transformers/issues/35787",
+            "https://github.com/hiyouga/LLaMA-Factory/commit/222423bcef9ba99be4f5a4bc2cb2ddffc2057de8",
+        ),
+    ),
     Advisory(
-        "liger-kernel-accumulation", "liger-kernel", (None, "0.4.1"), _liger_accumulates,
+        "liger-kernel-accumulation",
+        "liger-kernel",
+        (None, "0.4.1"),
+        _liger_accumulates,
         "liger-kernel on, gradient accumulation (> 1 step), transformers 4.46 or newer",
         "Liger's fused loss ignores num_items_in_batch: the loss is off by about the accumulation factor",
         "Liger's patched forward predates transformers 4.46's num_items_in_batch (PR #322: 'liger kernel losses "
         "seem to be off by an order of magnitude'); fixed for the fused path in 0.4.0 (#333, #354) and the plain "
         "cross-entropy in 0.4.1 (#375).",
         'pip install -U "liger-kernel>=0.4.1"',
-        ("https://github.com/linkedin/Liger-Kernel/pull/322", "https://github.com/linkedin/Liger-Kernel/pull/333",
-         "https://github.com/linkedin/Liger-Kernel/pull/375")),
+        (
+            "https://github.com/linkedin/Liger-Kernel/pull/322",
+            "https://github.com/linkedin/Liger-Kernel/pull/333",
+            "https://github.com/linkedin/Liger-Kernel/pull/375",
+        ),
+    ),
     Advisory(
-        "flash-attn-wheel-torch", "flash-attn", (None, None), _flash_wheel_for_other_torch,
+        "flash-attn-wheel-torch",
+        "flash-attn",
+        (None, None),
+        _flash_wheel_for_other_torch,
         "a prebuilt wheel whose name says another torch",
         "flash-attn's wheel was built for torch {wheel_torch} (CUDA {wheel_cuda}), this torch is {torch}",
         "A flash-attn wheel links libtorch's C++ symbols: it fits one torch major.minor, CUDA major and C++ ABI. "
@@ -165,8 +217,13 @@ ADVISORIES = (
         "recorded in direct_url.json.",
         "pip uninstall -y flash-attn && pip install flash-attn --no-build-isolation --no-cache-dir (with the final "
         "torch already installed), or the release wheel whose name matches this torch",
-        ("https://github.com/Dao-AILab/flash-attention/issues/919", "https://github.com/Dao-AILab/flash-attention/issues/457",
-         "https://github.com/Dao-AILab/flash-attention/issues/1444", "https://github.com/Dao-AILab/flash-attention/issues/821")),
+        (
+            "https://github.com/Dao-AILab/flash-attention/issues/919",
+            "https://github.com/Dao-AILab/flash-attention/issues/457",
+            "https://github.com/Dao-AILab/flash-attention/issues/1444",
+            "https://github.com/Dao-AILab/flash-attention/issues/821",
+        ),
+    ),
 )
 
 
@@ -186,8 +243,13 @@ def releases(advisory: Advisory) -> str:
 
 
 @check("known-bad-versions", "installed releases with a known bug (upstream issue and fix) that this run would hit")
-def known_bad_versions(packages: dict[str, Any], plan=None, deepspeed_config: dict[str, Any] | None = None,
-                       torch_build: dict[str, Any] | None = None, flash_attn: dict[str, Any] | None = None):
+def known_bad_versions(
+    packages: dict[str, Any],
+    plan=None,
+    deepspeed_config: dict[str, Any] | None = None,
+    torch_build: dict[str, Any] | None = None,
+    flash_attn: dict[str, Any] | None = None,
+):
     run = _run(packages, plan, deepspeed_config, torch_build, flash_attn)
     findings, checked, unread = [], [], {}
     for advisory in ADVISORIES:
@@ -208,34 +270,55 @@ def known_bad_versions(packages: dict[str, Any], plan=None, deepspeed_config: di
     if not checked and not unread:
         raise NotApplicable("none of deepspeed, transformers, liger-kernel, flash-attn is installed")
     if not findings:
-        return ok(f"no known-bad release among {', '.join(dict.fromkeys(checked))} for this run "
-                  f"({len(ADVISORIES)} advisories)", evidence={"checked": sorted(set(checked))})
+        return ok(
+            f"no known-bad release among {', '.join(dict.fromkeys(checked))} for this run "
+            f"({len(ADVISORIES)} advisories)",
+            evidence={"checked": sorted(set(checked))},
+        )
     return findings
 
 
 def _unjudged(name: str, version: str):
     bugs = [a.id for a in ADVISORIES if a.package == name]
-    return warning(f"cannot judge {name} {version!r}: not a version PEP 440 reads",
-                   detail=f"Its releases are compared with the known-bad ranges of {', '.join(bugs)}; this version "
-                          "string has no place among them, so none of them is ruled out.",
-                   fix=f"reinstall {name} from a release (`pip install --force-reinstall {name}==X.Y.Z`), or record "
-                       "its real version in the facts snapshot", evidence={"package": name, "version": version,
-                                                                           "advisories": bugs})
+    return warning(
+        f"cannot judge {name} {version!r}: not a version PEP 440 reads",
+        detail=f"Its releases are compared with the known-bad ranges of {', '.join(bugs)}; this version "
+        "string has no place among them, so none of them is ruled out.",
+        fix=f"reinstall {name} from a release (`pip install --force-reinstall {name}==X.Y.Z`), or record "
+        "its real version in the facts snapshot",
+        evidence={"package": name, "version": version, "advisories": bugs},
+    )
 
 
 def _finding(advisory: Advisory, version: str, run: Stack, hit: bool | None):
-    names = {"stage": run.stage, "torch": ".".join(map(str, run.torch or ())) or "?",
-             "wheel_torch": ".".join(map(str, (run.flash_wheel or {}).get("torch", ()))) or "?",
-             "wheel_cuda": (run.flash_wheel or {}).get("cuda", "?")}
+    names = {
+        "stage": run.stage,
+        "torch": ".".join(map(str, run.torch or ())) or "?",
+        "wheel_torch": ".".join(map(str, (run.flash_wheel or {}).get("torch", ()))) or "?",
+        "wheel_cuda": (run.flash_wheel or {}).get("cuda", "?"),
+    }
     title = f"{advisory.package} {version}: " + advisory.title.format(**names)
-    evidence = {"advisory": advisory.id, "package": advisory.package, "version": version,
-                "releases": releases(advisory), "sources": list(advisory.sources), "trigger": advisory.trigger}
+    evidence = {
+        "advisory": advisory.id,
+        "package": advisory.package,
+        "version": version,
+        "releases": releases(advisory),
+        "sources": list(advisory.sources),
+        "trigger": advisory.trigger,
+    }
     if hit:
-        return warning(title, detail=f"{advisory.detail} This run has {advisory.trigger}. Sources: "
-                                     f"{', '.join(advisory.sources)}", fix=advisory.fix, evidence=evidence)
-    return info(f"{advisory.package} {version} has a known bug with {advisory.trigger}; cannot tell whether this run "
-                "uses that", detail=f"{advisory.detail} Sources: {', '.join(advisory.sources)}",
-                fix=f"give the run config (--config) to judge; or {advisory.fix}", evidence=evidence)
+        return warning(
+            title,
+            detail=f"{advisory.detail} This run has {advisory.trigger}. Sources: {', '.join(advisory.sources)}",
+            fix=advisory.fix,
+            evidence=evidence,
+        )
+    return info(
+        f"{advisory.package} {version} has a known bug with {advisory.trigger}; cannot tell whether this run uses that",
+        detail=f"{advisory.detail} Sources: {', '.join(advisory.sources)}",
+        fix=f"give the run config (--config) to judge; or {advisory.fix}",
+        evidence=evidence,
+    )
 
 
 def _run(packages, plan, deepspeed_config, torch_build, flash_attn) -> Stack:
@@ -247,8 +330,15 @@ def _run(packages, plan, deepspeed_config, torch_build, flash_attn) -> Stack:
         zero = (config.get("zero_optimization") or {}) if isinstance(config, dict) else None
         accumulation, liger = _json_accumulation(config), None
     cuda = version_tuple((torch_build or {}).get("cuda"))
-    return Stack(packages, version_tuple((torch_build or {}).get("version")), cuda[0] if cuda else None,
-               zero if isinstance(zero, dict) else None, accumulation, liger, _wheel((flash_attn or {}).get("wheel")))
+    return Stack(
+        packages,
+        version_tuple((torch_build or {}).get("version")),
+        cuda[0] if cuda else None,
+        zero if isinstance(zero, dict) else None,
+        accumulation,
+        liger,
+        _wheel((flash_attn or {}).get("wheel")),
+    )
 
 
 def _json_accumulation(config: dict[str, Any] | None) -> int | None:

@@ -16,34 +16,59 @@ def api_renames(packages: dict, package_requires: dict | None = None):
     installed = {name: packages.get(name) for name in STACK if packages.get(name)}
     if not installed:
         raise NotApplicable("none of trl, transformers, peft, accelerate is installed")
-    found = [_broken(pair, consumer, provider, package_requires or {})
-             for pair, consumer, provider in broken_pairs(packages)]
+    found = [
+        _broken(pair, consumer, provider, package_requires or {}) for pair, consumer, provider in broken_pairs(packages)
+    ]
     found += _unmet(installed, package_requires)
     if found:
         return found
     versions = ", ".join(f"{name} {version}" for name, version in installed.items())
     unread = "" if package_requires else "; their declared requirements were not read"
-    return ok(f"{versions}: none of the {len(PAIRS)} known broken pairs of the rename table", f"{len(RENAMES)} renames "
-              f"known; and each library's declared requirements on the others are met{unread}",
-              evidence={"packages": installed})
+    return ok(
+        f"{versions}: none of the {len(PAIRS)} known broken pairs of the rename table",
+        f"{len(RENAMES)} renames known; and each library's declared requirements on the others are met{unread}",
+        evidence={"packages": installed},
+    )
 
 
 def _broken(pair: Pair, consumer_version: str, provider_version: str, requires: dict):
     row, consumer, provider = pair.rename, pair.consumer, pair.rename.library
     declared = requirement_on(requires.get(consumer, []), provider)
     spec = declared[0] if declared else None
-    admits = (f"; {consumer} {consumer_version} declares {provider}{spec or ' (no bound)'}, which admits "
-              f"{provider} {provider_version}: pip does not stop this pair") if declared is not None else ""
+    admits = (
+        (
+            f"; {consumer} {consumer_version} declares {provider}{spec or ' (no bound)'}, which admits "
+            f"{provider} {provider_version}: pip does not stop this pair"
+        )
+        if declared is not None
+        else ""
+    )
     keep = ",".join(filter(None, [spec, f"<{row.removed}"]))
-    title = (f"{consumer} {consumer_version} still uses {_what(row)}, which {provider} {row.removed} removed "
-             f"({provider} {provider_version} is installed)")
-    detail = (f"{pair.how}; it fails at once with `{raises(row)}`{admits}. Sources: {pair.source}; {row.source}")
-    fix = (f"pip install '{consumer}>={pair.fixed_in}' (its first release without it), or keep {consumer} "
-           f"{consumer_version} with pip install '{provider}{keep}'")
-    return error(title, detail, fix, evidence={
-        "consumer": consumer, "consumer_version": consumer_version, "provider": provider,
-        "provider_version": provider_version, "old": row.old, "new": row.replacement, "removed_in": row.removed,
-        "fixed_in": pair.fixed_in, "declared": spec})
+    title = (
+        f"{consumer} {consumer_version} still uses {_what(row)}, which {provider} {row.removed} removed "
+        f"({provider} {provider_version} is installed)"
+    )
+    detail = f"{pair.how}; it fails at once with `{raises(row)}`{admits}. Sources: {pair.source}; {row.source}"
+    fix = (
+        f"pip install '{consumer}>={pair.fixed_in}' (its first release without it), or keep {consumer} "
+        f"{consumer_version} with pip install '{provider}{keep}'"
+    )
+    return error(
+        title,
+        detail,
+        fix,
+        evidence={
+            "consumer": consumer,
+            "consumer_version": consumer_version,
+            "provider": provider,
+            "provider_version": provider_version,
+            "old": row.old,
+            "new": row.replacement,
+            "removed_in": row.removed,
+            "fixed_in": pair.fixed_in,
+            "declared": spec,
+        },
+    )
 
 
 def _what(row: Rename) -> str:
@@ -72,11 +97,20 @@ def _unmet(installed: dict[str, str], requires: dict | None) -> list:
                 continue
             spec, extra = declared
             under = f" (in its `{extra}` extra)" if extra else ""
-            found.append(warning(
-                f"{consumer} {installed[consumer]} requires {provider}{spec}{under}; {provider} {version} is installed",
-                f"{consumer} was not released for this {provider}: renamed or removed APIs between them fail at import "
-                f"or at the first Trainer (the rename table lists the ones known)",
-                f"pip install '{provider}{spec}', or the {consumer} release made for {provider} {version}",
-                evidence={"consumer": consumer, "consumer_version": installed[consumer], "provider": provider,
-                          "provider_version": version, "declared": spec, "extra": extra}))
+            found.append(
+                warning(
+                    f"{consumer} {installed[consumer]} requires {provider}{spec}{under}; {provider} {version} is installed",
+                    f"{consumer} was not released for this {provider}: renamed or removed APIs between them fail at import "
+                    f"or at the first Trainer (the rename table lists the ones known)",
+                    f"pip install '{provider}{spec}', or the {consumer} release made for {provider} {version}",
+                    evidence={
+                        "consumer": consumer,
+                        "consumer_version": installed[consumer],
+                        "provider": provider,
+                        "provider_version": version,
+                        "declared": spec,
+                        "extra": extra,
+                    },
+                )
+            )
     return found

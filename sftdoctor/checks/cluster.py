@@ -11,9 +11,18 @@ from sftdoctor.findings import Finding, Severity, error, info, ok, warning
 
 # What must agree across ranks, with how a person names it. Versions of the stack, the driver and
 # the NCCL wheel torch loads (a node with another NCCL hangs or errs in the first collective).
-AGREE = (("torch", "torch"), ("cuda", "torch's CUDA build"), ("nccl", "NCCL"), ("driver", "NVIDIA driver"),
-         ("transformers", "transformers"), ("trl", "TRL"), ("deepspeed", "DeepSpeed"), ("accelerate", "accelerate"),
-         ("gpu_name", "GPU model"), ("gpu_memory_mib", "GPU memory (MiB)"))
+AGREE = (
+    ("torch", "torch"),
+    ("cuda", "torch's CUDA build"),
+    ("nccl", "NCCL"),
+    ("driver", "NVIDIA driver"),
+    ("transformers", "transformers"),
+    ("trl", "TRL"),
+    ("deepspeed", "DeepSpeed"),
+    ("accelerate", "accelerate"),
+    ("gpu_name", "GPU model"),
+    ("gpu_memory_mib", "GPU memory (MiB)"),
+)
 SLOW = 0.5  # a link measured below this share of what its topology promises is a warning
 FIXES = {
     "nvlink": "NVLink not used: unset NCCL_P2P_DISABLE, NCCL_P2P_LEVEL=NVL; see the gpu-topology finding",
@@ -26,8 +35,10 @@ def _where(records: list[dict[str, Any]]) -> str:
     by_node: dict[str, list[int]] = {}
     for r in records:
         by_node.setdefault(r["node"], []).append(r["rank"])
-    return "; ".join(f"node {node} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))})"
-                     for node, ranks in sorted(by_node.items()))
+    return "; ".join(
+        f"node {node} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))})"
+        for node, ranks in sorted(by_node.items())
+    )
 
 
 @check("cluster-consistency", "every rank runs the same stack and owns a GPU of its own", phase="distributed")
@@ -42,12 +53,19 @@ def cluster_consistency(cluster: dict[str, Any]):
         odd = [r for r in ranks if str(r.get(key)) != common]
         seen = ", ".join(f"{v} on {n} rank{'s' if n > 1 else ''}" for v, n in values.most_common())
         # A tie has no "rest" to blame: name every side.
-        where = f"{_where(ranks)} disagree" if most == next_most else \
-            f"{_where(odd)} differ{'s' if len(odd) == 1 else ''} from the rest"
-        findings.append(error(f"{label} differs across ranks: {where}",
-                              detail=f"{label}: {seen}.",
-                              fix=f"install the same {label} on every node (same image or environment), then rerun",
-                              evidence={"key": key, "values": dict(values), "odd_ranks": [r["rank"] for r in odd]}))
+        where = (
+            f"{_where(ranks)} disagree"
+            if most == next_most
+            else f"{_where(odd)} differ{'s' if len(odd) == 1 else ''} from the rest"
+        )
+        findings.append(
+            error(
+                f"{label} differs across ranks: {where}",
+                detail=f"{label}: {seen}.",
+                fix=f"install the same {label} on every node (same image or environment), then rerun",
+                evidence={"key": key, "values": dict(values), "odd_ranks": [r["rank"] for r in odd]},
+            )
+        )
     findings += _shared_gpus(ranks)
     if findings:
         return findings
@@ -61,20 +79,28 @@ def _shared_gpus(ranks: list[dict[str, Any]]) -> list[Finding]:
     findings, by_device = [], {}
     for r in ranks:
         if r.get("gpu") is None and r.get("gpus_visible"):
-            findings.append(error(f"rank {r['rank']} (node {r['node']}) has no GPU of its own: local rank "
-                                  f"{r['local_rank']} of {r['gpus_visible']} visible",
-                                  fix="launch at most one process per visible GPU (--nproc-per-node)",
-                                  evidence={"rank": r["rank"], "visible": r["gpus_visible"]}))
+            findings.append(
+                error(
+                    f"rank {r['rank']} (node {r['node']}) has no GPU of its own: local rank "
+                    f"{r['local_rank']} of {r['gpus_visible']} visible",
+                    fix="launch at most one process per visible GPU (--nproc-per-node)",
+                    evidence={"rank": r["rank"], "visible": r["gpus_visible"]},
+                )
+            )
         elif r.get("gpu"):
             by_device.setdefault((r["node"], r["gpu"]), []).append(r)
     for (node, device), sharing in sorted(by_device.items()):
         if len(sharing) > 1:
             names = " and ".join(str(r["rank"]) for r in sharing)
-            findings.append(error(f"ranks {names} would share one GPU ({device}) on node {node}",
-                                  detail="NCCL refuses it with `Duplicate GPU detected : rank 1 and rank 0 both on CUDA device ...`.",
-                                  fix="one process per GPU: each rank uses cuda:LOCAL_RANK; check CUDA_VISIBLE_DEVICES per rank",
-                                  explain="nccl-error", evidence={"node": node, "gpu": device,
-                                                                  "ranks": [r["rank"] for r in sharing]}))
+            findings.append(
+                error(
+                    f"ranks {names} would share one GPU ({device}) on node {node}",
+                    detail="NCCL refuses it with `Duplicate GPU detected : rank 1 and rank 0 both on CUDA device ...`.",
+                    fix="one process per GPU: each rank uses cuda:LOCAL_RANK; check CUDA_VISIBLE_DEVICES per rank",
+                    explain="nccl-error",
+                    evidence={"node": node, "gpu": device, "ranks": [r["rank"] for r in sharing]},
+                )
+            )
     return findings
 
 
@@ -82,21 +108,36 @@ def _shared_gpus(ranks: list[dict[str, Any]]) -> list[Finding]:
 def collective_correctness(cluster: dict[str, Any]):
     missing = cluster.get("missing") or []
     if missing:
-        return Finding(Severity.ERROR, f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not "
-                       f"join within {cluster['bound_s']:g} s", detail=cluster.get("missing_detail", ""),
-                       fix="read that rank's own output: a crash before init, a hung import or data load, or a node "
-                           "that cannot reach MASTER_ADDR:MASTER_PORT", explain="nccl-timeout", id="nccl-timeout",
-                       evidence={"missing_ranks": missing})
+        return Finding(
+            Severity.ERROR,
+            f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not "
+            f"join within {cluster['bound_s']:g} s",
+            detail=cluster.get("missing_detail", ""),
+            fix="read that rank's own output: a crash before init, a hung import or data load, or a node "
+            "that cannot reach MASTER_ADDR:MASTER_PORT",
+            explain="nccl-timeout",
+            id="nccl-timeout",
+            evidence={"missing_ranks": missing},
+        )
     sweep = cluster.get("sweep") or {}
     if sweep.get("error"):
-        return Finding(Severity.ERROR, f"an all-reduce did not finish: {sweep['error']}",
-                       detail=sweep.get("where", ""), explain="nccl-timeout", id="nccl-timeout",
-                       fix="see `sftdoctor explain nccl-timeout`", evidence=sweep)
+        return Finding(
+            Severity.ERROR,
+            f"an all-reduce did not finish: {sweep['error']}",
+            detail=sweep.get("where", ""),
+            explain="nccl-timeout",
+            id="nccl-timeout",
+            fix="see `sftdoctor explain nccl-timeout`",
+            evidence=sweep,
+        )
     wrong = sweep.get("wrong_ranks") or []
     if wrong:
-        return error(f"all-reduce sums were wrong on rank{'s' if len(wrong) > 1 else ''} {', '.join(map(str, wrong))}",
-                     fix="broken hardware or transport: rerun with NCCL_P2P_DISABLE=1, then NCCL_SHM_DISABLE=1, to "
-                         "find the path; check dmesg for Xid errors", evidence={"wrong_ranks": wrong})
+        return error(
+            f"all-reduce sums were wrong on rank{'s' if len(wrong) > 1 else ''} {', '.join(map(str, wrong))}",
+            fix="broken hardware or transport: rerun with NCCL_P2P_DISABLE=1, then NCCL_SHM_DISABLE=1, to "
+            "find the path; check dmesg for Xid errors",
+            evidence={"wrong_ranks": wrong},
+        )
     checked = sum(len(g["sizes"]) for g in sweep.get("groups", []))
     return ok(f"{checked} all-reduces exact on every rank")
 
@@ -108,15 +149,22 @@ def collective_bandwidth(cluster: dict[str, Any]):
         if not group["sizes"]:
             continue
         best = max(group["sizes"], key=lambda s: s["busbw_gbps"])
-        head = (f"{group['name']}: bus bandwidth {best['busbw_gbps']:.2f} GB/s at {best['bytes'] / 2**20:g} MiB "
-                f"({group['backend']}, {len(group['ranks'])} ranks)")
+        head = (
+            f"{group['name']}: bus bandwidth {best['busbw_gbps']:.2f} GB/s at {best['bytes'] / 2**20:g} MiB "
+            f"({group['backend']}, {len(group['ranks'])} ranks)"
+        )
         expected = group.get("expected")
         evidence = {**group, "best_busbw_gbps": best["busbw_gbps"]}
         if expected and best["busbw_gbps"] < SLOW * expected["busbw_gbps"]:
-            findings.append(warning(
-                head + f", below half of the {expected['busbw_gbps']:g} GB/s its links promise",
-                detail=f"expected: {expected['why']}.",
-                fix=FIXES[expected["via"]], explain="collective-bandwidth", evidence=evidence))
+            findings.append(
+                warning(
+                    head + f", below half of the {expected['busbw_gbps']:g} GB/s its links promise",
+                    detail=f"expected: {expected['why']}.",
+                    fix=FIXES[expected["via"]],
+                    explain="collective-bandwidth",
+                    evidence=evidence,
+                )
+            )
         else:
             detail = f"expected about {expected['busbw_gbps']:g} GB/s ({expected['why']})" if expected else ""
             findings.append(info(head, detail=detail, evidence=evidence))

@@ -8,8 +8,14 @@ from sftdoctor.errors import InputError, did_you_mean
 from sftdoctor.facts import Facts, Inputs, launch_inputs
 
 
-def main(inputs: Inputs, select: str | None = None, list_checks: bool = False, as_json: bool = False,
-         plugins: bool = True, verbose: bool = False) -> int:
+def main(
+    inputs: Inputs,
+    select: str | None = None,
+    list_checks: bool = False,
+    as_json: bool = False,
+    plugins: bool = True,
+    verbose: bool = False,
+) -> int:
     """Exit 0: no error; 1: an error finding. Bad input raises InputError(s)."""
     registry = load_checks(plugins)
     if list_checks:
@@ -24,8 +30,9 @@ def main(inputs: Inputs, select: str | None = None, list_checks: bool = False, a
             raise InputError("--select", "expected check ids separated by commas; see `sftdoctor check --list`")
         for name in wanted:
             if name not in registry.checks:
-                raise InputError("--select", f"no check {name!r}{did_you_mean(name, registry.checks)}; "
-                                             "see `sftdoctor check --list`")
+                raise InputError(
+                    "--select", f"no check {name!r}{did_you_mean(name, registry.checks)}; see `sftdoctor check --list`"
+                )
         specs = registry.select(wanted)
     facts = Facts(inputs)
     launch_inputs.require(facts)  # what `train` refuses, refused here in its words

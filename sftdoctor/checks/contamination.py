@@ -12,13 +12,18 @@ from sftdoctor.findings import info, ok, warning
 WARN_SHARE = 0.01
 
 
-@check("contamination", "the training rows do not contain the eval tasks' documents (13-word n-grams; n-grams of "
-                        "characters in scripts without spaces)")
+@check(
+    "contamination",
+    "the training rows do not contain the eval tasks' documents (13-word n-grams; n-grams of "
+    "characters in scripts without spaces)",
+)
 def contamination(contamination: dict[str, Any]):
     if "error" in contamination:
-        return warning(f"the training rows could not be compared with the eval documents ({contamination['error']})",
-                       fix="run `sftdoctor check --config RUN.toml --select contamination` where lm-eval and the "
-                           "task data are", evidence=contamination)
+        return warning(
+            f"the training rows could not be compared with the eval documents ({contamination['error']})",
+            fix="run `sftdoctor check --config RUN.toml --select contamination` where lm-eval and the task data are",
+            evidence=contamination,
+        )
     return [_verdict(source, found, contamination["train_rows"]) for source, found in contamination["sources"].items()]
 
 
@@ -32,8 +37,9 @@ def _rules(found: dict[str, Any]) -> str:
 
 def _verdict(source: str, found: dict[str, Any], train_rows: int):
     if "error" in found:
-        return warning(f"{source}: not judged: {found['error']}", fix="make the file readable, then check again",
-                       evidence=found)
+        return warning(
+            f"{source}: not judged: {found['error']}", fix="make the file readable, then check again", evidence=found
+        )
     docs, touched, short = found["docs"], found["touched"], found["too_short"]
     judged, below = docs - short, found.get("too_short_below") or "8 words"
     unjudged = f"; {short} of its documents are too short to judge (under {below})" if short else ""
@@ -45,13 +51,15 @@ def _verdict(source: str, found: dict[str, Any], train_rows: int):
         return info(f"{source}: not judged: no training row was read", evidence=found)
     if touched == 0:
         rows = f"{train_rows:,} training row{'' if train_rows == 1 else 's'}"
-        return ok(f"{source}: none of {judged} documents occurs in the {rows} ({_rules(found)}){unjudged}",
-                  evidence=found)
+        return ok(
+            f"{source}: none of {judged} documents occurs in the {rows} ({_rules(found)}){unjudged}", evidence=found
+        )
     share, first = touched / judged, found["examples"][0]
     return (warning if share >= WARN_SHARE else info)(
         f"{source}: {touched} of {judged} documents ({share:.1%}) occur in the training rows ({_rules(found)}), e.g. "
         f"{first['eval']} in {first['train']}",
-        detail=f"Shared {first.get('shared', '13 words')}: \"{first['overlap']}\". The model will have seen the "
-               f"answers it is scored on: the score overstates it{unjudged}.",
+        detail=f'Shared {first.get("shared", "13 words")}: "{first["overlap"]}". The model will have seen the '
+        f"answers it is scored on: the score overstates it{unjudged}.",
         fix="drop the training rows that contain them (decontaminate), or evaluate on tasks the data never saw",
-        evidence=found)
+        evidence=found,
+    )

@@ -29,9 +29,15 @@ LEAK_SHARE, LEAK_RHO, LEAK_GROWTH = 0.5, 0.8, 0.05  # share of intervals that ro
 LEAK_MIN_GIB = {"memory_allocated_gib": 0.1, "host_rss_gib": 0.25}
 
 
-WHAT = {"loss": "the train loss", "eval_loss": "the eval loss", "learning_rate": "the learning rate",
-        "grad_norm": "the gradient norm", "tokens_per_second": "the throughput",
-        "memory_allocated_gib": "the GPU memory", "host_rss_gib": "the host memory"}
+WHAT = {
+    "loss": "the train loss",
+    "eval_loss": "the eval loss",
+    "learning_rate": "the learning rate",
+    "grad_norm": "the gradient norm",
+    "tokens_per_second": "the throughput",
+    "memory_allocated_gib": "the GPU memory",
+    "host_rss_gib": "the host memory",
+}
 TRAINING = ("loss", "eval_loss", "learning_rate", "grad_norm")  # a non-finite one of these: the run is broken
 
 
@@ -41,8 +47,9 @@ def overflows(curves: dict[str, Any], name: str) -> bool:
     series = curves["series"].get(name)
     if name != "grad_norm" or curves.get("precision") != "fp16" or not series:
         return False
-    return non_finite(curves["series"].get("loss")) is None and all(v == math.inf for v in series["values"]
-                                                                     if not math.isfinite(v))
+    return non_finite(curves["series"].get("loss")) is None and all(
+        v == math.inf for v in series["values"] if not math.isfinite(v)
+    )
 
 
 def points(curves: dict[str, Any], name: str) -> tuple[list[int], list[float]]:
@@ -63,18 +70,23 @@ def went_non_finite(curves: dict[str, Any], name: str) -> Finding | None:
     if gone is None or overflows(curves, name):
         return None
     if name not in TRAINING:
-        return warning(f"{WHAT[name]} is {said(gone)}", detail="A NaN or infinite reading is no number to judge: "
-                       "the logger divided by a zero duration or read a failed counter.",
-                       fix="look at the run's log around that step; the training's own numbers are judged apart",
-                       evidence={**gone, "series": name})
+        return warning(
+            f"{WHAT[name]} is {said(gone)}",
+            detail="A NaN or infinite reading is no number to judge: "
+            "the logger divided by a zero duration or read a failed counter.",
+            fix="look at the run's log around that step; the training's own numbers are judged apart",
+            evidence={**gone, "series": name},
+        )
     return error(
         f"{WHAT[name]} is {said(gone)}",
         detail="A NaN or infinite value is no number to judge: the curve readers do not read the series over it, "
-               "and the panels leave a gap there.",
+        "and the panels leave a gap there.",
         fix=f"resume from the last checkpoint before step {gone['step']} with a lower learning_rate or a longer "
-            "warmup (bf16 rather than fp16); if the learning rate itself is non-finite, the schedule or a callback "
-            "computed it: see the run's settings",
-        explain="nan-loss", evidence={**gone, "series": name})
+        "warmup (bf16 rather than fp16); if the learning rate itself is non-finite, the schedule or a callback "
+        "computed it: see the run's settings",
+        explain="nan-loss",
+        evidence={**gone, "series": name},
+    )
 
 
 def enough(values: list, needed: int, what: str) -> None:
@@ -113,6 +125,7 @@ def _g(value: float) -> str:
 
 # ---------------------------------------------------------------- learning rate
 
+
 def reversals(values: list[float], swing: float) -> list[int]:
     """Indices where the curve turns back up after falling (or down after rising) by more than `swing`."""
     turns, direction, extreme = [], 0, values[0]
@@ -136,13 +149,18 @@ def best_offset(schedule: dict[str, Any], steps: list[int], lrs: list[float], la
     every = max(1, len(steps) // 2000)  # a sample decides it as well as every point
 
     def error(offset: int) -> float:
-        return sum(abs(lr - schedules.rate(schedule, max(0, s - offset)))
-                   for s, lr in zip(steps[::every], lrs[::every]))
+        return sum(
+            abs(lr - schedules.rate(schedule, max(0, s - offset))) for s, lr in zip(steps[::every], lrs[::every])
+        )
+
     return min(range(0, 2 + lag), key=error)
 
 
-@check("lr-curve", "the logged learning rate against the configured schedule: its warmup, its floor, no oscillation",
-       phase="postrun")
+@check(
+    "lr-curve",
+    "the logged learning rate against the configured schedule: its warmup, its floor, no oscillation",
+    phase="postrun",
+)
 def lr_curve(curves: dict[str, Any]):
     if gone := went_non_finite(curves, "learning_rate"):
         return gone
@@ -158,15 +176,21 @@ def lr_curve(curves: dict[str, Any]):
         return warning(
             f"the learning rate oscillates: it turned {len(turns)} times after its peak (first at step {steps[turns[0]]})",
             detail=f"Peak {_g(peak)} at step {steps[after]}; turns at steps {', '.join(map(str, (steps[i] for i in turns[:6])))}"
-                   + (f". The configured schedule ({name}) only falls after its warmup." if name else
-                      ". A warmup-then-decay schedule never turns back up after its peak."),
+            + (
+                f". The configured schedule ({name}) only falls after its warmup."
+                if name
+                else ". A warmup-then-decay schedule never turns back up after its peak."
+            ),
             fix="a cosine's num_cycles above 0.5 (or a restarts schedule) makes it rise again: use lr_scheduler = "
-                "\"cosine_with_min_lr\" with no num_cycles; a resume that restored the weights but restarted the "
-                "scheduler turns too",
-            evidence={"step": steps[turns[0]], "turns": [steps[i] for i in turns]})
+            '"cosine_with_min_lr" with no num_cycles; a resume that restored the weights but restarted the '
+            "scheduler turns too",
+            evidence={"step": steps[turns[0]], "turns": [steps[i] for i in turns]},
+        )
     if schedule is None:
-        return ok(f"the learning rate peaked at {_g(peak)} and did not oscillate (no configured schedule to compare "
-                  "with)", evidence={"peak": peak})
+        return ok(
+            f"the learning rate peaked at {_g(peak)} and did not oscillate (no configured schedule to compare with)",
+            evidence={"peak": peak},
+        )
     lag = max(1, schedule["total_steps"] // 20) if curves.get("precision") == "fp16" else 0
     offset = best_offset(schedule, steps, lrs, lag)
     tolerance = LR_TOLERANCE * schedule["learning_rate"]
@@ -180,54 +204,81 @@ def lr_curve(curves: dict[str, Any]):
             f"the learning rate followed the configured {name} schedule"
             + (f" to its floor {_g(floor)}" if reached and floor > 0 else ""),
             detail=f"{len(lrs)} logged rates within {LR_TOLERANCE:.0%} of the peak {_g(schedule['learning_rate'])} of "
-                   f"the schedule's (warmup {schedule['warmup_steps']} steps, {end} steps in all).",
-            evidence={"offset": offset})
+            f"the schedule's (warmup {schedule['warmup_steps']} steps, {end} steps in all).",
+            evidence={"offset": offset},
+        )
     return _left_schedule(schedule, steps, lrs, expected, off, offset)
 
 
-def _left_schedule(schedule: dict[str, Any], steps: list[int], lrs: list[float], expected: list[float], off: list[int],
-                   offset: int):
+def _left_schedule(
+    schedule: dict[str, Any], steps: list[int], lrs: list[float], expected: list[float], off: list[int], offset: int
+):
     """How the logged rates left the configured schedule, most telling first: below its floor, ending elsewhere,
     no warmup, or another schedule altogether."""
     name, end, tolerance = schedule["name"], schedule["total_steps"], LR_TOLERANCE * schedule["learning_rate"]
     floor = schedules.floor(schedule)
     first = off[0]
-    evidence = {"step": steps[first], "logged": lrs[first], "expected": expected[first], "off": len(off),
-                "of": len(lrs), "floor": floor}
+    evidence = {
+        "step": steps[first],
+        "logged": lrs[first],
+        "expected": expected[first],
+        "off": len(off),
+        "of": len(lrs),
+        "floor": floor,
+    }
     below = [i for i in off if floor > 0 and lrs[i] < floor - tolerance]
     if below:
         i = below[0]
         title = f"the learning rate fell below its floor: {_g(lrs[i])} at step {steps[i]}, the floor is {_g(floor)}"
-        fix = ("the floor was not applied: pass it as min_lr_rate with lr_scheduler_type=\"cosine_with_min_lr\" "
-               "(an absolute min_lr crashes or is dropped under DeepSpeed); `sftdoctor check --config` checks it")
+        fix = (
+            'the floor was not applied: pass it as min_lr_rate with lr_scheduler_type="cosine_with_min_lr" '
+            "(an absolute min_lr crashes or is dropped under DeepSpeed); `sftdoctor check --config` checks it"
+        )
         evidence["step"] = steps[i]
     elif steps[-1] >= end - offset and abs(lrs[-1] - expected[-1]) > tolerance:
-        title = (f"the learning rate ended at {_g(lrs[-1])} at step {steps[-1]}, not at the schedule's end "
-                 f"value {_g(expected[-1])}")
-        fix = ("the scheduler was built for another number of steps than the run took (max_steps against epochs, a "
-               "resume with another world size or batch, or a DeepSpeed scheduler block): set max_steps, and let the "
-               "Trainer build the schedule")
+        title = (
+            f"the learning rate ended at {_g(lrs[-1])} at step {steps[-1]}, not at the schedule's end "
+            f"value {_g(expected[-1])}"
+        )
+        fix = (
+            "the scheduler was built for another number of steps than the run took (max_steps against epochs, a "
+            "resume with another world size or batch, or a DeepSpeed scheduler block): set max_steps, and let the "
+            "Trainer build the schedule"
+        )
     elif schedule["warmup_steps"] > 1 and steps[first] <= schedule["warmup_steps"] and lrs[first] > expected[first]:
         title = f"no warmup: the learning rate was already {_g(lrs[first])} at step {steps[first]}"
-        fix = ("the scheduler that ran had no warmup: a resume that restored the weights but rebuilt the scheduler, a "
-               "warmup given in steps that was read as a ratio (transformers 5 reads warmup_steps below 1 as a ratio), "
-               "or an optimizer and scheduler built outside the Trainer")
+        fix = (
+            "the scheduler that ran had no warmup: a resume that restored the weights but rebuilt the scheduler, a "
+            "warmup given in steps that was read as a ratio (transformers 5 reads warmup_steps below 1 as a ratio), "
+            "or an optimizer and scheduler built outside the Trainer"
+        )
     else:
-        title = (f"the learning rate left the configured {name} schedule at step {steps[first]}: logged "
-                 f"{_g(lrs[first])}, expected {_g(expected[first])}")
-        fix = ("another scheduler or learning rate was applied than the one configured (a resumed optimizer or "
-               "scheduler state from another run, a callback or plugin changing param_groups)")
+        title = (
+            f"the learning rate left the configured {name} schedule at step {steps[first]}: logged "
+            f"{_g(lrs[first])}, expected {_g(expected[first])}"
+        )
+        fix = (
+            "another scheduler or learning rate was applied than the one configured (a resumed optimizer or "
+            "scheduler state from another run, a callback or plugin changing param_groups)"
+        )
     return warning(
-        title, detail=f"{len(off)} of {len(lrs)} logged rates are more than {LR_TOLERANCE:.0%} of the peak away from the "
-                      f"configured schedule ({name}, peak {_g(schedule['learning_rate'])}, warmup "
-                      f"{schedule['warmup_steps']} steps, {end} steps, ending at {_g(floor)}).",
-        fix=fix, evidence=evidence)
+        title,
+        detail=f"{len(off)} of {len(lrs)} logged rates are more than {LR_TOLERANCE:.0%} of the peak away from the "
+        f"configured schedule ({name}, peak {_g(schedule['learning_rate'])}, warmup "
+        f"{schedule['warmup_steps']} steps, {end} steps, ending at {_g(floor)}).",
+        fix=fix,
+        evidence=evidence,
+    )
 
 
 # ---------------------------------------------------------------- gradient norm
 
-@check("grad-norm-curve", "the gradient norm: clipped on most steps, or rising over the last third of the run",
-       phase="postrun")
+
+@check(
+    "grad-norm-curve",
+    "the gradient norm: clipped on most steps, or rising over the last third of the run",
+    phase="postrun",
+)
 def grad_norm_curve(curves: dict[str, Any]):
     if gone := went_non_finite(curves, "grad_norm"):
         return gone
@@ -239,15 +290,19 @@ def grad_norm_curve(curves: dict[str, Any]):
         clip, assumed = TRAINER_MAX_GRAD_NORM, True
     clipped = [i for i, n in enumerate(norms) if clip and n > CLIPPED_BY * clip]
     if clip and len(clipped) >= CLIPPED_SHARE * len(norms):
-        found.append(warning(
-            f"the gradient norm was clipped on {len(clipped) / len(norms):.0%} of the logged steps: above "
-            f"{CLIPPED_BY:g}x the threshold {clip:g}" + (" (the Trainer's default; the log does not say)" if assumed else ""),
-            detail=f"Median gradient norm {_g(statistics.median(norms))}: clipping shrank most updates by more than 9%, "
-                   "so the run trained with a smaller step than its learning rate says, and the norm no longer "
-                   "tells a healthy update from a bad one.",
-            fix="lower learning_rate (or lengthen warmup) until most steps are under the threshold; a threshold far "
+        found.append(
+            warning(
+                f"the gradient norm was clipped on {len(clipped) / len(norms):.0%} of the logged steps: above "
+                f"{CLIPPED_BY:g}x the threshold {clip:g}"
+                + (" (the Trainer's default; the log does not say)" if assumed else ""),
+                detail=f"Median gradient norm {_g(statistics.median(norms))}: clipping shrank most updates by more than 9%, "
+                "so the run trained with a smaller step than its learning rate says, and the norm no longer "
+                "tells a healthy update from a bad one.",
+                fix="lower learning_rate (or lengthen warmup) until most steps are under the threshold; a threshold far "
                 "below the typical norm (max_grad_norm 0.1 on a 7B model) is too tight; look for rows with huge losses",
-            evidence={"step": steps[clipped[0]], "share": len(clipped) / len(norms), "max_grad_norm": clip}))
+                evidence={"step": steps[clipped[0]], "share": len(clipped) / len(norms), "max_grad_norm": clip},
+            )
+        )
     tail = len(norms) - len(norms) // 3
     window_steps, window = steps[tail:], norms[tail:]
     if len(window) >= 6:
@@ -255,23 +310,32 @@ def grad_norm_curve(curves: dict[str, Any]):
         before, later = statistics.median(window[:half]), statistics.median(window[half:])
         rho = spearman(window_steps, window)
         if before > 0 and later / before >= RISING_RATIO and rho >= RISING_RHO:
-            found.append(warning(
-                f"the gradient norm rose over the last third of the run: median {_g(before)} to {_g(later)} "
-                f"(steps {window_steps[0]}-{window_steps[-1]})",
-                detail=f"Rank correlation with the step {rho:.2f}. A norm that keeps growing while the loss no longer "
-                       "falls usually comes before a divergence (often with fp16 or a high learning rate); at the very "
-                       "end of a schedule that decays to 0, a mild rise is known and harmless.",
-                fix="resume from a checkpoint before the rise with a lower learning_rate, or stop here; keep "
+            found.append(
+                warning(
+                    f"the gradient norm rose over the last third of the run: median {_g(before)} to {_g(later)} "
+                    f"(steps {window_steps[0]}-{window_steps[-1]})",
+                    detail=f"Rank correlation with the step {rho:.2f}. A norm that keeps growing while the loss no longer "
+                    "falls usually comes before a divergence (often with fp16 or a high learning rate); at the very "
+                    "end of a schedule that decays to 0, a mild rise is known and harmless.",
+                    fix="resume from a checkpoint before the rise with a lower learning_rate, or stop here; keep "
                     "max_grad_norm = 1.0; check the loss curve for the same turn",
-                evidence={"step": window_steps[0], "before": before, "after": later, "rho": rho}))
+                    evidence={"step": window_steps[0], "before": before, "after": later, "rho": rho},
+                )
+            )
     skipped = non_finite(curves["series"].get("grad_norm"))  # fp16's overflowed steps, left out above
-    return found or ok(f"the gradient norm stayed level: median {_g(statistics.median(norms[tail:]))} over the last third"
-                       + (f"; clipped (above {CLIPPED_BY:g}x {clip:g}) on {len(clipped) / len(norms):.0%} of the steps"
-                          if clip else "")
-                       + (f"; {skipped['count']} overflowed fp16 steps (inf) left out" if skipped else ""))
+    return found or ok(
+        f"the gradient norm stayed level: median {_g(statistics.median(norms[tail:]))} over the last third"
+        + (
+            f"; clipped (above {CLIPPED_BY:g}x {clip:g}) on {len(clipped) / len(norms):.0%} of the steps"
+            if clip
+            else ""
+        )
+        + (f"; {skipped['count']} overflowed fp16 steps (inf) left out" if skipped else "")
+    )
 
 
 # ---------------------------------------------------------------- eval loss
+
 
 def best_checkpoint(curves: dict[str, Any], step: int) -> str:
     """Where the weights of `step` are, or the nearest kept checkpoint before it."""
@@ -285,8 +349,10 @@ def best_checkpoint(curves: dict[str, Any], step: int) -> str:
     earlier = [s for s in saved if s < step]
     if earlier:
         return f"checkpoint-{step} was not kept; the nearest before it is {path}/checkpoint-{earlier[-1]}"
-    return (f"no checkpoint of step {step} was kept (save at every evaluation, save_steps = eval_steps, with a "
-            "save_total_limit that keeps it)")
+    return (
+        f"no checkpoint of step {step} was kept (save at every evaluation, save_steps = eval_steps, with a "
+        "save_total_limit that keeps it)"
+    )
 
 
 @check("overfitting", "eval loss rising for several evaluations while the train loss falls", phase="postrun")
@@ -299,59 +365,82 @@ def overfitting(curves: dict[str, Any]):
     after = len(evals) - 1 - best
     rose = evals[-1] - evals[best]
     if after < PATIENCE or rose <= max(0.01 * abs(evals[best]), 1e-3):
-        return ok(f"the eval loss was lowest at step {steps[best]} ({_g(evals[best])})"
-                  + (f", {after} evaluation{'s' if after != 1 else ''} before the end" if after else ", the last evaluation"))
+        return ok(
+            f"the eval loss was lowest at step {steps[best]} ({_g(evals[best])})"
+            + (f", {after} evaluation{'s' if after != 1 else ''} before the end" if after else ", the last evaluation")
+        )
     train_steps, train = points(curves, "loss")
     at_best = [v for s, v in zip(train_steps, train) if s <= steps[best]][-3:]
     at_end = [v for s, v in zip(train_steps, train) if s <= steps[-1]][-3:]
     if not at_best or not at_end or statistics.fmean(at_end) >= statistics.fmean(at_best):
-        return ok(f"the eval loss rose after step {steps[best]}, but so did the train loss (no overfitting; see the "
-                  "loss curve)", evidence={"step": steps[best]})
+        return ok(
+            f"the eval loss rose after step {steps[best]}, but so did the train loss (no overfitting; see the "
+            "loss curve)",
+            evidence={"step": steps[best]},
+        )
     where = best_checkpoint(curves, steps[best])
     return warning(
         f"overfitting: the eval loss stayed above its best for {after} evaluations after step {steps[best]} while the "
         "train loss fell",
         detail=f"Eval loss {_g(evals[best])} at step {steps[best]}, {_g(evals[-1])} at step {steps[-1]}; train loss "
-               f"{_g(statistics.fmean(at_best))} to {_g(statistics.fmean(at_end))} over the same steps. The best "
-               f"weights: {where}.",
-        fix=(f"use the weights of step {steps[best]} ({where}); next time train fewer epochs (about {steps[best]} "
-             "steps), lower learning_rate, or add data" if where.endswith(f"checkpoint-{steps[best]}") else
-             f"train again for about {steps[best]} steps (fewer epochs) with a checkpoint at every evaluation, or "
-             "lower learning_rate, or add data"),
-        evidence={"step": steps[best], "best_eval_loss": evals[best], "last_eval_loss": evals[-1], "checkpoint": where})
+        f"{_g(statistics.fmean(at_best))} to {_g(statistics.fmean(at_end))} over the same steps. The best "
+        f"weights: {where}.",
+        fix=(
+            f"use the weights of step {steps[best]} ({where}); next time train fewer epochs (about {steps[best]} "
+            "steps), lower learning_rate, or add data"
+            if where.endswith(f"checkpoint-{steps[best]}")
+            else f"train again for about {steps[best]} steps (fewer epochs) with a checkpoint at every evaluation, or "
+            "lower learning_rate, or add data"
+        ),
+        evidence={"step": steps[best], "best_eval_loss": evals[best], "last_eval_loss": evals[-1], "checkpoint": where},
+    )
 
 
 # ---------------------------------------------------------------- train loss
 
-@check("loss-plateau", "a train loss that does not fall from the start: learning rate too low, or nothing trains",
-       phase="postrun")
+
+@check(
+    "loss-plateau",
+    "a train loss that does not fall from the start: learning rate too low, or nothing trains",
+    phase="postrun",
+)
 def loss_plateau(curves: dict[str, Any]):
     if gone := went_non_finite(curves, "loss"):
         return gone
     steps, losses = points(curves, "loss")
     enough(losses, 8, "train losses")
-    head = statistics.median(losses[:max(2, len(losses) // 10)])
-    tail = statistics.median(losses[-max(2, len(losses) // 4):])
+    head = statistics.median(losses[: max(2, len(losses) // 10)])
+    tail = statistics.median(losses[-max(2, len(losses) // 4) :])
     drop = (head - tail) / abs(head) if head else 0.0
     trend = spearman(steps, losses)
     # a slow steady fall (continued pre-training) is learning; a rising loss is divergence, not a plateau
     if drop >= PLATEAU_DROP or trend <= PLATEAU_RHO or tail > head * (1 + PLATEAU_DROP):
-        return ok(f"the train loss fell {drop:.0%}: {_g(head)} to {_g(tail)}" if drop > 0 else
-                  f"the train loss rose from {_g(head)} to {_g(tail)} (see the loss-spike findings)")
+        return ok(
+            f"the train loss fell {drop:.0%}: {_g(head)} to {_g(tail)}"
+            if drop > 0
+            else f"the train loss rose from {_g(head)} to {_g(tail)} (see the loss-spike findings)"
+        )
     _, lrs = points(curves, "learning_rate")
     zero = bool(lrs) and max(lrs) == 0
     return warning(
         f"the train loss stayed flat from the start: {_g(head)} to {_g(tail)} over steps {steps[0]}-{steps[-1]}",
         detail=(f"A change of {-drop:+.1%}, rank correlation with the step {trend:.2f}. " if drop else "No change. ")
-               + ("The learning rate was 0 on every logged step." if zero else
-                  f"Peak learning rate {_g(max(lrs))}." if lrs else "No learning rate was logged."),
+        + (
+            "The learning rate was 0 on every logged step."
+            if zero
+            else f"Peak learning rate {_g(max(lrs))}."
+            if lrs
+            else "No learning rate was logged."
+        ),
         fix="nothing is learning: check what trains (the trainable parameter count in the plan's lines; a model "
-            "frozen by custom code) and raise learning_rate (full SFT of 7B models: 1e-5 to 2e-5; LoRA: 1e-4 to "
-            "2e-4); a loss already at chance level (ln of the number of choices) says the labels carry no signal",
-        evidence={"step": steps[0], "head": head, "tail": tail, "zero_lr": zero})
+        "frozen by custom code) and raise learning_rate (full SFT of 7B models: 1e-5 to 2e-5; LoRA: 1e-4 to "
+        "2e-4); a loss already at chance level (ln of the number of choices) says the labels carry no signal",
+        evidence={"step": steps[0], "head": head, "tail": tail, "zero_lr": zero},
+    )
 
 
 # ---------------------------------------------------------------- throughput
+
 
 @check("throughput-drop", "tokens/s falling by more than a third and not recovering", phase="postrun")
 def throughput_drop(curves: dict[str, Any]):
@@ -360,30 +449,37 @@ def throughput_drop(curves: dict[str, Any]):
     steps, speeds = points(curves, "tokens_per_second")
     steps, speeds = steps[1:], speeds[1:]  # the first interval holds the start-up (allocation, compilation)
     enough(speeds, 8, "throughputs (after the first)")
-    baseline = statistics.median(speeds[:max(3, len(speeds) // 3)])
-    tail = statistics.median(speeds[-max(3, len(speeds) // 4):])
+    baseline = statistics.median(speeds[: max(3, len(speeds) // 3)])
+    tail = statistics.median(speeds[-max(3, len(speeds) // 4) :])
     if baseline <= 0 or tail >= THROUGHPUT_DROP * baseline:
         return ok(f"throughput held: median {baseline:,.0f} tokens/s early, {tail:,.0f} at the end")
     low = THROUGHPUT_DROP * baseline
-    start = next(i for i in range(len(speeds)) if speeds[i] < low and statistics.median(speeds[i:i + 3]) < low)
+    start = next(i for i in range(len(speeds)) if speeds[i] < low and statistics.median(speeds[i : i + 3]) < low)
     step, before = steps[start], steps[start - 1] if start else 0
     events = [f"a checkpoint save at step {s}" for s in (curves.get("checkpoints") or []) if before <= s <= step]
     save = curves.get("save_steps")
     if not events and save and any(before <= s <= step for s in range(save, step + 1, save)):
         events.append(f"a checkpoint save at step {(step // save) * save}")
-    events += [f"an evaluation at step {s}" for s in curves["series"].get("eval_loss", {}).get("steps", [])
-               if before <= s <= step]
+    events += [
+        f"an evaluation at step {s}"
+        for s in curves["series"].get("eval_loss", {}).get("steps", [])
+        if before <= s <= step
+    ]
     return warning(
         f"throughput fell by {1 - tail / baseline:.0%} at step {step} and did not recover: {baseline:,.0f} to "
-        f"{tail:,.0f} tokens/s", detail="It coincides with " + " and ".join(events) + "." if events else
-        "No checkpoint save or evaluation coincides with it.",
+        f"{tail:,.0f} tokens/s",
+        detail="It coincides with " + " and ".join(events) + "."
+        if events
+        else "No checkpoint save or evaluation coincides with it.",
         fix="after a save: the checkpoint writer or an offloaded optimizer still busy, or memory fragmentation "
-            "(set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); else a GPU throttling (nvidia-smi -q -d "
-            "PERFORMANCE), a slower node, or longer samples later in the data (padding_fraction)",
-        evidence={"step": step, "before": baseline, "after": tail})
+        "(set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); else a GPU throttling (nvidia-smi -q -d "
+        "PERFORMANCE), a slower node, or longer samples later in the data (padding_fraction)",
+        evidence={"step": step, "before": baseline, "after": tail},
+    )
 
 
 # ---------------------------------------------------------------- memory
+
 
 @check("memory-growth", "memory growing step after step (a leak)", phase="postrun")
 def memory_growth(curves: dict[str, Any]):
@@ -401,17 +497,26 @@ def memory_growth(curves: dict[str, Any]):
     # of all the logging intervals, not of those that moved: one step up (a cache filled once) is no leak
     share = sum(b - a > 1e-6 * max(abs(a), 1e-9) for a, b in zip(values, values[1:])) / max(1, len(values) - 1)
     rho = spearman(steps, values)
-    what = "GPU memory (allocated, the peak of each logging interval)" if name != "host_rss_gib" else "host memory (RSS)"
+    what = (
+        "GPU memory (allocated, the peak of each logging interval)" if name != "host_rss_gib" else "host memory (RSS)"
+    )
     grew = end - start
-    if not (start > 0 and grew / start >= LEAK_GROWTH and grew >= LEAK_MIN_GIB[name]
-            and share >= LEAK_SHARE and rho >= LEAK_RHO):
+    if not (
+        start > 0
+        and grew / start >= LEAK_GROWTH
+        and grew >= LEAK_MIN_GIB[name]
+        and share >= LEAK_SHARE
+        and rho >= LEAK_RHO
+    ):
         return ok(f"{what} held: {start:.2f} GiB after the first steps, {end:.2f} GiB at the end")
     per_100 = (values[-1] - values[0]) / max(1, steps[-1] - steps[0]) * 100
     return warning(
         f"{what} grew from {start:.2f} to {end:.2f} GiB over steps {steps[0]}-{steps[-1]} ({per_100:+.3f} GiB per 100 "
-        "steps): a leak", detail=f"It rose on {share:.0%} of the logging intervals (rank correlation {rho:.2f}); at "
-                                 "this rate a long run ends out of memory.",
+        "steps): a leak",
+        detail=f"It rose on {share:.0%} of the logging intervals (rank correlation {rho:.2f}); at "
+        "this rate a long run ends out of memory.",
         fix="something keeps tensors or objects alive across steps: a loss or logits appended to a list without "
-            ".item() or .detach(), a growing cache in a callback, a plugin or the collator; a peak that follows the "
-            "batch length instead (data sorted by length) is not a leak: shuffle and look again",
-        evidence={"step": steps[0], "start_gib": start, "end_gib": end, "series": name})
+        ".item() or .detach(), a growing cache in a callback, a plugin or the collator; a peak that follows the "
+        "batch length instead (data sorted by length) is not a leak: shuffle and look again",
+        evidence={"step": steps[0], "start_gib": start, "end_gib": end, "series": name},
+    )

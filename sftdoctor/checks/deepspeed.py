@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sftdoctor.checks import check
-from sftdoctor.checks.common import BATCH_KEYS, bf16_capable, ds_precision_flags, requested_precision, trainer_mismatches
+from sftdoctor.checks._common import BATCH_KEYS, ds_precision_flags, requested_precision, trainer_mismatches
 from sftdoctor.findings import error, info, ok, warning
+from sftdoctor.run.gpus import bf16_capable
 
 BF16_FIX = '{"fp16": {"enabled": false}, "bf16": {"enabled": true}}  (or both "auto" with [model] precision = "bf16")'
 
@@ -27,7 +28,7 @@ def _disagrees_with_run(flags: dict[str, Any], precision: str | None) -> list[st
     out = []
     for name, key in (("fp16", "fp16"), ("bf16", flags["bf16_key"] or "bf16")):
         value = flags[name]
-        if isinstance(value, bool) and value != (precision == name) and not (key == "bfloat16"):
+        if isinstance(value, bool) and value != (precision == name) and key != "bfloat16":
             out.append(f"{key}.enabled={str(value).lower()}")
     return out
 
@@ -60,20 +61,42 @@ def _nodes(plan, env: dict[str, str] | None) -> int:
 
 
 @check("deepspeed-precision", "DeepSpeed fp16/bf16 flags, offload and gradient clipping vs GPUs, model and run")
-def deepspeed_precision(deepspeed_config: dict[str, Any], plan=None, model_config: dict[str, Any] | None = None,
-                        gpus: dict[str, Any] | None = None, deepspeed_defaults: dict[str, Any] | None = None,
-                        env: dict[str, str] | None = None):
+def deepspeed_precision(
+    deepspeed_config: dict[str, Any],
+    plan=None,
+    model_config: dict[str, Any] | None = None,
+    gpus: dict[str, Any] | None = None,
+    deepspeed_defaults: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+):
     r = _read(deepspeed_config, plan)
-    findings = [f for f in (_precision(r, model_config, gpus), _legacy_bfloat16_key(r),
-                            _offload_on_one_node(r, _nodes(plan, env))) if f is not None]
+    findings = [
+        f
+        for f in (
+            _precision(r, model_config, gpus),
+            _legacy_bfloat16_key(r),
+            _offload_on_one_node(r, _nodes(plan, env)),
+        )
+        if f is not None
+    ]
     findings += _gradient_clipping(r.path, r.cfg, deepspeed_defaults, plan is not None, r.evidence)
     if plan is not None:
         findings += _fixed_values(r.path, r.cfg, plan, r.evidence)
     if not findings or all(f.severity.rank <= 1 for f in findings):
-        mode = "bf16" if r.bf16 is True else "fp16" if r.fp16 is True else (
-            f"fp16={json.dumps(r.flags['fp16'])}, bf16={json.dumps(r.flags['bf16'])}")
-        findings.insert(0, ok(f"{r.path}: ZeRO-{r.stage}, {mode}, gradient_clipping={r.evidence['gradient_clipping']}",
-                              evidence=r.evidence))
+        mode = (
+            "bf16"
+            if r.bf16 is True
+            else "fp16"
+            if r.fp16 is True
+            else (f"fp16={json.dumps(r.flags['fp16'])}, bf16={json.dumps(r.flags['bf16'])}")
+        )
+        findings.insert(
+            0,
+            ok(
+                f"{r.path}: ZeRO-{r.stage}, {mode}, gradient_clipping={r.evidence['gradient_clipping']}",
+                evidence=r.evidence,
+            ),
+        )
     return findings
 
 
@@ -103,9 +126,15 @@ def _read(deepspeed_config: dict[str, Any], plan) -> _Reading:
     bf16 = True if bf16_added else bf16
     zero = cfg.get("zero_optimization") if isinstance(cfg.get("zero_optimization"), dict) else {}
     stage = zero.get("stage", 0)
-    evidence = {"path": path, "fp16": flags["fp16"], "bf16": flags["bf16"], "bf16_key": flags["bf16_key"],
-                "resolved": {"fp16": fp16, "bf16": bf16}, "zero_stage": stage,
-                "gradient_clipping": cfg.get("gradient_clipping", "absent")}
+    evidence = {
+        "path": path,
+        "fp16": flags["fp16"],
+        "bf16": flags["bf16"],
+        "bf16_key": flags["bf16_key"],
+        "resolved": {"fp16": fp16, "bf16": bf16},
+        "zero_stage": stage,
+        "gradient_clipping": cfg.get("gradient_clipping", "absent"),
+    }
     return _Reading(path, cfg, flags, precision, why, fp16, bf16, bf16_added, zero, stage, evidence)
 
 
@@ -116,15 +145,18 @@ def _precision(r: _Reading, model_config: dict[str, Any] | None, gpus: dict[str,
         return error(
             f"{r.path}: fp16 and bf16 are both enabled",
             detail="DeepSpeed refuses the config at initialisation: 'bfloat16 and fp16 modes cannot be simultaneously enabled'.",
-            fix=BF16_FIX + " on Ampere or newer; else the reverse", evidence=r.evidence)
+            fix=BF16_FIX + " on Ampere or newer; else the reverse",
+            evidence=r.evidence,
+        )
     if mismatched:
         return error(
             f"{r.path}: {', '.join(mismatched)} disagree(s) with the run's precision {r.precision} ({r.why})",
-            detail="transformers compares every non-\"auto\" value with TrainingArguments and stops after the model "
-                   "has loaded: 'Please correct the following DeepSpeed config values that mismatch "
-                   "TrainingArguments values'.",
+            detail='transformers compares every non-"auto" value with TrainingArguments and stops after the model '
+            "has loaded: 'Please correct the following DeepSpeed config values that mismatch "
+            "TrainingArguments values'.",
             fix='set "enabled": "auto" under "fp16" and "bf16" and choose the precision in the run config',
-            evidence=r.evidence)
+            evidence=r.evidence,
+        )
     if r.flags["fp16"] is True:  # hard-coded fp16 ("auto" follows the run's precision, judged by bf16-support)
         return _hard_coded_fp16(r, model_config, gpus)
     return _bf16_section_added(r.path, r.flags, r.evidence) if r.bf16_added else None
@@ -140,13 +172,17 @@ def _hard_coded_fp16(r: _Reading, model_config: dict[str, Any] | None, gpus: dic
         return warning(
             f"{r.path}: fp16 is hard-coded although {' and '.join(reasons)}",
             detail="bf16-pretrained weights overflow fp16's range (max 65504): NaN losses and OVERFLOW-skipped "
-                   "steps are the usual result. bf16 needs no loss scaling.",
-            fix=BF16_FIX, evidence=r.evidence)
+            "steps are the usual result. bf16 needs no loss scaling.",
+            fix=BF16_FIX,
+            evidence=r.evidence,
+        )
     if (r.cfg.get("fp16") or {}).get("loss_scale", 0) not in (0, "auto"):
         return info(
             f"{r.path}: fp16 with a static loss scale of {r.cfg['fp16']['loss_scale']}",
             detail="A static scale never adapts: too high overflows every step, too low underflows small gradients.",
-            fix='"loss_scale": 0 selects dynamic loss scaling', evidence=r.evidence)
+            fix='"loss_scale": 0 selects dynamic loss scaling',
+            evidence=r.evidence,
+        )
     return None
 
 
@@ -155,12 +191,15 @@ def _legacy_bfloat16_key(r: _Reading):
         return None
     auto = r.flags["bf16"] == "auto"
     return (warning if auto else info)(
-        f"{r.path}: legacy key \"bfloat16\"",
-        detail="DeepSpeed still reads it, but transformers fills \"auto\" only under \"bf16\": "
-               "\"bfloat16\": {\"enabled\": \"auto\"} reaches DeepSpeed unresolved, which (0.19) drops the "
-               "leftover \"auto\" and leaves bf16 off — the run silently trains in fp32."
-               if auto else "DeepSpeed still reads it; transformers fills \"auto\" only under \"bf16\".",
-        fix='rename "bfloat16" to "bf16"', evidence=r.evidence)
+        f'{r.path}: legacy key "bfloat16"',
+        detail='DeepSpeed still reads it, but transformers fills "auto" only under "bf16": '
+        '"bfloat16": {"enabled": "auto"} reaches DeepSpeed unresolved, which (0.19) drops the '
+        'leftover "auto" and leaves bf16 off — the run silently trains in fp32.'
+        if auto
+        else 'DeepSpeed still reads it; transformers fills "auto" only under "bf16".',
+        fix='rename "bfloat16" to "bf16"',
+        evidence=r.evidence,
+    )
 
 
 def _offload_on_one_node(r: _Reading, nodes: int):
@@ -170,11 +209,13 @@ def _offload_on_one_node(r: _Reading, nodes: int):
     return warning(
         f"{r.path}: ZeRO-3 with {', '.join(f'{k} to {v}' for k, v in offload.items())} on a single node",
         detail="Every step moves parameters and optimizer states across PCIe and runs Adam on the CPU; "
-               "throughput is typically several times lower than ZeRO-2 without offload. The usual order "
-               "of speed is ZeRO-2 > ZeRO-2+offload > ZeRO-3 > ZeRO-3+offload (DeepSpeed #6695: offload is "
-               "meant for models that do not fit otherwise).",
+        "throughput is typically several times lower than ZeRO-2 without offload. The usual order "
+        "of speed is ZeRO-2 > ZeRO-2+offload > ZeRO-3 > ZeRO-3+offload (DeepSpeed #6695: offload is "
+        "meant for models that do not fit otherwise).",
         fix="use ZeRO-2 (or ZeRO-3 without offload) if the model fits; offload only the optimizer if it "
-            "almost does (`sftdoctor explain zero-stage`)", evidence=r.evidence)
+        "almost does (`sftdoctor explain zero-stage`)",
+        evidence=r.evidence,
+    )
 
 
 def _bf16_section_added(path: str, flags: dict[str, Any], evidence):
@@ -185,10 +226,12 @@ def _bf16_section_added(path: str, flags: dict[str, Any], evidence):
     fp16 = f'"fp16": {{"enabled": {json.dumps(flags["fp16"])}}} and ' if flags["fp16"] is not None else ""
     return info(
         f"{path}: no bf16 section for a bf16 run; accelerate adds one, so it trains in bf16",
-        detail=f"{fp16}no \"bf16\" section: transformers fills only the keys present (\"auto\" under fp16 "
-               "becomes false), then accelerate adds {\"bf16\": {\"enabled\": true}} for the run's bf16. "
-               "Given to deepspeed.initialize by a loop of your own, the same JSON trains in fp32.",
-        fix='add "bf16": {"enabled": "auto"} so the JSON says what runs', evidence=evidence)
+        detail=f'{fp16}no "bf16" section: transformers fills only the keys present ("auto" under fp16 '
+        'becomes false), then accelerate adds {"bf16": {"enabled": true}} for the run\'s bf16. '
+        "Given to deepspeed.initialize by a loop of your own, the same JSON trains in fp32.",
+        fix='add "bf16": {"enabled": "auto"} so the JSON says what runs',
+        evidence=evidence,
+    )
 
 
 def _gradient_clipping(path: str, cfg: dict[str, Any], defaults: dict[str, Any] | None, with_trainer: bool, evidence):
@@ -196,12 +239,16 @@ def _gradient_clipping(path: str, cfg: dict[str, Any], defaults: dict[str, Any] 
     if value == 0:
         # transformers (4.x-5.x) compares a non-"auto" value with max_grad_norm (default 1.0) and refuses
         # a mismatch at start; DeepSpeed on its own runs and never clips.
-        return [(error if with_trainer else warning)(
-            f"{path}: gradient_clipping is 0: gradients are never clipped",
-            detail="Under the transformers Trainer the run stops at start: 'Please correct the following DeepSpeed "
-                   "config values that mismatch TrainingArguments values: - ds gradient_clipping=0 vs hf "
-                   "max_grad_norm=1.0'. Run by DeepSpeed alone, one bad batch can blow the weights up.",
-            fix='"gradient_clipping": "auto" (takes max_grad_norm, default 1.0)', evidence=evidence)]
+        return [
+            (error if with_trainer else warning)(
+                f"{path}: gradient_clipping is 0: gradients are never clipped",
+                detail="Under the transformers Trainer the run stops at start: 'Please correct the following DeepSpeed "
+                "config values that mismatch TrainingArguments values: - ds gradient_clipping=0 vs hf "
+                "max_grad_norm=1.0'. Run by DeepSpeed alone, one bad batch can blow the weights up.",
+                fix='"gradient_clipping": "auto" (takes max_grad_norm, default 1.0)',
+                evidence=evidence,
+            )
+        ]
     if value is not None:
         return []
     # transformers fills the key only when it is present and "auto": an absent key keeps DeepSpeed's
@@ -210,25 +257,50 @@ def _gradient_clipping(path: str, cfg: dict[str, Any], defaults: dict[str, Any] 
     installed = (defaults or {}).get("version")
     fix = '"gradient_clipping": "auto" (takes max_grad_norm from the run, default 1.0)'
     if default is not None and float(default) > 0:
-        return [info(f"{path}: no gradient_clipping; DeepSpeed {installed} clips at {default} by default",
-                     detail="max_grad_norm of the run is ignored while the key is absent; DeepSpeed releases "
-                            "before PR #8068 (2026) do not clip at all.", fix=fix, evidence=evidence)]
-    said = f"DeepSpeed {installed} defaults to 0" if installed else "DeepSpeed releases before PR #8068 (2026) default to 0"
-    return [warning(f"{path}: no gradient_clipping: {said}, so gradients are never clipped",
-                    detail="transformers does not fill an absent key from max_grad_norm.", fix=fix, evidence=evidence)]
+        return [
+            info(
+                f"{path}: no gradient_clipping; DeepSpeed {installed} clips at {default} by default",
+                detail="max_grad_norm of the run is ignored while the key is absent; DeepSpeed releases "
+                "before PR #8068 (2026) do not clip at all.",
+                fix=fix,
+                evidence=evidence,
+            )
+        ]
+    said = (
+        f"DeepSpeed {installed} defaults to 0"
+        if installed
+        else "DeepSpeed releases before PR #8068 (2026) default to 0"
+    )
+    return [
+        warning(
+            f"{path}: no gradient_clipping: {said}, so gradients are never clipped",
+            detail="transformers does not fill an absent key from max_grad_norm.",
+            fix=fix,
+            evidence=evidence,
+        )
+    ]
 
 
 def _fixed_values(path: str, cfg: dict[str, Any], plan, evidence) -> list:
     """Optimizer, scheduler and clipping values the JSON fixes that transformers will refuse (the batch keys are
     batch-size's; a clipping of 0 is judged above)."""
-    fixed = {key: pair for key, pair in trainer_mismatches(cfg, plan).items()
-             if key not in BATCH_KEYS and not (key == "gradient_clipping" and pair[0] == 0)}
+    fixed = {
+        key: pair
+        for key, pair in trainer_mismatches(cfg, plan).items()
+        if key not in BATCH_KEYS and not (key == "gradient_clipping" and pair[0] == 0)
+    }
     if not fixed:
         return []
-    said = ", ".join(f"{key} = {json.dumps(value)} (the run: {json.dumps(expected)})" for key, (value, expected) in fixed.items())
-    return [error(f"{path}: {said}: transformers refuses values that differ from the run's",
-                  detail="transformers fills these keys where they are \"auto\" and compares any other value with "
-                         "TrainingArguments at trainer.train(), once the model has loaded: 'Please correct the "
-                         "following DeepSpeed config values that mismatch TrainingArguments values'.",
-                  fix=f"set {', '.join(fixed)} to \"auto\" and keep the values in the run config ([training])",
-                  evidence={**evidence, "mismatches": {k: v for k, (v, _) in fixed.items()}})]
+    said = ", ".join(
+        f"{key} = {json.dumps(value)} (the run: {json.dumps(expected)})" for key, (value, expected) in fixed.items()
+    )
+    return [
+        error(
+            f"{path}: {said}: transformers refuses values that differ from the run's",
+            detail='transformers fills these keys where they are "auto" and compares any other value with '
+            "TrainingArguments at trainer.train(), once the model has loaded: 'Please correct the "
+            "following DeepSpeed config values that mismatch TrainingArguments values'.",
+            fix=f'set {", ".join(fixed)} to "auto" and keep the values in the run config ([training])',
+            evidence={**evidence, "mismatches": {k: v for k, (v, _) in fixed.items()}},
+        )
+    ]

@@ -35,16 +35,28 @@ def jit_ops(cfg: dict[str, Any]) -> list[tuple[str, str]]:
     return []
 
 
-@check("deepspeed-ops", "the ops the DeepSpeed JSON makes DeepSpeed compile at run time (FusedAdam, ...) against "
-                        "the CUDA toolkit and the ops prebuilt at install")
-def deepspeed_ops(deepspeed_config: dict[str, Any], toolkit: dict[str, Any] | None = None,
-                  deepspeed_defaults: dict[str, Any] | None = None, gpus: dict[str, Any] | None = None):
+@check(
+    "deepspeed-ops",
+    "the ops the DeepSpeed JSON makes DeepSpeed compile at run time (FusedAdam, ...) against "
+    "the CUDA toolkit and the ops prebuilt at install",
+)
+def deepspeed_ops(
+    deepspeed_config: dict[str, Any],
+    toolkit: dict[str, Any] | None = None,
+    deepspeed_defaults: dict[str, Any] | None = None,
+    gpus: dict[str, Any] | None = None,
+):
     if gpus is not None and not gpus.get("devices"):
         raise NotApplicable("no NVIDIA GPU visible: DeepSpeed builds its CPU accelerator's ops with g++")
     path, ops = deepspeed_config["path"], jit_ops(deepspeed_config["config"])
     prebuilt = (deepspeed_defaults or {}).get("installed_ops") or {}
-    evidence = {"path": path, "ops": [op for op, _ in ops], "installed_ops": prebuilt,
-                "nvcc": (toolkit or {}).get("nvcc_version"), "cuda_home": (toolkit or {}).get("cuda_home")}
+    evidence = {
+        "path": path,
+        "ops": [op for op, _ in ops],
+        "installed_ops": prebuilt,
+        "nvcc": (toolkit or {}).get("nvcc_version"),
+        "cuda_home": (toolkit or {}).get("cuda_home"),
+    }
     if not ops:
         return ok(f"{path}: DeepSpeed builds no CUDA op at run time (no fused optimizer)", evidence=evidence)
     to_build = [op for op, compiler in ops if compiler == NVCC and not prebuilt.get(op)]
@@ -53,17 +65,23 @@ def deepspeed_ops(deepspeed_config: dict[str, Any], toolkit: dict[str, Any] | No
         return ok(f"{path}: {built}", evidence=evidence)
     names = ", ".join(to_build)
     if toolkit is None:
-        return info(f"{path}: DeepSpeed will JIT-compile {names} with nvcc; whether a CUDA toolkit is here is unknown",
-                    fix="run `nvcc --version`; record facts on the training machine", evidence=evidence)
+        return info(
+            f"{path}: DeepSpeed will JIT-compile {names} with nvcc; whether a CUDA toolkit is here is unknown",
+            fix="run `nvcc --version`; record facts on the training machine",
+            evidence=evidence,
+        )
     if toolkit.get("nvcc_version") is None:
         return error(
             f"{path}: DeepSpeed must JIT-compile {names} with nvcc at the first step, and there is no CUDA toolkit "
             f"(CUDA_HOME={toolkit.get('cuda_home')}, no nvcc)",
             detail="The run dies after the model has loaded with 'MissingCUDAException: CUDA_HOME does not exist, "
-                   "unable to compile CUDA op(s)'. The op is not prebuilt: ds_report shows it [NO] under installed.",
+            "unable to compile CUDA op(s)'. The op is not prebuilt: ds_report shows it [NO] under installed.",
             fix='drop the "optimizer" block from the DeepSpeed JSON (the Trainer then uses torch\'s AdamW), or set '
-                '"torch_adam": true in its params; or install the CUDA toolkit matching torch and export CUDA_HOME; '
-                'or reinstall with DS_BUILD_FUSED_ADAM=1 pip install deepspeed on a machine with nvcc',
-            evidence=evidence)
-    return ok(f"{path}: DeepSpeed will JIT-compile {names} with nvcc {toolkit['nvcc_version']} on the first run",
-              evidence=evidence)
+            '"torch_adam": true in its params; or install the CUDA toolkit matching torch and export CUDA_HOME; '
+            "or reinstall with DS_BUILD_FUSED_ADAM=1 pip install deepspeed on a machine with nvcc",
+            evidence=evidence,
+        )
+    return ok(
+        f"{path}: DeepSpeed will JIT-compile {names} with nvcc {toolkit['nvcc_version']} on the first run",
+        evidence=evidence,
+    )

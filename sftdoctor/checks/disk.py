@@ -21,46 +21,84 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:.0f} MiB"
 
 
-@check("disk-full", "the checkpoints kept at once (save_total_limit + 1), the final model and the rehearsal "
-                    "against the free space at output_dir")
-def disk_full(plan, disk_space: dict[str, Any], model_shape: dict[str, Any] | None = None,
-              model_config: dict[str, Any] | None = None):
+@check(
+    "disk-full",
+    "the checkpoints kept at once (save_total_limit + 1), the final model and the rehearsal "
+    "against the free space at output_dir",
+)
+def disk_full(
+    plan,
+    disk_space: dict[str, Any],
+    model_shape: dict[str, Any] | None = None,
+    model_config: dict[str, Any] | None = None,
+):
     if disk_space.get("error") or disk_space.get("free_bytes") is None:
-        return info(f"the free space at {disk_space.get('output_dir')} is unknown: {disk_space.get('error')}",
-                    fix=f"df -h {disk_space.get('probed') or disk_space.get('output_dir')}", evidence=disk_space)
+        return info(
+            f"the free space at {disk_space.get('output_dir')} is unknown: {disk_space.get('error')}",
+            fix=f"df -h {disk_space.get('probed') or disk_space.get('output_dir')}",
+            evidence=disk_space,
+        )
     if model_shape is None or "error" in model_shape or not model_shape.get("parameters"):
         why = (model_shape or {}).get("error", "no model size")
-        return info(f"the checkpoints' size is unknown ({why}); {_gib(disk_space['free_bytes'])} free at "
-                    f"{disk_space['probed']}", fix="give the model's config.json ([model] path) so they can be sized",
-                    evidence=disk_space)
+        return info(
+            f"the checkpoints' size is unknown ({why}); {_gib(disk_space['free_bytes'])} free at "
+            f"{disk_space['probed']}",
+            fix="give the model's config.json ([model] path) so they can be sized",
+            evidence=disk_space,
+        )
     cfg = model_config or {}
     tied = bool(cfg.get("tie_word_embeddings", True))
     lora = plan.lora
     if lora is not None and lora.get("trainable_params") is None:  # no layer listing: counted on the Llama names
         lora = {**lora, "trainable_params": adapters(lora, Shape(**model_shape)).trainable}
-    b = budget(model_shape["parameters"], plan.zero_stage, plan.load_dtype, plan.deepspeed is not None,
-               plan.save_total_limit, lora, model_shape.get("vocab", 0), tied)
+    b = budget(
+        model_shape["parameters"],
+        plan.zero_stage,
+        plan.load_dtype,
+        plan.deepspeed is not None,
+        plan.save_total_limit,
+        lora,
+        model_shape.get("vocab", 0),
+        tied,
+    )
     free = disk_space["free_bytes"]
     what = "adapter" if plan.lora is not None else "checkpoint"
-    head = (f"{_gib(b.checkpoint)} per {what} x {b.kept} kept at once (save_total_limit {plan.save_total_limit} + the "
-            f"one being written) + final {_gib(b.final)} + rehearsal {_gib(b.rehearsal)} = {_gib(b.total)}; "
-            f"{_gib(free)} free at {disk_space['probed']}")
-    evidence = {**disk_space, "checkpoint_bytes": b.checkpoint, "bytes_per_param": b.per_param,
-                "saved_params": b.saved_params, "kept": b.kept, "final_bytes": b.final, "rehearsal_bytes": b.rehearsal,
-                "needed_bytes": b.total}
-    detail = (f"{b.per_param} B x {b.saved_params:,} parameters per checkpoint (weights in the saved dtype + optimizer "
-              f"states{', ZeRO-' + str(plan.zero_stage) if plan.deepspeed is not None else ''}), plus up to 64 MiB of "
-              "tokenizer and trainer state. The Trainer writes a checkpoint before it deletes the oldest.")
+    head = (
+        f"{_gib(b.checkpoint)} per {what} x {b.kept} kept at once (save_total_limit {plan.save_total_limit} + the "
+        f"one being written) + final {_gib(b.final)} + rehearsal {_gib(b.rehearsal)} = {_gib(b.total)}; "
+        f"{_gib(free)} free at {disk_space['probed']}"
+    )
+    evidence = {
+        **disk_space,
+        "checkpoint_bytes": b.checkpoint,
+        "bytes_per_param": b.per_param,
+        "saved_params": b.saved_params,
+        "kept": b.kept,
+        "final_bytes": b.final,
+        "rehearsal_bytes": b.rehearsal,
+        "needed_bytes": b.total,
+    }
+    detail = (
+        f"{b.per_param} B x {b.saved_params:,} parameters per checkpoint (weights in the saved dtype + optimizer "
+        f"states{', ZeRO-' + str(plan.zero_stage) if plan.deepspeed is not None else ''}), plus up to 64 MiB of "
+        "tokenizer and trainer state. The Trainer writes a checkpoint before it deletes the oldest."
+    )
     if b.total > free:
         fits = max(0, (free - b.final - b.rehearsal) // b.checkpoint - 1)
-        fix = (f"[training] output_dir on a disk with {_gib(b.total)} free, or save_total_limit = {fits}"
-               if fits >= 1 else f"[training] output_dir on a disk with {_gib(b.total)} free")
+        fix = (
+            f"[training] output_dir on a disk with {_gib(b.total)} free, or save_total_limit = {fits}"
+            if fits >= 1
+            else f"[training] output_dir on a disk with {_gib(b.total)} free"
+        )
         if plan.lora is None:
             fix += ", or train adapters ([lora]): megabytes per checkpoint"
         return error(head + ": does not fit", detail=detail, fix=fix, evidence=evidence)
     left = free - b.total
     if left < max(b.checkpoint, MARGIN_SHARE * b.total):
-        return warning(head + f": {_gib(left)} would be left", detail=detail + " Caches, logs and other jobs write "
-                       "to the same disk.", fix=f"free more space at {disk_space['probed']}, or lower [training] "
-                       "save_total_limit", evidence=evidence)
+        return warning(
+            head + f": {_gib(left)} would be left",
+            detail=detail + " Caches, logs and other jobs write to the same disk.",
+            fix=f"free more space at {disk_space['probed']}, or lower [training] save_total_limit",
+            evidence=evidence,
+        )
     return ok(head, detail=detail, evidence=evidence)

@@ -27,12 +27,15 @@ def untrained_tokens(token_rows: dict[str, Any], plan=None, run=None):
         findings.append(_untrained(bad, judged, plan, token_rows))
     if findings:
         return findings
-    trained = sorted((t for t, (v, _) in judged.get("input", {}).items() if v == TRAINED),
-                     key=lambda t: tables["input"]["rows"][t]["id"])
+    trained = sorted(
+        (t for t, (v, _) in judged.get("input", {}).items() if v == TRAINED),
+        key=lambda t: tables["input"]["rows"][t]["id"],
+    )
     if not trained:
         return warning("not judged: the fact holds no template token's embedding row", evidence=token_rows)
-    return ok(f"{len(trained)} template token(s) have trained embedding rows: {', '.join(trained)}",
-              evidence=token_rows)
+    return ok(
+        f"{len(trained)} template token(s) have trained embedding rows: {', '.join(trained)}", evidence=token_rows
+    )
 
 
 def _not_read(token_rows: dict[str, Any], repair: bool):
@@ -40,31 +43,41 @@ def _not_read(token_rows: dict[str, Any], repair: bool):
     file = token_rows.get("file") or "the checkpoint"
     why = f"{file}: {token_rows['error']}"
     if repair:
-        return error(f"[model] repair_untrained_tokens cannot repair the embedding rows: they cannot be read ({why})",
-                     detail="The repair sets the rows it read as untrained; with none read it would set nothing, and "
-                            "the run would start from the rows it was asked to repair, or die loading this checkpoint.",
-                     fix=f"fix or re-download {file} (e.g. `huggingface-cli download MODEL`), or set [model] "
-                         "repair_untrained_tokens = false", evidence=token_rows)
-    return warning(f"not judged: the embedding rows could not be read ({why})",
-                   fix=f"fix or re-download {file}; then `sftdoctor check --config RUN.toml --select untrained-tokens`",
-                   evidence=token_rows)
+        return error(
+            f"[model] repair_untrained_tokens cannot repair the embedding rows: they cannot be read ({why})",
+            detail="The repair sets the rows it read as untrained; with none read it would set nothing, and "
+            "the run would start from the rows it was asked to repair, or die loading this checkpoint.",
+            fix=f"fix or re-download {file} (e.g. `huggingface-cli download MODEL`), or set [model] "
+            "repair_untrained_tokens = false",
+            evidence=token_rows,
+        )
+    return warning(
+        f"not judged: the embedding rows could not be read ({why})",
+        fix=f"fix or re-download {file}; then `sftdoctor check --config RUN.toml --select untrained-tokens`",
+        evidence=token_rows,
+    )
 
 
 def _broken(tables: dict[str, Any], judged: dict[str, Any]) -> list:
     """Rows holding NaN/inf, the template's and the ordinary ones read for reference: the checkpoint is broken."""
     found = []
     for kind, table in tables.items():
-        named = [f"{table['rows'][t].get('id', '?')} (token {t!r})" for t, (v, _) in judged[kind].items()
-                 if v == NON_FINITE]
+        named = [
+            f"{table['rows'][t].get('id', '?')} (token {t!r})" for t, (v, _) in judged[kind].items() if v == NON_FINITE
+        ]
         rows = named + [str(i) for i in table.get("non_finite_rows") or ()]
         if rows:
-            found.append(error(
-                f"{WHERE[kind]} row{'s' if len(rows) > 1 else ''} {', '.join(rows)} "
-                f"hold{'' if len(rows) > 1 else 's'} NaN/inf: the checkpoint is broken",
-                detail=f"{table.get('tensor', WHERE[kind])} in {table.get('file', 'the checkpoint')}: a NaN or inf in "
-                       "a row the model reads turns every activation after it into NaN from the first step.",
-                fix="re-download or re-convert the checkpoint (compare its files' sha256 with the hub's); the repair "
-                    "([model] repair_untrained_tokens) only sets untrained rows", evidence={kind: table}))
+            found.append(
+                error(
+                    f"{WHERE[kind]} row{'s' if len(rows) > 1 else ''} {', '.join(rows)} "
+                    f"hold{'' if len(rows) > 1 else 's'} NaN/inf: the checkpoint is broken",
+                    detail=f"{table.get('tensor', WHERE[kind])} in {table.get('file', 'the checkpoint')}: a NaN or inf in "
+                    "a row the model reads turns every activation after it into NaN from the first step.",
+                    fix="re-download or re-convert the checkpoint (compare its files' sha256 with the hub's); the repair "
+                    "([model] repair_untrained_tokens) only sets untrained rows",
+                    evidence={kind: table},
+                )
+            )
     return found
 
 
@@ -75,14 +88,17 @@ def _outside(tables: dict[str, Any], judged: dict[str, Any]) -> list:
         gone = {t: table["rows"][t].get("id") for t, (v, _) in judged[kind].items() if v == OUTSIDE}
         if gone:
             listed = ", ".join(f"{t!r} (id {i})" for t, i in gone.items())
-            found.append(error(
-                f"{len(gone)} template token(s) have no row in the {WHERE[kind]}, which has {table.get('vocab')} "
-                f"rows: {listed}",
-                detail="The tokenizer and the model disagree: the embedding lookup of these ids indexes past the "
-                       "table (an IndexError on CPU, a device-side assert on CUDA).",
-                fix="use the tokenizer that ships with this checkpoint ([model] tokenizer), or grow the tables to "
+            found.append(
+                error(
+                    f"{len(gone)} template token(s) have no row in the {WHERE[kind]}, which has {table.get('vocab')} "
+                    f"rows: {listed}",
+                    detail="The tokenizer and the model disagree: the embedding lookup of these ids indexes past the "
+                    "table (an IndexError on CPU, a device-side assert on CUDA).",
+                    fix="use the tokenizer that ships with this checkpoint ([model] tokenizer), or grow the tables to "
                     "the tokenizer with model.resize_token_embeddings(len(tokenizer)) and save the checkpoint",
-                evidence={kind: table}))
+                    evidence={kind: table},
+                )
+            )
     return found
 
 
@@ -97,13 +113,18 @@ def _untrained(bad: dict[str, str], judged: dict[str, Any], plan, token_rows: di
     listed = "; ".join(f"{token} ({why})" for token, why in bad.items())
     where = " and ".join(WHERE[k] for k, rows in judged.items() if any(v == UNTRAINED for v, _ in rows.values()))
     if plan is not None and plan.repair_token_ids:
-        return info(f"{len(bad)} template token(s) untrained in the base checkpoint, repaired at load: {listed}",
-                    detail=f"Their rows in the {where} are set to the mean of the trained rows before training "
-                           "([model] repair_untrained_tokens).", evidence=token_rows)
+        return info(
+            f"{len(bad)} template token(s) untrained in the base checkpoint, repaired at load: {listed}",
+            detail=f"Their rows in the {where} are set to the mean of the trained rows before training "
+            "([model] repair_untrained_tokens).",
+            evidence=token_rows,
+        )
     return error(
         f"{len(bad)} template token(s) were never trained in the base checkpoint: {listed}",
         detail=f"Their rows in the {where} are empty, so every turn the model reads or writes starts from "
-               "nothing: the loss on these tokens starts at noise and their first gradients can be large enough to "
-               "blow up the run (base models released before their chat template).",
+        "nothing: the loss on these tokens starts at noise and their first gradients can be large enough to "
+        "blow up the run (base models released before their chat template).",
         fix="[model] repair_untrained_tokens = true sets them to the mean of the trained rows at load; or start from "
-            "the model's instruct release, whose template tokens are trained", evidence=token_rows)
+        "the model's instruct release, whose template tokens are trained",
+        evidence=token_rows,
+    )

@@ -5,17 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 from sftdoctor.checks import NotApplicable, check
-from sftdoctor.run.gpus import FLASH_MIN_CC, describe_gpus, lacking
 from sftdoctor.findings import error, info, ok, warning
+from sftdoctor.run.gpus import FLASH_MIN_CC, describe_gpus, lacking
 
-REINSTALL = ("pip uninstall -y flash-attn && pip install flash-attn --no-build-isolation --no-cache-dir "
-             "(builds against the installed torch), or take the release wheel whose name matches this "
-             "torch version, CUDA major and cxx11abi")
+REINSTALL = (
+    "pip uninstall -y flash-attn && pip install flash-attn --no-build-isolation --no-cache-dir "
+    "(builds against the installed torch), or take the release wheel whose name matches this "
+    "torch version, CUDA major and cxx11abi"
+)
 
 
 @check("flash-attn", "flash-attn installed, built for this torch, and on Ampere or newer GPUs")
-def flash_attn_check(packages: dict[str, Any], flash_attn: dict[str, Any], gpus: dict[str, Any] | None = None,
-                     plan=None, torch_build: dict[str, Any] | None = None):
+def flash_attn_check(
+    packages: dict[str, Any],
+    flash_attn: dict[str, Any],
+    gpus: dict[str, Any] | None = None,
+    plan=None,
+    torch_build: dict[str, Any] | None = None,
+):
     devices = (gpus or {}).get("devices") or []
     asked = plan is not None and plan.attn_implementation == "flash_attention_2"
     version = packages.get("flash-attn")
@@ -23,35 +30,49 @@ def flash_attn_check(packages: dict[str, Any], flash_attn: dict[str, Any], gpus:
     evidence = {"flash_attn": flash_attn, "torch": (torch_build or {}).get("version"), "requested": asked}
     if version is None:
         if asked:
-            return error("attn_implementation = \"flash_attention_2\" but flash-attn is not installed",
-                         detail="transformers 5.x raises at load: 'FlashAttention2 has been toggled on, but it cannot be "
-                                "used due to the following error: the package for FlashAttention2 doesn't seem to be "
-                                "installed.' (with the `kernels` package installed it tries to download a hub kernel "
-                                "instead, which fails offline).",
-                         fix="pip install flash-attn --no-build-isolation, or attn_implementation = \"auto\" (sdpa)",
-                         evidence=evidence)
+            return error(
+                'attn_implementation = "flash_attention_2" but flash-attn is not installed',
+                detail="transformers 5.x raises at load: 'FlashAttention2 has been toggled on, but it cannot be "
+                "used due to the following error: the package for FlashAttention2 doesn't seem to be "
+                "installed.' (with the `kernels` package installed it tries to download a hub kernel "
+                "instead, which fails offline).",
+                fix='pip install flash-attn --no-build-isolation, or attn_implementation = "auto" (sdpa)',
+                evidence=evidence,
+            )
         if devices and not old:
-            return info("flash-attn is not installed: attention will use PyTorch sdpa",
-                        detail="sdpa is fine; flash-attn 2 is faster on long sequences and makes padding-free packing cheap.",
-                        fix="pip install flash-attn --no-build-isolation  (needs nvcc matching torch's CUDA, or a "
-                            "release wheel built for this torch and C++ ABI)", evidence=evidence)
+            return info(
+                "flash-attn is not installed: attention will use PyTorch sdpa",
+                detail="sdpa is fine; flash-attn 2 is faster on long sequences and makes padding-free packing cheap.",
+                fix="pip install flash-attn --no-build-isolation  (needs nvcc matching torch's CUDA, or a "
+                "release wheel built for this torch and C++ ABI)",
+                evidence=evidence,
+            )
         raise NotApplicable("flash-attn is not installed" + (" and the GPUs predate Ampere" if old else ""))
 
     if flash_attn.get("import_ok") is False:
         cause = flash_attn.get("import_error") or "unknown error"
-        why = ("the compiled extension was built for another torch version or C++ ABI"
-               if "undefined symbol" in cause else "it does not import")
+        why = (
+            "the compiled extension was built for another torch version or C++ ABI"
+            if "undefined symbol" in cause
+            else "it does not import"
+        )
         return (error if asked or (devices and not old) else warning)(
             f"flash-attn {version} is installed but {why}",
             detail=f"Importing it with torch {(torch_build or {}).get('version')} fails: {cause}",
-            fix=REINSTALL, evidence=evidence)
+            fix=REINSTALL,
+            evidence=evidence,
+        )
     if old:
         severity = error if asked else warning
         return severity(
             f"flash-attn {version} is installed but {describe_gpus(old)} predate Ampere",
             detail="flash-attn 2 raises 'FlashAttention only supports Ampere GPUs or newer.' on these GPUs.",
-            fix='attn_implementation = "sdpa" (sftdoctor\'s "auto" picks it here)', evidence=evidence)
+            fix='attn_implementation = "sdpa" (sftdoctor\'s "auto" picks it here)',
+            evidence=evidence,
+        )
     if not devices:
         return info(f"flash-attn {version} imports, but no NVIDIA GPU is visible", evidence=evidence)
-    return ok(f"flash-attn {version} imports with torch {(torch_build or {}).get('version')} on "
-              f"{describe_gpus(devices)}", evidence=evidence)
+    return ok(
+        f"flash-attn {version} imports with torch {(torch_build or {}).get('version')} on {describe_gpus(devices)}",
+        evidence=evidence,
+    )

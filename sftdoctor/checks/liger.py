@@ -9,8 +9,9 @@ does not use that switch: it applies liger's RoPE/RMSNorm/SwiGLU kernels itself 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sftdoctor.checks import NotApplicable, check
 from sftdoctor.findings import error, ok, warning
@@ -42,63 +43,90 @@ def _triton_floor(v: Versions) -> bool:
 
 
 PAIRS = (
-    Pair("liger-triton-floor", _triton_floor, False,
-         "liger-kernel {liger-kernel} needs triton >= 2.3.1 (2.3.0 for 0.3.x); triton {triton} is installed",
-         "liger-kernel declares the triton it compiles its kernels with (pyproject.toml / setup.py `triton>=2.3.1` from "
-         "0.4.0); an older triton lacks the language features its kernels use, and they fail to compile on first use.",
-         'pip install "triton>=2.3.1" (the triton your torch pins), or an older liger-kernel',
-         ("https://github.com/linkedin/Liger-Kernel/blob/v0.4.0/pyproject.toml",)),
-    Pair("liger-0.3.1-triton-cast",
-         lambda v: v["liger-kernel"] is not None and v["liger-kernel"][:3] == (0, 3, 1) and _between(v["triton"], None, (3, 0)),
-         False,
-         "liger-kernel 0.3.1 with triton {triton}: its SwiGLU/GeGLU kernels call tl.program_id(0).cast(), which triton "
-         "before 3.0 lacks",
-         "liger 0.3.1 cast program ids with `.cast(tl.int64)` (PR #251); on triton 2.x the first step fails with "
-         "`CompilationError: ... AttributeError(\"'tensor' object has no attribute 'cast'\")` (LLaMA-Factory #5784, "
-         "torch 2.3 / triton 2.3.0). 0.4.0 uses `.to(tl.int64)` (PR #274).",
-         'pip install "liger-kernel>=0.4.0"',
-         ("https://github.com/linkedin/Liger-Kernel/pull/251", "https://github.com/linkedin/Liger-Kernel/pull/274",
-          "https://github.com/hiyouga/LlamaFactory/issues/5784")),
-    Pair("liger-transformers-floor",
-         lambda v: _between(v["liger-kernel"], (0, 7)) and _between(v["transformers"], None, (4, 52)), False,
-         "liger-kernel {liger-kernel} refuses transformers {transformers}: it needs transformers >= 4.52.0",
-         "liger-kernel 0.7.0 and later raise at import: `ImportError: liger-kernel requires transformers >= 4.52.0, got "
-         "X` (liger_kernel/transformers/monkey_patch.py MIN_SUPPORTED_TRANSFORMERS_VERSION).",
-         'pip install -U "transformers>=4.52.0", or "liger-kernel<0.7"',
-         ("https://github.com/linkedin/Liger-Kernel/blob/v0.7.0/src/liger_kernel/transformers/monkey_patch.py",)),
-    Pair("liger-transformers-v5",
-         lambda v: _between(v["liger-kernel"], None, (0, 7)) and _between(v["transformers"], (5,)), False,
-         "liger-kernel {liger-kernel} predates transformers 5 support; transformers {transformers} is installed",
-         "transformers 5 support arrived in liger-kernel 0.7.0 (PR #994); 0.6.5 capped transformers below 5 (#1044): "
-         "its patched forwards and model classes follow transformers 4.x.",
-         'pip install -U "liger-kernel>=0.7.0"',
-         ("https://github.com/linkedin/Liger-Kernel/pull/994", "https://github.com/linkedin/Liger-Kernel/issues/1044")),
-    Pair("liger-0.6.4-token-accuracy-triton",
-         lambda v: v["liger-kernel"] is not None and v["liger-kernel"][:3] == (0, 6, 4) and _between(v["triton"], None, (3, 3)),
-         True,
-         "liger-kernel 0.6.4 with triton {triton}: its cross-entropy kernel with token accuracy does not compile",
-         "TRL >= 0.26 asks liger's loss for token accuracy (return_token_accuracy); liger 0.6.4's kernel branches on a "
-         "tensor there, which triton 3.2 refuses with a CompilationError (PR #991, fixed in 0.6.5).",
-         'pip install -U "liger-kernel>=0.6.5"',
-         ("https://github.com/linkedin/Liger-Kernel/pull/991",)),
-    Pair("trl-0.15-liger-logits",
-         lambda v: _between(v["trl"], (0, 15), (0, 16)), True,
-         "TRL {trl} reads outputs.logits in SFTTrainer.compute_loss even with use_liger_kernel=True, whose fused loss "
-         "returns none",
-         "TRL 0.15.0-0.15.2 skipped its token accuracy only for its own `use_liger` flag; with transformers' "
-         "`use_liger_kernel=True` the first step fails with `TypeError: 'NoneType' object is not subscriptable` at "
-         "`shift_logits = outputs.logits[..., :-1, :]` (Liger-Kernel #568, open-r1 #404). TRL 0.16.0 tests "
-         "use_liger_kernel.",
-         'pip install -U "trl>=0.16.0", or use_liger_kernel=False',
-         ("https://github.com/linkedin/Liger-Kernel/issues/568", "https://github.com/huggingface/open-r1/issues/404")),
-    Pair("trl-0.26-liger-token-accuracy",
-         lambda v: _between(v["trl"], (0, 26), (0, 27)) and _between(v["liger-kernel"], None, (0, 6, 5)), True,
-         "TRL {trl} reads outputs.token_accuracy from liger's loss, which liger-kernel {liger-kernel} can leave out",
-         "TRL 0.26 calls `gather_for_metrics(outputs.token_accuracy).mean()` with use_liger_kernel=True; liger <= 0.6.4 "
-         "returns no token_accuracy for some models (Gemma3, Liger PR #1010) and the step fails with `AttributeError: "
-         "'NoneType' object has no attribute 'mean'`. TRL 0.27.0 checks for None (PR #4814).",
-         'pip install -U "trl>=0.27.0" or "liger-kernel>=0.6.5"',
-         ("https://github.com/huggingface/trl/pull/4814", "https://github.com/linkedin/Liger-Kernel/pull/1010")),
+    Pair(
+        "liger-triton-floor",
+        _triton_floor,
+        False,
+        "liger-kernel {liger-kernel} needs triton >= 2.3.1 (2.3.0 for 0.3.x); triton {triton} is installed",
+        "liger-kernel declares the triton it compiles its kernels with (pyproject.toml / setup.py `triton>=2.3.1` from "
+        "0.4.0); an older triton lacks the language features its kernels use, and they fail to compile on first use.",
+        'pip install "triton>=2.3.1" (the triton your torch pins), or an older liger-kernel',
+        ("https://github.com/linkedin/Liger-Kernel/blob/v0.4.0/pyproject.toml",),
+    ),
+    Pair(
+        "liger-0.3.1-triton-cast",
+        lambda v: (
+            v["liger-kernel"] is not None and v["liger-kernel"][:3] == (0, 3, 1) and _between(v["triton"], None, (3, 0))
+        ),
+        False,
+        "liger-kernel 0.3.1 with triton {triton}: its SwiGLU/GeGLU kernels call tl.program_id(0).cast(), which triton "
+        "before 3.0 lacks",
+        "liger 0.3.1 cast program ids with `.cast(tl.int64)` (PR #251); on triton 2.x the first step fails with "
+        "`CompilationError: ... AttributeError(\"'tensor' object has no attribute 'cast'\")` (LLaMA-Factory #5784, "
+        "torch 2.3 / triton 2.3.0). 0.4.0 uses `.to(tl.int64)` (PR #274).",
+        'pip install "liger-kernel>=0.4.0"',
+        (
+            "https://github.com/linkedin/Liger-Kernel/pull/251",
+            "https://github.com/linkedin/Liger-Kernel/pull/274",
+            "https://github.com/hiyouga/LlamaFactory/issues/5784",
+        ),
+    ),
+    Pair(
+        "liger-transformers-floor",
+        lambda v: _between(v["liger-kernel"], (0, 7)) and _between(v["transformers"], None, (4, 52)),
+        False,
+        "liger-kernel {liger-kernel} refuses transformers {transformers}: it needs transformers >= 4.52.0",
+        "liger-kernel 0.7.0 and later raise at import: `ImportError: liger-kernel requires transformers >= 4.52.0, got "
+        "X` (liger_kernel/transformers/monkey_patch.py MIN_SUPPORTED_TRANSFORMERS_VERSION).",
+        'pip install -U "transformers>=4.52.0", or "liger-kernel<0.7"',
+        ("https://github.com/linkedin/Liger-Kernel/blob/v0.7.0/src/liger_kernel/transformers/monkey_patch.py",),
+    ),
+    Pair(
+        "liger-transformers-v5",
+        lambda v: _between(v["liger-kernel"], None, (0, 7)) and _between(v["transformers"], (5,)),
+        False,
+        "liger-kernel {liger-kernel} predates transformers 5 support; transformers {transformers} is installed",
+        "transformers 5 support arrived in liger-kernel 0.7.0 (PR #994); 0.6.5 capped transformers below 5 (#1044): "
+        "its patched forwards and model classes follow transformers 4.x.",
+        'pip install -U "liger-kernel>=0.7.0"',
+        ("https://github.com/linkedin/Liger-Kernel/pull/994", "https://github.com/linkedin/Liger-Kernel/issues/1044"),
+    ),
+    Pair(
+        "liger-0.6.4-token-accuracy-triton",
+        lambda v: (
+            v["liger-kernel"] is not None and v["liger-kernel"][:3] == (0, 6, 4) and _between(v["triton"], None, (3, 3))
+        ),
+        True,
+        "liger-kernel 0.6.4 with triton {triton}: its cross-entropy kernel with token accuracy does not compile",
+        "TRL >= 0.26 asks liger's loss for token accuracy (return_token_accuracy); liger 0.6.4's kernel branches on a "
+        "tensor there, which triton 3.2 refuses with a CompilationError (PR #991, fixed in 0.6.5).",
+        'pip install -U "liger-kernel>=0.6.5"',
+        ("https://github.com/linkedin/Liger-Kernel/pull/991",),
+    ),
+    Pair(
+        "trl-0.15-liger-logits",
+        lambda v: _between(v["trl"], (0, 15), (0, 16)),
+        True,
+        "TRL {trl} reads outputs.logits in SFTTrainer.compute_loss even with use_liger_kernel=True, whose fused loss "
+        "returns none",
+        "TRL 0.15.0-0.15.2 skipped its token accuracy only for its own `use_liger` flag; with transformers' "
+        "`use_liger_kernel=True` the first step fails with `TypeError: 'NoneType' object is not subscriptable` at "
+        "`shift_logits = outputs.logits[..., :-1, :]` (Liger-Kernel #568, open-r1 #404). TRL 0.16.0 tests "
+        "use_liger_kernel.",
+        'pip install -U "trl>=0.16.0", or use_liger_kernel=False',
+        ("https://github.com/linkedin/Liger-Kernel/issues/568", "https://github.com/huggingface/open-r1/issues/404"),
+    ),
+    Pair(
+        "trl-0.26-liger-token-accuracy",
+        lambda v: _between(v["trl"], (0, 26), (0, 27)) and _between(v["liger-kernel"], None, (0, 6, 5)),
+        True,
+        "TRL {trl} reads outputs.token_accuracy from liger's loss, which liger-kernel {liger-kernel} can leave out",
+        "TRL 0.26 calls `gather_for_metrics(outputs.token_accuracy).mean()` with use_liger_kernel=True; liger <= 0.6.4 "
+        "returns no token_accuracy for some models (Gemma3, Liger PR #1010) and the step fails with `AttributeError: "
+        "'NoneType' object has no attribute 'mean'`. TRL 0.27.0 checks for None (PR #4814).",
+        'pip install -U "trl>=0.27.0" or "liger-kernel>=0.6.5"',
+        ("https://github.com/huggingface/trl/pull/4814", "https://github.com/linkedin/Liger-Kernel/pull/1010"),
+    ),
 )
 
 STACK = ("liger-kernel", "triton", "transformers", "trl")
@@ -117,22 +145,32 @@ def liger_kernel(packages: dict[str, Any], plan=None, gpus: dict[str, Any] | Non
     findings = [_finding(pair, packages, plan, evidence) for pair in PAIRS if pair.breaks(versions)]
     findings = [f for f in findings if f is not None]
     if old := lacking(devices(gpus), TRITON_MIN_CC):
-        findings.append((error if plan is not None else warning)(
-            f"liger-kernel's Triton kernels do not run on {describe_gpus(old)}: Triton needs compute capability 7.0+",
-            detail="Triton compiles only for compute capability 7.0 (Volta) and newer (torch/_inductor/exc.py "
-                   "GPUTooOldForTriton); liger's kernels fail on their first use on older GPUs.",
-            fix="[training] liger_kernel = false on these GPUs", evidence={**evidence, "pair": "triton-min-cc"}))
+        findings.append(
+            (error if plan is not None else warning)(
+                f"liger-kernel's Triton kernels do not run on {describe_gpus(old)}: Triton needs compute capability 7.0+",
+                detail="Triton compiles only for compute capability 7.0 (Volta) and newer (torch/_inductor/exc.py "
+                "GPUTooOldForTriton); liger's kernels fail on their first use on older GPUs.",
+                fix="[training] liger_kernel = false on these GPUs",
+                evidence={**evidence, "pair": "triton-min-cc"},
+            )
+        )
     if versions["triton"] is None and not findings:
-        return warning(f"liger-kernel {liger} is installed but triton is not: its kernels cannot compile",
-                       detail="liger-kernel imports triton for every kernel; pip installs it with liger on Linux x86-64.",
-                       fix='pip install triton (the release your torch pins)', evidence=evidence)
+        return warning(
+            f"liger-kernel {liger} is installed but triton is not: its kernels cannot compile",
+            detail="liger-kernel imports triton for every kernel; pip installs it with liger on Linux x86-64.",
+            fix="pip install triton (the release your torch pins)",
+            evidence=evidence,
+        )
     if findings:
         return findings
     skipped = [p.id for p in PAIRS if p.switch_only]
-    note = (" (sftdoctor's trainer keeps the logits: the use_liger_kernel pairs do not apply)" if plan is not None
-            else "")
-    return ok(f"{installed}: no known broken pair ({len(PAIRS)} checked){note}",
-              evidence={**evidence, "pairs": [p.id for p in PAIRS], "switch_only": skipped})
+    note = (
+        " (sftdoctor's trainer keeps the logits: the use_liger_kernel pairs do not apply)" if plan is not None else ""
+    )
+    return ok(
+        f"{installed}: no known broken pair ({len(PAIRS)} checked){note}",
+        evidence={**evidence, "pairs": [p.id for p in PAIRS], "switch_only": skipped},
+    )
 
 
 def _finding(pair: Pair, packages: dict[str, Any], plan, evidence: dict[str, Any]):
@@ -142,6 +180,10 @@ def _finding(pair: Pair, packages: dict[str, Any], plan, evidence: dict[str, Any
     if pair.switch_only:
         if plan is not None:
             return None  # sftdoctor's trainer: liger's kernels on the model, TRL's own switch off
-        return warning(title, detail=body + " This holds when TRL's or transformers' use_liger_kernel=True is used.",
-                       fix=pair.fix, evidence=found)
+        return warning(
+            title,
+            detail=body + " This holds when TRL's or transformers' use_liger_kernel=True is used.",
+            fix=pair.fix,
+            evidence=found,
+        )
     return (error if plan is not None else warning)(title, detail=body, fix=pair.fix, evidence=found)

@@ -16,10 +16,13 @@ PEFT_SINCE = {"use_rslora": (0, 7), "use_dora": (0, 9)}
 # bitsandbytes 0.50 installation guide: NF4/FP4 on compute capability 6.0+, LLM.int8() on 7.5+.
 BNB_MIN_CC = {"4bit": (6, 0), "8bit": (7, 5)}
 # Usual learning rates, with where they come from.
-LORA_RATES = ("1e-4 to 3e-4: QLoRA (Dettmers et al., 2023) used 2e-4 for 7B-13B and 1e-4 for 33B-65B; peft's and "
-              "TRL's LoRA examples use 1e-4 to 2e-4")
-FULL_RATES = ("1e-5 to 5e-5: Stanford Alpaca and Zephyr's SFT (alignment-handbook) use 2e-5, Tulu 2 (Ivison et "
-              "al., 2023) 2e-5")
+LORA_RATES = (
+    "1e-4 to 3e-4: QLoRA (Dettmers et al., 2023) used 2e-4 for 7B-13B and 1e-4 for 33B-65B; peft's and "
+    "TRL's LoRA examples use 1e-4 to 2e-4"
+)
+FULL_RATES = (
+    "1e-5 to 5e-5: Stanford Alpaca and Zephyr's SFT (alignment-handbook) use 2e-5, Tulu 2 (Ivison et al., 2023) 2e-5"
+)
 
 
 def _groups(entries: list[dict[str, Any]]) -> str:
@@ -37,12 +40,20 @@ def lora_targets(plan, lora_modules: dict[str, Any], packages: dict[str, Any] | 
         findings.append(error("[lora] is set but peft is not installed", fix="pip install 'peft>=0.13'"))
     for key, since in PEFT_SINCE.items():
         if lora[key] and peft and (version_tuple(peft) or (0,)) < since:
-            findings.append(error(f"[lora] {key} = true needs peft {'.'.join(map(str, since))} or newer; peft {peft} "
-                                  "is installed", fix=f"pip install -U peft (or [lora] {key} = false)"))
+            findings.append(
+                error(
+                    f"[lora] {key} = true needs peft {'.'.join(map(str, since))} or newer; peft {peft} is installed",
+                    fix=f"pip install -U peft (or [lora] {key} = false)",
+                )
+            )
     if "error" in lora_modules:
-        findings.append(warning(f"the model's layers could not be listed ({lora_modules['error']})",
-                                fix="run `sftdoctor check --config RUN.toml --select lora-targets` where the model's "
-                                    "code and config are installed"))
+        findings.append(
+            warning(
+                f"the model's layers could not be listed ({lora_modules['error']})",
+                fix="run `sftdoctor check --config RUN.toml --select lora-targets` where the model's "
+                "code and config are installed",
+            )
+        )
         return findings
     layers = {e["pattern"].rsplit(".", 1)[-1] for e in lora_modules["linear"]}
     missing = unmatched(lora_modules, lora["target_modules"])
@@ -50,116 +61,185 @@ def lora_targets(plan, lora_modules: dict[str, Any], packages: dict[str, Any] | 
     if missing:
         wrapped = targeted(lora_modules, lora["target_modules"])
         hint = "; ".join(f"{name}{did_you_mean(name, layers)}" for name in missing)
-        findings.append(error(
-            f"[lora] target_modules names {len(missing)} layer{'s' if len(missing) > 1 else ''} this "
-            f"{lora_modules.get('model_type') or 'model'} does not have: {hint}",
-            detail=("peft refuses a list that matches nothing (\"Target modules ... not found in the base model\")."
-                    if not wrapped else "peft silently skips names that match nothing when others match: those "
-                    f"layers would train no adapter. Wrapped: {_groups(wrapped)}.")
-            + f" Its linear layers: {', '.join(sorted(layers))}.",
-            fix='[lora] target_modules = "all-linear", or names from the list above', evidence=evidence))
+        findings.append(
+            error(
+                f"[lora] target_modules names {len(missing)} layer{'s' if len(missing) > 1 else ''} this "
+                f"{lora_modules.get('model_type') or 'model'} does not have: {hint}",
+                detail=(
+                    'peft refuses a list that matches nothing ("Target modules ... not found in the base model").'
+                    if not wrapped
+                    else "peft silently skips names that match nothing when others match: those "
+                    f"layers would train no adapter. Wrapped: {_groups(wrapped)}."
+                )
+                + f" Its linear layers: {', '.join(sorted(layers))}.",
+                fix='[lora] target_modules = "all-linear", or names from the list above',
+                evidence=evidence,
+            )
+        )
     modules = lora_modules.get("modules") or {}
     unknown = [name for name in lora["modules_to_save"] if name not in modules]
     if unknown:
-        findings.append(error(
-            f"[lora] modules_to_save names {', '.join(unknown)}, not a module of this model"
-            f"{did_you_mean(unknown[0], modules)}",
-            fix="name modules of the model (e.g. embed_tokens, lm_head)", evidence={"modules_to_save": unknown}))
+        findings.append(
+            error(
+                f"[lora] modules_to_save names {', '.join(unknown)}, not a module of this model"
+                f"{did_you_mean(unknown[0], modules)}",
+                fix="name modules of the model (e.g. embed_tokens, lm_head)",
+                evidence={"modules_to_save": unknown},
+            )
+        )
     if any(f.severity.rank >= 3 for f in findings):
         return findings
     trainable, base = lora["trainable_params"], lora["base_params"]
     wrapped = targeted(lora_modules, lora["target_modules"])
     share = f" ({trainable / base:.2%} of {base:,})" if trainable and base else ""
-    findings.insert(0, ok(
-        f"adapters of rank {lora['r']} on {sum(e['count'] for e in wrapped)} layers train {trainable:,} parameters"
-        f"{share}", detail=f"Wrapped: {_groups(wrapped)}"
-        + (f"; trained in full: {', '.join(lora['modules_to_save'])}" if lora["modules_to_save"] else "") + ".",
-        evidence={**evidence, "trainable_params": trainable, "base_params": base}))
+    findings.insert(
+        0,
+        ok(
+            f"adapters of rank {lora['r']} on {sum(e['count'] for e in wrapped)} layers train {trainable:,} parameters"
+            f"{share}",
+            detail=f"Wrapped: {_groups(wrapped)}"
+            + (f"; trained in full: {', '.join(lora['modules_to_save'])}" if lora["modules_to_save"] else "")
+            + ".",
+            evidence={**evidence, "trainable_params": trainable, "base_params": base},
+        ),
+    )
     return findings
 
 
 @check("qlora", "QLoRA's quantized base: CUDA, bitsandbytes importable, a GPU it supports, ZeRO and precision that fit")
-def qlora(plan, gpus: dict[str, Any] | None = None, bitsandbytes: dict[str, Any] | None = None,
-          model_config: dict[str, Any] | None = None):
+def qlora(
+    plan,
+    gpus: dict[str, Any] | None = None,
+    bitsandbytes: dict[str, Any] | None = None,
+    model_config: dict[str, Any] | None = None,
+):
     quantize = (plan.lora or {}).get("quantize", "none")
     if quantize == "none":
         raise NotApplicable("no [lora] quantize: the base is not quantized")
     lora, found, findings = plan.lora, devices(gpus), []
     if not found:
-        findings.append(error(
-            f"[lora] quantize = \"{quantize}\" needs a CUDA GPU, and none is visible",
-            detail="bitsandbytes' 4- and 8-bit layers run on GPUs; a CPU rehearsal of QLoRA cannot load the base.",
-            fix='run on the GPU machine, or [lora] quantize = "none" to rehearse with LoRA in 16 bits'))
+        findings.append(
+            error(
+                f'[lora] quantize = "{quantize}" needs a CUDA GPU, and none is visible',
+                detail="bitsandbytes' 4- and 8-bit layers run on GPUs; a CPU rehearsal of QLoRA cannot load the base.",
+                fix='run on the GPU machine, or [lora] quantize = "none" to rehearse with LoRA in 16 bits',
+            )
+        )
     if bitsandbytes is not None and not bitsandbytes.get("installed"):
-        findings.append(error("[lora] quantize needs bitsandbytes, which is not installed",
-                              fix="pip install bitsandbytes"))
+        findings.append(
+            error("[lora] quantize needs bitsandbytes, which is not installed", fix="pip install bitsandbytes")
+        )
     elif bitsandbytes is not None and not bitsandbytes.get("import_ok"):
-        findings.append(error(
-            f"bitsandbytes {bitsandbytes.get('version')} does not import against this torch: "
-            f"{bitsandbytes.get('import_error')}", fix="pip install -U bitsandbytes (a build for this torch and CUDA)",
-            evidence=bitsandbytes))
+        findings.append(
+            error(
+                f"bitsandbytes {bitsandbytes.get('version')} does not import against this torch: "
+                f"{bitsandbytes.get('import_error')}",
+                fix="pip install -U bitsandbytes (a build for this torch and CUDA)",
+                evidence=bitsandbytes,
+            )
+        )
     old = lacking(found, BNB_MIN_CC[quantize])
     if old:
         need = ".".join(map(str, BNB_MIN_CC[quantize]))
-        findings.append(error(
-            f"{describe_gpus(old)} are below compute capability {need}, which bitsandbytes' {quantize} layers need",
-            detail="bitsandbytes 0.50: NF4/FP4 need 6.0+ (Pascal), LLM.int8() 7.5+ (Turing).",
-            fix='[lora] quantize = "4bit"' if quantize == "8bit" and not lacking(found, BNB_MIN_CC["4bit"]) else
-                '[lora] quantize = "none" (LoRA in 16 bits)'))
+        findings.append(
+            error(
+                f"{describe_gpus(old)} are below compute capability {need}, which bitsandbytes' {quantize} layers need",
+                detail="bitsandbytes 0.50: NF4/FP4 need 6.0+ (Pascal), LLM.int8() 7.5+ (Turing).",
+                fix='[lora] quantize = "4bit"'
+                if quantize == "8bit" and not lacking(found, BNB_MIN_CC["4bit"])
+                else '[lora] quantize = "none" (LoRA in 16 bits)',
+            )
+        )
     if plan.offload_params:
-        findings.append(error(
-            "[deepspeed] offload_params with a quantized base: DeepSpeed cannot offload bitsandbytes' packed 4-bit "
-            "weights", fix="offload_params = false (the quantized base is already a quarter of its 16-bit size)"))
+        findings.append(
+            error(
+                "[deepspeed] offload_params with a quantized base: DeepSpeed cannot offload bitsandbytes' packed 4-bit "
+                "weights",
+                fix="offload_params = false (the quantized base is already a quarter of its 16-bit size)",
+            )
+        )
     elif plan.offload_optimizer:
-        findings.append(info(
-            "[deepspeed] offload_optimizer with QLoRA moves only the adapters' optimizer states to the CPU",
-            detail=f"They are {16 * (lora['trainable_params'] or 0) / 2**20:,.0f} MiB (AdamW's fp32 states and "
-                   "master copy); each step pays the CPU round trip for that.",
-            fix="offload_optimizer = false unless memory-fit says it is needed"))
+        findings.append(
+            info(
+                "[deepspeed] offload_optimizer with QLoRA moves only the adapters' optimizer states to the CPU",
+                detail=f"They are {16 * (lora['trainable_params'] or 0) / 2**20:,.0f} MiB (AdamW's fp32 states and "
+                "master copy); each step pays the CPU round trip for that.",
+                fix="offload_optimizer = false unless memory-fit says it is needed",
+            )
+        )
     saved = (model_config or {}).get("dtype")
     if plan.precision == "fp16" and saved == "bfloat16":
-        findings.append(warning(
-            "QLoRA computes in fp16 (bnb_4bit_compute_dtype) over a model saved in bf16",
-            detail="Each 4-bit weight is dequantized to fp16 for its matmul: bf16-trained activations overflow fp16's "
-                   "65504 and the loss turns NaN.",
-            fix='[model] precision = "bf16" on Ampere or newer; on older GPUs keep fp16 only with loss scaling'))
+        findings.append(
+            warning(
+                "QLoRA computes in fp16 (bnb_4bit_compute_dtype) over a model saved in bf16",
+                detail="Each 4-bit weight is dequantized to fp16 for its matmul: bf16-trained activations overflow fp16's "
+                "65504 and the loss turns NaN.",
+                fix='[model] precision = "bf16" on Ampere or newer; on older GPUs keep fp16 only with loss scaling',
+            )
+        )
     if any(f.severity.rank >= 3 for f in findings):
         return findings
     storage = lora["quant_storage"]
     where = f" on {describe_gpus(found)}" if found and all(capability(d) for d in found) else ""
-    findings.insert(0, ok(
-        f"{'4-bit NF4 with double quantization' if quantize == '4bit' else 'LLM.int8()'} base computing in "
-        f"{lora['compute_dtype']}{where}"
-        + (f"; stored as {storage} so ZeRO-3 can partition it" if plan.zero_stage == 3 and quantize == "4bit" else ""),
-        evidence={"quantize": quantize, "compute_dtype": lora["compute_dtype"], "quant_storage": storage,
-                  "bitsandbytes": (bitsandbytes or {}).get("version")}))
+    findings.insert(
+        0,
+        ok(
+            f"{'4-bit NF4 with double quantization' if quantize == '4bit' else 'LLM.int8()'} base computing in "
+            f"{lora['compute_dtype']}{where}"
+            + (
+                f"; stored as {storage} so ZeRO-3 can partition it"
+                if plan.zero_stage == 3 and quantize == "4bit"
+                else ""
+            ),
+            evidence={
+                "quantize": quantize,
+                "compute_dtype": lora["compute_dtype"],
+                "quant_storage": storage,
+                "bitsandbytes": (bitsandbytes or {}).get("version"),
+            },
+        ),
+    )
     return findings
 
 
 @check("learning-rate", "a learning rate in the usual range for the kind of fine-tune (LoRA or full)")
 def learning_rate(plan):
     if plan.weights == "random":
-        raise NotApplicable("[model] weights = \"random\": trained from scratch, not fine-tuned")
+        raise NotApplicable('[model] weights = "random": trained from scratch, not fine-tuned')
     rate, lora = plan.learning_rate, plan.lora is not None
     evidence = {"learning_rate": rate, "lora": lora}
     if lora and rate < 5e-5:
-        return info(f"learning rate {rate:g} with LoRA is a full fine-tune's rate: the adapters will learn slowly",
-                    detail=f"Usual LoRA rates are {LORA_RATES}. Adapters start at zero (B = 0) and train a small "
-                           "fraction of the weights, so they take larger steps.",
-                    fix="[training] learning_rate = 2e-4", evidence=evidence)
+        return info(
+            f"learning rate {rate:g} with LoRA is a full fine-tune's rate: the adapters will learn slowly",
+            detail=f"Usual LoRA rates are {LORA_RATES}. Adapters start at zero (B = 0) and train a small "
+            "fraction of the weights, so they take larger steps.",
+            fix="[training] learning_rate = 2e-4",
+            evidence=evidence,
+        )
     if lora and rate > 1e-3:
-        return info(f"learning rate {rate:g} with LoRA is above the usual range: expect loss spikes",
-                    detail=f"Usual LoRA rates are {LORA_RATES}.", fix="[training] learning_rate = 2e-4",
-                    evidence=evidence)
+        return info(
+            f"learning rate {rate:g} with LoRA is above the usual range: expect loss spikes",
+            detail=f"Usual LoRA rates are {LORA_RATES}.",
+            fix="[training] learning_rate = 2e-4",
+            evidence=evidence,
+        )
     if not lora and rate < 1e-6:
-        return info(f"learning rate {rate:g} for a full fine-tune is below the usual range: the weights will barely move",
-                    detail=f"Usual full fine-tuning rates are {FULL_RATES}.", fix="[training] learning_rate = 2e-5",
-                    evidence=evidence)
+        return info(
+            f"learning rate {rate:g} for a full fine-tune is below the usual range: the weights will barely move",
+            detail=f"Usual full fine-tuning rates are {FULL_RATES}.",
+            fix="[training] learning_rate = 2e-5",
+            evidence=evidence,
+        )
     if not lora and rate >= 1e-4:
-        return info(f"learning rate {rate:g} for a full fine-tune is a LoRA rate: expect loss spikes and forgetting",
-                    detail=f"Usual full fine-tuning rates are {FULL_RATES}. Every weight moves at this rate.",
-                    fix="[training] learning_rate = 2e-5 (or add [lora] to train adapters)", evidence=evidence)
+        return info(
+            f"learning rate {rate:g} for a full fine-tune is a LoRA rate: expect loss spikes and forgetting",
+            detail=f"Usual full fine-tuning rates are {FULL_RATES}. Every weight moves at this rate.",
+            fix="[training] learning_rate = 2e-5 (or add [lora] to train adapters)",
+            evidence=evidence,
+        )
     kind = "LoRA" if lora else "full fine-tune"
-    return ok(f"learning rate {rate:g} is in the usual range for a {kind}",
-              detail=f"Usual rates: {LORA_RATES if lora else FULL_RATES}.", evidence=evidence)
-
+    return ok(
+        f"learning rate {rate:g} is in the usual range for a {kind}",
+        detail=f"Usual rates: {LORA_RATES if lora else FULL_RATES}.",
+        evidence=evidence,
+    )

@@ -21,7 +21,9 @@ def change(current: Candidate, better: Candidate) -> str:
     a, b = current.setting, better.setting
     lines = []
     if (a.zero_stage, a.offload_optimizer) != (b.zero_stage, b.offload_optimizer):
-        lines.append(f"[deepspeed] zero_stage = {b.zero_stage}" + (", offload_optimizer = true" if b.offload_optimizer else ""))
+        lines.append(
+            f"[deepspeed] zero_stage = {b.zero_stage}" + (", offload_optimizer = true" if b.offload_optimizer else "")
+        )
     if a.checkpointing != b.checkpointing:
         lines.append(f"[training] gradient_checkpointing = {str(b.checkpointing).lower()}")
     if a.micro_batch != b.micro_batch:
@@ -33,8 +35,11 @@ def change(current: Candidate, better: Candidate) -> str:
     return "; ".join(lines)
 
 
-@check("memory-fit", "the run's predicted peak GPU memory (model states by ZeRO stage, activations, logits) "
-                     "against the GPUs (sftdoctor plan)")
+@check(
+    "memory-fit",
+    "the run's predicted peak GPU memory (model states by ZeRO stage, activations, logits) "
+    "against the GPUs (sftdoctor plan)",
+)
 def memory_fit(plan, model_shape: dict[str, Any], gpus: dict[str, Any]):
     if not devices(gpus):
         raise NotApplicable("no NVIDIA GPU visible")
@@ -47,22 +52,38 @@ def memory_fit(plan, model_shape: dict[str, Any], gpus: dict[str, Any]):
     peak = current.estimate.gpu_peak
     terms = ", ".join(f"{t.name} {t.bytes / GIB:.1f}" for t in current.estimate.gpu)
     trainable = found.run.lora.trainable if found.run.lora else None
-    evidence = {"gpu_memory_bytes": memory, "gpu_peak_bytes": peak, "setting": vars(current.setting),
-                "parameters": model_shape["parameters"], "trainable_parameters": trainable,
-                "terms": [t.to_json() for t in current.estimate.gpu], "recommended": vars(best.setting) if best else None}
-    head = (f"{model_shape['parameters'] / 1e9:.2f}B parameters{f' ({trainable:,} trainable)' if trainable else ''} "
-            f"on {plan.world_size} GPU"
-            f"{'s' if plan.world_size > 1 else ''}: predicted peak {peak / GIB:.1f} GiB per GPU of {memory / GIB:.1f} GiB "
-            f"({current.describe()})")
+    evidence = {
+        "gpu_memory_bytes": memory,
+        "gpu_peak_bytes": peak,
+        "setting": vars(current.setting),
+        "parameters": model_shape["parameters"],
+        "trainable_parameters": trainable,
+        "terms": [t.to_json() for t in current.estimate.gpu],
+        "recommended": vars(best.setting) if best else None,
+    }
+    head = (
+        f"{model_shape['parameters'] / 1e9:.2f}B parameters{f' ({trainable:,} trainable)' if trainable else ''} "
+        f"on {plan.world_size} GPU"
+        f"{'s' if plan.world_size > 1 else ''}: predicted peak {peak / GIB:.1f} GiB per GPU of {memory / GIB:.1f} GiB "
+        f"({current.describe()})"
+    )
     detail = f"GiB per GPU: {terms}. `sftdoctor plan RUN.toml` shows every term and the candidates."
     if peak > memory:
         fix = change(current, best) if best else "more GPUs, or a shorter max_length: no setting fits these GPUs"
         return error(head + " — more than the GPU has", detail=detail, fix=fix, evidence=evidence)
     if peak > memory * (1 - HEADROOM):
-        fix = change(current, best) if best and best.setting != current.setting else "a smaller micro-batch or checkpointing"
+        fix = (
+            change(current, best)
+            if best and best.setting != current.setting
+            else "a smaller micro-batch or checkpointing"
+        )
         return warning(head + f": less than {HEADROOM:.0%} headroom", detail=detail, fix=fix, evidence=evidence)
     faster = best is not None and best.speed_key() < current.speed_key() and best.setting != current.setting
     if faster and current.setting.zero_stage == 3 and best.setting.zero_stage < 3:
-        return info(head + f"; ZeRO-{best.setting.zero_stage} would fit too and communicates less", detail=detail,
-                  fix=change(current, best), evidence=evidence)
+        return info(
+            head + f"; ZeRO-{best.setting.zero_stage} would fit too and communicates less",
+            detail=detail,
+            fix=change(current, best),
+            evidence=evidence,
+        )
     return ok(head, detail=detail, evidence=evidence)

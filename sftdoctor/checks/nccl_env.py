@@ -31,12 +31,16 @@ def _deprecated(env: dict[str, str]) -> list:
         if old not in env:
             continue
         conflict = new in env and env[new] != env[old]
-        out.append(warning(
-            f"{old}={env[old]} is deprecated; torch reads {new}"
-            + (f" (set to {env[new]}, which wins)" if conflict else ""),
-            detail="torch still honours the old name only as a fallback and warns about it; scripts copied from "
-                   "older guides keep setting it.",
-            fix=f"export {new}={env[old]} and unset {old}", evidence={old: env[old], new: env.get(new)}))
+        out.append(
+            warning(
+                f"{old}={env[old]} is deprecated; torch reads {new}"
+                + (f" (set to {env[new]}, which wins)" if conflict else ""),
+                detail="torch still honours the old name only as a fallback and warns about it; scripts copied from "
+                "older guides keep setting it.",
+                fix=f"export {new}={env[old]} and unset {old}",
+                evidence={old: env[old], new: env.get(new)},
+            )
+        )
     return out
 
 
@@ -46,33 +50,53 @@ def _timeouts(env: dict[str, str]) -> list:
     if ib is not None:
         value = _int(ib)
         if value is None or not 1 <= value <= 31:
-            out.append(warning(f"NCCL_IB_TIMEOUT={ib} is outside NCCL's range 1-31",
-                               fix="unset NCCL_IB_TIMEOUT (NCCL's default is fine) or use 18-22",
-                               evidence={"NCCL_IB_TIMEOUT": ib}))
+            out.append(
+                warning(
+                    f"NCCL_IB_TIMEOUT={ib} is outside NCCL's range 1-31",
+                    fix="unset NCCL_IB_TIMEOUT (NCCL's default is fine) or use 18-22",
+                    evidence={"NCCL_IB_TIMEOUT": ib},
+                )
+            )
         elif value < 14:
-            out.append(warning(
-                f"NCCL_IB_TIMEOUT={ib} is very short ({4.096e-6 * 2 ** value * 1000:.0f} ms per InfiniBand retry)",
-                detail="On a busy fabric transfers then fail with 'NET/IB: Got completion from peer with error 12' "
-                       "(transport retry counter exceeded).",
-                fix="raise NCCL_IB_TIMEOUT to 18-22, or unset it", evidence={"NCCL_IB_TIMEOUT": ib}))
+            out.append(
+                warning(
+                    f"NCCL_IB_TIMEOUT={ib} is very short ({4.096e-6 * 2**value * 1000:.0f} ms per InfiniBand retry)",
+                    detail="On a busy fabric transfers then fail with 'NET/IB: Got completion from peer with error 12' "
+                    "(transport retry counter exceeded).",
+                    fix="raise NCCL_IB_TIMEOUT to 18-22, or unset it",
+                    evidence={"NCCL_IB_TIMEOUT": ib},
+                )
+            )
         elif value > 24:
-            out.append(warning(
-                f"NCCL_IB_TIMEOUT={ib} is very long ({4.096e-6 * 2 ** value / 60:.0f} min per retry)",
-                detail="A dead link is then noticed only after many minutes, long after a torch timeout would fire.",
-                fix="use 18-22, or unset it", evidence={"NCCL_IB_TIMEOUT": ib}))
+            out.append(
+                warning(
+                    f"NCCL_IB_TIMEOUT={ib} is very long ({4.096e-6 * 2**value / 60:.0f} min per retry)",
+                    detail="A dead link is then noticed only after many minutes, long after a torch timeout would fire.",
+                    fix="use 18-22, or unset it",
+                    evidence={"NCCL_IB_TIMEOUT": ib},
+                )
+            )
     heartbeat = env.get("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC")
     if heartbeat is not None and (_int(heartbeat) or 0) < 60:
-        out.append(warning(
-            f"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC={heartbeat} is very short (default {HEARTBEAT_DEFAULT_S})",
-            detail="The heartbeat monitor kills the process when the NCCL watchdog thread looks stuck for this long; "
-                   "a short value kills healthy jobs during long CUDA calls such as checkpoint saving.",
-            fix="unset it, or use at least 300", evidence={"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": heartbeat}))
+        out.append(
+            warning(
+                f"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC={heartbeat} is very short (default {HEARTBEAT_DEFAULT_S})",
+                detail="The heartbeat monitor kills the process when the NCCL watchdog thread looks stuck for this long; "
+                "a short value kills healthy jobs during long CUDA calls such as checkpoint saving.",
+                fix="unset it, or use at least 300",
+                evidence={"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": heartbeat},
+            )
+        )
     if env.get("TORCH_NCCL_BLOCKING_WAIT", env.get("NCCL_BLOCKING_WAIT")) == "1":
-        out.append(warning(
-            "blocking wait is on: every collective blocks the CPU until it finishes",
-            detail="It serialises the host with the GPU and slows training; TORCH_NCCL_ASYNC_ERROR_HANDLING "
-                   "(default 3 in torch 2.2+) already turns timeouts into errors.",
-            fix="unset TORCH_NCCL_BLOCKING_WAIT / NCCL_BLOCKING_WAIT", evidence={}))
+        out.append(
+            warning(
+                "blocking wait is on: every collective blocks the CPU until it finishes",
+                detail="It serialises the host with the GPU and slows training; TORCH_NCCL_ASYNC_ERROR_HANDLING "
+                "(default 3 in torch 2.2+) already turns timeouts into errors.",
+                fix="unset TORCH_NCCL_BLOCKING_WAIT / NCCL_BLOCKING_WAIT",
+                evidence={},
+            )
+        )
     return out
 
 
@@ -86,15 +110,24 @@ def _port(rendezvous: dict[str, Any] | None, plan) -> list:
     port, source = rendezvous.get("master_port"), rendezvous.get("source", "recorded")
     if plan is not None and (plan.world_size == 1 or plan.master_port != port):
         used = "no rendezvous: one process" if plan.world_size == 1 else f"sftdoctor train uses port {plan.master_port}"
-        return [info(f"rendezvous port {port} ({source}) is taken on this host; {used}",
-                     detail=plan.reasons.get("master_port", ""), evidence=rendezvous)]
+        return [
+            info(
+                f"rendezvous port {port} ({source}) is taken on this host; {used}",
+                detail=plan.reasons.get("master_port", ""),
+                evidence=rendezvous,
+            )
+        ]
     severity = warning if source == "torchrun default" else error
-    return [severity(
-        f"rendezvous port {port} ({source}) is already taken on this host",
-        detail="The launch will fail with 'The server socket has failed to listen on any local network address. "
-               f"... port: {port} ... EADDRINUSE' — often a previous run's torchrun still alive.",
-        fix=f"see who holds it: ss -ltnp 'sport = :{port}'; stop it, or choose another port "
-            "([launch] master_port = \"auto\", or torchrun --master-port)", evidence=rendezvous)]
+    return [
+        severity(
+            f"rendezvous port {port} ({source}) is already taken on this host",
+            detail="The launch will fail with 'The server socket has failed to listen on any local network address. "
+            f"... port: {port} ... EADDRINUSE' — often a previous run's torchrun still alive.",
+            fix=f"see who holds it: ss -ltnp 'sport = :{port}'; stop it, or choose another port "
+            '([launch] master_port = "auto", or torchrun --master-port)',
+            evidence=rendezvous,
+        )
+    ]
 
 
 @check("nccl-env", "deprecated NCCL variables, risky timeouts, and a busy rendezvous port")
@@ -103,6 +136,11 @@ def nccl_env(env: dict[str, str], rendezvous: dict[str, Any] | None = None, plan
     if findings:
         return findings
     nccl = sorted(k for k in env if k.startswith(("NCCL_", "TORCH_NCCL_")))
-    port = f"; rendezvous port {rendezvous.get('master_port')} free" if rendezvous and rendezvous.get("in_use") is False else ""
-    return ok(f"{len(nccl)} NCCL variable(s) set, none deprecated or risky{port}",
-              evidence={name: env[name] for name in nccl})
+    port = (
+        f"; rendezvous port {rendezvous.get('master_port')} free"
+        if rendezvous and rendezvous.get("in_use") is False
+        else ""
+    )
+    return ok(
+        f"{len(nccl)} NCCL variable(s) set, none deprecated or risky{port}", evidence={name: env[name] for name in nccl}
+    )

@@ -14,38 +14,58 @@ def packing(run, packing_probe: dict[str, Any] | None = None, plan=None):
     if asked is False:
         return ok("off: one sample per row, padded to the longest in the micro-batch")
     if asked == "auto" and plan is not None and not plan.packing and (packing_probe or {}).get("isolated"):
-        return info(f"off ({plan.reasons.get('packing')})",
-                    detail="Packed samples stay isolated here, but without a varlen kernel each packed row's attention "
-                           "spans the whole row (masked block-diagonally), so it costs max_length squared whatever it "
-                           "holds. Rows of like length are batched together instead (LengthGroupedSampler), which "
-                           "leaves little padding.", fix='[training] packing = true to pack anyway',
-                    evidence={"asked": asked, "probe": packing_probe})
+        return info(
+            f"off ({plan.reasons.get('packing')})",
+            detail="Packed samples stay isolated here, but without a varlen kernel each packed row's attention "
+            "spans the whole row (masked block-diagonally), so it costs max_length squared whatever it "
+            "holds. Rows of like length are batched together instead (LengthGroupedSampler), which "
+            "leaves little padding.",
+            fix="[training] packing = true to pack anyway",
+            evidence={"asked": asked, "probe": packing_probe},
+        )
     probe = packing_probe or {}
     isolated = probe.get("isolated")
     attn = probe.get("attn_implementation", "?")
     evidence = {"asked": asked, "probe": probe}
     if isolated:
-        return ok(f"on: packed samples stay isolated with {attn} on {probe.get('model_type')} "
-                  f"(max |logit difference| {probe['max_abs_diff']:.1e} <= {probe['tolerance']:g})",
-                  detail="Rows are filled best-fit (TRL 'bfd') and sent padding-free: position_ids restart at each "
-                         "sample and no attention mask is passed, as the probe did."
-                         + ("" if attn.startswith("flash") else
-                            f" With {attn} the attention still spans each whole packed row (masked block-diagonally), "
-                            "so its cost grows with max_length squared: keep max_length near the longest samples "
-                            "(measured on CPU: 1.06x TRL's padded defaults at 256, 0.39x at 1024 for ~100-token "
-                            "samples); flash_attention_2's varlen kernels do not pay it."), evidence=evidence)
+        return ok(
+            f"on: packed samples stay isolated with {attn} on {probe.get('model_type')} "
+            f"(max |logit difference| {probe['max_abs_diff']:.1e} <= {probe['tolerance']:g})",
+            detail="Rows are filled best-fit (TRL 'bfd') and sent padding-free: position_ids restart at each "
+            "sample and no attention mask is passed, as the probe did."
+            + (
+                ""
+                if attn.startswith("flash")
+                else f" With {attn} the attention still spans each whole packed row (masked block-diagonally), "
+                "so its cost grows with max_length squared: keep max_length near the longest samples "
+                "(measured on CPU: 1.06x TRL's padded defaults at 256, 0.39x at 1024 for ~100-token "
+                "samples); flash_attention_2's varlen kernels do not pay it."
+            ),
+            evidence=evidence,
+        )
     if isolated is False:
-        detail = (f"Packed exactly as TRL's padding-free collator packs them, a sample's logits differ from its logits "
-                  f"alone by up to {probe['max_abs_diff']:.3g} with {attn}: tokens attend across sample boundaries.")
+        detail = (
+            f"Packed exactly as TRL's padding-free collator packs them, a sample's logits differ from its logits "
+            f"alone by up to {probe['max_abs_diff']:.3g} with {attn}: tokens attend across sample boundaries."
+        )
         if asked == "auto":
-            return info("off: packed samples would attend to each other on this stack", detail=detail,
-                        fix='attn_implementation = "flash_attention_2" (on Ampere+) keeps them apart', evidence=evidence)
-        return error("packing = true, but packed samples attend to each other on this stack", detail=detail,
-                     fix='[training] packing = "auto" (or false), or attn_implementation = "flash_attention_2"',
-                     evidence=evidence)
+            return info(
+                "off: packed samples would attend to each other on this stack",
+                detail=detail,
+                fix='attn_implementation = "flash_attention_2" (on Ampere+) keeps them apart',
+                evidence=evidence,
+            )
+        return error(
+            "packing = true, but packed samples attend to each other on this stack",
+            detail=detail,
+            fix='[training] packing = "auto" (or false), or attn_implementation = "flash_attention_2"',
+            evidence=evidence,
+        )
     why = probe.get("error") or "the probe did not run"
     if asked == "auto":
         return info(f"off: isolation could not be verified ({why})", evidence=evidence)
-    return warning(f"packing = true, but isolation could not be verified ({why})",
-                   fix="run `sftdoctor check --config RUN.toml --select packing` on the training machine",
-                   evidence=evidence)
+    return warning(
+        f"packing = true, but isolation could not be verified ({why})",
+        fix="run `sftdoctor check --config RUN.toml --select packing` on the training machine",
+        evidence=evidence,
+    )

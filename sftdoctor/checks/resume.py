@@ -20,31 +20,43 @@ CONVERT = "python -m deepspeed.checkpoint.ds_to_universal --input_folder {tag} -
 @check("zero-resume", "a checkpoint to resume was saved on this launch's world size and ZeRO stage")
 def zero_resume(resume_checkpoint: dict[str, Any], plan):
     saved, path = resume_checkpoint.get("deepspeed"), resume_checkpoint["path"]
-    evidence = {**resume_checkpoint, "launch": {"world_size": plan.world_size, "zero_stage": plan.zero_stage,
-                                                "deepspeed": plan.deepspeed is not None}}
+    evidence = {
+        **resume_checkpoint,
+        "launch": {
+            "world_size": plan.world_size,
+            "zero_stage": plan.zero_stage,
+            "deepspeed": plan.deepspeed is not None,
+        },
+    }
     if plan.deepspeed is None:
         if saved is None:
             raise NotApplicable("neither the checkpoint nor this launch uses DeepSpeed ZeRO")
-        return warning(f"{path} was saved by DeepSpeed ({_stage(saved)} on {_ranks(saved['world_size'])}); this launch "
-                       "runs without DeepSpeed: the optimizer state (Adam moments) will not be restored",
-                       detail="DeepSpeed keeps it in its own partitions, which plain torch cannot read.",
-                       fix="resume with the same [deepspeed] settings, or accept a fresh optimizer (add warmup)",
-                       evidence=evidence)
+        return warning(
+            f"{path} was saved by DeepSpeed ({_stage(saved)} on {_ranks(saved['world_size'])}); this launch "
+            "runs without DeepSpeed: the optimizer state (Adam moments) will not be restored",
+            detail="DeepSpeed keeps it in its own partitions, which plain torch cannot read.",
+            fix="resume with the same [deepspeed] settings, or accept a fresh optimizer (add warmup)",
+            evidence=evidence,
+        )
     if not resume_checkpoint.get("tags") and not resume_checkpoint.get("universal"):
-        return error(f"{path} was saved without DeepSpeed and this launch uses it: transformers refuses to resume "
-                     f"(\"Can't find a valid checkpoint at {path}\")",
-                     fix="resume without [deepspeed], as it was saved; or start a new run from its weights "
-                         f"([model] path = \"{path}\" and another [training] output_dir)", evidence=evidence)
-    if ((plan.deepspeed.get("checkpoint") or {}).get("load_universal")):
+        return error(
+            f"{path} was saved without DeepSpeed and this launch uses it: transformers refuses to resume "
+            f'("Can\'t find a valid checkpoint at {path}")',
+            fix="resume without [deepspeed], as it was saved; or start a new run from its weights "
+            f'([model] path = "{path}" and another [training] output_dir)',
+            evidence=evidence,
+        )
+    if (plan.deepspeed.get("checkpoint") or {}).get("load_universal"):
         return _universal(resume_checkpoint, plan, evidence)
     if saved is None:
         names, tags = resume_checkpoint.get("latest") or "nothing", ", ".join(resume_checkpoint["tags"])
-        return error(f"{path} has no ZeRO checkpoint DeepSpeed can load: its `latest` file names {names}, its tags "
-                     f"are {tags}",
-                     detail="DeepSpeed loads the tag that `latest` names; without one the Trainer stops with "
-                            "\"[deepspeed] failed to resume from checkpoint\".",
-                     fix=f"write the tag to load into {path}/latest (e.g. {resume_checkpoint['tags'][-1]})",
-                     evidence=evidence)
+        return error(
+            f"{path} has no ZeRO checkpoint DeepSpeed can load: its `latest` file names {names}, its tags are {tags}",
+            detail="DeepSpeed loads the tag that `latest` names; without one the Trainer stops with "
+            '"[deepspeed] failed to resume from checkpoint".',
+            fix=f"write the tag to load into {path}/latest (e.g. {resume_checkpoint['tags'][-1]})",
+            evidence=evidence,
+        )
     return _same_layout(resume_checkpoint, saved, plan, evidence)
 
 
@@ -54,36 +66,48 @@ def _same_layout(found: dict[str, Any], saved: dict[str, Any], plan, evidence: d
     then = f"{_stage(saved)} on {_ranks(saved['world_size'])}"
     if saved["world_size"] == plan.world_size and saved["zero3"] == (plan.zero_stage == 3):
         return ok(f"{path}: {then}, as this launch", evidence=evidence)
-    what = ("world size" if saved["world_size"] != plan.world_size else "ZeRO stage")
-    detail = (f"DeepSpeed refuses it at the start of the run, after the model has loaded: \"The checkpoint being "
-              f"loaded used a DP world size of {saved['world_size']} but the current world size is {plan.world_size}\"."
-              if what == "world size" else
-              "A ZeRO-3 engine reads one model-states file per rank, ZeRO-1/2 one for all: the files this launch "
-              "looks for are not there.")
-    return error(f"{path} was saved by {then}; this launch is {here}: DeepSpeed cannot resume it on another {what}",
-                 detail=detail,
-                 fix=_fixes(found, saved, tag), evidence=evidence)
+    what = "world size" if saved["world_size"] != plan.world_size else "ZeRO stage"
+    detail = (
+        f'DeepSpeed refuses it at the start of the run, after the model has loaded: "The checkpoint being '
+        f'loaded used a DP world size of {saved["world_size"]} but the current world size is {plan.world_size}".'
+        if what == "world size"
+        else "A ZeRO-3 engine reads one model-states file per rank, ZeRO-1/2 one for all: the files this launch "
+        "looks for are not there."
+    )
+    return error(
+        f"{path} was saved by {then}; this launch is {here}: DeepSpeed cannot resume it on another {what}",
+        detail=detail,
+        fix=_fixes(found, saved, tag),
+        evidence=evidence,
+    )
 
 
 def _fixes(found: dict[str, Any], saved: dict[str, Any], tag: str) -> str:
     world = saved["world_size"]
-    return (f"launch on {_ranks(world)} ({_stage(saved)}) to resume it as saved; or convert it once: "
-            f"`{CONVERT.format(tag=tag)}` and set \"checkpoint\": {{\"load_universal\": true}} in a DeepSpeed JSON "
-            f"([deepspeed] config); or start a new run from its weights ([model] path = \"{found['path']}\", another "
-            "[training] output_dir: the optimizer restarts)")
+    return (
+        f"launch on {_ranks(world)} ({_stage(saved)}) to resume it as saved; or convert it once: "
+        f'`{CONVERT.format(tag=tag)}` and set "checkpoint": {{"load_universal": true}} in a DeepSpeed JSON '
+        f'([deepspeed] config); or start a new run from its weights ([model] path = "{found["path"]}", another '
+        "[training] output_dir: the optimizer restarts)"
+    )
 
 
 def _universal(found: dict[str, Any], plan, evidence: dict[str, Any]):
     path = found["path"]
     if found.get("universal"):
-        return info(f"{path}: the universal copy {found['universal']} loads on {_ranks(plan.world_size)} "
-                    f"({_stage_of(plan.zero_stage)}), whatever saved it", evidence=evidence)
+        return info(
+            f"{path}: the universal copy {found['universal']} loads on {_ranks(plan.world_size)} "
+            f"({_stage_of(plan.zero_stage)}), whatever saved it",
+            evidence=evidence,
+        )
     tag = f"{path}/{found.get('latest') or (found['tags'] or ['global_stepN'])[-1]}"
-    return error(f"the DeepSpeed JSON sets \"checkpoint\": {{\"load_universal\": true}} but {path} has no universal "
-                 "copy (no latest_universal file)",
-                 detail="DeepSpeed looks up the tag in latest_universal and finds none to load.",
-                 fix=f"convert it: `{CONVERT.format(tag=tag)}`; or remove load_universal to resume as saved",
-                 evidence=evidence)
+    return error(
+        f'the DeepSpeed JSON sets "checkpoint": {{"load_universal": true}} but {path} has no universal '
+        "copy (no latest_universal file)",
+        detail="DeepSpeed looks up the tag in latest_universal and finds none to load.",
+        fix=f"convert it: `{CONVERT.format(tag=tag)}`; or remove load_universal to resume as saved",
+        evidence=evidence,
+    )
 
 
 def _stage(saved: dict[str, Any]) -> str:

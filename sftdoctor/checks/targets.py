@@ -66,10 +66,16 @@ def stop_masked(r: Read) -> Finding | None:
     same_pad = r.probe["pad_token_id"] is not None and r.probe["pad_token_id"] == r.probe["eos_token_id"]
     return error(
         f"{r.stop} ends {len(masked)} of {len(r.samples)} samples but is never a target: the model will not learn to stop",
-        detail=("The pad token is the EOS token, and the labels mask every pad id, EOS included. " if same_pad else
-                "The labels mask the end-of-turn token. ") + r.shown,
+        detail=(
+            "The pad token is the EOS token, and the labels mask every pad id, EOS included. "
+            if same_pad
+            else "The labels mask the end-of-turn token. "
+        )
+        + r.shown,
         fix="give the tokenizer a pad token of its own (tokenizer.pad_token = a reserved token), or a collator that "
-            "masks padding by position, not by id", evidence=r.evidence)
+        "masks padding by position, not by id",
+        evidence=r.evidence,
+    )
 
 
 def stop_missing(r: Read) -> Finding | None:
@@ -79,9 +85,11 @@ def stop_missing(r: Read) -> Finding | None:
         f"{len(r.missing) - r.cut} of {len(r.samples)} samples end their targets without {r.stop}, and not because "
         "max_length cut them: the model never sees where an answer stops",
         detail="The chat template (or the text) does not close the assistant turn with the end-of-sequence or "
-               "end-of-turn token. " + r.shown,
+        "end-of-turn token. " + r.shown,
         fix="use a chat template that ends each assistant turn with its end-of-turn token (the model family's own), "
-            "or end each text row with the tokenizer's eos_token", evidence=r.evidence)
+        "or end each text row with the tokenizer's eos_token",
+        evidence=r.evidence,
+    )
 
 
 def bos_doubled(r: Read) -> Finding | None:
@@ -91,9 +99,10 @@ def bos_doubled(r: Read) -> Finding | None:
     return error(
         f"{len(doubled)} of {len(r.samples)} samples start with {doubled[0]['leading_bos']} BOS tokens",
         detail="The tokenizer adds a BOS and the chat template (or the text) already starts with one: every sample "
-               "trains on a sequence the model never sees at inference. " + r.shown,
+        "trains on a sequence the model never sees at inference. " + r.shown,
         fix="remove the BOS from the template or text (or load the tokenizer with add_bos_token=False)",
-        evidence=r.evidence)
+        evidence=r.evidence,
+    )
 
 
 def every_turn_trained(r: Read) -> Finding | None:
@@ -102,10 +111,12 @@ def every_turn_trained(r: Read) -> Finding | None:
     return warning(
         f"the loss covers every turn ({r.share:.0%} of the tokens are targets), not only the assistant's",
         detail="The chat template has no {% generation %} markers and TRL cannot patch it, so user and system "
-               "turns are trained as if the model should write them. " + r.shown,
+        "turns are trained as if the model should write them. " + r.shown,
         fix="[model] chat_template = a .jinja copy of the template with {% generation %} ... {% endgeneration %} "
-            "around the assistant's content and its end-of-turn token (none of sftdoctor's or TRL's bundled "
-            "templates renders this one's text)", evidence=r.evidence)
+        "around the assistant's content and its end-of-turn token (none of sftdoctor's or TRL's bundled "
+        "templates renders this one's text)",
+        evidence=r.evidence,
+    )
 
 
 def saved_template_differs(r: Read) -> Finding | None:
@@ -116,12 +127,16 @@ def saved_template_differs(r: Read) -> Finding | None:
         f"the chat template saved with the model renders {r.probe['saved_template_differs']} of {r.probe['rows']} "
         "sampled rows differently from how they were trained",
         detail="generate() and serving stacks format prompts with the saved template, so the model would be "
-               "prompted in a format it was not trained on. TRL tokenizes with its own training template when "
-               "the tokenizer's has no {% generation %} markers, but saves the tokenizer's. " + r.shown,
+        "prompted in a format it was not trained on. TRL tokenizes with its own training template when "
+        "the tokenizer's has no {% generation %} markers, but saves the tokenizer's. " + r.shown,
         fix="train and save with one template: [model] chat_template = "
-            + (f'"{trained}"' if trained else "a template with {% generation %} markers that formats every turn as "
-                                                "inference will"),
-        evidence=r.evidence)
+        + (
+            f'"{trained}"'
+            if trained
+            else "a template with {% generation %} markers that formats every turn as inference will"
+        ),
+        evidence=r.evidence,
+    )
 
 
 def drop_in_differs(r: Read) -> Finding | None:
@@ -131,9 +146,10 @@ def drop_in_differs(r: Read) -> Finding | None:
         f"the drop-in template {r.probe['chat_template']} renders {r.probe['own_template_differs']} of "
         f"{r.probe['rows']} sampled rows differently from the tokenizer's own",
         detail="sftdoctor chose it because it renders its probe conversations the same; your rows use something "
-               "those lack (tools, other roles or keys).",
+        "those lack (tools, other roles or keys).",
         fix="[model] chat_template = a copy of the tokenizer's template with {% generation %} markers added",
-        evidence=r.evidence)
+        evidence=r.evidence,
+    )
 
 
 def stray_targets(r: Read) -> Finding | None:
@@ -145,10 +161,10 @@ def stray_targets(r: Read) -> Finding | None:
         f"{len(stray)} of {len(r.samples)} samples train on text outside the answers, e.g. "
         f"{stray[0]['stray_targets'][0]!r}",
         detail="The loss mask should cover the assistant turns (or the completion) and nothing else; these target "
-               "spans appear in no answer of the sampled rows: the template's generation markers are misplaced. "
-               + r.shown,
-        fix="put {% generation %} ... {% endgeneration %} around the assistant content and its end-of-turn token "
-            "only", evidence=r.evidence)
+        "spans appear in no answer of the sampled rows: the template's generation markers are misplaced. " + r.shown,
+        fix="put {% generation %} ... {% endgeneration %} around the assistant content and its end-of-turn token only",
+        evidence=r.evidence,
+    )
 
 
 def rows_cut(r: Read) -> Finding | None:
@@ -160,7 +176,9 @@ def rows_cut(r: Read) -> Finding | None:
         f"{r.cut} of {len(lengths)} sampled rows are longer than max_length {r.probe['max_length']} and lose their "
         f"end (their {r.stop} with it)",
         detail=f"The longest sampled row has {max(lengths):,} tokens; {KEEP_WHOLE:.0%} of them fit in {keep:,}.",
-        fix=f"[data] max_length = {keep} keeps {KEEP_WHOLE:.0%} whole, or drop the longest rows", evidence=r.evidence)
+        fix=f"[data] max_length = {keep} keeps {KEEP_WHOLE:.0%} whole, or drop the longest rows",
+        evidence=r.evidence,
+    )
 
 
 def generation_stops_elsewhere(r: Read) -> Finding | None:
@@ -170,24 +188,44 @@ def generation_stops_elsewhere(r: Read) -> Finding | None:
     return info(
         f"the model's generation_config.json stops at {generation} but its turns end with {r.stop} ({eot})",
         detail="generate() would run past the end of each answer; sftdoctor adds the end-of-turn token to "
-               "final/generation_config.json.", evidence=r.evidence)
+        "final/generation_config.json.",
+        evidence=r.evidence,
+    )
 
 
-RULES = (stop_masked, stop_missing, bos_doubled, every_turn_trained, saved_template_differs, drop_in_differs,
-         stray_targets, rows_cut, generation_stops_elsewhere)
+RULES = (
+    stop_masked,
+    stop_missing,
+    bos_doubled,
+    every_turn_trained,
+    saved_template_differs,
+    drop_in_differs,
+    stray_targets,
+    rows_cut,
+    generation_stops_elsewhere,
+)
 
 
-@check("training-targets", "EOS trained, BOS once, loss only where intended, what generate() stops at: proven on the run's rows")
+@check(
+    "training-targets",
+    "EOS trained, BOS once, loss only where intended, what generate() stops at: proven on the run's rows",
+)
 def training_targets(plan, training_targets: dict[str, Any], chat_template: dict[str, Any] | None = None):
     probe = training_targets
-    if "error" in probe and not (chat_template or {"has_template": True})["has_template"] and (
-            plan.data_shape == "messages" or "chat_template" in probe["error"]):
-        raise NotApplicable("the chat rows have no chat template to be rendered with: the chat-template check "
-                            "reports it")
+    if (
+        "error" in probe
+        and not (chat_template or {"has_template": True})["has_template"]
+        and (plan.data_shape == "messages" or "chat_template" in probe["error"])
+    ):
+        raise NotApplicable(
+            "the chat rows have no chat template to be rendered with: the chat-template check reports it"
+        )
     if "error" in probe:
-        return warning(f"what the trainer will optimise could not be read back ({probe['error']})",
-                       fix="run `sftdoctor check --config RUN.toml --select training-targets -v` on the training machine",
-                       evidence=probe)
+        return warning(
+            f"what the trainer will optimise could not be read back ({probe['error']})",
+            fix="run `sftdoctor check --config RUN.toml --select training-targets -v` on the training machine",
+            evidence=probe,
+        )
     r = Read(probe, drop_in=bool(plan.chat_template) and not (chat_template or {}).get("given"))
     findings = [f for f in (rule(r) for rule in RULES) if f is not None]
     if not [f for f in findings if f.severity.rank >= 2]:
@@ -197,11 +235,16 @@ def training_targets(plan, training_targets: dict[str, Any], chat_template: dict
 
 def learned(r: Read, template: str | None) -> Finding:
     """The verdict when no rule found a problem: what the model learns, in numbers."""
-    where = "assistant turns only" if r.probe["assistant_only_loss"] else (
-        "completions only" if r.probe["shape"] == "prompt_completion" else "every token")
+    where = (
+        "assistant turns only"
+        if r.probe["assistant_only_loss"]
+        else ("completions only" if r.probe["shape"] == "prompt_completion" else "every token")
+    )
     lengths = r.probe["full_lengths"]
     return ok(
         f"{r.stop} is the last target of {len(r.samples) - len(r.missing)} of {_plural(len(r.samples), 'sample')}"
         f"{' (packed)' if r.probe['packed'] else ''}; {r.share:.0%} of tokens are targets ({where}); "
         f"{r.cut} of {len(lengths)} rows cut at max_length {r.probe['max_length']}",
-        detail=(f"Chat template: {template}.\n" if template else "") + r.shown, evidence=r.evidence)
+        detail=(f"Chat template: {template}.\n" if template else "") + r.shown,
+        evidence=r.evidence,
+    )

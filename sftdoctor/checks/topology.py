@@ -50,16 +50,25 @@ def nvlink_islands(gpus: list[str], pairs: dict[tuple[str, str], str]) -> list[l
 def _p2p_env(env: dict[str, str]) -> list:
     out = []
     if env.get("NCCL_P2P_DISABLE", "0") not in ("0", ""):
-        out.append(warning(
-            "NCCL_P2P_DISABLE is set: NCCL will not use NVLink or PCIe peer-to-peer",
-            detail="All GPU-to-GPU traffic is staged through host memory, several times slower. It is a "
-                   "workaround for boards where P2P hangs (some consumer GPUs, PCIe ACS on); fix the cause instead.",
-            fix="unset NCCL_P2P_DISABLE; if P2P really hangs, disable ACS or use NCCL_P2P_LEVEL=PXB to keep P2P "
-                "where it works", evidence={"NCCL_P2P_DISABLE": env["NCCL_P2P_DISABLE"]}))
+        out.append(
+            warning(
+                "NCCL_P2P_DISABLE is set: NCCL will not use NVLink or PCIe peer-to-peer",
+                detail="All GPU-to-GPU traffic is staged through host memory, several times slower. It is a "
+                "workaround for boards where P2P hangs (some consumer GPUs, PCIe ACS on); fix the cause instead.",
+                fix="unset NCCL_P2P_DISABLE; if P2P really hangs, disable ACS or use NCCL_P2P_LEVEL=PXB to keep P2P "
+                "where it works",
+                evidence={"NCCL_P2P_DISABLE": env["NCCL_P2P_DISABLE"]},
+            )
+        )
     level = env.get("NCCL_P2P_LEVEL")
     if level in ("LOC", "0"):
-        out.append(warning(f"NCCL_P2P_LEVEL={level} disables peer-to-peer everywhere",
-                           fix="unset NCCL_P2P_LEVEL", evidence={"NCCL_P2P_LEVEL": level}))
+        out.append(
+            warning(
+                f"NCCL_P2P_LEVEL={level} disables peer-to-peer everywhere",
+                fix="unset NCCL_P2P_LEVEL",
+                evidence={"NCCL_P2P_LEVEL": level},
+            )
+        )
     return out
 
 
@@ -69,8 +78,9 @@ def _allreduce_seconds(gb_per_s: float, gpus: int, params_billion: float = 7.0) 
 
 
 @check("gpu-topology", "NVLink vs PCIe paths between every GPU pair; NCCL peer-to-peer settings")
-def gpu_topology(topology: dict[str, Any] | None = None, gpus: dict[str, Any] | None = None,
-                 env: dict[str, str] | None = None):
+def gpu_topology(
+    topology: dict[str, Any] | None = None, gpus: dict[str, Any] | None = None, env: dict[str, str] | None = None
+):
     env = env or {}
     devices = (gpus or {}).get("devices") or []
     if topology is not None and topology.get("inconsistent"):
@@ -80,8 +90,12 @@ def gpu_topology(topology: dict[str, Any] | None = None, gpus: dict[str, Any] | 
             raise NotApplicable("fewer than two GPUs and no topology matrix")
         links = [d.get("nvlink_links_up") for d in devices]
         if all(isinstance(n, int) and n > 0 for n in links):
-            return [ok(f"NVLink up on all {len(devices)} GPUs ({min(links)}-{max(links)} links each; "
-                       "no topology matrix to check pairs)")] + _p2p_env(env)
+            return [
+                ok(
+                    f"NVLink up on all {len(devices)} GPUs ({min(links)}-{max(links)} links each; "
+                    "no topology matrix to check pairs)"
+                )
+            ] + _p2p_env(env)
         raise NotApplicable("no `nvidia-smi topo -m` matrix (give one with --topology)")
     names = visible_gpus(topology, env)
     if len(names) < 2:
@@ -100,23 +114,34 @@ def gpu_topology(topology: dict[str, Any] | None = None, gpus: dict[str, Any] | 
         worst = max((kinds[p] for p in unlinked), key=lambda k: PATH_RANK.get(k, 9))
         findings = [_pcie_warning(names, islands, unlinked_text, worst, evidence)]
     elif unknown:
-        findings = [info(
-            f"cannot judge {len(unknown)} of {len(known)} GPU pairs: the matrix does not show them",
-            detail=f"Not shown: {_pairs_text(unknown, {})}. Of the pairs it shows, {len(linked)} are NVLink"
-                   + (f" and these are not: {unlinked_text}" if unlinked else "") + ".",
-            fix="paste the whole output of `nvidia-smi topo -m` (or give the file with --topology)",
-            evidence={**evidence, "unknown_pairs": [f"{a}-{b}" for a, b in unknown]})]
+        findings = [
+            info(
+                f"cannot judge {len(unknown)} of {len(known)} GPU pairs: the matrix does not show them",
+                detail=f"Not shown: {_pairs_text(unknown, {})}. Of the pairs it shows, {len(linked)} are NVLink"
+                + (f" and these are not: {unlinked_text}" if unlinked else "")
+                + ".",
+                fix="paste the whole output of `nvidia-smi topo -m` (or give the file with --topology)",
+                evidence={**evidence, "unknown_pairs": [f"{a}-{b}" for a, b in unknown]},
+            )
+        ]
     elif len(linked) == len(pairs):
         counts = sorted({nvlink_count(c) for c in pairs.values()})
-        findings = [ok(f"all {len(pairs)} pairs of {len(names)} GPUs linked by NVLink "
-                       f"({'/'.join(f'NV{c}' for c in counts)})", evidence=evidence)]
+        findings = [
+            ok(
+                f"all {len(pairs)} pairs of {len(names)} GPUs linked by NVLink ({'/'.join(f'NV{c}' for c in counts)})",
+                evidence=evidence,
+            )
+        ]
     else:
-        findings = [info(
-            f"partial NVLink: {len(unlinked)} of {len(pairs)} GPU pairs are not directly linked",
-            detail=f"Not linked: {unlinked_text}. Every GPU still reaches every other over NVLink hops "
-                   "(e.g. a V100 hybrid cube mesh), so NCCL builds its rings over NVLink and all-reduce "
-                   "keeps NVLink speed; point-to-point traffic between unlinked pairs is slower.",
-            evidence=evidence)]
+        findings = [
+            info(
+                f"partial NVLink: {len(unlinked)} of {len(pairs)} GPU pairs are not directly linked",
+                detail=f"Not linked: {unlinked_text}. Every GPU still reaches every other over NVLink hops "
+                "(e.g. a V100 hybrid cube mesh), so NCCL builds its rings over NVLink and all-reduce "
+                "keeps NVLink speed; point-to-point traffic between unlinked pairs is slower.",
+                evidence=evidence,
+            )
+        ]
     if incomplete := {row: what for row, what in topology.get("incomplete", {}).items() if row in names}:
         findings[0] = _noting_incomplete(findings[0], incomplete)
     return findings + _p2p_env(env)
@@ -129,8 +154,9 @@ def _inconsistent(topology: dict[str, Any]):
         f"{topology.get('source') or 'the topology matrix'} contradicts itself: NVLink and PCIe paths not judged",
         detail=f"{topology['inconsistent']}. A matrix whose rows disagree cannot say which GPU pairs are linked.",
         fix="run `nvidia-smi topo -m` again (and `nvidia-smi nvlink -s` for each GPU's links); if it still disagrees, "
-            "update the driver or report it to NVIDIA; give a corrected copy with --topology",
-        evidence={"source": topology.get("source"), "inconsistent": topology["inconsistent"]})
+        "update the driver or report it to NVIDIA; give a corrected copy with --topology",
+        evidence={"source": topology.get("source"), "inconsistent": topology["inconsistent"]},
+    )
 
 
 def _pairs_text(pairs: list[tuple[str, str]], codes: dict[tuple[str, str], str]) -> str:
@@ -141,10 +167,13 @@ def _pairs_text(pairs: list[tuple[str, str]], codes: dict[tuple[str, str], str])
 def _noting_incomplete(finding, incomplete: dict[str, str]):
     """The verdict, saying which rows of a pasted matrix were missing or cut and where their pairs came from."""
     rows = "; ".join(f"{row}: {what}" for row, what in incomplete.items())
-    note = (f"The matrix is incomplete ({rows}); those rows' pairs were read from their columns in the other rows "
-            "(the matrix is symmetric).")
-    return dataclasses.replace(finding, detail=f"{finding.detail} {note}".strip(),
-                               evidence={**finding.evidence, "incomplete": incomplete})
+    note = (
+        f"The matrix is incomplete ({rows}); those rows' pairs were read from their columns in the other rows "
+        "(the matrix is symmetric)."
+    )
+    return dataclasses.replace(
+        finding, detail=f"{finding.detail} {note}".strip(), evidence={**finding.evidence, "incomplete": incomplete}
+    )
 
 
 def _pcie_warning(names, islands, unlinked_text, worst, evidence):
@@ -155,13 +184,20 @@ def _pcie_warning(names, islands, unlinked_text, worst, evidence):
     else:
         groups = " | ".join(",".join(g.removeprefix("GPU") for g in island) for island in islands)
         title = f"NVLink islands [{groups}]: traffic between them crosses PCIe (worst path {worst})"
-    detail = (f"Paths: {unlinked_text}. The worst crosses {PATH_WORDS.get(worst, worst)}. A ring all-reduce of a "
-              f"7B model's bf16 gradients moves about {2 * 14 * (n - 1) / n:.0f} GB per GPU per optimizer step: "
-              f"~{slow:.1f} s at a practical 25 GB/s of PCIe 4.0 x16 against ~{fast:.2f} s over NVLink.")
+    detail = (
+        f"Paths: {unlinked_text}. The worst crosses {PATH_WORDS.get(worst, worst)}. A ring all-reduce of a "
+        f"7B model's bf16 gradients moves about {2 * 14 * (n - 1) / n:.0f} GB per GPU per optimizer step: "
+        f"~{slow:.1f} s at a practical 25 GB/s of PCIe 4.0 x16 against ~{fast:.2f} s over NVLink."
+    )
     if worst == "SYS":
-        detail += " Peer-to-peer across CPU sockets is often unsupported, so NCCL stages that traffic through host memory."
-    return warning(title, detail=detail,
-                   fix="raise gradient accumulation so each all-reduce serves more tokens; keep ZeRO-2 overlap_comm on "
-                       "(DeepSpeed >= 0.19.0: older releases corrupt gradients with it, see known-bad-versions); "
-                       "for multi-GPU jobs on a subset, pick GPUs of one island/switch with CUDA_VISIBLE_DEVICES",
-                   evidence=evidence)
+        detail += (
+            " Peer-to-peer across CPU sockets is often unsupported, so NCCL stages that traffic through host memory."
+        )
+    return warning(
+        title,
+        detail=detail,
+        fix="raise gradient accumulation so each all-reduce serves more tokens; keep ZeRO-2 overlap_comm on "
+        "(DeepSpeed >= 0.19.0: older releases corrupt gradients with it, see known-bad-versions); "
+        "for multi-GPU jobs on a subset, pick GPUs of one island/switch with CUDA_VISIBLE_DEVICES",
+        evidence=evidence,
+    )

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from sftdoctor.checks import check
-from sftdoctor.checks.common import capability, describe_gpus, version_tuple
 from sftdoctor.findings import error, info, ok, warning
+from sftdoctor.run.gpus import capability, describe_gpus, version_tuple
 
 # PyTorch wheel indexes (download.pytorch.org/whl/<tag>) seen for torch 2.x.
 WHEEL_TAGS = ("cu118", "cu121", "cu124", "cu126", "cu128", "cu129", "cu130")
@@ -31,59 +31,95 @@ def _install_hint(driver_cuda: str | None) -> str:
 
 
 @check("torch-cuda-match", "torch's CUDA build vs the driver's CUDA, the GPUs' architecture and nvcc")
-def torch_cuda_match(gpus: dict[str, Any], packages: dict[str, Any],
-                     torch_build: dict[str, Any] | None = None, toolkit: dict[str, Any] | None = None):
+def torch_cuda_match(
+    gpus: dict[str, Any],
+    packages: dict[str, Any],
+    torch_build: dict[str, Any] | None = None,
+    toolkit: dict[str, Any] | None = None,
+):
     devices = gpus.get("devices") or []
     driver_cuda = gpus.get("cuda_version")
-    evidence = {"torch": torch_build, "driver_version": gpus.get("driver_version"), "driver_cuda": driver_cuda,
-                "nvcc": (toolkit or {}).get("nvcc_version")}
+    evidence = {
+        "torch": torch_build,
+        "driver_version": gpus.get("driver_version"),
+        "driver_cuda": driver_cuda,
+        "nvcc": (toolkit or {}).get("nvcc_version"),
+    }
     if torch_build is None:
         if devices:
-            return info(f"torch is not installed; the driver supports CUDA up to {driver_cuda}",
-                        fix=_install_hint(driver_cuda), evidence=evidence)
+            return info(
+                f"torch is not installed; the driver supports CUDA up to {driver_cuda}",
+                fix=_install_hint(driver_cuda),
+                evidence=evidence,
+            )
         return info("torch is not installed and no NVIDIA GPU is visible", evidence=evidence)
     version, cuda, hip = torch_build.get("version"), torch_build.get("cuda"), torch_build.get("hip")
     if not devices:
         why = gpus.get("error") or "no GPU found"
-        return info(f"no NVIDIA GPU visible; torch {version} will run on the CPU",
-                    detail=f"Probe said: {why}. On a GPU machine this means the driver is missing or not "
-                           "loaded (check `nvidia-smi`), or the GPUs are hidden from this container.",
-                    evidence=evidence)
+        return info(
+            f"no NVIDIA GPU visible; torch {version} will run on the CPU",
+            detail=f"Probe said: {why}. On a GPU machine this means the driver is missing or not "
+            "loaded (check `nvidia-smi`), or the GPUs are hidden from this container.",
+            evidence=evidence,
+        )
     gpu_text = describe_gpus(devices)
     if hip:
-        return error(f"torch {version} is a ROCm (HIP {hip}) build, but this machine has NVIDIA GPUs",
-                     detail=gpu_text, fix=_install_hint(driver_cuda), evidence=evidence)
+        return error(
+            f"torch {version} is a ROCm (HIP {hip}) build, but this machine has NVIDIA GPUs",
+            detail=gpu_text,
+            fix=_install_hint(driver_cuda),
+            evidence=evidence,
+        )
     if not cuda:
-        return error(f"torch {version} is a CPU-only build on a machine with {len(devices)} NVIDIA GPU(s)",
-                     detail=f"{gpu_text}; torch.cuda.is_available() will be False and training runs on the CPU.",
-                     fix=f"pip uninstall -y torch && {_install_hint(driver_cuda)}", evidence=evidence)
+        return error(
+            f"torch {version} is a CPU-only build on a machine with {len(devices)} NVIDIA GPU(s)",
+            detail=f"{gpu_text}; torch.cuda.is_available() will be False and training runs on the CPU.",
+            fix=f"pip uninstall -y torch && {_install_hint(driver_cuda)}",
+            evidence=evidence,
+        )
 
     findings = []
     t, d = version_tuple(cuda), version_tuple(driver_cuda)
     if d is None:
-        findings.append(warning(f"torch {version} is built for CUDA {cuda}; the driver's CUDA version is unknown",
-                                fix="run `nvidia-smi` and read 'CUDA Version' in its header", evidence=evidence))
+        findings.append(
+            warning(
+                f"torch {version} is built for CUDA {cuda}; the driver's CUDA version is unknown",
+                fix="run `nvidia-smi` and read 'CUDA Version' in its header",
+                evidence=evidence,
+            )
+        )
     elif t[0] > d[0]:
-        findings.append(error(
-            f"torch {version} needs CUDA {cuda} but driver {gpus.get('driver_version')} supports only CUDA {driver_cuda}",
-            detail="CUDA runtimes of a newer major version do not run on an older driver: torch.cuda.is_available() "
-                   "is False with 'The NVIDIA driver on your system is too old'.",
-            fix=f"upgrade the NVIDIA driver to one for CUDA {t[0]}.x, or {_install_hint(driver_cuda)}",
-            evidence=evidence))
+        findings.append(
+            error(
+                f"torch {version} needs CUDA {cuda} but driver {gpus.get('driver_version')} supports only CUDA {driver_cuda}",
+                detail="CUDA runtimes of a newer major version do not run on an older driver: torch.cuda.is_available() "
+                "is False with 'The NVIDIA driver on your system is too old'.",
+                fix=f"upgrade the NVIDIA driver to one for CUDA {t[0]}.x, or {_install_hint(driver_cuda)}",
+                evidence=evidence,
+            )
+        )
     elif t[:2] > d[:2]:
-        findings.append(warning(
-            f"torch {version} (CUDA {cuda}) is newer than the driver's CUDA {driver_cuda}",
-            detail="It runs through CUDA minor-version compatibility, but code JIT-compiled for the newer toolkit "
-                   "(Triton kernels of torch.compile and liger-kernel, PTX) can fail with 'the provided PTX was "
-                   "compiled with an unsupported toolchain'.",
-            fix=f"upgrade the driver to one that supports CUDA {cuda}, or {_install_hint(driver_cuda)}",
-            evidence=evidence))
+        findings.append(
+            warning(
+                f"torch {version} (CUDA {cuda}) is newer than the driver's CUDA {driver_cuda}",
+                detail="It runs through CUDA minor-version compatibility, but code JIT-compiled for the newer toolkit "
+                "(Triton kernels of torch.compile and liger-kernel, PTX) can fail with 'the provided PTX was "
+                "compiled with an unsupported toolchain'.",
+                fix=f"upgrade the driver to one that supports CUDA {cuda}, or {_install_hint(driver_cuda)}",
+                evidence=evidence,
+            )
+        )
     findings += _architecture_support(devices, version, cuda, driver_cuda, evidence)
     findings += _toolkit(toolkit, packages, version, cuda, evidence)
     if not any(f.severity.rank >= 2 for f in findings):
-        findings.insert(0, ok(
-            f"torch {version} (CUDA {cuda}) on driver {gpus.get('driver_version')} (CUDA ≤ {driver_cuda})",
-            detail=gpu_text, evidence=evidence))
+        findings.insert(
+            0,
+            ok(
+                f"torch {version} (CUDA {cuda}) on driver {gpus.get('driver_version')} (CUDA ≤ {driver_cuda})",
+                detail=gpu_text,
+                evidence=evidence,
+            ),
+        )
     return findings
 
 
@@ -93,18 +129,26 @@ def _architecture_support(devices, version, cuda, driver_cuda, evidence):
     for cc, needed in MIN_CUDA_FOR_CC.items():
         names = sorted({d["name"] for d in devices if capability(d) == cc})
         if names and built < needed:
-            out.append(error(
-                f"torch {version} (CUDA {cuda}) has no kernels for {', '.join(names)} (sm_{cc[0]}{cc[1]})",
-                detail=f"Compute capability {cc[0]}.{cc[1]} needs a torch built with CUDA ≥ {needed[0]}.{needed[1]}; "
-                       "this one fails with 'no kernel image is available for execution on the device'.",
-                fix=_install_hint(driver_cuda), evidence=evidence))
+            out.append(
+                error(
+                    f"torch {version} (CUDA {cuda}) has no kernels for {', '.join(names)} (sm_{cc[0]}{cc[1]})",
+                    detail=f"Compute capability {cc[0]}.{cc[1]} needs a torch built with CUDA ≥ {needed[0]}.{needed[1]}; "
+                    "this one fails with 'no kernel image is available for execution on the device'.",
+                    fix=_install_hint(driver_cuda),
+                    evidence=evidence,
+                )
+            )
     below, newest = MAX_CUDA_FOR_OLD_CC
     old = sorted({d["name"] for d in devices if (c := capability(d)) and c < below})
     if old and built >= newest:
-        out.append(error(
-            f"torch {version} (CUDA {cuda}) cannot run on {', '.join(old)}",
-            detail="CUDA 13 dropped GPUs below compute capability 7.5 (Maxwell, Pascal, Volta).",
-            fix="pip install torch --index-url https://download.pytorch.org/whl/cu126", evidence=evidence))
+        out.append(
+            error(
+                f"torch {version} (CUDA {cuda}) cannot run on {', '.join(old)}",
+                detail="CUDA 13 dropped GPUs below compute capability 7.5 (Maxwell, Pascal, Volta).",
+                fix="pip install torch --index-url https://download.pytorch.org/whl/cu126",
+                evidence=evidence,
+            )
+        )
     return out
 
 
@@ -117,23 +161,31 @@ def _toolkit(toolkit, packages, version, cuda, evidence):
     nvcc = toolkit.get("nvcc_version")
     if nvcc is None:
         if "deepspeed" in builds:
-            return [warning(
-                "no nvcc found, but DeepSpeed compiles its CUDA ops (FusedAdam, the default for an \"AdamW\" optimizer "
-                "block) on first use",
-                detail=f"CUDA_HOME={toolkit.get('cuda_home')}; a run that needs such an op fails "
-                       "with 'MissingCUDAException: CUDA_HOME does not exist, unable to compile CUDA op(s)', "
-                       "unless the ops were prebuilt (DS_BUILD_OPS=1 at install). CPUAdam (ZeRO-Offload) builds "
-                       "with g++ alone (DeepSpeed 0.19).",
-                fix=f"install the CUDA {cuda} toolkit and export CUDA_HOME=/usr/local/cuda-{cuda}", evidence=evidence)]
+            return [
+                warning(
+                    'no nvcc found, but DeepSpeed compiles its CUDA ops (FusedAdam, the default for an "AdamW" optimizer '
+                    "block) on first use",
+                    detail=f"CUDA_HOME={toolkit.get('cuda_home')}; a run that needs such an op fails "
+                    "with 'MissingCUDAException: CUDA_HOME does not exist, unable to compile CUDA op(s)', "
+                    "unless the ops were prebuilt (DS_BUILD_OPS=1 at install). CPUAdam (ZeRO-Offload) builds "
+                    "with g++ alone (DeepSpeed 0.19).",
+                    fix=f"install the CUDA {cuda} toolkit and export CUDA_HOME=/usr/local/cuda-{cuda}",
+                    evidence=evidence,
+                )
+            ]
         return []
     if version_tuple(nvcc)[0] != version_tuple(cuda)[0]:
         severity = error if builds else warning
-        return [severity(
-            f"nvcc is CUDA {nvcc} but torch {version} was built with CUDA {cuda}",
-            detail="Building CUDA extensions fails: 'The detected CUDA version ({}) mismatches the version that was "
-                   "used to compile PyTorch ({})'{}.".format(
-                       nvcc, cuda, f" — this affects {', '.join(builds)}" if builds else ""),
-            fix=f"point CUDA_HOME at a CUDA {version_tuple(cuda)[0]}.x toolkit (found by {toolkit.get('found_by')}: "
+        return [
+            severity(
+                f"nvcc is CUDA {nvcc} but torch {version} was built with CUDA {cuda}",
+                detail="Building CUDA extensions fails: 'The detected CUDA version ({}) mismatches the version that was "
+                "used to compile PyTorch ({})'{}.".format(
+                    nvcc, cuda, f" — this affects {', '.join(builds)}" if builds else ""
+                ),
+                fix=f"point CUDA_HOME at a CUDA {version_tuple(cuda)[0]}.x toolkit (found by {toolkit.get('found_by')}: "
                 f"{toolkit.get('cuda_home')}), e.g. export CUDA_HOME=/usr/local/cuda-{cuda}",
-            evidence=evidence)]
+                evidence=evidence,
+            )
+        ]
     return []

@@ -17,7 +17,9 @@ from sftdoctor.run.gpus import capability, devices
 from sftdoctor.run.smem import TUNED_ON, gpu_class, per_block
 
 
-@check("triton-shared-memory", "shared memory per block that Triton kernels get on these GPUs (when the run compiles any)")
+@check(
+    "triton-shared-memory", "shared memory per block that Triton kernels get on these GPUs (when the run compiles any)"
+)
 def triton_shared_memory(gpus: dict[str, Any], plan=None):
     found = devices(gpus)
     if not found:
@@ -29,22 +31,33 @@ def triton_shared_memory(gpus: dict[str, Any], plan=None):
     known = {name: limit for name, limit in limits.items() if limit is not None}
     evidence = {"limits": limits, "run_uses_liger": plan is not None}
     if unknown and not known:
-        return info(f"cannot tell the shared memory per block of {', '.join(unknown)} (compute capability unknown)",
-                    detail="Triton raises OutOfResources when a kernel needs more than the GPU's per-block limit.",
-                    evidence=evidence)
+        return info(
+            f"cannot tell the shared memory per block of {', '.join(unknown)} (compute capability unknown)",
+            detail="Triton raises OutOfResources when a kernel needs more than the GPU's per-block limit.",
+            evidence=evidence,
+        )
     smallest = min(known.values())
     names = ", ".join(sorted(name for name, limit in known.items() if limit == smallest))
-    who = "liger-kernel's kernels in this run" if plan is not None else "Triton kernels (liger-kernel, torch.compile, flex_attention)"
+    who = (
+        "liger-kernel's kernels in this run"
+        if plan is not None
+        else "Triton kernels (liger-kernel, torch.compile, flex_attention)"
+    )
     if smallest >= TUNED_ON:
-        return info(f"{names}: {smallest} B of shared memory per block, what A100/H100-tuned Triton kernels expect",
-                    detail=f"{gpu_class(smallest)}.", evidence=evidence)
-    return info(f"{names}: {smallest} B of shared memory per block ({gpu_class(smallest)}); {who} tuned on A100/H100 "
-                f"({TUNED_ON} B or more) can fail with OutOfResources here",
-                detail="Which kernel needs how much is only known when it compiles. liger-kernel's RoPE/RMSNorm/SwiGLU "
-                       "kernels are row-wise and small; flex_attention's default blocks, inductor's max-autotune "
-                       "matmul templates and models with their own Triton kernels are what usually exceed 99 KB.",
-                fix="if a run fails with 'out of resource: shared memory', see `sftdoctor explain triton-shared-memory`",
-                evidence=evidence)
+        return info(
+            f"{names}: {smallest} B of shared memory per block, what A100/H100-tuned Triton kernels expect",
+            detail=f"{gpu_class(smallest)}.",
+            evidence=evidence,
+        )
+    return info(
+        f"{names}: {smallest} B of shared memory per block ({gpu_class(smallest)}); {who} tuned on A100/H100 "
+        f"({TUNED_ON} B or more) can fail with OutOfResources here",
+        detail="Which kernel needs how much is only known when it compiles. liger-kernel's RoPE/RMSNorm/SwiGLU "
+        "kernels are row-wise and small; flex_attention's default blocks, inductor's max-autotune "
+        "matmul templates and models with their own Triton kernels are what usually exceed 99 KB.",
+        fix="if a run fails with 'out of resource: shared memory', see `sftdoctor explain triton-shared-memory`",
+        evidence=evidence,
+    )
 
 
 def _limit(device: dict[str, Any]) -> int | None:

@@ -17,11 +17,24 @@ def main(run_a: Path, run_b: Path, as_json: bool = False) -> int:
     found, gaps = differences(a, b), not_compared(a, b)
     parted = where_they_part(a.path, b.path)
     if as_json:
-        print(json.dumps(json_safe({
-            "a": str(a.path), "b": str(b.path), "curves": parted,
-            "not_recorded": [str(r.path) for r in (a, b) if r.facts is None],
-            "not_compared": [{"run": label, "areas": list(gap.areas), "why": gap.why} for label, gap in gaps],
-            "differences": [d.__dict__ for d in found]}), indent=2, allow_nan=False))
+        print(
+            json.dumps(
+                json_safe(
+                    {
+                        "a": str(a.path),
+                        "b": str(b.path),
+                        "curves": parted,
+                        "not_recorded": [str(r.path) for r in (a, b) if r.facts is None],
+                        "not_compared": [
+                            {"run": label, "areas": list(gap.areas), "why": gap.why} for label, gap in gaps
+                        ],
+                        "differences": [d.__dict__ for d in found],
+                    }
+                ),
+                indent=2,
+                allow_nan=False,
+            )
+        )
     else:
         print("\n".join(lines(a.path, b.path, found, parted, gaps)))
     return 1 if found or gaps else 0
@@ -47,26 +60,32 @@ def curve_lines(parted: dict[str, Any]) -> list[str]:
     (sa, va), (sb, vb) = parted["last"]["a"], parted["last"]["b"]
     last = f"last {_number(va)} at step {sa} (A) vs {_number(vb)} at step {sb} (B)"
     if parted["step"] is not None:
-        out = [f"curves  the train losses part at step {parted['step']}: {_number(parted['a'])} (A) vs "
-               f"{_number(parted['b'])} (B); {last}"]
+        out = [
+            f"curves  the train losses part at step {parted['step']}: {_number(parted['a'])} (A) vs "
+            f"{_number(parted['b'])} (B); {last}"
+        ]
     elif parted["both_non_finite"] is not None:
         both = parted["both_non_finite"]  # two NaNs are no agreement
         out = [f"curves  both train losses are non-finite at step {both}: nothing from there on is compared; {last}"]
     else:
         out = [f"curves  the train losses agree at every one of {parted['common_steps']} common steps"]
-    return out + [f"curves  {label.upper()}: the train loss is {said(gone)}"
-                  for label, gone in parted["non_finite"].items() if gone]
+    return out + [
+        f"curves  {label.upper()}: the train loss is {said(gone)}"
+        for label, gone in parted["non_finite"].items()
+        if gone
+    ]
 
 
 def summary(found: list[Difference], parted: dict[str, Any], gaps: list[tuple[str, Gap]]) -> str:
-    """"N differences", or what was compared and what was not: "0 differences" only when everything was
+    """ "N differences", or what was compared and what was not: "0 differences" only when everything was
     compared and every loss was a number."""
     skipped = [area for area in AREAS if any(area in gap.areas for _, gap in gaps)]
     skipped += ["curves"] if "error" in parted else []
     odd = [label.upper() for label, gone in (parted.get("non_finite") or {}).items() if gone]
     if found:
-        counts = ", ".join(f"{sum(d.area == area for d in found)} {area}" for area in AREAS
-                           if any(d.area == area for d in found))
+        counts = ", ".join(
+            f"{sum(d.area == area for d in found)} {area}" for area in AREAS if any(d.area == area for d in found)
+        )
         text = f"{len(found)} difference{'' if len(found) == 1 else 's'} ({counts}); the most likely causes first"
     elif not skipped and not odd:
         return "0 differences"

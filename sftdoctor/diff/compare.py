@@ -25,10 +25,37 @@ from sftdoctor.run import rundir
 # The order a difference is shown in: what changes the numbers a run computes comes before where it runs.
 AREAS = ("data", "plan", "stack", "gpus", "env")
 # Settings that differ between any two runs without changing what they compute.
-UNCOMPARED = {"output_dir", "master_addr", "master_port", "node_rank", "reasons", "version", "train_files",
-              "eval_files", "join_timeout_s", "plugins", "rehearsal", "drill"}
-STACK = ("torch", "transformers", "trl", "accelerate", "deepspeed", "peft", "datasets", "tokenizers", "flash-attn",
-         "flash_attn", "liger-kernel", "bitsandbytes", "nvidia-nccl-cu12", "nvidia-nccl-cu13", "lm_eval")
+UNCOMPARED = {
+    "output_dir",
+    "master_addr",
+    "master_port",
+    "node_rank",
+    "reasons",
+    "version",
+    "train_files",
+    "eval_files",
+    "join_timeout_s",
+    "plugins",
+    "rehearsal",
+    "drill",
+}
+STACK = (
+    "torch",
+    "transformers",
+    "trl",
+    "accelerate",
+    "deepspeed",
+    "peft",
+    "datasets",
+    "tokenizers",
+    "flash-attn",
+    "flash_attn",
+    "liger-kernel",
+    "bitsandbytes",
+    "nvidia-nccl-cu12",
+    "nvidia-nccl-cu13",
+    "lm_eval",
+)
 LAUNCHER_ENV = {"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"}
 PART = 0.01  # the train losses part where they differ by more than this share of the larger
 
@@ -44,6 +71,7 @@ class Difference:
 @dataclass(frozen=True)
 class Gap:
     """Something one run cannot be compared on, and why: said as "not compared", never counted as agreement."""
+
     areas: tuple[str, ...]
     why: str  # completes "B ...": "has no facts.json (...)"
 
@@ -114,8 +142,11 @@ def _fact_gap(path: Path, name: str, value: Any, probe_said: Any) -> str | None:
     if value is None:
         said = f" (its probe said: {probe_said})" if isinstance(probe_said, str) else ""
         return f"has no facts.{name} in {path}{said}"
-    problem = (fact_problem(name, value) if isinstance(value, dict) else
-               ("", f"expected an object, got {type(value).__name__}"))
+    problem = (
+        fact_problem(name, value)
+        if isinstance(value, dict)
+        else ("", f"expected an object, got {type(value).__name__}")
+    )
     if problem:
         return _unusable(path, problem[1], f"facts.{name}{problem[0]}")
     error = value.get("error")  # no devices seen and why: a probe that failed is no "no GPU" (a machine
@@ -135,8 +166,12 @@ def _data_files(path: Path, files: Any) -> tuple[dict[str, Any], Gap | None]:
     undigested = sorted(name for name, info in files.items() if not isinstance(info.get("sha256"), str))
     if undigested:
         why = files[undigested[0]].get("error")
-        return {}, Gap(("data",), f"has no digest of {undigested[0]}" + (f" ({why})" if isinstance(why, str) else "")
-                       + (f" and {len(undigested) - 1} more" if len(undigested) > 1 else ""))
+        return {}, Gap(
+            ("data",),
+            f"has no digest of {undigested[0]}"
+            + (f" ({why})" if isinstance(why, str) else "")
+            + (f" and {len(undigested) - 1} more" if len(undigested) > 1 else ""),
+        )
     return files, None
 
 
@@ -178,8 +213,10 @@ def _finite(value: Any) -> bool:
 
 def _data(a: Recorded, b: Recorded) -> list[Difference]:
     def contents(run: Recorded) -> list[str]:
-        return sorted(f"{Path(name).name} {info['sha256'][:12]} ({info.get('bytes', '?')} bytes)"
-                      for name, info in run.data_files.items())
+        return sorted(
+            f"{Path(name).name} {info['sha256'][:12]} ({info.get('bytes', '?')} bytes)"
+            for name, info in run.data_files.items()
+        )
 
     if not a.data_files or not b.data_files:  # a Gap of one run or both
         return []
@@ -193,8 +230,9 @@ def _plan(a: dict[str, Any], b: dict[str, Any]) -> list[Difference]:
     equals nothing, and two runs cannot be shown to have computed with it alike)."""
     keys = sorted((set(a) | set(b)) - UNCOMPARED)
     odd = [k for k in keys if not (_finite(a.get(k)) and _finite(b.get(k)))]
-    return ([Difference("plan", f"{k} (not a finite number)", a.get(k), b.get(k)) for k in odd]
-            + _changed("plan", a, b, [k for k in keys if k not in odd]))
+    return [Difference("plan", f"{k} (not a finite number)", a.get(k), b.get(k)) for k in odd] + _changed(
+        "plan", a, b, [k for k in keys if k not in odd]
+    )
 
 
 def _both(name: str, a: dict[str, Any], b: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -209,8 +247,11 @@ def _stack(a: dict[str, Any], b: dict[str, Any]) -> list[Difference]:
         found += _changed("stack", pa, pb, [k for k in STACK if k in pa or k in pb])
     if build := _both("torch_build", a, b):
         ta, tb = build
-        found += [Difference("stack", f"torch {k}", ta.get(k), tb.get(k)) for k in ("version", "cuda", "hip")
-                  if ta.get(k) != tb.get(k)]
+        found += [
+            Difference("stack", f"torch {k}", ta.get(k), tb.get(k))
+            for k in ("version", "cuda", "hip")
+            if ta.get(k) != tb.get(k)
+        ]
     return found
 
 
@@ -241,8 +282,10 @@ def where_they_part(a: Path, b: Path) -> dict[str, Any]:
     run's first non-finite loss; the last values. {"error": why} when they cannot be compared."""
     absent = [str(p) for p in (a, b) if not os.path.lexists(p / rundir.METRICS)]
     if absent:
-        return {"error": f"{' and '.join(dict.fromkeys(absent))} {'has' if len(set(absent)) == 1 else 'have'} no "
-                         f"{rundir.METRICS}"}
+        return {
+            "error": f"{' and '.join(dict.fromkeys(absent))} {'has' if len(set(absent)) == 1 else 'have'} no "
+            f"{rundir.METRICS}"
+        }
     try:
         sa, sb = _losses(a), _losses(b)
     except InputError as exc:  # an unreadable metrics.jsonl: said, never read as "no loss logged"
@@ -263,9 +306,15 @@ def where_they_part(a: Path, b: Path) -> dict[str, Any]:
             both = step
             break
     last_a, last_b = max(la), max(lb)
-    return {"step": parted, "a": la.get(parted), "b": lb.get(parted), "common_steps": len(common),
-            "both_non_finite": both, "non_finite": {"a": non_finite(sa), "b": non_finite(sb)},
-            "last": {"a": [last_a, la[last_a]], "b": [last_b, lb[last_b]]}}
+    return {
+        "step": parted,
+        "a": la.get(parted),
+        "b": lb.get(parted),
+        "common_steps": len(common),
+        "both_non_finite": both,
+        "non_finite": {"a": non_finite(sa), "b": non_finite(sb)},
+        "last": {"a": [last_a, la[last_a]], "b": [last_b, lb[last_b]]},
+    }
 
 
 def _losses(path: Path) -> dict[str, list]:

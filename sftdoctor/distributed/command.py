@@ -40,14 +40,17 @@ class Launcher:
     master_port: int
 
 
-def _env_number(environ: Mapping[str, str], name: str, low: int, high: int | None = None,
-                default: int | None = None) -> int:
+def _env_number(
+    environ: Mapping[str, str], name: str, low: int, high: int | None = None, default: int | None = None
+) -> int:
     value = environ.get(name)
     if value is None and default is not None:
         return default
     bound = f"{low}..{high}" if high is not None else f">= {low}"
     if value is None:
-        raise InputError("environment", f"not set; expected an integer {bound} from the launcher (torchrun sets it)", name)
+        raise InputError(
+            "environment", f"not set; expected an integer {bound} from the launcher (torchrun sets it)", name
+        )
     try:
         number = int(value.strip())
     except ValueError:
@@ -85,8 +88,11 @@ def snapshot_path(template: str | None, rank: int, local_rank: int, node: str) -
     try:
         return Path(template.format(rank=rank, local_rank=local_rank, node=node))
     except (KeyError, IndexError, ValueError) as exc:
-        raise InputError("--facts", f"expected a path with only {{rank}}, {{local_rank}} or {{node}} in braces, "
-                                    f"got {template!r} ({type(exc).__name__}: {exc})") from None
+        raise InputError(
+            "--facts",
+            f"expected a path with only {{rank}}, {{local_rank}} or {{node}} in braces, "
+            f"got {template!r} ({type(exc).__name__}: {exc})",
+        ) from None
 
 
 def record(rank: int, local_rank: int, node: str, facts) -> dict[str, Any]:
@@ -99,16 +105,28 @@ def record(rank: int, local_rank: int, node: str, facts) -> dict[str, Any]:
     devices = visible(gpus.get("devices") or [], os.environ.get("CUDA_VISIBLE_DEVICES"))
     # The GPU a rank uses: its only visible one, else cuda:LOCAL_RANK (what sftdoctor train and HF do).
     gpu = devices[0] if len(devices) == 1 else devices[local_rank] if local_rank < len(devices) else None
-    nccl = next((packages.get(n) for n in ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11") if packages.get(n)), None)
+    nccl = next(
+        (packages.get(n) for n in ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11") if packages.get(n)), None
+    )
     topology = facts.get("topology") if devices and local_rank == 0 else None
     return {
-        "rank": rank, "local_rank": local_rank, "node": node, "host": socket.gethostname(), "pid": os.getpid(),
-        "torch": build.get("version") or packages.get("torch"), "cuda": build.get("cuda"), "nccl": nccl,
-        "driver": gpus.get("driver_version"), "transformers": packages.get("transformers"), "trl": packages.get("trl"),
-        "deepspeed": packages.get("deepspeed"), "accelerate": packages.get("accelerate"),
+        "rank": rank,
+        "local_rank": local_rank,
+        "node": node,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "torch": build.get("version") or packages.get("torch"),
+        "cuda": build.get("cuda"),
+        "nccl": nccl,
+        "driver": gpus.get("driver_version"),
+        "transformers": packages.get("transformers"),
+        "trl": packages.get("trl"),
+        "deepspeed": packages.get("deepspeed"),
+        "accelerate": packages.get("accelerate"),
         "gpus_visible": len(devices),
         "gpu": (gpu.get("uuid") or gpu.get("pci_bus_id") or f"GPU{gpu.get('index')}") if gpu else None,
-        "gpu_name": gpu.get("name") if gpu else None, "gpu_memory_mib": gpu.get("memory_total_mib") if gpu else None,
+        "gpu_name": gpu.get("name") if gpu else None,
+        "gpu_memory_mib": gpu.get("memory_total_mib") if gpu else None,
         "link_expect": intra_node(topology, gpu.get("compute_capability")) if topology and gpu else None,
         "network_expect": inter_node(facts.get("nics")) if local_rank == 0 else None,
     }
@@ -120,8 +138,10 @@ def visible(devices: list[dict[str, Any]], mask: str | None) -> list[dict[str, A
         return devices
     out = []
     for item in (x.strip() for x in mask.split(",") if x.strip()):
-        match = next((d for d in devices if str(d.get("index")) == item or
-                      (d.get("uuid") and str(d["uuid"]).startswith(item))), None)
+        match = next(
+            (d for d in devices if str(d.get("index")) == item or (d.get("uuid") and str(d["uuid"]).startswith(item))),
+            None,
+        )
         if match is None:
             break  # CUDA stops at the first entry it cannot resolve
         out.append(match)
@@ -136,8 +156,15 @@ def connect(job: Launcher, bound: float):
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     # multi_tenant: rank 0 hosts the workers' store when the agent does not (sftdoctor's launcher turns the
     # agent's off), and init_process_group then opens the same port again: one server serves both.
-    store = dist.TCPStore(job.master_addr, job.master_port, world, is_master=(rank == 0 and not agent),
-                          timeout=timedelta(seconds=bound), wait_for_workers=False, multi_tenant=True)
+    store = dist.TCPStore(
+        job.master_addr,
+        job.master_port,
+        world,
+        is_master=(rank == 0 and not agent),
+        timeout=timedelta(seconds=bound),
+        wait_for_workers=False,
+        multi_tenant=True,
+    )
     # The agent's store outlives restart rounds: key by the round. Rank 0's own store is the round's alone, and
     # the restart count is not the same on every node (a node that came back starts again from 0).
     round_ = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") if agent else "own"
@@ -221,8 +248,9 @@ def sweep(records: list[dict[str, Any]], rank: int, store, budget: float, cuda: 
                 expected = n * (n + 1) / 2 * n**iters
                 wrong |= not bool(torch.isclose(tensor, torch.full_like(tensor, expected), rtol=1e-12, atol=0).all())
                 algbw = size / seconds / 1e9
-                result["sizes"].append({"bytes": size, "seconds": seconds, "algbw_gbps": algbw,
-                                        "busbw_gbps": algbw * 2 * (n - 1) / n})
+                result["sizes"].append(
+                    {"bytes": size, "seconds": seconds, "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (n - 1) / n}
+                )
                 over = time.monotonic() - began > budget / max(len(groups), 1)
                 if dist_max(int(over), group, device):  # the group stops together, or some rank would hang
                     break
@@ -235,8 +263,15 @@ def sweep(records: list[dict[str, Any]], rank: int, store, budget: float, cuda: 
     return {"groups": groups_done, "wrong_ranks": [r for r, f in enumerate(gathered) if f.item()]}
 
 
-def main(bound: float, budget: float, out: Path, facts_template: str | None, as_json: bool, drill: str | None,
-         plugins: bool = True) -> int:
+def main(
+    bound: float,
+    budget: float,
+    out: Path,
+    facts_template: str | None,
+    as_json: bool,
+    drill: str | None,
+    plugins: bool = True,
+) -> int:
     import torch
     import torch.distributed as dist
 
@@ -251,7 +286,9 @@ def main(bound: float, budget: float, out: Path, facts_template: str | None, as_
         time.sleep(10 * bound)
         return 1
     if out.exists() and not out.is_dir():
-        raise InputError(out, "exists and is not a folder (expected the folder for each rank's record and the findings)")
+        raise InputError(
+            out, "exists and is not a folder (expected the folder for each rank's record and the findings)"
+        )
     facts = Facts(Inputs(facts=snapshot_path(facts_template, rank, local_rank, node)))
     mine = record(rank, local_rank, node, facts)
     out.mkdir(parents=True, exist_ok=True)
@@ -263,15 +300,24 @@ def main(bound: float, budget: float, out: Path, facts_template: str | None, as_
         cuda = torch.cuda.is_available() and mine["gpu"] is not None
         if cuda:  # the same GPU the record names: the only visible one, else cuda:LOCAL_RANK
             torch.cuda.set_device(0 if mine["gpus_visible"] == 1 else local_rank)
-        dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore("pg/", store), rank=rank,
-                                world_size=world, timeout=timedelta(seconds=bound))
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            store=dist.PrefixStore("pg/", store),
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=bound),
+        )
         try:
             cluster["sweep"] = sweep(records, rank, store, budget, cuda)
         except Exception as exc:  # a collective that did not finish in time
-            phases = {r: store.get(f"phase/{r}").decode() if store.check([f"phase/{r}"]) else "never started"
-                      for r in range(world)}
-            cluster["sweep"] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}",
-                                "where": "; ".join(f"rank {r}: {p}" for r, p in phases.items())}
+            phases = {
+                r: store.get(f"phase/{r}").decode() if store.check([f"phase/{r}"]) else "never started"
+                for r in range(world)
+            }
+            cluster["sweep"] = {
+                "error": f"{type(exc).__name__}: {str(exc)[:200]}",
+                "where": "; ".join(f"rank {r}: {p}" for r, p in phases.items()),
+            }
     if rank != 0:
         store.wait(["verdict"], timedelta(seconds=3 * bound + 60))
         code = int(store.get("verdict"))

@@ -67,15 +67,21 @@ def intra_node(topology: dict[str, Any], compute_capability: str | None) -> dict
         links = _nvlinks_per_gpu(topology, gpus)
         slowest = min(links, key=links.get)
         rate = links[slowest] * per_link
-        return {"busbw_gbps": round(rate * EFFICIENCY, 1), "via": "nvlink",
-                "why": f"{links[slowest]} NVLinks x {per_link:g} GB/s on {slowest} (the fewest), x {EFFICIENCY}"}
+        return {
+            "busbw_gbps": round(rate * EFFICIENCY, 1),
+            "via": "nvlink",
+            "why": f"{links[slowest]} NVLinks x {per_link:g} GB/s on {slowest} (the fewest), x {EFFICIENCY}",
+        }
     generation = pcie_generation(compute_capability)
     paths = {path_kind(link(topology, a, b) or "SYS") for a in gpus for b in gpus if a < b}
     worst = max((p for p in paths if p in PATH_SHARE), key=lambda p: -PATH_SHARE[p], default="PIX")
     rate = PCIE_GBPS[generation] * PATH_SHARE[worst]
-    return {"busbw_gbps": round(rate * EFFICIENCY, 1), "via": "pcie",
-            "why": f"PCIe {generation} x16 ({PCIE_GBPS[generation]:g} GB/s) through {worst} "
-                   f"(x {PATH_SHARE[worst]}), x {EFFICIENCY}"}
+    return {
+        "busbw_gbps": round(rate * EFFICIENCY, 1),
+        "via": "pcie",
+        "why": f"PCIe {generation} x16 ({PCIE_GBPS[generation]:g} GB/s) through {worst} "
+        f"(x {PATH_SHARE[worst]}), x {EFFICIENCY}",
+    }
 
 
 def inter_node(nics: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -87,5 +93,8 @@ def inter_node(nics: dict[str, Any] | None) -> dict[str, Any] | None:
     if not gbps:
         return None
     ports = sum(1 for p in nics["ports"] if p.get("state") == "Active")
-    return {"busbw_gbps": round(gbps / 8 * EFFICIENCY, 1), "via": "network",
-            "why": f"{ports} active InfiniBand/RoCE port{'s' if ports > 1 else ''}, {gbps:g} Gb/s in all, x {EFFICIENCY}"}
+    return {
+        "busbw_gbps": round(gbps / 8 * EFFICIENCY, 1),
+        "via": "network",
+        "why": f"{ports} active InfiniBand/RoCE port{'s' if ports > 1 else ''}, {gbps:g} Gb/s in all, x {EFFICIENCY}",
+    }

@@ -28,7 +28,9 @@ def _count(store, name: str) -> int:
     return int(store.add(f"{KEY}/{name}", 0))
 
 
-def share(addr: str, port: int, nnodes: int, host: bool, timeout_s: float, verdict: dict[str, Any]) -> list[dict[str, Any]]:
+def share(
+    addr: str, port: int, nnodes: int, host: bool, timeout_s: float, verdict: dict[str, Any]
+) -> list[dict[str, Any]]:
     """Every node's verdict, this one's included, in arrival order. Raises GateError after `timeout_s`."""
     from torch.distributed import TCPStore  # the training stack is there: only `train` comes here
 
@@ -37,8 +39,10 @@ def share(addr: str, port: int, nnodes: int, host: bool, timeout_s: float, verdi
     try:
         store = TCPStore(addr, port, None, host, timedelta(seconds=timeout_s), wait_for_workers=False)
     except Exception as e:  # DistNetworkError / DistStoreError: the address never answered
-        raise GateError(f"could not reach node 0 at {addr}:{port} within {timeout_s:g} s ({_first_line(e)}): "
-                        "it is not started yet, or a firewall or a wrong master_addr is in the way") from None
+        raise GateError(
+            f"could not reach node 0 at {addr}:{port} within {timeout_s:g} s ({_first_line(e)}): "
+            "it is not started yet, or a firewall or a wrong master_addr is in the way"
+        ) from None
     try:
         index = int(store.add(f"{KEY}/joined", 1))
         store.set(f"{KEY}/{index}", json.dumps(verdict))
@@ -47,9 +51,11 @@ def share(addr: str, port: int, nnodes: int, host: bool, timeout_s: float, verdi
             store.wait(keys, timedelta(seconds=max(1.0, timeout_s - (time.monotonic() - began))))
         except Exception:
             came = [json.loads(store.get(k))["host"] for k in keys if store.check([k])]
-            raise GateError(f"{len(came)} of {nnodes} nodes reached the gate within {timeout_s:g} s ({', '.join(came)}); "
-                            "the others never came: not started, failed before their checks, or cannot reach "
-                            f"{addr}:{port}") from None
+            raise GateError(
+                f"{len(came)} of {nnodes} nodes reached the gate within {timeout_s:g} s ({', '.join(came)}); "
+                "the others never came: not started, failed before their checks, or cannot reach "
+                f"{addr}:{port}"
+            ) from None
         verdicts = [json.loads(store.get(k)) for k in keys]
         store.add(f"{KEY}/read", 1)
         if host:  # the store lives in this process: keep it until every node has read it

@@ -21,6 +21,7 @@ so nothing the sample forks can start outside them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -97,7 +98,7 @@ def _own(text: str) -> dict[str, str]:
     for line in text.splitlines():
         parts = line.split(":", 2)
         if len(parts) == 3:
-            for controller in (parts[1].split(",") if parts[1] else [""]):
+            for controller in parts[1].split(",") if parts[1] else [""]:
                 paths[controller] = parts[2]
     return paths
 
@@ -105,7 +106,7 @@ def _own(text: str) -> dict[str, str]:
 def _directory(point: Path, root: str, own: str | None) -> Path | None:
     if own is None or not (own == root or own.startswith(root.rstrip("/") + "/")):
         return None
-    return point / own[len(root):].lstrip("/")
+    return point / own[len(root) :].lstrip("/")
 
 
 def _choose(mounts, own: dict[str, str]) -> Layout:
@@ -123,8 +124,9 @@ def _choose(mounts, own: dict[str, str]) -> Layout:
         if parent is not None:
             enabled = set(_read(parent / "cgroup.subtree_control").split())
             if "memory" in enabled:
-                return Layout(**{role: (2, parent) for role in ("memory", "pids", "cpu") if role in enabled},
-                              usage=(2, parent))  # cpu.stat's usage_usec is in every v2 cgroup
+                return Layout(
+                    **{role: (2, parent) for role in ("memory", "pids", "cpu") if role in enabled}, usage=(2, parent)
+                )  # cpu.stat's usage_usec is in every v2 cgroup
     roles: dict[str, tuple[int, Path]] = {}
     wanted = [("memory", "memory"), ("usage", "cpuacct")] + ([("pids", "pids")] if _kernel() < (5, 14) else [])
     for fstype, point, root, controllers in mounts:
@@ -135,8 +137,10 @@ def _choose(mounts, own: dict[str, str]) -> Layout:
                     roles[role] = (1, mine)
     missing = [role for role, _ in wanted if role not in roles]
     if missing:
-        why = "; ".join(problems) or (f"no {' or '.join(missing)} controller this process may create cgroups "
-                                      "with (run as root, or in a cgroup delegated to this user)")
+        why = "; ".join(problems) or (
+            f"no {' or '.join(missing)} controller this process may create cgroups "
+            "with (run as root, or in a cgroup delegated to this user)"
+        )
         return Layout(why_not=why)
     return Layout(**roles)
 
@@ -193,10 +197,11 @@ def sweep(found: Layout) -> int:
         except OSError:
             continue
         for name in names:
-            fields = name[len(PREFIX):].split("-")
+            fields = name[len(PREFIX) :].split("-")
             if len(fields) == 3 and fields[0] == namespace and not os.path.exists(f"/proc/{fields[1]}"):
-                stale = SampleCgroup(found, {role[1] / name: role[0] for role in found.roles()
-                                             if (role[1] / name).is_dir()}, name)
+                stale = SampleCgroup(
+                    found, {role[1] / name: role[0] for role in found.roles() if (role[1] / name).is_dir()}, name
+                )
                 stale.kill(wait_s=2)
                 stale.remove()
                 removed += 1
@@ -243,8 +248,10 @@ class SampleCgroup:
 
     def join_files(self) -> list[str]:
         """Where a single-threaded process writes 0 to join: v1's `tasks` (no global lock), v2's cgroup.procs."""
-        return [str(directory / ("cgroup.procs" if version == 2 else "tasks"))
-                for directory, version in self.directories.items()]
+        return [
+            str(directory / ("cgroup.procs" if version == 2 else "tasks"))
+            for directory, version in self.directories.items()
+        ]
 
     def cpu_seconds(self) -> float | None:
         if self.layout.usage is None:
@@ -330,7 +337,5 @@ def _write(path: Path, value) -> None:
 
 def _write_if(path: Path, value) -> None:
     """A file that only some kernels have (swap accounting, memory.oom.group)."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         _write(path, value)
-    except FileNotFoundError:
-        pass

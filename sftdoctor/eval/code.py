@@ -54,11 +54,18 @@ def read_problems(path: Path) -> dict[str, dict[str, str]]:
         problem = _fields(record, PROBLEM_KEYS, path, number, "task_id, prompt, test and entry_point (HumanEval)")
         task = problem["task_id"]
         if task in problems:
-            raise InputError(path, f"task_id {task!r} again (first on line {lines[task]}); expected each problem "
-                                   "once", key=f"line {number}")
+            raise InputError(
+                path,
+                f"task_id {task!r} again (first on line {lines[task]}); expected each problem once",
+                key=f"line {number}",
+            )
         if not problem["entry_point"].isidentifier():
-            raise InputError(path, f"entry_point {problem['entry_point']!r} is not a Python name; expected the "
-                                   "name of the function that check() is called with", key=f"line {number}")
+            raise InputError(
+                path,
+                f"entry_point {problem['entry_point']!r} is not a Python name; expected the "
+                "name of the function that check() is called with",
+                key=f"line {number}",
+            )
         problems[task], lines[task] = problem, number
     if not problems:
         raise InputError(path, "no problems; expected one JSON object per line (task_id, prompt, test, entry_point)")
@@ -90,9 +97,12 @@ def count_generated(samples: list[dict[str, Any]], problems: dict[str, dict[str,
 def _known(sample: dict[str, Any], problems: dict[str, dict[str, str]], source: Path | str) -> None:
     if sample["task_id"] not in problems:
         where = f"line {sample['line']}" if sample.get("line") else None
-        raise InputError(source, f"task_id {sample['task_id']!r} is not in the problems"
-                                 f"{did_you_mean(sample['task_id'], problems)}; expected one of their task_ids",
-                         key=where)
+        raise InputError(
+            source,
+            f"task_id {sample['task_id']!r} is not in the problems"
+            f"{did_you_mean(sample['task_id'], problems)}; expected one of their task_ids",
+            key=where,
+        )
 
 
 def _complete(counts: Counter, problems: dict[str, dict[str, str]], source: Path | str) -> Counter:
@@ -102,8 +112,9 @@ def _complete(counts: Counter, problems: dict[str, dict[str, str]], source: Path
     missing = [task for task in problems if task not in counts]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise InputError(source, f"no completion for task_id {missing[0]!r}{more}; expected at least one sample "
-                                 "for every problem")
+        raise InputError(
+            source, f"no completion for task_id {missing[0]!r}{more}; expected at least one sample for every problem"
+        )
     return counts
 
 
@@ -122,11 +133,15 @@ def _records(path: Path, what: str) -> Iterator[tuple[int, dict]]:
             try:
                 record = json.loads(line)
             except (ValueError, RecursionError) as exc:
-                raise InputError(path, f"not valid JSON ({parse_problem(exc)}); expected one JSON object per line",
-                                 key=f"line {number}") from None
+                raise InputError(
+                    path,
+                    f"not valid JSON ({parse_problem(exc)}); expected one JSON object per line",
+                    key=f"line {number}",
+                ) from None
             if not isinstance(record, dict):
-                raise InputError(path, f"a JSON {type(record).__name__}; expected one JSON object per line",
-                                 key=f"line {number}")
+                raise InputError(
+                    path, f"a JSON {type(record).__name__}; expected one JSON object per line", key=f"line {number}"
+                )
             yield number, record
 
 
@@ -155,13 +170,15 @@ def _line(stream, path: Path, what: str, number: int) -> str | None:
     try:
         data = stream.readline(MAX_LINE + 1)
     except (OSError, EOFError, zlib.error) as exc:
-        raise InputError(path, f"cannot read {what}: expected gzip-compressed UTF-8 JSONL ({exc})",
-                         key=f"line {number}") from None
+        raise InputError(
+            path, f"cannot read {what}: expected gzip-compressed UTF-8 JSONL ({exc})", key=f"line {number}"
+        ) from None
     if not data:
         return None
     if len(data) > MAX_LINE:
-        raise InputError(path, f"longer than {MAX_LINE >> 20} MiB; expected one JSON object per line",
-                         key=f"line {number}")
+        raise InputError(
+            path, f"longer than {MAX_LINE >> 20} MiB; expected one JSON object per line", key=f"line {number}"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -173,13 +190,18 @@ def _fields(record: dict, keys: tuple[str, ...], path: Path, number: int, expect
         if key not in record:
             raise InputError(path, f"missing {key!r}; expected {expected}", key=f"line {number}")
         if not isinstance(record[key], str):
-            raise InputError(path, f"{key!r} is a JSON {type(record[key]).__name__}; expected a string",
-                             key=f"line {number}")
+            raise InputError(
+                path, f"{key!r} is a JSON {type(record[key]).__name__}; expected a string", key=f"line {number}"
+            )
         try:
             record[key].encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise InputError(path, f"{key!r} holds {record[key][exc.start]!r}, half of a surrogate pair; "
-                                   "expected text that is valid UTF-8", key=f"line {number}") from None
+            raise InputError(
+                path,
+                f"{key!r} holds {record[key][exc.start]!r}, half of a surrogate pair; "
+                "expected text that is valid UTF-8",
+                key=f"line {number}",
+            ) from None
     return {key: record[key] for key in keys}
 
 
@@ -211,26 +233,42 @@ def choose_ks(ks: tuple[int, ...], samples: Counter, source: Path | str) -> tupl
         if k < 1:
             raise InputError("--k", f"k={k}; expected a positive number of samples")
         if k > fewest:
-            raise InputError(source, f"k={k} but task_id {fewest_task!r} has {fewest} sample"
-                                     f"{'s' if fewest != 1 else ''}; expected at least k samples per task "
-                                     "(more completions, or a smaller --k)")
+            raise InputError(
+                source,
+                f"k={k} but task_id {fewest_task!r} has {fewest} sample"
+                f"{'s' if fewest != 1 else ''}; expected at least k samples per task "
+                "(more completions, or a smaller --k)",
+            )
     return tuple(sorted(set(ks)))
 
 
-def run_samples(problems: dict[str, dict[str, str]], samples: Iterable[dict[str, Any]], box: sandboxes.Sandbox,
-                limits: sandboxes.Limits, workers: int) -> Iterator[tuple[dict[str, Any], sandboxes.Outcome]]:
+def run_samples(
+    problems: dict[str, dict[str, str]],
+    samples: Iterable[dict[str, Any]],
+    box: sandboxes.Sandbox,
+    limits: sandboxes.Limits,
+    workers: int,
+) -> Iterator[tuple[dict[str, Any], sandboxes.Outcome]]:
     """(sample, outcome) in order, `workers` sandboxes at a time (threads: each only waits on its sandbox's
     pipes), at most IN_FLIGHT per worker ahead of the one the caller is writing. On an error or Ctrl-C the
     running sandboxes are killed (their whole trees) and nothing more starts."""
     cancel = sandboxes.Cancel()
     pending: deque = deque()
-    with _signals_cancel(cancel) as check, ThreadPoolExecutor(max_workers=workers,
-                                                              thread_name_prefix="sftdoctor-sandbox") as pool:
+    with (
+        _signals_cancel(cancel) as check,
+        ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sftdoctor-sandbox") as pool,
+    ):
         try:
             for sample in samples:
                 check()
-                pending.append((sample, pool.submit(box.run, program(problems[sample["task_id"]],
-                                                                     sample["completion"]), limits, cancel)))
+                pending.append(
+                    (
+                        sample,
+                        pool.submit(
+                            box.run, program(problems[sample["task_id"]], sample["completion"]), limits, cancel
+                        ),
+                    )
+                )
                 if len(pending) >= workers * IN_FLIGHT:
                     done, future = pending.popleft()
                     yield done, _outcome(future, check)
@@ -286,10 +324,21 @@ def _outcome(future, check) -> sandboxes.Outcome:
 
 
 def result_row(sample: dict[str, Any], index: int, outcome: sandboxes.Outcome) -> dict[str, Any]:
-    return {"task_id": sample["task_id"], "sample": index, "status": outcome.status, "passed": outcome.passed,
-            "exit_code": outcome.exit_code, "signal": outcome.signal, "error": outcome.error,
-            "wall_s": outcome.wall_s, "cpu_s": outcome.cpu_s, "memory_peak_bytes": outcome.memory_peak_bytes,
-            "stdout": outcome.stdout, "stderr": outcome.stderr, "dropped_bytes": outcome.dropped_bytes}
+    return {
+        "task_id": sample["task_id"],
+        "sample": index,
+        "status": outcome.status,
+        "passed": outcome.passed,
+        "exit_code": outcome.exit_code,
+        "signal": outcome.signal,
+        "error": outcome.error,
+        "wall_s": outcome.wall_s,
+        "cpu_s": outcome.cpu_s,
+        "memory_peak_bytes": outcome.memory_peak_bytes,
+        "stdout": outcome.stdout,
+        "stderr": outcome.stderr,
+        "dropped_bytes": outcome.dropped_bytes,
+    }
 
 
 class JsonlWriter:
@@ -326,9 +375,18 @@ class JsonlWriter:
                     os.unlink(self.temporary)
 
 
-def evaluate_code(problems: Path, completions: Path | None, *, out: Path, ks: tuple[int, ...], sandbox: str,
-                  workers: int, timeout_s: float, json_out: bool,
-                  generated: list[dict[str, Any]] | None = None) -> int:
+def evaluate_code(
+    problems: Path,
+    completions: Path | None,
+    *,
+    out: Path,
+    ks: tuple[int, ...],
+    sandbox: str,
+    workers: int,
+    timeout_s: float,
+    json_out: bool,
+    generated: list[dict[str, Any]] | None = None,
+) -> int:
     """Score the completions (a file, or `generated` by generate_completions) of the problems in a sandbox.
 
     Prints the summary (a table, or one JSON document), writes one result per sample to `out`. ks=() reports
@@ -338,8 +396,9 @@ def evaluate_code(problems: Path, completions: Path | None, *, out: Path, ks: tu
     table = read_problems(problems)
     if completions is not None:
         counts = count_completions(completions, table)
-        samples: Iterable[dict[str, Any]] = (sample for sample in read_completions(completions)
-                                             if _known(sample, table, completions) is None)
+        samples: Iterable[dict[str, Any]] = (
+            sample for sample in read_completions(completions) if _known(sample, table, completions) is None
+        )
         source: Path | str = completions
     elif generated is not None:
         counts, samples, source = count_generated(generated, table), generated, "--model"
@@ -352,8 +411,9 @@ def evaluate_code(problems: Path, completions: Path | None, *, out: Path, ks: tu
         raise InputError("--timeout", f"{timeout_s}; expected a positive number of seconds")
     why = sandboxes.available(sandbox)
     if why is not None:
-        raise InputError("--sandbox", f"{why}; generated code only ever runs in a sandbox (there is no "
-                                      "unsandboxed mode)")
+        raise InputError(
+            "--sandbox", f"{why}; generated code only ever runs in a sandbox (there is no unsandboxed mode)"
+        )
     box = sandboxes.sandbox(sandbox)
     limits = sandboxes.Limits(wall_s=timeout_s, cpu_s=max(1, math.ceil(timeout_s)), output_bytes=RESULT_TAIL)
     start = time.monotonic()
@@ -370,12 +430,19 @@ def evaluate_code(problems: Path, completions: Path | None, *, out: Path, ks: tu
         if seen != counts:  # read twice: the scores need the same samples both times
             raise InputError(source, "changed while it was read; expected a file that stays as it is")
     per_task = {task: (counts[task], passed[task]) for task in table}
-    summary = {"problems": len(table), "samples": sum(counts.values()), "sandbox": sandbox,
-               "isolation": box.isolation(), "workers": workers, "timeout_s": timeout_s,
-               "seconds": round(time.monotonic() - start, 3),
-               **pass_at_ks(per_task, ks), "statuses": {s: statuses[s] for s in sandboxes.STATUSES},
-               "tasks": {task: {"samples": n, "passed": c} for task, (n, c) in per_task.items()},
-               "results": str(out)}
+    summary = {
+        "problems": len(table),
+        "samples": sum(counts.values()),
+        "sandbox": sandbox,
+        "isolation": box.isolation(),
+        "workers": workers,
+        "timeout_s": timeout_s,
+        "seconds": round(time.monotonic() - start, 3),
+        **pass_at_ks(per_task, ks),
+        "statuses": {s: statuses[s] for s in sandboxes.STATUSES},
+        "tasks": {task: {"samples": n, "passed": c} for task, (n, c) in per_task.items()},
+        "results": str(out),
+    }
     print(json.dumps(summary, indent=2) if json_out else render(summary, ks))
     return 1 if statuses["error"] else 0
 
@@ -384,8 +451,10 @@ def render(summary: dict[str, Any], ks: tuple[int, ...]) -> str:
     rows = [(f"pass@{k}", f"{summary[f'pass@{k}']:.3f}") for k in ks]
     rows += [(status, str(summary["statuses"][status])) for status in sandboxes.STATUSES]
     width = max(len(name) for name, _ in rows)
-    head = (f"code: {summary['problems']} problems, {summary['samples']} samples, {summary['sandbox']} sandbox, "
-            f"{summary['workers']} workers, {summary['seconds']:.1f} s")
+    head = (
+        f"code: {summary['problems']} problems, {summary['samples']} samples, {summary['sandbox']} sandbox, "
+        f"{summary['workers']} workers, {summary['seconds']:.1f} s"
+    )
     lines = [head, f"  {summary['isolation']}"] + [f"  {name.ljust(width)}  {value:>7}" for name, value in rows]
     if summary["statuses"]["error"]:
         lines.append("some samples could not be run (status error in the results): the scores are incomplete")
@@ -398,8 +467,9 @@ def truncate(completion: str) -> str:
     return completion[:cut]
 
 
-def generate_completions(model, tokenizer, problems, samples: int, max_new_tokens: int = 512,
-                         temperature: float = 0.8, batch_size: int = 16) -> list[dict[str, str]]:
+def generate_completions(
+    model, tokenizer, problems, samples: int, max_new_tokens: int = 512, temperature: float = 0.8, batch_size: int = 16
+) -> list[dict[str, str]]:
     """`samples` completions per problem from a loaded transformers model: the prompt fed raw (no chat
     template), nucleus sampling (top_p 0.95, as in the paper) at `temperature`, greedy at 0; each cut at
     the first stop sequence."""
@@ -408,12 +478,17 @@ def generate_completions(model, tokenizer, problems, samples: int, max_new_token
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     sampling = temperature > 0
-    options = {"max_new_tokens": max_new_tokens, "do_sample": sampling, "pad_token_id": pad,
-               "stop_strings": list(STOP), "tokenizer": tokenizer}
+    options = {
+        "max_new_tokens": max_new_tokens,
+        "do_sample": sampling,
+        "pad_token_id": pad,
+        "stop_strings": list(STOP),
+        "tokenizer": tokenizer,
+    }
     if sampling:
         options.update(temperature=temperature, top_p=0.95)
     records = []
-    for problem in (problems.values() if isinstance(problems, dict) else problems):
+    for problem in problems.values() if isinstance(problems, dict) else problems:
         encoded = tokenizer(problem["prompt"], return_tensors="pt").to(device)
         prompt_text = tokenizer.decode(encoded["input_ids"][0], skip_special_tokens=True)
         width = encoded["input_ids"].shape[1]
@@ -425,8 +500,11 @@ def generate_completions(model, tokenizer, problems, samples: int, max_new_token
             for row in output:
                 text = tokenizer.decode(row, skip_special_tokens=True)
                 # Decoding the whole sequence keeps a leading space a tokenizer merges into the first new token.
-                text = text[len(prompt_text):] if text.startswith(prompt_text) else tokenizer.decode(
-                    row[width:], skip_special_tokens=True)
+                text = (
+                    text[len(prompt_text) :]
+                    if text.startswith(prompt_text)
+                    else tokenizer.decode(row[width:], skip_special_tokens=True)
+                )
                 completions.append(truncate(text))
         completions *= 1 if sampling else samples
         records += [{"task_id": problem["task_id"], "completion": text} for text in completions]

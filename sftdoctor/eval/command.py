@@ -14,20 +14,52 @@ from pathlib import Path
 from typing import Any
 
 from sftdoctor.errors import InputError, Interrupted, interruptible, parse_problem, read_text
-from sftdoctor.files import write_atomic
 from sftdoctor.eval.outputs import check_output, folder_files
 from sftdoctor.eval.target import Target, resolve_target
+from sftdoctor.files import write_atomic
 
 
-def run_eval(target: str, tasks: list[str], *, base: str | None, include: Path | None, limit: int | None,
-             num_fewshot: int | None, batch_size: str, json_out: bool, out: Path | None, compare: Path | None) -> int:
+def run_eval(
+    target: str,
+    tasks: list[str],
+    *,
+    base: str | None,
+    include: Path | None,
+    limit: int | None,
+    num_fewshot: int | None,
+    batch_size: str,
+    json_out: bool,
+    out: Path | None,
+    compare: Path | None,
+) -> int:
     with quiet():
-        return _run_eval(target, tasks, base=base, include=include, limit=limit, num_fewshot=num_fewshot,
-                         batch_size=batch_size, json_out=json_out, out=out, compare=compare)
+        return _run_eval(
+            target,
+            tasks,
+            base=base,
+            include=include,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            batch_size=batch_size,
+            json_out=json_out,
+            out=out,
+            compare=compare,
+        )
 
 
-def _run_eval(target: str, tasks: list[str], *, base: str | None, include: Path | None, limit: int | None,
-              num_fewshot: int | None, batch_size: str, json_out: bool, out: Path | None, compare: Path | None) -> int:
+def _run_eval(
+    target: str,
+    tasks: list[str],
+    *,
+    base: str | None,
+    include: Path | None,
+    limit: int | None,
+    num_fewshot: int | None,
+    batch_size: str,
+    json_out: bool,
+    out: Path | None,
+    compare: Path | None,
+) -> int:
     from sftdoctor.eval import harness
 
     wanted = resolve_target(target)
@@ -37,25 +69,42 @@ def _run_eval(target: str, tasks: list[str], *, base: str | None, include: Path 
         comparable_settings(previous, compare, limit=limit, num_fewshot=num_fewshot)
     if include is not None and not include.is_dir():
         raise InputError(include, "not a folder of lm-eval task YAMLs", key="--include")
-    path = check_output(out or default_output(wanted), "--out", result_inputs([wanted, against], include, compare),
-                        "the result")
+    path = check_output(
+        out or default_output(wanted), "--out", result_inputs([wanted, against], include, compare), "the result"
+    )
     if wanted.run_dir is not None:  # the result is also a line of the run's findings.jsonl (a pipe there blocks)
         check_output(wanted.run_dir / "findings.jsonl", "TARGET", [], "the run's findings")
     manager = harness.task_manager(tasks, include.resolve() if include else None)  # before any model loads
     device_ = device()
-    batch = (("auto" if device_ == "cuda" else 8) if batch_size == "default" else
-             batch_size if batch_size == "auto" else int(batch_size))
-    common = {"include": include.resolve() if include else None, "num_fewshot": num_fewshot, "limit": limit,
-              "batch_size": batch, "device": device_}
-    doc: dict[str, Any] = {"time": time.time(), "target": wanted.to_json(),
-                           **_evaluated(wanted, tasks, manager, common)}
+    batch = (
+        ("auto" if device_ == "cuda" else 8)
+        if batch_size == "default"
+        else batch_size
+        if batch_size == "auto"
+        else int(batch_size)
+    )
+    common = {
+        "include": include.resolve() if include else None,
+        "num_fewshot": num_fewshot,
+        "limit": limit,
+        "batch_size": batch,
+        "device": device_,
+    }
+    doc: dict[str, Any] = {
+        "time": time.time(),
+        "target": wanted.to_json(),
+        **_evaluated(wanted, tasks, manager, common),
+    }
     if against is not None:
         doc["base"] = {"target": against.to_json(), **_evaluated(against, tasks, manager, common)}
     if previous is not None:
         problems = harness.differences(previous["settings"], doc["settings"])
         if problems:
-            raise InputError(compare, "evaluated with other settings, so the numbers do not compare: "
-                                      + "; ".join(problems), key="--compare")
+            raise InputError(
+                compare,
+                "evaluated with other settings, so the numbers do not compare: " + "; ".join(problems),
+                key="--compare",
+            )
         doc["compared"] = {"file": str(compare), "metrics": previous["metrics"]}
     write_json(path, doc)
     if wanted.run_dir is not None:
@@ -119,8 +168,11 @@ def read_result(path: Path, option: str = "--compare", settings: bool = True) ->
         doc = json.loads(read_text(path, what))
     except (ValueError, RecursionError) as exc:
         raise InputError(path, f"not JSON ({parse_problem(exc)}); expected a {what}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict) or (
-            settings and not isinstance(doc.get("settings"), dict)):
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("metrics"), dict)
+        or (settings and not isinstance(doc.get("settings"), dict))
+    ):
         raise InputError(path, "not a result written by sftdoctor eval (no settings and metrics)", key=option)
     for task, metrics in doc["metrics"].items():
         if not isinstance(metrics, dict):
@@ -147,20 +199,24 @@ def _is_number(value) -> bool:
 
 
 def _kind(value) -> str:
-    return {bool: "bool", str: "string", list: "list", dict: "object", type(None): "null"}.get(
-        type(value), "number")
+    return {bool: "bool", str: "string", list: "list", dict: "object", type(None): "null"}.get(type(value), "number")
 
 
 def comparable_settings(previous: dict[str, Any], path: Path, *, limit: int | None, num_fewshot: int | None) -> None:
     """The settings known before any model loads, compared with the earlier result's: a mismatch is refused
     now, not after the evaluation (the task versions and generation settings are compared after it)."""
     settings = previous["settings"]
-    problems = [f"{key}: {settings.get(key)!r} vs {value!r}" for key, value in
-                (("num_fewshot", num_fewshot), ("limit", limit), ("apply_chat_template", False))
-                if settings.get(key) != value]
+    problems = [
+        f"{key}: {settings.get(key)!r} vs {value!r}"
+        for key, value in (("num_fewshot", num_fewshot), ("limit", limit), ("apply_chat_template", False))
+        if settings.get(key) != value
+    ]
     if problems:
-        raise InputError(path, "evaluated with other settings, so the numbers do not compare: " + "; ".join(problems),
-                         key="--compare")
+        raise InputError(
+            path,
+            "evaluated with other settings, so the numbers do not compare: " + "; ".join(problems),
+            key="--compare",
+        )
 
 
 def default_output(target: Target) -> Path:
@@ -179,8 +235,10 @@ def result_inputs(targets: list[Target | None], include: Path | None, compare: P
         found += [("--include task file", p) for p in itertools.islice(include.rglob("*"), 10_000) if p.is_file()]
     for target in filter(None, targets):
         for folder in {target.path, target.tokenizer, target.base, target.run_dir}:
-            found += [(f"model file of {target.given}", p) for p in folder_files(
-                folder, lambda name: not (name.startswith("eval") and name.endswith(".json")))]
+            found += [
+                (f"model file of {target.given}", p)
+                for p in folder_files(folder, lambda name: not (name.startswith("eval") and name.endswith(".json")))
+            ]
     return found
 
 
@@ -191,8 +249,14 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
 
 def _record(run_dir: Path, doc: dict[str, Any]) -> None:
     """The result as one line of the run's findings.jsonl, beside its preflight and runtime findings."""
-    line = {"phase": "eval", "id": "eval", "severity": "info", "time": doc["time"], "title": headline(doc),
-            "evidence": {"metrics": doc["metrics"], "base": (doc.get("base") or {}).get("metrics")}}
+    line = {
+        "phase": "eval",
+        "id": "eval",
+        "severity": "info",
+        "time": doc["time"],
+        "title": headline(doc),
+        "evidence": {"metrics": doc["metrics"], "base": (doc.get("base") or {}).get("metrics")},
+    }
     with open(run_dir / "findings.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(line, default=float) + "\n")
 
@@ -200,8 +264,11 @@ def _record(run_dir: Path, doc: dict[str, Any]) -> None:
 def rows(doc: dict[str, Any]) -> list[tuple[str, str, dict, dict | None]]:
     """(task, metric, the target's value, the base's or the compared result's value)."""
     other = (doc.get("base") or doc.get("compared") or {}).get("metrics") or {}
-    return [(task, metric, value, (other.get(task) or {}).get(metric))
-            for task, metrics in sorted(doc["metrics"].items()) for metric, value in sorted(metrics.items())]
+    return [
+        (task, metric, value, (other.get(task) or {}).get(metric))
+        for task, metrics in sorted(doc["metrics"].items())
+        for metric, value in sorted(metrics.items())
+    ]
 
 
 def difference(value: dict, other: dict | None) -> str:
@@ -245,17 +312,33 @@ def table(doc: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
     settings = doc["settings"]
     shots = "default" if settings["num_fewshot"] is None else settings["num_fewshot"]
-    note = (f"lm-eval {settings['lm_eval']}; few-shot {shots}; limit {settings['limit'] or 'none'}; "
-            f"± is lm-eval's standard error")
+    note = (
+        f"lm-eval {settings['lm_eval']}; few-shot {shots}; limit {settings['limit'] or 'none'}; "
+        f"± is lm-eval's standard error"
+    )
     if unjudged:
-        note += (f"\nnot compared: {', '.join(unjudged)}: a value is not a number (nan or inf), so no difference "
-                 "can be judged")
+        note += (
+            f"\nnot compared: {', '.join(unjudged)}: a value is not a number (nan or inf), so no difference "
+            "can be judged"
+        )
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in lines) + "\n" + note
 
 
-def run_code_eval(problems: Path, completions: Path | None, model: str | None, *, samples: int, ks: tuple[int, ...],
-                  sandbox: str, workers: int, timeout_s: float, max_new_tokens: int, temperature: float,
-                  out: Path | None, json_out: bool) -> int:
+def run_code_eval(
+    problems: Path,
+    completions: Path | None,
+    model: str | None,
+    *,
+    samples: int,
+    ks: tuple[int, ...],
+    sandbox: str,
+    workers: int,
+    timeout_s: float,
+    max_new_tokens: int,
+    temperature: float,
+    out: Path | None,
+    json_out: bool,
+) -> int:
     """`sftdoctor eval --code`: the samples (given, or generated by `model`) scored in the sandbox. Bad input
     and a missing sandbox are found before any model loads."""
     from sftdoctor.eval import code
@@ -275,12 +358,22 @@ def run_code_eval(problems: Path, completions: Path | None, model: str | None, *
         loaded, tokenizer = load(target, device())
         generated = code.generate_completions(loaded, tokenizer, table_, samples, max_new_tokens, temperature)
         code.write_completions(written, generated)
-    return code.evaluate_code(problems, completions, out=out, ks=ks, sandbox=sandbox, workers=workers,
-                              timeout_s=timeout_s, json_out=json_out, generated=generated)
+    return code.evaluate_code(
+        problems,
+        completions,
+        out=out,
+        ks=ks,
+        sandbox=sandbox,
+        workers=workers,
+        timeout_s=timeout_s,
+        json_out=json_out,
+        generated=generated,
+    )
 
 
-def code_outputs(problems: Path, completions: Path | None, out: Path | None, *,
-                 generate: bool) -> tuple[Path, Path | None]:
+def code_outputs(
+    problems: Path, completions: Path | None, out: Path | None, *, generate: bool
+) -> tuple[Path, Path | None]:
     """(the results file, the file the generated completions go to): each refused before any sample or model
     when it names an input (the problems, the completions), the other output, a folder or a pipe."""
     from sftdoctor.eval import code
@@ -295,8 +388,9 @@ def code_outputs(problems: Path, completions: Path | None, out: Path | None, *,
     if not generate:
         return out, None
     stem = out.name.removesuffix(".jsonl")
-    written = out.with_name((stem.replace("_results", "_completions") if "_results" in stem
-                             else stem + "_completions") + ".jsonl")
+    written = out.with_name(
+        (stem.replace("_results", "_completions") if "_results" in stem else stem + "_completions") + ".jsonl"
+    )
     check_output(written, "--out", inputs + [("results file", out)], "the generated completions")
     return out, written
 
@@ -306,12 +400,29 @@ def names(value: str | None) -> list[str]:
     return [n.strip() for n in (value or "").split(",") if n.strip()]
 
 
-def main(target: str | None = None, tasks: str | None = None, *, base: str | None = None, include: Path | None = None,
-         limit: int | None = None, num_fewshot: int | None = None, batch_size: str | None = None,
-         compare: Path | None = None, out: Path | None = None, as_json: bool = False,
-         code_problems: Path | None = None, completions: Path | None = None, code_model: str | None = None,
-         samples: int = 1, k_values: str | None = None, sandbox_kind: str = "bubblewrap", workers: int | None = None,
-         timeout_s: float = 10.0, max_new_tokens: int = 512, temperature: float = 0.2) -> int:
+def main(
+    target: str | None = None,
+    tasks: str | None = None,
+    *,
+    base: str | None = None,
+    include: Path | None = None,
+    limit: int | None = None,
+    num_fewshot: int | None = None,
+    batch_size: str | None = None,
+    compare: Path | None = None,
+    out: Path | None = None,
+    as_json: bool = False,
+    code_problems: Path | None = None,
+    completions: Path | None = None,
+    code_model: str | None = None,
+    samples: int = 1,
+    k_values: str | None = None,
+    sandbox_kind: str = "bubblewrap",
+    workers: int | None = None,
+    timeout_s: float = 10.0,
+    max_new_tokens: int = 512,
+    temperature: float = 0.2,
+) -> int:
     """lm-eval on TARGET (and --base), or (--code) generated code scored in a sandbox. Bad input raises
     InputError; a missing part of the stack, ModuleNotFoundError."""
     if code_problems is not None:
@@ -321,13 +432,24 @@ def main(target: str | None = None, tasks: str | None = None, *, base: str | Non
             raise InputError("--k", f"expected positive integers separated by commas, got {k_values!r}")
         try:
             with interruptible():
-                return run_code_eval(code_problems, completions, code_model, samples=samples,
-                                     ks=tuple(int(k) for k in names(k_values)), sandbox=sandbox_kind, workers=workers,
-                                     timeout_s=timeout_s, max_new_tokens=max_new_tokens, temperature=temperature,
-                                     out=out, json_out=as_json)
+                return run_code_eval(
+                    code_problems,
+                    completions,
+                    code_model,
+                    samples=samples,
+                    ks=tuple(int(k) for k in names(k_values)),
+                    sandbox=sandbox_kind,
+                    workers=workers,
+                    timeout_s=timeout_s,
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    out=out,
+                    json_out=as_json,
+                )
         except Interrupted as exc:
-            print("\nsftdoctor: interrupted; the running samples were killed and no results were written",
-                  file=sys.stderr)
+            print(
+                "\nsftdoctor: interrupted; the running samples were killed and no results were written", file=sys.stderr
+            )
             return 128 + exc.signum
     if not target:
         raise InputError("eval", "give TARGET (a run directory, checkpoint, model folder or hub id) and --tasks")
@@ -337,8 +459,18 @@ def main(target: str | None = None, tasks: str | None = None, *, base: str | Non
         raise InputError("--batch-size", f"expected a positive integer or auto, got {batch_size!r}")
     try:
         with interruptible():  # SIGTERM unwinds like Ctrl-C: the result's temporary file is removed on the way out
-            return run_eval(target, names(tasks), base=base, include=include, limit=limit, num_fewshot=num_fewshot,
-                            batch_size=batch_size or "default", json_out=as_json, out=out, compare=compare)
+            return run_eval(
+                target,
+                names(tasks),
+                base=base,
+                include=include,
+                limit=limit,
+                num_fewshot=num_fewshot,
+                batch_size=batch_size or "default",
+                json_out=as_json,
+                out=out,
+                compare=compare,
+            )
     except Interrupted as exc:
         print("\nsftdoctor: interrupted; no result was written", file=sys.stderr)
         return 128 + exc.signum

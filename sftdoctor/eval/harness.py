@@ -38,10 +38,12 @@ def task_manager(tasks: list[str], include: Path | None):
     for name in tasks:
         if name not in manager.all_tasks:
             unread = unreadable_yamls(include) if include else []
-            raise InputError("--tasks", f"no lm-eval task {name!r}{did_you_mean(name, manager.all_tasks)}"
-                                        + ("" if include else " (a task of your own: --include FOLDER)")
-                                        + (f"; --include holds YAML lm-eval cannot read: {'; '.join(unread[:3])}"
-                                           if unread else ""))
+            raise InputError(
+                "--tasks",
+                f"no lm-eval task {name!r}{did_you_mean(name, manager.all_tasks)}"
+                + ("" if include else " (a task of your own: --include FOLDER)")
+                + (f"; --include holds YAML lm-eval cannot read: {'; '.join(unread[:3])}" if unread else ""),
+            )
     if local is not None:
         build_local(manager, [name for name in tasks if name in local.all_tasks], include)
     return manager
@@ -56,8 +58,12 @@ def build_local(manager, names: list[str], include: Path) -> None:
     from sftdoctor.facts.eval_tasks import data_problems, task_data
 
     for problem in data_problems(task_data(manager, names, include), include)[:1]:
-        raise InputError(problem["yaml"], f"{problem['problem']} (task {problem['task']!r}, read from the --include "
-                                          "folder); expected the task's data file", key=problem["key"])
+        raise InputError(
+            problem["yaml"],
+            f"{problem['problem']} (task {problem['task']!r}, read from the --include "
+            "folder); expected the task's data file",
+            key=problem["key"],
+        )
 
     datasets_log = logging.getLogger("datasets")
     level = datasets_log.level
@@ -68,8 +74,9 @@ def build_local(manager, names: list[str], include: Path) -> None:
                 with _working_dir(include):
                     manager.load([name])
             except Exception as exc:  # noqa: BLE001 - the user's task: any failure of it is bad input
-                raise InputError(include, f"task {name!r} cannot be built by lm-eval ({_root(exc)})",
-                                 key="--include") from None
+                raise InputError(
+                    include, f"task {name!r} cannot be built by lm-eval ({_root(exc)})", key="--include"
+                ) from None
     finally:
         datasets_log.setLevel(level)
 
@@ -115,8 +122,18 @@ def _working_dir(folder: Path | None):
         os.chdir(before)
 
 
-def evaluate(model, tokenizer, tasks: list[str], manager, *, include: Path | None, num_fewshot: int | None,
-             limit: int | None, batch_size: int | str, device: str) -> dict[str, Any]:
+def evaluate(
+    model,
+    tokenizer,
+    tasks: list[str],
+    manager,
+    *,
+    include: Path | None,
+    num_fewshot: int | None,
+    limit: int | None,
+    batch_size: int | str,
+    device: str,
+) -> dict[str, Any]:
     """One model on `tasks`: {"metrics": {task: {metric: {"value", "stderr"}}}, "settings": {...}}."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
@@ -138,14 +155,24 @@ def evaluate(model, tokenizer, tasks: list[str], manager, *, include: Path | Non
     lm = QuietHFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device)
     with _working_dir(include):
         try:
-            out = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, num_fewshot=num_fewshot,
-                                          limit=limit, log_samples=False, fewshot_random_seed=FEWSHOT_SEED,
-                                          bootstrap_iters=1000)
+            out = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=tasks,
+                task_manager=manager,
+                num_fewshot=num_fewshot,
+                limit=limit,
+                log_samples=False,
+                fewshot_random_seed=FEWSHOT_SEED,
+                bootstrap_iters=1000,
+            )
         except ValueError as exc:
             # lm-eval 0.4.x draws the shots with random.sample, which refuses more than the split holds
             if num_fewshot and "Sample larger than population" in str(exc):
-                raise InputError("--num-fewshot", f"{num_fewshot} few-shot examples: more than a task's few-shot "
-                                                  "split (or its test split, less the question) holds") from None
+                raise InputError(
+                    "--num-fewshot",
+                    f"{num_fewshot} few-shot examples: more than a task's few-shot "
+                    "split (or its test split, less the question) holds",
+                ) from None
             raise
     return {"metrics": _metrics(out["results"]), "settings": _settings(out, tasks, num_fewshot, limit)}
 
@@ -160,18 +187,30 @@ def _metrics(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str
                 continue
             label = name if filt == "none" else f"{name} ({filt})"
             stderr = values.get(f"{name}_stderr,{filt}")
-            out.setdefault(task, {})[label] = {"value": float(value),
-                                               "stderr": float(stderr) if isinstance(stderr, (int, float)) else None}
+            out.setdefault(task, {})[label] = {
+                "value": float(value),
+                "stderr": float(stderr) if isinstance(stderr, (int, float)) else None,
+            }
     return out
 
 
 def _settings(out: dict[str, Any], tasks: list[str], num_fewshot: int | None, limit: int | None) -> dict[str, Any]:
     configs = out.get("configs") or {}
-    return {"tasks": sorted(tasks), "num_fewshot": num_fewshot, "n_shot": out.get("n-shot"), "limit": limit,
-            "apply_chat_template": False, "fewshot_seed": FEWSHOT_SEED,
-            "generation": {t: c.get("generation_kwargs") for t, c in sorted(configs.items())
-                           if c.get("output_type") == "generate_until"},
-            "task_versions": out.get("versions"), "lm_eval": metadata.version("lm_eval")}
+    return {
+        "tasks": sorted(tasks),
+        "num_fewshot": num_fewshot,
+        "n_shot": out.get("n-shot"),
+        "limit": limit,
+        "apply_chat_template": False,
+        "fewshot_seed": FEWSHOT_SEED,
+        "generation": {
+            t: c.get("generation_kwargs")
+            for t, c in sorted(configs.items())
+            if c.get("output_type") == "generate_until"
+        },
+        "task_versions": out.get("versions"),
+        "lm_eval": metadata.version("lm_eval"),
+    }
 
 
 def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

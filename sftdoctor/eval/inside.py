@@ -20,14 +20,23 @@ harness holds `exec`, `compile` and `sys.audit` from before the sample ran (patc
 reach it).
 """
 
+import contextlib
 import sys
 
-REFUSED = frozenset({
-    "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-    "sys._current_frames", "sys._current_exceptions",
-    "sys.settrace", "sys.setprofile", "sys.monitoring.register_callback",
-    "sys.addaudithook", "sys.remote_exec",
-})
+REFUSED = frozenset(
+    {
+        "gc.get_objects",
+        "gc.get_referrers",
+        "gc.get_referents",
+        "sys._current_frames",
+        "sys._current_exceptions",
+        "sys.settrace",
+        "sys.setprofile",
+        "sys.monitoring.register_callback",
+        "sys.addaudithook",
+        "sys.remote_exec",
+    }
+)
 
 
 def setup(limits, token, status_fd):
@@ -49,10 +58,8 @@ def setup(limits, token, status_fd):
                 state.append(getframe(1))
         elif event == "sftdoctor.checked" and len(state) == 1 and getframe(1) is state[0]:
             state.append(True)
-            try:
+            with contextlib.suppress(OSError):
                 write(status_fd, token)
-            except OSError:
-                pass
 
     def refuse(event, args):
         if event in REFUSED or event.startswith("ctypes."):
@@ -76,8 +83,7 @@ def stdin_job():
     return list(job)
 
 
-def run(source, source_name, test, test_name, entry_point, audit=sys.audit, compile=compile, exec=exec,
-        dict=dict):
+def run(source, source_name, test, test_name, entry_point, audit=sys.audit, compile=compile, exec=exec, dict=dict):
     """The sample, then its test, then `check(entry_point)`; "sftdoctor.checked" only if all of it returned.
     With no test (a plain program), the program running to its end is the pass."""
     audit("sftdoctor.start")

@@ -28,12 +28,15 @@ def check_output(path: Path, option: str, inputs: Iterable[tuple[str, Path]], wh
     if mode is not None and stat.S_ISDIR(mode):
         raise InputError(path, f"is a folder; expected the file to write {what} to", key=option)
     if mode is not None and stat.S_IFMT(mode) in NOT_REGULAR:
-        raise InputError(path, f"is {NOT_REGULAR[stat.S_IFMT(mode)]}; expected a file to write {what} to",
-                         key=option)
+        raise InputError(path, f"is {NOT_REGULAR[stat.S_IFMT(mode)]}; expected a file to write {what} to", key=option)
     for role, source in inputs:
         if _same(path, Path(source)):
-            raise InputError(path, f"is the {role} it reads ({source}); expected another file to write {what} to, "
-                                   "so that its input stays as it is", key=option)
+            raise InputError(
+                path,
+                f"is the {role} it reads ({source}); expected another file to write {what} to, "
+                "so that its input stays as it is",
+                key=option,
+            )
     _writable_folder(path, option, what)
     return path
 

@@ -28,6 +28,7 @@ The sandbox has no /proc: nothing of PID 1's memory or descriptors to open. docs
 
 from __future__ import annotations
 
+import contextlib
 import json
 import marshal
 import os
@@ -58,7 +59,7 @@ SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 MARK = "# sftdoctor sandbox"  # in the argv of every sandboxed interpreter: `ps` shows what is ours
 SOURCE_NAME, TEST_NAME = "/sandbox/main.py", "/sandbox/test.py"
 _INSIDE = Path(__file__).with_name("inside.py").read_text(encoding="utf-8")
-HARNESS = _INSIDE[_INSIDE.index('"""', 3) + 3:].lstrip()  # its docstring is for readers, not for `ps`
+HARNESS = _INSIDE[_INSIDE.index('"""', 3) + 3 :].lstrip()  # its docstring is for readers, not for `ps`
 # A JSON status line of bwrap's is small; more than this on its status pipe is not bwrap's.
 STATUS_CAP = 1 << 16
 
@@ -81,9 +82,13 @@ class Limits:
     def rlimits(self, processes: bool = True) -> list[tuple[str, int, int]]:
         """(RLIMIT name, soft, hard) as the harness sets them."""
         cpu = max(1, int(self.cpu_s))
-        limits = [("RLIMIT_CPU", cpu, cpu + 1), ("RLIMIT_AS", self.memory_bytes, self.memory_bytes),
-                  ("RLIMIT_FSIZE", self.file_bytes, self.file_bytes), ("RLIMIT_CORE", 0, 0),
-                  ("RLIMIT_NOFILE", 256, 256)]
+        limits = [
+            ("RLIMIT_CPU", cpu, cpu + 1),
+            ("RLIMIT_AS", self.memory_bytes, self.memory_bytes),
+            ("RLIMIT_FSIZE", self.file_bytes, self.file_bytes),
+            ("RLIMIT_CORE", 0, 0),
+            ("RLIMIT_NOFILE", 256, 256),
+        ]
         if processes:
             limits.append(("RLIMIT_NPROC", self.processes, self.processes))
         return limits
@@ -147,10 +152,8 @@ class Cancel:
         self.read_fd, self.write_fd = os.pipe()
 
     def set(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.write(self.write_fd, b"x")
-        except OSError:
-            pass
 
     def close(self) -> None:
         os.close(self.read_fd)
@@ -159,8 +162,7 @@ class Cancel:
 
 def harness(limits: Limits, status_fd: int, processes: bool = True) -> str:
     """The text the sandboxed interpreter runs (-c): inside.py, then its main()."""
-    return (f"{MARK}\n{HARNESS}\n"
-            f"main({limits.rlimits(processes)!r}, {status_fd}, {SOURCE_NAME!r}, {TEST_NAME!r})\n")
+    return f"{MARK}\n{HARNESS}\nmain({limits.rlimits(processes)!r}, {status_fd}, {SOURCE_NAME!r}, {TEST_NAME!r})\n"
 
 
 def sandbox(kind: str) -> Sandbox:
@@ -200,8 +202,10 @@ class Bubblewrap:
         if self.python is None:
             return f"no python3 under /usr for the sandbox to run (looked for {', '.join(SYSTEM_PYTHONS)})"
         if seccomp.program() is None:
-            return (f"no system-call filter for this machine's architecture ({platform.machine()}; sftdoctor's "
-                    f"table covers {', '.join(seccomp.ARCHES)}): use --sandbox docker")
+            return (
+                f"no system-call filter for this machine's architecture ({platform.machine()}; sftdoctor's "
+                f"table covers {', '.join(seccomp.ARCHES)}): use --sandbox docker"
+            )
         return _bwrap_probe(bwrap, self.python)
 
     def isolation(self) -> str:
@@ -215,37 +219,81 @@ class Bubblewrap:
             shutil.which("bwrap") or "bwrap",
             # A user namespace: the program is an unprivileged uid inside, with no capabilities on the host,
             # and RLIMIT_NPROC counts the processes of this sandbox only.
-            "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY),
+            "--unshare-user",
+            "--uid",
+            str(NOBODY),
+            "--gid",
+            str(NOBODY),
             "--disable-userns",  # no nested user namespace, where it would hold all capabilities (attack surface)
             "--unshare-pid",  # its own PID namespace: it sees no host process, and all of it dies with its init
             "--unshare-net",  # no network: a namespace with only its own loopback (not the host's 127.0.0.1)
             "--unshare-ipc",  # no host SysV IPC or POSIX message queues
-            "--unshare-uts", "--hostname", "sandbox",
+            "--unshare-uts",
+            "--hostname",
+            "sandbox",
             "--unshare-cgroup-try",  # its cgroup path is not the host's
             "--die-with-parent",  # SIGKILL to the sandbox if bwrap (or this evaluator) dies
             "--new-session",  # setsid: no controlling terminal, so no TIOCSTI keystrokes into the user's shell
-            "--cap-drop", "ALL",  # when bwrap itself runs with privileges: none for the program
-            "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
-            "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+            "--cap-drop",
+            "ALL",  # when bwrap itself runs with privileges: none for the program
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            "/usr/bin:/bin",
+            "--setenv",
+            "HOME",
+            "/tmp",
+            "--setenv",
+            "LANG",
+            "C.UTF-8",
+            "--setenv",
+            "PYTHONDONTWRITEBYTECODE",
+            "1",
             # The system read-only: /usr (with the interpreter and its standard library) and the usual
             # symlinks or directories; nothing of /etc but the linker's cache, no home, no /root, no /work.
-            "--ro-bind", "/usr", "/usr",
+            "--ro-bind",
+            "/usr",
+            "/usr",
             *_lib_links(),
-            "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
+            "--ro-bind-try",
+            "/etc/ld.so.cache",
+            "/etc/ld.so.cache",
             *_prefix_bind(python),
             # No /proc: PID 1 (bwrap's init, the sample's uid) has no memory or fd files to open.
-            "--dev", "/dev", "--remount-ro", "/dev",  # null, zero, urandom, ...; /dev/shm is not writable
+            "--dev",
+            "/dev",
+            "--remount-ro",
+            "/dev",  # null, zero, urandom, ...; /dev/shm is not writable
             # The only writable place: a fresh tmpfs of bounded size (RLIMIT_FSIZE bounds each file in it).
-            "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
-            "--perms", "0444", "--ro-bind-data", str(fds["source"]), SOURCE_NAME,
-            "--perms", "0444", "--ro-bind-data", str(fds["test"]), TEST_NAME,
-            "--remount-ro", "/",  # bwrap's own root tmpfs, where the mount points live: read-only too
-            "--chdir", "/tmp",
-            "--seccomp", str(fds["seccomp"]),
-            "--json-status-fd", str(fds["json"]),
+            "--size",
+            str(limits.tmp_bytes),
+            "--tmpfs",
+            "/tmp",
+            "--perms",
+            "0444",
+            "--ro-bind-data",
+            str(fds["source"]),
+            SOURCE_NAME,
+            "--perms",
+            "0444",
+            "--ro-bind-data",
+            str(fds["test"]),
+            TEST_NAME,
+            "--remount-ro",
+            "/",  # bwrap's own root tmpfs, where the mount points live: read-only too
+            "--chdir",
+            "/tmp",
+            "--seccomp",
+            str(fds["seccomp"]),
+            "--json-status-fd",
+            str(fds["json"]),
             "--",
             # -I: isolated (no PYTHON* variables, no user site, no script dir on sys.path); -S: no site-packages.
-            python, "-I", "-S", "-c", harness(limits, fds["status"]),
+            python,
+            "-I",
+            "-S",
+            "-c",
+            harness(limits, fds["status"]),
         ]
 
     def run(self, program: Program | str, limits: Limits, cancel: Cancel | None = None) -> Outcome:
@@ -263,16 +311,23 @@ class Bubblewrap:
             with _Files(program, token) as files:
                 try:
                     proc = subprocess.Popen(
-                        _joining(group) + self.command(limits, files.fds), stdin=files.job,
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=files.passed,
+                        _joining(group) + self.command(limits, files.fds),
+                        stdin=files.job,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        pass_fds=files.passed,
                         start_new_session=True,  # its own process group
-                        env={}, cwd="/", **({} if group else _unprivileged()))
+                        env={},
+                        cwd="/",
+                        **({} if group else _unprivileged()),
+                    )
                 except OSError as exc:
                     return _error(f"cannot start bwrap: {exc}", start)
                 files.close_child_ends()
                 reaper = _BwrapReaper(proc, group)
                 return _Execution(proc, limits, start, token.encode(), reaper, group, cancel).finish(
-                    files.status_r, files.json_r)
+                    files.status_r, files.json_r
+                )
         finally:
             if group is not None:
                 group.remove()
@@ -326,12 +381,21 @@ def _joining(group: cgroup.SampleCgroup | None) -> list[str]:
     0 is exempt from RLIMIT_NPROC)."""
     if group is None:
         return []
-    script = ('for f do [ "$f" = -- ] && break; echo 0 > "$f" || { echo "sftdoctor: cannot join $f" >&2; '
-              'exit 125; }; shift; done; shift; exec "$@"')
+    script = (
+        'for f do [ "$f" = -- ] && break; echo 0 > "$f" || { echo "sftdoctor: cannot join $f" >&2; '
+        'exit 125; }; shift; done; shift; exec "$@"'
+    )
     argv = ["/bin/sh", "-c", script, "sh", *group.join_files(), "--"]
     if os.geteuid() == 0:
-        argv += [shutil.which("setpriv") or "setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY),
-                 "--clear-groups", "--"]
+        argv += [
+            shutil.which("setpriv") or "setpriv",
+            "--reuid",
+            str(NOBODY),
+            "--regid",
+            str(NOBODY),
+            "--clear-groups",
+            "--",
+        ]
     return argv
 
 
@@ -371,10 +435,8 @@ class _BwrapReaper:
         if self.group is not None:
             self.group.kill()
         elif self.init_fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(self.init_fd, signal.SIGKILL)
-            except OSError:
-                pass
         _killpg(self.proc)
 
     def close(self) -> None:
@@ -388,7 +450,7 @@ def _parent(pid: int) -> int | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
     return int(fields[1]) if len(fields) > 1 else None
 
 
@@ -406,17 +468,30 @@ class Docker:
     def available(self) -> str | None:
         docker = shutil.which("docker")
         if docker is None:
-            return ("docker not found on PATH: install Docker and start its daemon, or use the default "
-                    f"--sandbox bubblewrap ({INSTALL_BUBBLEWRAP})")
+            return (
+                "docker not found on PATH: install Docker and start its daemon, or use the default "
+                f"--sandbox bubblewrap ({INSTALL_BUBBLEWRAP})"
+            )
         try:
-            done = subprocess.run([docker, "info", "--format", "{{.ServerVersion}}"], capture_output=True,
-                                  text=True, timeout=20, check=False, stdin=subprocess.DEVNULL)
+            done = subprocess.run(
+                [docker, "info", "--format", "{{.ServerVersion}}"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
             if done.returncode != 0:
                 why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
                 return f"no Docker daemon reachable (docker info: {why})"
             # Runs never pull (a pull would eat the wall-clock limit): the image must be here already.
-            image = subprocess.run([docker, "image", "inspect", self.image], capture_output=True, timeout=20,
-                                   stdin=subprocess.DEVNULL, check=False)
+            image = subprocess.run(
+                [docker, "image", "inspect", self.image],
+                capture_output=True,
+                timeout=20,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"no Docker daemon reachable ({exc})"
         if image.returncode != 0:
@@ -430,18 +505,53 @@ class Docker:
         memory = str(limits.memory_bytes)  # the container's cgroup: every process, tmpfs included
         cpu = max(1, int(limits.cpu_s))
         return [
-            shutil.which("docker") or "docker", "run", "--rm", "-i", "--name", name,
-            "--network", "none",  # no network at all
-            "--read-only", "--tmpfs", f"/tmp:rw,nosuid,nodev,size={limits.tmp_bytes}",  # /tmp the only writable place
-            "--memory", memory, "--memory-swap", memory,  # no swap beyond the memory limit
-            "--pids-limit", str(limits.processes),  # the cgroup's PID limit (RLIMIT_NPROC would count host-wide)
-            "--cpus", "1",  # one CPU per sample, as under bubblewrap
-            "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-            "--security-opt", f"seccomp={profile}",
-            "--user", f"{NOBODY}:{NOBODY}", "--workdir", "/tmp", "--env", "HOME=/tmp",
-            "--ulimit", f"cpu={cpu}:{cpu + 1}", "--ulimit", f"fsize={limits.file_bytes}", "--ulimit", "core=0",
-            "--ipc", "none", "--pull", "never",
-            self.image, self.python, "-I", "-S", "-c", harness(limits, 1, processes=False),
+            shutil.which("docker") or "docker",
+            "run",
+            "--rm",
+            "-i",
+            "--name",
+            name,
+            "--network",
+            "none",  # no network at all
+            "--read-only",
+            "--tmpfs",
+            f"/tmp:rw,nosuid,nodev,size={limits.tmp_bytes}",  # /tmp the only writable place
+            "--memory",
+            memory,
+            "--memory-swap",
+            memory,  # no swap beyond the memory limit
+            "--pids-limit",
+            str(limits.processes),  # the cgroup's PID limit (RLIMIT_NPROC would count host-wide)
+            "--cpus",
+            "1",  # one CPU per sample, as under bubblewrap
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            "--security-opt",
+            f"seccomp={profile}",
+            "--user",
+            f"{NOBODY}:{NOBODY}",
+            "--workdir",
+            "/tmp",
+            "--env",
+            "HOME=/tmp",
+            "--ulimit",
+            f"cpu={cpu}:{cpu + 1}",
+            "--ulimit",
+            f"fsize={limits.file_bytes}",
+            "--ulimit",
+            "core=0",
+            "--ipc",
+            "none",
+            "--pull",
+            "never",
+            self.image,
+            self.python,
+            "-I",
+            "-S",
+            "-c",
+            harness(limits, 1, processes=False),
         ]
 
     def run(self, program: Program | str, limits: Limits, cancel: Cancel | None = None) -> Outcome:
@@ -456,12 +566,18 @@ class Docker:
             job.flush()
             job.seek(0)
             try:
-                proc = subprocess.Popen(self.command(limits, name, profile.name), stdin=job,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                proc = subprocess.Popen(
+                    self.command(limits, name, profile.name),
+                    stdin=job,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
             except OSError as exc:
                 return _error(f"cannot start docker: {exc}", start)
-            outcome = _Execution(proc, limits, start, token.encode(), _DockerReaper(proc, name), None,
-                                 cancel).finish(None, None)
+            outcome = _Execution(proc, limits, start, token.encode(), _DockerReaper(proc, name), None, cancel).finish(
+                None, None
+            )
         if outcome.exit_code == 125 and outcome.status == "failed":  # docker's own failure (no image, bad flag)
             outcome.status, outcome.error = "error", f"docker run failed: {outcome.error}"
         return outcome
@@ -477,11 +593,14 @@ class _DockerReaper:
         pass
 
     def kill(self) -> None:
-        try:
-            subprocess.run([shutil.which("docker") or "docker", "rm", "-f", self.name], capture_output=True,
-                           timeout=30, stdin=subprocess.DEVNULL, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(
+                [shutil.which("docker") or "docker", "rm", "-f", self.name],
+                capture_output=True,
+                timeout=30,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
         _killpg(self.proc)
 
     def close(self) -> None:
@@ -533,15 +652,15 @@ def _bwrap_probe(bwrap: str, python: str) -> str | None:
     why = outcome.error or outcome.status
     if why.startswith("cannot make the sample's cgroup"):
         return f"bubblewrap cannot run here: {why}"
-    return (f"bubblewrap cannot create a sandbox here ({why}): it needs unprivileged user namespaces "
-            "(sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu kernel.apparmor_restrict_unprivileged_userns=0)")
+    return (
+        f"bubblewrap cannot create a sandbox here ({why}): it needs unprivileged user namespaces "
+        "(sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu kernel.apparmor_restrict_unprivileged_userns=0)"
+    )
 
 
 def _killpg(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class _Tail:
@@ -554,12 +673,12 @@ class _Tail:
         self.data += chunk
         if len(self.data) > 2 * self.cap:  # trim in batches: amortised O(1) per byte
             self.dropped += len(self.data) - self.cap
-            del self.data[:-self.cap]
+            del self.data[: -self.cap]
 
     def text(self) -> str:
         if len(self.data) > self.cap:
             self.dropped += len(self.data) - self.cap
-            del self.data[:-self.cap]
+            del self.data[: -self.cap]
         return self.data.decode("utf-8", errors="replace")
 
 
@@ -573,15 +692,23 @@ class _Token:
         if not self.seen:
             data = self.window + chunk
             self.seen = self.token in data
-            self.window = data[-(len(self.token) - 1):]
+            self.window = data[-(len(self.token) - 1) :]
 
 
 class _Execution:
     """One sandboxed run, from start to its outcome: read the streams until the sandbox's first process ends
     or a limit is reached, kill everything left, read what was written before the kill, classify."""
 
-    def __init__(self, proc: subprocess.Popen, limits: Limits, start: float, token: bytes, reaper,
-                 group: cgroup.SampleCgroup | None, cancel: Cancel | None):
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        limits: Limits,
+        start: float,
+        token: bytes,
+        reaper,
+        group: cgroup.SampleCgroup | None,
+        cancel: Cancel | None,
+    ):
         self.proc, self.limits, self.start, self.reaper, self.group = proc, limits, start, reaper, group
         self.cancel = cancel
         self.out, self.err = _Tail(limits.output_bytes), _Tail(limits.output_bytes)
@@ -640,8 +767,11 @@ class _Execution:
 
     def _watch(self, selector, sinks, exited: int) -> None:
         deadline = self.start + self.limits.wall_s
-        cpu_check = (self.start + self.limits.cpu_s / self.cpus
-                     if self.group is not None and self.group.cpu_seconds() is not None else None)
+        cpu_check = (
+            self.start + self.limits.cpu_s / self.cpus
+            if self.group is not None and self.group.cpu_seconds() is not None
+            else None
+        )
         while True:
             now = time.monotonic()
             if now >= deadline:
@@ -670,8 +800,18 @@ class _Execution:
         stdout = self.out.text().replace(self.token.token.decode(), "")
         stderr = self.err.text()
         status, signal_, error = self._classify(exit_code, cpu_s, stderr)
-        return Outcome(status, exit_code, signal_, stdout, stderr, wall, error, self.out.dropped + self.err.dropped,
-                       None if cpu_s is None else round(cpu_s, 3), peak)
+        return Outcome(
+            status,
+            exit_code,
+            signal_,
+            stdout,
+            stderr,
+            wall,
+            error,
+            self.out.dropped + self.err.dropped,
+            None if cpu_s is None else round(cpu_s, 3),
+            peak,
+        )
 
     def _classify(self, exit_code: int | None, cpu_s: float | None, stderr: str):
         """(status, signal, error line): passed only on the token; killed only on the evaluator's evidence."""
@@ -681,14 +821,20 @@ class _Execution:
         if self.reason == "cancelled":
             return "error", int(signal.SIGKILL), "cancelled: the evaluation was interrupted, the sandbox killed"
         if self.reason == "timeout":
-            return ("timeout", int(signal.SIGKILL),
-                    f"wall-clock limit of {limits.wall_s:g} s reached: the sandbox was killed")
+            return (
+                "timeout",
+                int(signal.SIGKILL),
+                f"wall-clock limit of {limits.wall_s:g} s reached: the sandbox was killed",
+            )
         if self.group is not None and self.group.oom_kills():
             limit = f"{limits.memory_bytes / (1 << 20):g} MiB"
             return "killed", int(signal.SIGKILL), f"out of memory: its processes together reached the limit of {limit}"
         if self.reason == "cpu" or (cpu_s is not None and cpu_s >= limits.cpu_s):
-            return ("killed", int(signal.SIGKILL) if self.reason == "cpu" else None,
-                    f"CPU-time limit of {limits.cpu_s} s reached (all its processes together): the sandbox was killed")
+            return (
+                "killed",
+                int(signal.SIGKILL) if self.reason == "cpu" else None,
+                f"CPU-time limit of {limits.cpu_s} s reached (all its processes together): the sandbox was killed",
+            )
         if returncode is not None and returncode < 0:  # the launcher killed by someone else
             return "killed", -returncode, f"the sandbox was killed by {_signal_name(-returncode)} from outside"
         if exit_code is None:
@@ -704,8 +850,10 @@ def _failure(exit_code: int, stderr: str) -> str:
     if 128 < exit_code < 128 + signal.NSIG:
         number = exit_code - 128
         why = {signal.SIGXCPU: ", the CPU-time limit", signal.SIGXFSZ: ", the file-size limit"}.get(number, "")
-        guess = (f"exit code {exit_code}: killed by {_signal_name(number)}{why}, or an exit code of its own "
-                 "(the sandbox cannot tell which)")
+        guess = (
+            f"exit code {exit_code}: killed by {_signal_name(number)}{why}, or an exit code of its own "
+            "(the sandbox cannot tell which)"
+        )
         return f"{line} ({guess})" if line else guess
     return line or f"exit code {exit_code}"
 

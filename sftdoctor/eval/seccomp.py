@@ -86,15 +86,26 @@ def program(arch: str | None = None) -> bytes | None:
     column, audit_arch = ARCHES[arch]
     # (opcode, label if true, label if false, k): None falls through to the next instruction
     code: list[tuple[int, str | None, str | None, int]] = [
-        (_LD_W_ABS, None, None, _ARCH), (_JEQ_K, None, "kill", audit_arch), (_LD_W_ABS, None, None, _NR)]
+        (_LD_W_ABS, None, None, _ARCH),
+        (_JEQ_K, None, "kill", audit_arch),
+        (_LD_W_ABS, None, None, _NR),
+    ]
     labels: dict[str, int] = {}
     if arch == "x86_64":
         code.append((_JGE_K, "eperm", None, X32_BIT))
     code += [(_JEQ_K, "eperm", None, number) for number in sorted({n[column] for n in REFUSED.values()})]
-    code += [(_JEQ_K, "enosys", None, CLONE3[column]), (_JEQ_K, None, "allow", CLONE[column]),
-             (_LD_W_ABS, None, None, _ARG0), (_JSET_K, "eperm", "allow", CLONE_NAMESPACES)]
-    for label, action in (("allow", _ALLOW), ("eperm", _ERRNO | errno.EPERM), ("enosys", _ERRNO | errno.ENOSYS),
-                          ("kill", _KILL_PROCESS)):
+    code += [
+        (_JEQ_K, "enosys", None, CLONE3[column]),
+        (_JEQ_K, None, "allow", CLONE[column]),
+        (_LD_W_ABS, None, None, _ARG0),
+        (_JSET_K, "eperm", "allow", CLONE_NAMESPACES),
+    ]
+    for label, action in (
+        ("allow", _ALLOW),
+        ("eperm", _ERRNO | errno.EPERM),
+        ("enosys", _ERRNO | errno.ENOSYS),
+        ("kill", _KILL_PROCESS),
+    ):
         labels[label] = len(code)
         code.append((_RET_K, None, None, action))
 
@@ -107,12 +118,22 @@ def program(arch: str | None = None) -> bytes | None:
 def docker_profile() -> dict:
     """The same refusals as a Docker seccomp profile. It replaces Docker's default profile, so every other
     call is allowed; a clone with any namespace flag is refused (one rule per flag: rules are ORed)."""
-    return {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
-        {"names": sorted(REFUSED), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM},
-        {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS},
-        *({"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM,
-           "args": [{"index": 0, "value": bit, "valueTwo": bit, "op": "SCMP_CMP_MASKED_EQ"}]}
-          for bit in _bits(CLONE_NAMESPACES))]}
+    return {
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "syscalls": [
+            {"names": sorted(REFUSED), "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM},
+            {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS},
+            *(
+                {
+                    "names": ["clone"],
+                    "action": "SCMP_ACT_ERRNO",
+                    "errnoRet": errno.EPERM,
+                    "args": [{"index": 0, "value": bit, "valueTwo": bit, "op": "SCMP_CMP_MASKED_EQ"}],
+                }
+                for bit in _bits(CLONE_NAMESPACES)
+            ),
+        ],
+    }
 
 
 def _bits(mask: int) -> list[int]:

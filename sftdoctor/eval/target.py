@@ -29,19 +29,32 @@ class Target:
     tokenizer: str  # where its tokenizer is read from
 
     def to_json(self) -> dict:
-        return {"given": self.given, "path": self.path, "kind": self.kind, "base": self.base,
-                "run_dir": str(self.run_dir) if self.run_dir else None, "tokenizer": self.tokenizer}
+        return {
+            "given": self.given,
+            "path": self.path,
+            "kind": self.kind,
+            "base": self.base,
+            "run_dir": str(self.run_dir) if self.run_dir else None,
+            "tokenizer": self.tokenizer,
+        }
 
 
 def resolve_target(given: str, option: str = "TARGET") -> Target:
     path = Path(given)
     if path.is_dir():
-        run_dir = path if (path / "resolved.json").is_file() else (
-            path.parent if (path.parent / "resolved.json").is_file() else None)
+        run_dir = (
+            path
+            if (path / "resolved.json").is_file()
+            else (path.parent if (path.parent / "resolved.json").is_file() else None)
+        )
         folder = path / "final" if path == run_dir else path
         if path == run_dir and not folder.is_dir():
-            raise InputError(given, "a run directory without final/ (the run has not finished): give one of its "
-                                    "checkpoint-N folders instead", key=option)
+            raise InputError(
+                given,
+                "a run directory without final/ (the run has not finished): give one of its "
+                "checkpoint-N folders instead",
+                key=option,
+            )
         return _folder(given, folder, run_dir, option)
     if is_hub_id(given):
         if hub_cache_config(given) is None:
@@ -58,8 +71,9 @@ def _folder(given: str, folder: Path, run_dir: Path | None, option: str) -> Targ
             raise InputError(adapter, "names no base model (base_model_name_or_path)")
         return Target(given, str(folder), "adapter", run_dir, base, _tokenizer(folder, run_dir, base))
     if not (folder / "config.json").is_file():
-        raise InputError(given, "a folder with neither config.json (a model) nor adapter_config.json (an adapter)",
-                         key=option)
+        raise InputError(
+            given, "a folder with neither config.json (a model) nor adapter_config.json (an adapter)", key=option
+        )
     read_json_object(folder / "config.json", "model config.json")  # before minutes of loading, not after
     return Target(given, str(folder), "model", run_dir, None, _tokenizer(folder, run_dir, str(folder)))
 
@@ -109,7 +123,9 @@ def _model(target: Target, torch_dtype):
 
         base = AutoModelForCausalLM.from_pretrained(target.base, dtype=torch_dtype)
         with warnings.catch_warnings():  # peft 0.21 reads transformers 5.24's deprecated is_gradient_checkpointing
-            warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+            warnings.filterwarnings(
+                "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+            )
             model = PeftModel.from_pretrained(base, target.path).merge_and_unload()
         return model
     return AutoModelForCausalLM.from_pretrained(target.path, dtype=torch_dtype)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import datetime
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sftdoctor import __version__
 from sftdoctor.errors import InputError, InputErrors, did_you_mean, loads_finite, parse_problem, read_text
@@ -38,12 +39,12 @@ class Inputs:
 
 @dataclass(frozen=True)
 class Probe:
-    target: str | Callable[["Facts"], Any]  # "module:function" under sftdoctor.facts, imported when first asked for
+    target: str | Callable[[Facts], Any]  # "module:function" under sftdoctor.facts, imported when first asked for
     inputs: tuple[str, ...] = ()  # Inputs fields it derives from: with one given, computed even in a replay
     why_missing: str = "not available on this machine"
 
     @property
-    def func(self) -> Callable[["Facts"], Any]:
+    def func(self) -> Callable[[Facts], Any]:
         if callable(self.target):
             return self.target
         import importlib
@@ -72,7 +73,7 @@ class Facts:
             self._replayed, self.host = load_snapshot(self.inputs.facts, self.probes)
 
     @classmethod
-    def replay(cls, values: dict[str, Any], inputs: Inputs | None = None) -> "Facts":
+    def replay(cls, values: dict[str, Any], inputs: Inputs | None = None) -> Facts:
         """Facts from recorded values only: nothing on this machine is probed."""
         facts = cls(inputs)
         facts._replayed = dict(values)
@@ -101,8 +102,11 @@ class Facts:
                 self._values[name] = self._replayed[name]
             else:
                 # a fact of the run's configs was not given; a machine's fact was not recorded
-                self._missing[name] = probe.why_missing if probe is not None and "config" in probe.inputs else \
-                    f"not recorded in {self.inputs.facts or 'the replayed facts'}"
+                self._missing[name] = (
+                    probe.why_missing
+                    if probe is not None and "config" in probe.inputs
+                    else f"not recorded in {self.inputs.facts or 'the replayed facts'}"
+                )
             return
         if probe is None:  # a fact of another phase (a run's moment, a job's ranks), or none at all
             self._missing[name] = CATALOGUE[name].why_missing if name in CATALOGUE else f"no fact {name!r}"
@@ -151,23 +155,32 @@ def load_snapshot(path: Path, probes: dict[str, Probe]) -> tuple[dict[str, Any],
     try:
         doc = loads_finite(text, path)
     except (ValueError, RecursionError) as exc:
-        raise InputError(path, f"expected a JSON facts snapshot (from `sftdoctor facts`): {parse_problem(exc)}") from None
+        raise InputError(
+            path, f"expected a JSON facts snapshot (from `sftdoctor facts`): {parse_problem(exc)}"
+        ) from None
     if isinstance(doc, dict) and "findings" in doc and isinstance(doc.get("facts"), dict):
         doc = doc["facts"]  # a `check --json` document
     if not isinstance(doc, dict) or not isinstance(doc.get("facts"), dict):
         raise InputError(path, "expected a JSON object with a 'facts' object (from `sftdoctor facts`)", key="facts")
     schema = doc.get("schema")
     if schema not in READS:
-        raise InputError(path, f"facts snapshot schema {schema!r}; this sftdoctor reads schema "
-                               f"{' or '.join(map(str, READS))} (take it again with `sftdoctor facts`)", key="schema")
+        raise InputError(
+            path,
+            f"facts snapshot schema {schema!r}; this sftdoctor reads schema "
+            f"{' or '.join(map(str, READS))} (take it again with `sftdoctor facts`)",
+            key="schema",
+        )
     recorded: dict[str, Any] = {}
     for name, value in doc["facts"].items():
         if name in LEGACY:
             continue
         fact = CATALOGUE.get(name)
         if fact is None:
-            raise InputError(path, f"unknown fact{did_you_mean(name, CATALOGUE)}; known facts: {', '.join(probes)}",
-                             key=f"facts.{name}")
+            raise InputError(
+                path,
+                f"unknown fact{did_you_mean(name, CATALOGUE)}; known facts: {', '.join(probes)}",
+                key=f"facts.{name}",
+            )
         if "config" in fact.inputs:
             continue  # derived from the run's configs: computed from what is given now
         if value is not None and fact.is_object and not isinstance(value, dict):

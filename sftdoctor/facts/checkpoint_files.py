@@ -21,9 +21,30 @@ from sftdoctor.errors import InputError, read_bytes, regular_file
 
 MAX_HEADER = 100 * 2**20  # safetensors' own limit on N (MAX_HEADER_SIZE)
 # safetensors 0.8's Dtype enum and each one's bits (an unknown name fails the header's parse: "unknown variant")
-DTYPE_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8,
-              "F8_E5M2FNUZ": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
-              "C64": 64, "F64": 64, "I64": 64, "U64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
+DTYPE_BITS = {
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+}
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 
 
@@ -83,8 +104,10 @@ def shard_problem(path: Path) -> str | None:
         end = stop
     expected = 8 + length + end
     if expected != size:
-        return (f"its tensors end at byte {expected:,} but the file has {size:,} bytes "
-                f"({'truncated: an interrupted download or copy' if size < expected else 'data past the last tensor'})")
+        return (
+            f"its tensors end at byte {expected:,} but the file has {size:,} bytes "
+            f"({'truncated: an interrupted download or copy' if size < expected else 'data past the last tensor'})"
+        )
     return None
 
 
@@ -98,8 +121,12 @@ def _tensor_span(tensor) -> tuple[int, int] | str:
         return f"has dtype {str(dtype)[:20]!r}, which safetensors does not know"
     if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
         return "has no shape (a list of sizes)"
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
-            and 0 <= offsets[0] <= offsets[1]):
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(type(o) is int for o in offsets)
+        and 0 <= offsets[0] <= offsets[1]
+    ):
         return "has no data_offsets [begin, end]"
     bits = DTYPE_BITS[dtype] * math.prod(shape)
     if bits != 8 * (offsets[1] - offsets[0]):

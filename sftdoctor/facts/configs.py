@@ -22,7 +22,9 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
         keys = [k for k, _ in pairs]
         for key in keys:
             if keys.count(key) > 1:
-                raise InputError(path, f"duplicate key: {what}s are read with json.load, which keeps only the last", key=key)
+                raise InputError(
+                    path, f"duplicate key: {what}s are read with json.load, which keeps only the last", key=key
+                )
         return dict(pairs)
 
     try:
@@ -35,6 +37,7 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- run config (TOML)
+
 
 def probe_run_config(facts):
     """The typed run config (sftdoctor.run.RunConfig)."""
@@ -58,13 +61,31 @@ def probe_plan(facts):
 # transformers >= 4.56 (PR #39782) writes "dtype"; earlier versions wrote "torch_dtype", which
 # v5 still reads (`dtype` wins when both are set). A config carrying "torch.bfloat16" or "auto" is refused
 # (dtype_problem): transformers 5.24-5.25 cannot load it.
-DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32", "float64": "float64", "half": "float16",
-          "float": "float32", "double": "float64", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32",
-          "auto": "auto"}
+DTYPES = {
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+    "float32": "float32",
+    "float64": "float64",
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "fp32": "float32",
+    "auto": "auto",
+}
 DTYPE_KEYS = ("dtype", "torch_dtype")
 SUB_CONFIGS = ("text_config", "llm_config", "language_config")  # a multimodal model's language part
-_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size",
-               "num_attention_heads", "num_key_value_heads", "tie_word_embeddings", "max_position_embeddings")
+_SHAPE_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "intermediate_size",
+    "vocab_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "tie_word_embeddings",
+    "max_position_embeddings",
+)
 
 
 def normalize_dtype(value: Any) -> str | None:
@@ -109,8 +130,10 @@ def dtype_problem(config: dict[str, Any]) -> tuple[str, str] | None:
             continue
         said = f"expected one of {', '.join(LOADABLE_DTYPES)}, got {json.dumps(value)[:100]}"
         if isinstance(value, str) and "float8" in value:
-            said += ("; an fp8 checkpoint keeps its 16-bit dtype here and declares fp8 in quantization_config "
-                     "(as DeepSeek-V3's does)")
+            said += (
+                "; an fp8 checkpoint keeps its 16-bit dtype here and declares fp8 in quantization_config "
+                "(as DeepSeek-V3's does)"
+            )
         elif isinstance(value, str):
             said += f" (transformers reads it as torch.{value} and stops with an AttributeError)"
         return prefix + key, said
@@ -137,7 +160,7 @@ def summarize_model_config(path: Path, config: dict[str, Any]) -> dict[str, Any]
 
 
 def is_hub_id(path: str) -> bool:
-    """"org/name" that is not a local path: transformers looks it up on the Hugging Face hub."""
+    """ "org/name" that is not a local path: transformers looks it up on the Hugging Face hub."""
     return not Path(path).exists() and path.count("/") == 1 and not path.startswith((".", "/", "~"))
 
 
@@ -156,8 +179,10 @@ def hub_unreachable(model_id: str, timeout_s: float = 10.0) -> str | None:
     except RepositoryNotFoundError:
         return "the hub has no such model (or it is private: log in with hf auth login)"
     except Exception as exc:  # noqa: BLE001 - any network failure (httpx, requests, OSError) means the same here
-        return (f"the Hugging Face hub cannot be reached ({type(exc).__name__}: {str(exc)[:120]}): download it where "
-                "there is network (hf download ID) and copy the cache, or give a local folder")
+        return (
+            f"the Hugging Face hub cannot be reached ({type(exc).__name__}: {str(exc)[:120]}): download it where "
+            "there is network (hf download ID) and copy the cache, or give a local folder"
+        )
     return None
 
 
@@ -197,6 +222,7 @@ def probe_model_config(facts) -> dict[str, Any] | None:
 
 
 # ---------------------------------------------------------------- DeepSpeed JSON
+
 
 def probe_deepspeed_config(facts) -> dict[str, Any] | None:
     path = facts.inputs.deepspeed

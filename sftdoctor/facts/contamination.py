@@ -20,9 +20,10 @@ import itertools
 import os
 import re
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from sftdoctor.errors import InputError, regular_file
 from sftdoctor.facts.child import in_child, serve
@@ -57,8 +58,9 @@ SOUTHEAST = Rule("Thai/Lao/Khmer/Myanmar character 50-grams", 50, 30, "character
 RULES = (WORD, CJK, SOUTHEAST)
 
 # Unicode blocks of the scripts written without spaces between words (Hangul is written with spaces: words).
-_CJK = ("\u3005-\u3007\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
-        "\U00020000-\U0003134f")
+_CJK = (
+    "\u3005-\u3007\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f"
+)
 _SOUTHEAST = "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u19e0-\u19ff\ua9e0-\ua9ff\uaa60-\uaa7f"
 # One unit: a character of those scripts, or a word (a run of other word characters), as \w+ splits spaced text.
 _UNIT = re.compile(rf"[{_CJK}{_SOUTHEAST}]|[^\W{_CJK}{_SOUTHEAST}]+")
@@ -74,18 +76,25 @@ def probe_contamination(facts) -> dict[str, Any] | None:
     if run is None or facts.get("data") is None or (run.eval is None and not run.data.eval):
         return None
     absolute = lambda names: [str(Path(n).resolve()) for n in names]  # noqa: E731 - the child may change folder
-    request = {"train": absolute(run.data.train), "eval_files": list(dict.fromkeys(absolute(run.data.eval))),
-               "tasks": list(run.eval.tasks) if run.eval else [],
-               "include": str(Path(run.eval.include).resolve()) if run.eval and run.eval.include else None,
-               "shown": {name: shown(name) for name in absolute([*run.data.train, *run.data.eval])}}
+    request = {
+        "train": absolute(run.data.train),
+        "eval_files": list(dict.fromkeys(absolute(run.data.eval))),
+        "tasks": list(run.eval.tasks) if run.eval else [],
+        "include": str(Path(run.eval.include).resolve()) if run.eval and run.eval.include else None,
+        "shown": {name: shown(name) for name in absolute([*run.data.train, *run.data.eval])},
+    }
     files = [Path(p) for p in (*run.data.train, *run.data.eval)]
     for path in files:  # hashed for the cache key: a FIFO or a device is never opened
         regular_file(path, "data")
     if request["include"]:
         files += sorted(p for p in Path(request["include"]).rglob("*") if p.is_file())
     # keyed by the paths too: the examples name the files where they are
-    return cached("contamination", request, files,
-                  lambda: in_child("sftdoctor.facts.contamination", request, "the contamination scan", TIMEOUT_S))
+    return cached(
+        "contamination",
+        request,
+        files,
+        lambda: in_child("sftdoctor.facts.contamination", request, "the contamination scan", TIMEOUT_S),
+    )
 
 
 def shown(path: str) -> str:
@@ -206,7 +215,7 @@ class Index:
         characters = rule is not WORD
         if len(code) >= rule.n:
             grams = self.grams.setdefault((characters, rule.n), {})
-            for gram in {code[i:i + rule.n] for i in range(len(code) - rule.n + 1)}:
+            for gram in {code[i : i + rule.n] for i in range(len(code) - rule.n + 1)}:
                 grams.setdefault(gram, []).append(number)
         elif len(code) >= rule.whole:
             self.whole.setdefault((characters, len(code)), {}).setdefault(code, []).append(number)
@@ -231,22 +240,32 @@ class Index:
         for (by_characters, size), grams in (*self.grams.items(), *self.whole.items()):
             if characters is None or by_characters == characters:
                 # every window looked up in one comprehension (the hot loop: ~0.2 us a window), hits handled after
-                for i in [i for i in range(len(code) - size + 1) if code[i:i + size] in grams]:
-                    for doc in grams[code[i:i + size]]:
-                        self._touch(doc, where, code[i:i + size])
+                for i in [i for i in range(len(code) - size + 1) if code[i : i + size] in grams]:
+                    for doc in grams[code[i : i + size]]:
+                        self._touch(doc, where, code[i : i + size])
 
     def _touch(self, doc: int, where: str, gram: str) -> None:
         if doc not in self.touched:
             rule = self.rules[doc]
-            self.touched[doc] = {"train": where, "eval": self.docs[doc], "overlap": self.book.decode(gram),
-                                 "rule": rule.label, "shared": f"{len(gram)} {rule.unit}"}
+            self.touched[doc] = {
+                "train": where,
+                "eval": self.docs[doc],
+                "overlap": self.book.decode(gram),
+                "rule": rule.label,
+                "shared": f"{len(gram)} {rule.unit}",
+            }
 
     def result(self) -> dict[str, Any]:
         examples = [self.touched[d] for d in sorted(self.touched)[:EXAMPLES]]
         below = sorted({f"{r.whole} {r.unit}" for r in RULES if r.label in self.short})
-        return {"docs": len(self.docs), "touched": len(self.touched), "too_short": sum(self.short.values()),
-                "examples": examples, "rules": {r.label: self.judged[r.label] for r in RULES if r.label in self.judged},
-                "too_short_below": " or ".join(below)}
+        return {
+            "docs": len(self.docs),
+            "touched": len(self.touched),
+            "too_short": sum(self.short.values()),
+            "examples": examples,
+            "rules": {r.label: self.judged[r.label] for r in RULES if r.label in self.judged},
+            "too_short_below": " or ".join(below),
+        }
 
 
 def known_runs(tokens: list[str], vocab, minimum: int = WORD.whole) -> Iterator[list[str]]:
@@ -255,15 +274,15 @@ def known_runs(tokens: list[str], vocab, minimum: int = WORD.whole) -> Iterator[
     membership of every unit is one byte, and the runs are found by the regex engine: no Python loop per unit."""
     known = bytes(map(vocab.__contains__, tokens))
     for match in _runs(minimum).finditer(known):
-        yield tokens[match.start():match.end()]
+        yield tokens[match.start() : match.end()]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _runs(minimum: int) -> re.Pattern:
     return re.compile(b"\x01{%d,}" % max(minimum, 1))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _stretches(minimum: int) -> re.Pattern:
     return re.compile("[^%s]{%d,}" % (Codebook.UNKNOWN, max(minimum, 1)))
 
@@ -319,8 +338,11 @@ def task_documents(tasks: list[str], include: str | None) -> list[tuple[str, lis
     if include:  # lm-eval reads a local task's data_files from the working directory (as sftdoctor eval runs it)
         os.chdir(include)
     try:
-        return [(task_name, list(_rendered(task_name, task))) for name in tasks
-                for task_name, task in manager.load([name])["tasks"].items()]
+        return [
+            (task_name, list(_rendered(task_name, task)))
+            for name in tasks
+            for task_name, task in manager.load([name])["tasks"].items()
+        ]
     finally:
         os.chdir(before)
 
@@ -349,8 +371,13 @@ def eval_file_indexes(files: list[str], names: dict[str, str], book: Codebook) -
     for path, ending in distinct_names(list(dict.fromkeys(files))).items():
         source = f"eval file {ending}"
         try:
-            indexes.append(Index(source, ((f"{names.get(path, path)} {where}", row_text(row))
-                                          for where, row in file_rows(path)), book))
+            indexes.append(
+                Index(
+                    source,
+                    ((f"{names.get(path, path)} {where}", row_text(row)) for where, row in file_rows(path)),
+                    book,
+                )
+            )
         except InputError as exc:
             unread[source] = {"error": str(exc)}
     return indexes, unread

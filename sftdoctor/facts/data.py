@@ -27,11 +27,24 @@ FORMATS = {
     "alpaca": ("instruction", "output"),
     "text": ("text",),
 }
-SHAPE = {"messages": "messages", "sharegpt": "messages", "alpaca": "messages",
-         "prompt_completion": "prompt_completion", "text": "text"}
+SHAPE = {
+    "messages": "messages",
+    "sharegpt": "messages",
+    "alpaca": "messages",
+    "prompt_completion": "prompt_completion",
+    "text": "text",
+}
 ROLES = ("system", "user", "assistant", "tool")
-SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "tool": "tool", "function_call": "assistant", "observation": "tool"}
+SHAREGPT_ROLES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "tool": "tool",
+    "function_call": "assistant",
+    "observation": "tool",
+}
 
 
 def format_of(row: Any) -> str | None:
@@ -118,8 +131,10 @@ def rows(path: Path) -> Iterator[tuple[str, Any]]:
                 try:
                     row = json.loads(line)
                 except (ValueError, RecursionError) as exc:
-                    raise InputError(path, f"line {number}: not a JSON object ({parse_problem(exc)}); expected one "
-                                           "JSON object a line") from None
+                    raise InputError(
+                        path,
+                        f"line {number}: not a JSON object ({parse_problem(exc)}); expected one JSON object a line",
+                    ) from None
                 if "\\ud" in line.lower():  # an escaped UTF-16 surrogate: valid JSON, but paired or not?
                     _check_unicode(row, path, f"line {number}")
                 yield f"line {number}", row
@@ -193,9 +208,10 @@ def _check_unicode(row: Any, path: Path, where: str) -> None:
     try:
         json.dumps(row, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as exc:
-        bad = exc.object[exc.start:exc.end].encode("unicode_escape").decode("ascii")
-        raise InputError(path, f"{where}: a string holds an unpaired UTF-16 surrogate ({bad}): not valid Unicode "
-                               "text") from None
+        bad = exc.object[exc.start : exc.end].encode("unicode_escape").decode("ascii")
+        raise InputError(
+            path, f"{where}: a string holds an unpaired UTF-16 surrogate ({bad}): not valid Unicode text"
+        ) from None
     except (ValueError, RecursionError):
         pass  # nested too deeply: the format check names it
 
@@ -230,7 +246,9 @@ def kind(value: Any) -> str | None:
         return None
     if isinstance(value, bool):
         return "a boolean"
-    return {int: "a number", float: "a number", str: "a string", list: "a list", dict: "an object"}.get(type(value), "other")
+    return {int: "a number", float: "a number", str: "a string", list: "a list", dict: "an object"}.get(
+        type(value), "other"
+    )
 
 
 def mixed_columns_load() -> bool:
@@ -257,21 +275,31 @@ def describe(files: list[str], wanted: str = "auto", one_type_per_key: bool = Fa
                 fmt = format_of(row)
                 if fmt is None:
                     keys = sorted(row) if isinstance(row, dict) else type(row).__name__
-                    raise InputError(path, f"{where}: no known format; found {keys}; expected one of: "
-                                           + "; ".join(f"{n} ({' + '.join(k)})" for n, k in FORMATS.items())
-                                           + _not_rows(where, row))
+                    raise InputError(
+                        path,
+                        f"{where}: no known format; found {keys}; expected one of: "
+                        + "; ".join(f"{n} ({' + '.join(k)})" for n, k in FORMATS.items())
+                        + _not_rows(where, row),
+                    )
             problem = row_problem(row, fmt)
             if problem:
                 found = format_of(row)
                 also = f" (this row looks like {found})" if found and found != fmt else ""
-                raise InputError(path, f"{where}: {problem}; the rows are {fmt}{also}"
-                                       + ("" if wanted == "auto" else " ([data].format)") + _not_rows(where, row))
-            for key, value in (row.items() if one_type_per_key and isinstance(row, dict) else ()):
+                raise InputError(
+                    path,
+                    f"{where}: {problem}; the rows are {fmt}{also}"
+                    + ("" if wanted == "auto" else " ([data].format)")
+                    + _not_rows(where, row),
+                )
+            for key, value in row.items() if one_type_per_key and isinstance(row, dict) else ():
                 if (found := kind(value)) is not None:
                     first = columns.setdefault(key, (found, f"{path.name} {where}"))
                     if first[0] != found:
-                        raise InputError(path, f"{where}: {key} is {found}, but it is {first[0]} at {first[1]}: the "
-                                               "datasets library stores each key as one column of one type")
+                        raise InputError(
+                            path,
+                            f"{where}: {key} is {found}, but it is {first[0]} at {first[1]}: the "
+                            "datasets library stores each key as one column of one type",
+                        )
             count += 1
             chats += fmt == "prompt_completion" and isinstance(row.get("prompt"), list)
         if count - before == 1 and not where.startswith("row "):  # one object, on one line or several (not [{...}])
@@ -279,9 +307,14 @@ def describe(files: list[str], wanted: str = "auto", one_type_per_key: bool = Fa
     if count == 0:
         raise InputError(files[0], "no rows")
     # prompt-completion rows whose prompt is a list of messages: TRL renders them with the chat template
-    return {"files": files, "rows": count, "format": fmt, "shape": SHAPE[fmt],
-            **({"one_object": objects} if objects else {}),
-            **({"conversational_rows": chats} if fmt == "prompt_completion" else {})}
+    return {
+        "files": files,
+        "rows": count,
+        "format": fmt,
+        "shape": SHAPE[fmt],
+        **({"one_object": objects} if objects else {}),
+        **({"conversational_rows": chats} if fmt == "prompt_completion" else {}),
+    }
 
 
 def _not_rows(where: str, row: Any) -> str:
@@ -289,8 +322,14 @@ def _not_rows(where: str, row: Any) -> str:
     rows are when one of its keys holds them ({"data": [...]})."""
     if where != ONE_OBJECT:
         return ""
-    held = next((f"; its {k!r} holds a list of {len(v)} objects: write that list as the file" for k, v in row.items()
-                 if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)), "")
+    held = next(
+        (
+            f"; its {k!r} holds a list of {len(v)} objects: write that list as the file"
+            for k, v in row.items()
+            if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)
+        ),
+        "",
+    )
     return "; a file of rows is JSON Lines (one object a line) or a JSON array of objects, not one object" + held
 
 
@@ -311,8 +350,12 @@ def probe_data(facts) -> dict[str, Any] | None:
     for key, files in (("[data].train", run.data.train), ("[data].eval", run.data.eval)):
         parquet = [f for f in files if Path(f).suffix.lower() == ".parquet"]
         if parquet and len(parquet) < len(files):  # the recipe loads one kind per split (trainer_inputs._load_files)
-            raise InputError(run.path, f"mixes Parquet ({Path(parquet[0]).name}) and JSON files; the datasets library "
-                                       "loads one kind per split: convert them to one kind", key=key)
+            raise InputError(
+                run.path,
+                f"mixes Parquet ({Path(parquet[0]).name}) and JSON files; the datasets library "
+                "loads one kind per split: convert them to one kind",
+                key=key,
+            )
     out = {"train": describe(list(run.data.train), run.data.format, strict)}
     if run.data.eval:
         out["eval"] = describe(list(run.data.eval), out["train"]["format"], strict)
@@ -326,8 +369,11 @@ def split(run, rows: int) -> dict[str, Any]:
     fraction = run.data.eval_fraction
     train, held = eval_split(rows, fraction)
     if train == 0 or held == 0:
-        raise InputError(run.path, f"{fraction:g} of {rows} training row{'s' if rows != 1 else ''} holds out {held} "
-                                   f"for eval and leaves {train} to train on (datasets' train_test_split holds out "
-                                   f"ceil({fraction:g} x {rows})): give more rows, or an eval file ([data] eval)",
-                         key="[data].eval_fraction")
+        raise InputError(
+            run.path,
+            f"{fraction:g} of {rows} training row{'s' if rows != 1 else ''} holds out {held} "
+            f"for eval and leaves {train} to train on (datasets' train_test_split holds out "
+            f"ceil({fraction:g} x {rows})): give more rows, or an eval file ([data] eval)",
+            key="[data].eval_fraction",
+        )
     return {"fraction": fraction, "train": train, "eval": held}

@@ -44,8 +44,12 @@ def probe_data_prep(facts) -> dict[str, Any] | None:
         return bound
     request = {"plan": plan.to_json()}
     keyed = {k: v for k, v in plan.to_json().items() if k in KEYED}
-    files = [Path(f) for f in (*plan.train_files, *plan.eval_files)] + folder_files(folder) + \
-        folder_files(tokenizer_folder(plan.model_path)) + ([Path(plan.chat_template)] if plan.chat_template else [])
+    files = (
+        [Path(f) for f in (*plan.train_files, *plan.eval_files)]
+        + folder_files(folder)
+        + folder_files(tokenizer_folder(plan.model_path))
+        + ([Path(plan.chat_template)] if plan.chat_template else [])
+    )
     return cached("data-prep", keyed, files, lambda: _child(request))
 
 
@@ -66,15 +70,22 @@ def _bound(plan) -> dict[str, Any] | None:
     seconds = total / FLOOR_BYTES_S
     if seconds > UNMEASURED_SHARE * plan.ddp_timeout_s:
         return None
-    return {"estimate_s": round(seconds, 2), "basis": "bound", "bytes_total": total, "floor_bytes_s": FLOOR_BYTES_S,
-            "packing": plan.packing, "max_length": plan.max_length}
+    return {
+        "estimate_s": round(seconds, 2),
+        "basis": "bound",
+        "bytes_total": total,
+        "floor_bytes_s": FLOOR_BYTES_S,
+        "packing": plan.packing,
+        "max_length": plan.max_length,
+    }
 
 
 # What the preparation's time depends on besides the files' content (the data, the tokenizer, the model's config and
 # the template, keyed by content, wherever they are): the data's shape and format, the length and packing. Not the
 # world, the batch or the schedule (a sweep's trials, a rerun on more GPUs reuse the answer).
-KEYED = frozenset({"eval_fraction", "data_limit", "data_shape", "data_format", "max_length", "packing",
-                   "assistant_only_loss"})
+KEYED = frozenset(
+    {"eval_fraction", "data_limit", "data_shape", "data_format", "max_length", "packing", "assistant_only_loss"}
+)
 
 
 def _child(request: dict[str, Any]) -> dict[str, Any]:
@@ -115,9 +126,14 @@ def extrapolate(measured: dict[str, Any], files: list[tuple[str, int, int]], dat
         serial = per_row * rows * share
         basis = "rows"
     procs = max(1, measured["num_proc"] or 1)
-    return {"estimate_s": round(measured["fixed_s"] + serial / procs, 2), "serial_s": round(serial, 2), "basis": basis,
-            "rows_total": round(rows * share), "bytes_total": sum(size for _, size, _ in files),
-            "per_1k_rows_s": round(per_row * 1000, 4)}
+    return {
+        "estimate_s": round(measured["fixed_s"] + serial / procs, 2),
+        "serial_s": round(serial, 2),
+        "basis": basis,
+        "rows_total": round(rows * share),
+        "bytes_total": sum(size for _, size, _ in files),
+        "per_1k_rows_s": round(per_row * 1000, 4),
+    }
 
 
 def measure(request: dict[str, Any]) -> dict[str, Any]:
@@ -131,8 +147,12 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
     for name in (*plan.train_files, *plan.eval_files):
         path = Path(name)
         files.append((name, path.stat().st_size, sum(1 for _ in read_rows(path))))
-    return {**measured, **extrapolate(measured, files, plan.data_limit), "packing": plan.packing,
-            "max_length": plan.max_length}
+    return {
+        **measured,
+        **extrapolate(measured, files, plan.data_limit),
+        "packing": plan.packing,
+        "max_length": plan.max_length,
+    }
 
 
 def _time_preparation(plan, rows: list[Any]) -> dict[str, Any]:
@@ -165,9 +185,15 @@ def _time_preparation(plan, rows: list[Any]) -> dict[str, Any]:
 
         fixed = min(build(baseline) for _ in range(REPEATS))
         full = min(build(rows) for _ in range(REPEATS))
-    return {"sample_rows": len(rows), "sample_bytes": sum(map(row_bytes, rows)), "baseline_rows": len(baseline),
-            "baseline_bytes": sum(map(row_bytes, baseline)), "prep_s": round(max(0.0, full - fixed), 4),
-            "fixed_s": round(fixed, 3), "num_proc": args.dataset_num_proc}
+    return {
+        "sample_rows": len(rows),
+        "sample_bytes": sum(map(row_bytes, rows)),
+        "baseline_rows": len(baseline),
+        "baseline_bytes": sum(map(row_bytes, baseline)),
+        "prep_s": round(max(0.0, full - fixed), 4),
+        "fixed_s": round(fixed, 3),
+        "num_proc": args.dataset_num_proc,
+    }
 
 
 if __name__ == "__main__":

@@ -21,13 +21,32 @@ from typing import Any
 from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.packages import module_file
 
-OBJECT_SECTIONS = ("zero_optimization", "fp16", "bf16", "bfloat16", "optimizer", "scheduler", "activation_checkpointing",
-                   "flops_profiler", "comms_logger", "amp", "tensorboard", "wandb", "csv_monitor", "aio", "checkpoint")
+OBJECT_SECTIONS = (
+    "zero_optimization",
+    "fp16",
+    "bf16",
+    "bfloat16",
+    "optimizer",
+    "scheduler",
+    "activation_checkpointing",
+    "flops_profiler",
+    "comms_logger",
+    "amp",
+    "tensorboard",
+    "wandb",
+    "csv_monitor",
+    "aio",
+    "checkpoint",
+)
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 # The pydantic model behind each section, as DeepSpeed 0.19 names them in its validation errors.
-MODELS = {"DeepSpeedZeroConfig": "zero_optimization", "DeepSpeedFP16Config": "fp16", "DeepSpeedBF16Config": "bf16",
-          "DeepSpeedZeroOffloadParamConfig": "zero_optimization.offload_param",
-          "DeepSpeedZeroOffloadOptimizerConfig": "zero_optimization.offload_optimizer"}
+MODELS = {
+    "DeepSpeedZeroConfig": "zero_optimization",
+    "DeepSpeedFP16Config": "fp16",
+    "DeepSpeedBF16Config": "bf16",
+    "DeepSpeedZeroOffloadParamConfig": "zero_optimization.offload_param",
+    "DeepSpeedZeroOffloadOptimizerConfig": "zero_optimization.offload_optimizer",
+}
 TIMEOUT_S = 120
 
 
@@ -43,9 +62,14 @@ def known_keys() -> set[str]:
         except (OSError, SyntaxError, UnicodeDecodeError):
             continue
         for node in tree.body:
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                    and node.targets[0].id.isupper() and isinstance(node.value, ast.Constant)
-                    and isinstance(node.value.value, str)):
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id.isupper()
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+            ):
                 found.add(node.value.value)
     return found
 
@@ -63,14 +87,23 @@ def structure_problems(config: dict[str, Any], known: set[str]) -> list[tuple[st
     for section in ("fp16", "bf16", "bfloat16"):
         block = config.get(section)
         if isinstance(block, dict) and "enabled" in block and block["enabled"] not in (True, False, "auto"):
-            problems.append((f"{section}.enabled", f'expected true, false or "auto", got {json.dumps(block["enabled"])}'))
+            problems.append(
+                (f"{section}.enabled", f'expected true, false or "auto", got {json.dumps(block["enabled"])}')
+            )
     clipping = config.get("gradient_clipping")
-    if clipping is not None and clipping != "auto" and (isinstance(clipping, bool) or not isinstance(clipping, (int, float))
-                                                         or clipping < 0):
+    if (
+        clipping is not None
+        and clipping != "auto"
+        and (isinstance(clipping, bool) or not isinstance(clipping, (int, float)) or clipping < 0)
+    ):
         problems.append(("gradient_clipping", f'expected a number >= 0 or "auto", got {json.dumps(clipping)}'))
     for key in BATCH_KEYS:
         value = config.get(key)
-        if value is not None and value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if (
+            value is not None
+            and value != "auto"
+            and (isinstance(value, bool) or not isinstance(value, int) or value < 1)
+        ):
             problems.append((key, f'expected a positive integer or "auto", got {json.dumps(value)}'))
     return problems
 

@@ -26,5 +26,9 @@ def probe_disk_space(facts) -> dict[str, Any] | None:
     except OSError as exc:
         return {"output_dir": str(output_dir), "probed": str(probed), "error": f"statvfs failed: {exc}"}
     # f_bavail: the blocks an unprivileged writer may use (root's reserve excluded), as `df` shows "Avail".
-    return {"output_dir": str(output_dir), "probed": str(probed), "free_bytes": st.f_bavail * st.f_frsize,
-            "total_bytes": st.f_blocks * st.f_frsize}
+    return {
+        "output_dir": str(output_dir),
+        "probed": str(probed),
+        "free_bytes": st.f_bavail * st.f_frsize,
+        "total_bytes": st.f_blocks * st.f_frsize,
+    }

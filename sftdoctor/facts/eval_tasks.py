@@ -26,8 +26,11 @@ def probe_eval_tasks(facts) -> dict[str, Any] | None:
         return {"installed": False}
     include = run.eval.include
     request = {"tasks": list(run.eval.tasks), "include": include}
-    files = sorted(p for p in Path(include).rglob("*") if p.is_file() and p.suffix in (".yaml", ".yml", ".py")) \
-        if include else []
+    files = (
+        sorted(p for p in Path(include).rglob("*") if p.is_file() and p.suffix in (".yaml", ".yml", ".py"))
+        if include
+        else []
+    )
     found = cached("eval-tasks", {**request, "include": None}, files, lambda: _child(request))
     if found.get("data_files"):  # whether they are there is read now: the cache only knows the YAML files
         found = {**found, "data_problems": data_problems(found["data_files"], include)}
@@ -45,8 +48,12 @@ def unknown_tasks(tasks: list[str], include: str | None) -> dict[str, Any]:
     known = manager.all_tasks
     missing = {name: difflib.get_close_matches(name, known, n=1, cutoff=0.75) for name in tasks if name not in known}
     local = [name for name in tasks if name in known and _in_folder(manager, name, include)]
-    return {"installed": True, "unknown": {k: (v[0] if v else None) for k, v in missing.items()}, "indexed": len(known),
-            "data_files": task_data(manager, local, include) if include else []}
+    return {
+        "installed": True,
+        "unknown": {k: (v[0] if v else None) for k, v in missing.items()},
+        "indexed": len(known),
+        "data_files": task_data(manager, local, include) if include else [],
+    }
 
 
 def _in_folder(manager, name: str, include: str | None) -> bool:
@@ -61,6 +68,7 @@ def _in_folder(manager, name: str, include: str | None) -> bool:
 # folder reads them relative to that folder (and its data_dir); anything else is a hub dataset, not a file here.
 # A pattern is a glob (fsspec's, equivalent to Python's since fsspec 2023.12); a URL is not checked.
 
+
 def task_data(manager, names: list[str], include: str | Path) -> list[dict[str, Any]]:
     """{"task", "yaml", "key", "pattern", "base"} for each data file that `names` (tasks, groups, tags of the
     registry `manager`) read, each relative to `base`; "pattern" None with "base" a folder that must exist. The
@@ -74,8 +82,15 @@ def task_data(manager, names: list[str], include: str | Path) -> list[dict[str, 
     for name, yaml_path, config, origin in _configs(manager, names):
         for key, pattern, base in _patterns(config, cwd, set(_PACKAGED_DATASETS_MODULES)):
             yaml_file = Path(origin.get(key.split(".")[0], yaml_path)).resolve()
-            found.append({"task": name, "yaml": os.path.relpath(yaml_file, cwd), "key": key, "pattern": pattern,
-                          "base": os.path.relpath(base, cwd)})
+            found.append(
+                {
+                    "task": name,
+                    "yaml": os.path.relpath(yaml_file, cwd),
+                    "key": key,
+                    "pattern": pattern,
+                    "base": os.path.relpath(base, cwd),
+                }
+            )
     return found
 
 
@@ -146,8 +161,9 @@ def _patterns(config: dict[str, Any], cwd: Path, packaged: set[str]):
         return  # a hub dataset
     if data_dir:
         yield "dataset_kwargs.data_dir", None, base
-    yield from ((f"dataset_kwargs.data_files{where}", pattern, base) for where, pattern in
-                _data_files(kwargs.get("data_files")))
+    yield from (
+        (f"dataset_kwargs.data_files{where}", pattern, base) for where, pattern in _data_files(kwargs.get("data_files"))
+    )
 
 
 def _is_dir(path: Path) -> bool:

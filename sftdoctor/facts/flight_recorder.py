@@ -75,7 +75,7 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def _link(path: Path) -> str:
-    """" (a symlink to TARGET)" for a link, which explains a dump "not found" or a device where one should be."""
+    """ " (a symlink to TARGET)" for a link, which explains a dump "not found" or a device where one should be."""
     try:
         return f" (a symlink to {os.readlink(path)})" if path.is_symlink() else ""
     except OSError:
@@ -136,13 +136,21 @@ def read(folder: Path, world: int | None = None, groups: dict[str, list[int]] | 
             unreadable[str(rank)] = str(exc)
     said: dict[str, Any] = {"folder": str(folder), "unreadable": unreadable}
     if not dumps:
-        return {**said, "dumps": [], **_coverage({}, world, None, found),
-                "error": "no dump could be read: " + "; ".join(unreadable.values())}
+        return {
+            **said,
+            "dumps": [],
+            **_coverage({}, world, None, found),
+            "error": "no dump could be read: " + "; ".join(unreadable.values()),
+        }
     try:
         return {**said, **analyse(dumps, world, groups, found)}
     except Exception as exc:  # the analyzer asserts on data it cannot pair: say so
-        return {**said, "dumps": sorted(dumps), **_coverage(dumps, world, None, found),
-                "error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"}
+        return {
+            **said,
+            "dumps": sorted(dumps),
+            **_coverage(dumps, world, None, found),
+            "error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}",
+        }
 
 
 def _coverage(dumps: dict[int, Any], world: int | None, sizes: list[int] | None, seen=()) -> dict[str, Any]:
@@ -155,15 +163,23 @@ def _coverage(dumps: dict[int, Any], world: int | None, sizes: list[int] | None,
     return {"world": size, "world_known": known, "no_dump": sorted(set(range(size)) - set(dumps))}
 
 
-def analyse(dumps: dict[int, dict[str, Any]], world: int | None = None,
-            groups: dict[str, list[int]] | None = None, seen=()) -> dict[str, Any]:
+def analyse(
+    dumps: dict[int, dict[str, Any]], world: int | None = None, groups: dict[str, list[int]] | None = None, seen=()
+) -> dict[str, Any]:
     """Torch's analyzer over the dumps (rank -> dump), then each failing group described rank by rank."""
     from torch.distributed.flight_recorder.components.builder import build_db
 
     versions = {str(d["version"]) for d in dumps.values()}
-    details = {str(rank): {"host_name": f"host_rank{rank}", "rank": rank, "entries": list(d["entries"]),
-                           "version": str(d["version"]), "pg_config": dict(d.get("pg_config") or {})}
-               for rank, d in sorted(dumps.items())}
+    details = {
+        str(rank): {
+            "host_name": f"host_rank{rank}",
+            "rank": rank,
+            "entries": list(d["entries"]),
+            "version": str(d["version"]),
+            "pg_config": dict(d.get("pg_config") or {}),
+        }
+        for rank, d in sorted(dumps.items())
+    }
     coverage = _coverage(dumps, world, _sizes(dumps), seen)
     world = coverage["world"]
     _fill_groups(details, world, groups or {})
@@ -174,7 +190,9 @@ def analyse(dumps: dict[int, dict[str, Any]], world: int | None = None,
         db = build_db(details, args, next(iter(versions)) if len(versions) == 1 else "mixed")
     finally:
         quiet.disabled = was
-    members = {key: set(ast.literal_eval(cfg["ranks"])) for d in details.values() for key, cfg in d["pg_config"].items()}
+    members = {
+        key: set(ast.literal_eval(cfg["ranks"])) for d in details.values() for key, cfg in d["pg_config"].items()
+    }
     failing: dict[str, Any] = {}
     for c in db.collectives:  # in the order the analyzer paired them: the first failure of each group
         if c.pass_check and not c.missing_ranks:
@@ -183,15 +201,26 @@ def analyse(dumps: dict[int, dict[str, Any]], world: int | None = None,
         if name not in failing:
             failing[name] = _describe(c, dumps, members.get(c.pg_desc.split(":", 1)[0], set(dumps)))
     backend = next((e["profiling_name"].split(":")[0] for d in dumps.values() for e in d["entries"]), None)
-    return {"dumps": sorted(dumps), **coverage, "version": ", ".join(sorted(versions)),
-            "backend": backend, "groups": list(failing.values())[:SHOWN], "more_groups": max(0, len(failing) - SHOWN),
-            "last": {str(rank): _last(d) for rank, d in sorted(dumps.items())}}
+    return {
+        "dumps": sorted(dumps),
+        **coverage,
+        "version": ", ".join(sorted(versions)),
+        "backend": backend,
+        "groups": list(failing.values())[:SHOWN],
+        "more_groups": max(0, len(failing) - SHOWN),
+        "last": {str(rank): _last(d) for rank, d in sorted(dumps.items())},
+    }
 
 
 def _sizes(dumps: dict[int, dict[str, Any]]) -> list[int]:
     """The sizes of the groups the dumps' pg_config names (Gloo's names none: its placeholder has no ranks)."""
-    return [n for d in dumps.values() if isinstance(d.get("pg_config"), dict)
-            for cfg in d["pg_config"].values() if (n := len(_ranks(cfg)))]
+    return [
+        n
+        for d in dumps.values()
+        if isinstance(d.get("pg_config"), dict)
+        for cfg in d["pg_config"].values()
+        if (n := len(_ranks(cfg)))
+    ]
 
 
 def _ranks(cfg: Any) -> list[int]:
@@ -247,9 +276,14 @@ def _group_name(pg_desc: str) -> str:
 
 def _op(entry: dict[str, Any]) -> dict[str, Any]:
     """An entry as people read it: all_reduce #57, its sizes and dtypes, its state, where Python called it."""
-    return {"collective": entry["profiling_name"].split(":", 1)[-1], "seq": entry["collective_seq_id"],
-            "sizes": entry.get("input_sizes"), "dtypes": entry.get("input_dtypes"), "state": entry.get("state"),
-            "where": where(entry.get("frames") or [])}
+    return {
+        "collective": entry["profiling_name"].split(":", 1)[-1],
+        "seq": entry["collective_seq_id"],
+        "sizes": entry.get("input_sizes"),
+        "dtypes": entry.get("input_dtypes"),
+        "state": entry.get("state"),
+        "where": where(entry.get("frames") or []),
+    }
 
 
 def where(frames: list[dict[str, Any]]) -> str:
@@ -280,10 +314,18 @@ def _describe(collective, dumps: dict[int, dict[str, Any]], members: set[int]) -
     inside = {r: entered[r] for r in most}
     other = {r: op for r, op in entered.items() if r not in inside}
     first = next(iter(inside.values()), None) or next(iter(other.values()), None) or {}
-    return {"group": _group_name(group), "seq": seq, "collective": first.get("collective"),
-            "sizes": first.get("sizes"), "dtypes": first.get("dtypes"), "inside": inside, "other": other,
-            "absent": absent, "no_dump": sorted(members - set(dumps)),
-            "mismatch": str(collective.type_of_mismatch) if collective.type_of_mismatch else None}
+    return {
+        "group": _group_name(group),
+        "seq": seq,
+        "collective": first.get("collective"),
+        "sizes": first.get("sizes"),
+        "dtypes": first.get("dtypes"),
+        "inside": inside,
+        "other": other,
+        "absent": absent,
+        "no_dump": sorted(members - set(dumps)),
+        "mismatch": str(collective.type_of_mismatch) if collective.type_of_mismatch else None,
+    }
 
 
 def _last(dump: dict[str, Any]) -> dict[str, Any] | None:
@@ -292,7 +334,9 @@ def _last(dump: dict[str, Any]) -> dict[str, Any] | None:
         return None
     entry = dump["entries"][-1]
     status = (dump.get("pg_status") or {}).get(str(entry.get("pg_id")), {})
-    done = entry.get("state") == "completed" or status.get("last_completed_collective", -1) >= entry["collective_seq_id"]
+    done = (
+        entry.get("state") == "completed" or status.get("last_completed_collective", -1) >= entry["collective_seq_id"]
+    )
     return {**_op(entry), "group": entry["process_group"][1], "completed": bool(done)}
 
 

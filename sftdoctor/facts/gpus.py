@@ -13,8 +13,8 @@ import os
 import platform
 import re
 import shutil
-import sys
 import subprocess
+import sys
 from typing import Any
 
 
@@ -198,22 +198,28 @@ def _parse_query_text(text: str) -> dict[str, Any]:
     devices = []
     for index, start in enumerate(starts):
         end = starts[index + 1].start() if index + 1 < len(starts) else len(text)
-        block = text[start.end():end]
+        block = text[start.end() : end]
         name = re.search(r"Product Name\s+:\s*(.+)", block)
         memory = re.search(r"FB Memory Usage\s*\n\s*Total\s+:\s*(\d+)\s*MiB", block)
         uuid = re.search(r"GPU UUID\s+:\s*(\S+)", block)
         name_text = name[1].strip() if name else "unknown GPU"
-        devices.append({
-            "index": index,
-            "name": name_text,
-            "uuid": uuid[1] if uuid else None,
-            "pci_bus_id": start[1],
-            "compute_capability": compute_capability_from_name(name_text),
-            "memory_total_mib": int(memory[1]) if memory else None,
-            "nvlink_links_up": None,
-        })
-    return {"source": "nvidia-smi -q", "driver_version": _QUERY_DRIVER.search(text)[1],
-            "cuda_version": cuda[1] if cuda else None, "devices": devices}
+        devices.append(
+            {
+                "index": index,
+                "name": name_text,
+                "uuid": uuid[1] if uuid else None,
+                "pci_bus_id": start[1],
+                "compute_capability": compute_capability_from_name(name_text),
+                "memory_total_mib": int(memory[1]) if memory else None,
+                "nvlink_links_up": None,
+            }
+        )
+    return {
+        "source": "nvidia-smi -q",
+        "driver_version": _QUERY_DRIVER.search(text)[1],
+        "cuda_version": cuda[1] if cuda else None,
+        "devices": devices,
+    }
 
 
 _NVLINK_GPU = re.compile(r"^GPU (\d+):")

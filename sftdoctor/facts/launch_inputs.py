@@ -23,8 +23,10 @@ from sftdoctor.files import folder_problem
 HUB_TIMEOUT_S = 5.0  # one metadata request to the hub when a model is not cached: bounded, then refused
 # [report] to -> the modules transformers' integration accepts (integrations/integration_utils.py: is_wandb_available,
 # is_tensorboard_available: tensorboard or tensorboardX) and what to install
-REPORTERS = {"wandb": (("wandb",), "pip install wandb"), "tensorboard": (("tensorboard", "tensorboardX"),
-                                                                       "pip install tensorboard")}
+REPORTERS = {
+    "wandb": (("wandb",), "pip install wandb"),
+    "tensorboard": (("tensorboard", "tensorboardX"), "pip install tensorboard"),
+}
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's constants.ENV_VARS_TRUE_VALUES
 
@@ -38,8 +40,9 @@ def require(facts) -> None:
     facts.get("launch_inputs")
     facts.get("data")
     if facts.get("plan") is None:  # a probe of the run's inputs failed: nothing to launch
-        raise InputError(facts.inputs.config,
-                         f"the run cannot be planned: {facts.why_missing('plan') or facts.why_missing('run')}")
+        raise InputError(
+            facts.inputs.config, f"the run cannot be planned: {facts.why_missing('plan') or facts.why_missing('run')}"
+        )
 
 
 def probe_launch_inputs(facts) -> dict[str, Any] | None:
@@ -82,8 +85,10 @@ def weights_problem(run) -> str | None:
         return None
     if any(os.path.lexists(folder / name) for name in (*WEIGHTS, "adapter_config.json")):  # peft loads those
         return checkpoint_problem(folder)
-    return (f"{folder} holds no weights ({', '.join(WEIGHTS)}) for [model] weights = \"pretrained\": give the folder "
-            "with the checkpoint, or weights = \"random\" to start from config.json alone")
+    return (
+        f'{folder} holds no weights ({", ".join(WEIGHTS)}) for [model] weights = "pretrained": give the folder '
+        'with the checkpoint, or weights = "random" to start from config.json alone'
+    )
 
 
 def reporter_problem(to: str) -> str | None:
@@ -105,8 +110,10 @@ def hub_models(run) -> list[tuple[str, str, str]]:
     """(hub id, its key, the file its loader reads first) of the model and the tokenizer that are not local folders
     (the config kept them as ids)."""
     found: list[tuple[str, str, str]] = []
-    for value, key, filename in ((run.model.path, "[model].path", "config.json"),
-                                 (run.model.tokenizer or run.model.path, "[model].tokenizer", "tokenizer_config.json")):
+    for value, key, filename in (
+        (run.model.path, "[model].path", "config.json"),
+        (run.model.tokenizer or run.model.path, "[model].tokenizer", "tokenizer_config.json"),
+    ):
         if not Path(value).exists() and value not in (v for v, _, _ in found):
             found.append((value, key, filename))
     return found

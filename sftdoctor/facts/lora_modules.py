@@ -33,10 +33,18 @@ def probe_lora_modules(facts) -> dict[str, Any] | None:
     path = Path(model["path"])
     folder = path.parent if path.name == "config.json" else path
     lora = run.lora
-    request = {"config": str(folder / "config.json"), "trust": run.model.trust_remote_code,
-               "lora": {"r": lora.r, "target_modules": lora.target_modules if isinstance(lora.target_modules, str)
-                        else list(lora.target_modules), "modules_to_save": list(lora.modules_to_save),
-                        "use_dora": lora.use_dora}}
+    request = {
+        "config": str(folder / "config.json"),
+        "trust": run.model.trust_remote_code,
+        "lora": {
+            "r": lora.r,
+            "target_modules": lora.target_modules
+            if isinstance(lora.target_modules, str)
+            else list(lora.target_modules),
+            "modules_to_save": list(lora.modules_to_save),
+            "use_dora": lora.use_dora,
+        },
+    }
     return cached("lora-modules", {**request, "config": None}, folder_files(folder), lambda: _child(request))
 
 
@@ -59,6 +67,7 @@ def _listed(config: dict[str, Any], folder: str, trust: bool, lora: dict[str, An
         if not isinstance(model_type, str):
             raise ValueError("config.json has no model_type naming the architecture")
         cfg = transformers.AutoConfig.for_model(model_type, **fields)
+
     def build():
         with torch.device("meta"):
             return transformers.AutoModelForCausalLM.from_config(cfg, trust_remote_code=trust)
@@ -75,12 +84,18 @@ def _listed(config: dict[str, Any], folder: str, trust: bool, lora: dict[str, An
         shape = _linear_shape(module)
         if shape is None:
             continue
-        entry = linear.setdefault(pattern(name), {"pattern": pattern(name), "count": 0, "in": shape[0],
-                                                  "out": shape[1], "output": module is output})
+        entry = linear.setdefault(
+            pattern(name),
+            {"pattern": pattern(name), "count": 0, "in": shape[0], "out": shape[1], "output": module is output},
+        )
         entry["count"] += 1
     parameters = sum(p.numel() for p in model.parameters())
-    out = {"linear": sorted(linear.values(), key=lambda e: e["pattern"]), "modules": dict(sorted(modules.items())),
-           "parameters": parameters, "model_type": cfg.model_type}
+    out = {
+        "linear": sorted(linear.values(), key=lambda e: e["pattern"]),
+        "modules": dict(sorted(modules.items())),
+        "parameters": parameters,
+        "model_type": cfg.model_type,
+    }
     if lora is not None:
         out["adapters"] = adapters(build, lora)
     return out
@@ -100,8 +115,13 @@ def adapters(build, lora: dict[str, Any]) -> dict[str, Any]:
     names = lora["target_modules"]
 
     def wrap(targets):
-        config = LoraConfig(r=lora["r"], target_modules=targets, modules_to_save=lora["modules_to_save"] or None,
-                            use_dora=lora["use_dora"], task_type="CAUSAL_LM")
+        config = LoraConfig(
+            r=lora["r"],
+            target_modules=targets,
+            modules_to_save=lora["modules_to_save"] or None,
+            use_dora=lora["use_dora"],
+            task_type="CAUSAL_LM",
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # deprecations and "pattern keys did not match": not the user's
             return get_peft_model(build(), config)
@@ -109,17 +129,24 @@ def adapters(build, lora: dict[str, Any]) -> dict[str, Any]:
     try:
         wrapped_model = wrap(names)
     except ValueError as exc:  # peft's "Target modules ... not found in the base model"
-        return {"trainable": 0, "wrapped": [], "unmatched": [] if isinstance(names, str) else list(names),
-                "error": (str(exc).strip().splitlines() or [""])[0][:300]}
+        return {
+            "trainable": 0,
+            "wrapped": [],
+            "unmatched": [] if isinstance(names, str) else list(names),
+            "error": (str(exc).strip().splitlines() or [""])[0][:300],
+        }
     tuner = wrapped_model.base_model
     targeted = list(getattr(tuner, "targeted_module_names", [])) + list(getattr(tuner, "targeted_parameter_names", []))
     groups: dict[str, int] = {}
     for name in targeted:
         groups[pattern(name)] = groups.get(pattern(name), 0) + 1
     trainable = sum(p.numel() for p in wrapped_model.parameters() if p.requires_grad)
-    return {"settings": lora, "trainable": trainable,
-            "wrapped": [{"pattern": k, "count": v} for k, v in sorted(groups.items())],
-            "unmatched": [] if isinstance(names, str) else _unmatched(names, targeted, wrap, trainable)}
+    return {
+        "settings": lora,
+        "trainable": trainable,
+        "wrapped": [{"pattern": k, "count": v} for k, v in sorted(groups.items())],
+        "unmatched": [] if isinstance(names, str) else _unmatched(names, targeted, wrap, trainable),
+    }
 
 
 def _trainable(wrap, names: list[str]) -> int:
@@ -133,11 +160,13 @@ def _unmatched(names: list[str], targeted: list[str], wrap, trainable: int) -> l
     """The names that wrap nothing: by peft's suffix rule on what it wrapped, and, for a name that rule does not
     place (MoE names peft converts, e.g. Mixtral's w1/w2/w3 into fused experts), by whether leaving it out
     changes what peft trains."""
+
     def placed(name: str) -> bool:
         return any(t == name or t.endswith("." + name) for t in targeted)
 
-    return [name for name in names
-            if not placed(name) and _trainable(wrap, [n for n in names if n != name]) == trainable]
+    return [
+        name for name in names if not placed(name) and _trainable(wrap, [n for n in names if n != name]) == trainable
+    ]
 
 
 def _linear_shape(module) -> tuple[int, int] | None:
@@ -165,7 +194,9 @@ def list_modules(path: str, trust: bool, lora: dict[str, Any] | None = None) -> 
         return a + (layers - 1) * (b - a)
 
     for kind in ("linear", "wrapped"):
-        small = {e["pattern"]: e["count"] for e in (one.get("adapters", {}) if kind == "wrapped" else one).get(kind, [])}
+        small = {
+            e["pattern"]: e["count"] for e in (one.get("adapters", {}) if kind == "wrapped" else one).get(kind, [])
+        }
         for entry in (two.get("adapters", {}) if kind == "wrapped" else two).get(kind, []):
             entry["count"] = grown(small.get(entry["pattern"], 0), entry["count"])
     two["parameters"] = grown(one["parameters"], two["parameters"])

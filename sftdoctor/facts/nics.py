@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import subprocess
@@ -24,10 +25,8 @@ def parse_ibstat(text: str) -> dict[str, Any]:
         elif (match := _FIELD.match(line)) and ports:
             key, value = match.groups()
             if key == "Rate":
-                try:
+                with contextlib.suppress(ValueError):
                     ports[-1]["rate_gbps"] = float(value)
-                except ValueError:
-                    pass
             else:
                 ports[-1][{"State": "state", "Link layer": "link_layer"}[key]] = value
     return {"ports": ports}

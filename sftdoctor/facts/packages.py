@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.facts.distributions import direct_url, version as _version
+from sftdoctor.facts.distributions import direct_url
+from sftdoctor.facts.distributions import version as _version
 
 # Distribution names as published on PyPI.
 PACKAGES = (
@@ -67,10 +69,8 @@ def constants_of(path: Path) -> dict[str, Any]:
         else:
             continue
         if isinstance(target, ast.Name):
-            try:
+            with contextlib.suppress(ValueError):
                 found[target.id] = ast.literal_eval(value)
-            except ValueError:
-                pass
     return found
 
 
@@ -148,7 +148,12 @@ def _imports(package: str, code: str) -> dict[str, Any]:
     try:
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
-        return {"installed": True, "version": version, "import_ok": False, "import_error": "import timed out after 120 s"}
+        return {
+            "installed": True,
+            "version": version,
+            "import_ok": False,
+            "import_error": "import timed out after 120 s",
+        }
     error_lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
     return {
         "installed": True,
@@ -156,5 +161,3 @@ def _imports(package: str, code: str) -> dict[str, Any]:
         "import_ok": proc.returncode == 0,
         "import_error": error_lines[-1] if proc.returncode and error_lines else None,
     }
-
-

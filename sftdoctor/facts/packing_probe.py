@@ -43,10 +43,20 @@ def shrink(config, vocab_size: int | None = 512) -> None:
     """Same architecture, two small layers: keeps the model type, attention and MLP kinds, GQA ratio.
     `vocab_size=None` keeps the vocabulary (to train with the real tokenizer)."""
     heads = 4
-    ratio = max(1, getattr(config, "num_attention_heads", heads) // max(1, getattr(config, "num_key_value_heads", heads) or heads))
-    for name, value in (("num_hidden_layers", 2), ("hidden_size", 64), ("intermediate_size", 128),
-                        ("num_attention_heads", heads), ("num_key_value_heads", max(1, heads // ratio)),
-                        ("head_dim", 16), ("vocab_size", vocab_size), ("max_window_layers", 2)):
+    ratio = max(
+        1,
+        getattr(config, "num_attention_heads", heads) // max(1, getattr(config, "num_key_value_heads", heads) or heads),
+    )
+    for name, value in (
+        ("num_hidden_layers", 2),
+        ("hidden_size", 64),
+        ("intermediate_size", 128),
+        ("num_attention_heads", heads),
+        ("num_key_value_heads", max(1, heads // ratio)),
+        ("head_dim", 16),
+        ("vocab_size", vocab_size),
+        ("max_window_layers", 2),
+    ):
         if hasattr(config, name) and value is not None:
             setattr(config, name, value)
     if getattr(config, "layer_types", None):
@@ -64,8 +74,10 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
     if device == "cuda" and not torch.cuda.is_available():
         return {"isolated": None, "attn_implementation": attn, "error": f"{attn} needs a CUDA GPU to be probed"}
     path = Path(request["config"])
-    config = AutoConfig.from_pretrained(str(path.parent if path.name == "config.json" else path),
-                                        trust_remote_code=request.get("trust_remote_code", False))
+    config = AutoConfig.from_pretrained(
+        str(path.parent if path.name == "config.json" else path),
+        trust_remote_code=request.get("trust_remote_code", False),
+    )
     shrink(config)
     torch.manual_seed(0)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -76,9 +88,15 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
     batch.pop("labels")
     diff = max_packed_diff(model, samples, batch, device)
     tolerance = TOLERANCE if dtype == torch.float32 else 2e-2
-    return {"isolated": diff <= tolerance, "max_abs_diff": diff, "tolerance": tolerance,
-            "attn_implementation": attn, "model_type": config.model_type, "device": device,
-            "batch_keys": sorted(batch)}
+    return {
+        "isolated": diff <= tolerance,
+        "max_abs_diff": diff,
+        "tolerance": tolerance,
+        "attn_implementation": attn,
+        "model_type": config.model_type,
+        "device": device,
+        "batch_keys": sorted(batch),
+    }
 
 
 def max_packed_diff(model, samples: list[list[int]], batch: dict[str, Any], device: str) -> float:
@@ -91,7 +109,7 @@ def max_packed_diff(model, samples: list[list[int]], batch: dict[str, Any], devi
         diff, start = 0.0, 0
         for ids in samples:
             alone = model(input_ids=torch.tensor([ids], device=device), use_cache=False).logits[0]
-            diff = max(diff, (packed[start:start + len(ids)] - alone).abs().max().item())
+            diff = max(diff, (packed[start : start + len(ids)] - alone).abs().max().item())
             start += len(ids)
     return diff
 

@@ -16,10 +16,11 @@ import functools
 import hashlib
 import json
 import os
+from collections.abc import Callable, Iterable
 from importlib import metadata
 from pathlib import Path
 from stat import S_ISREG
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from sftdoctor.files import write_atomic
 

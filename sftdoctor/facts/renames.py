@@ -59,132 +59,453 @@ def _args(library, owner, raised_by, olds, new, deprecated, removed, source, not
 
 
 def _imports(library, module, olds, new, deprecated, removed, source, note=""):
-    return [Rename(library, module, IMPORT, old, new(old) if callable(new) else new, deprecated, removed, source, "",
-                   note) for old in olds]
+    return [
+        Rename(library, module, IMPORT, old, new(old) if callable(new) else new, deprecated, removed, source, "", note)
+        for old in olds
+    ]
 
 
-_SFT_MOVED = ("dataset_text_field", "packing", "dataset_num_proc", "dataset_batch_size", "neftune_noise_alpha",
-              "model_init_kwargs", "dataset_kwargs", "eval_packing", "num_of_sequences", "chars_per_token", "infinite")
-_EXPERIMENTAL = {"PPO": "ppo", "ORPO": "orpo", "CPO": "cpo", "BCO": "bco", "XPO": "xpo", "PRM": "prm", "GKD": "gkd",
-                 "NashMD": "nash_md", "OnlineDPO": "online_dpo"}
+_SFT_MOVED = (
+    "dataset_text_field",
+    "packing",
+    "dataset_num_proc",
+    "dataset_batch_size",
+    "neftune_noise_alpha",
+    "model_init_kwargs",
+    "dataset_kwargs",
+    "eval_packing",
+    "num_of_sequences",
+    "chars_per_token",
+    "infinite",
+)
+_EXPERIMENTAL = {
+    "PPO": "ppo",
+    "ORPO": "orpo",
+    "CPO": "cpo",
+    "BCO": "bco",
+    "XPO": "xpo",
+    "PRM": "prm",
+    "GKD": "gkd",
+    "NashMD": "nash_md",
+    "OnlineDPO": "online_dpo",
+}
 
-RENAMES: tuple[Rename, ...] = tuple([
-    # ---- trl
-    *_args("trl", "SFTTrainer", TRL_TRAINER, ["tokenizer"], "processing_class", "0.12.0", "0.16.0",
-           "trl PR #2162 (47d08a96, v0.12.0) renamed it; PR #2894 (6aaf379a, v0.16.0) removed the alias; raises here"),
-    # SFTTrainer's dataset arguments moved to SFTConfig (SFTConfig: PR #1530, v0.9.3); PR #2306 (5e906828, v0.13.0)
-    # dropped them from SFTTrainer.__init__.
-    *_args("trl", "SFTTrainer", r"(?:SFT|IterativeSFT)Trainer", _SFT_MOVED, None, "0.9.3", "0.13.0",
-           "trl PR #1530 (f30daa42, v0.9.3) moved them to SFTConfig; PR #2306 (5e906828, v0.13.0) removed them from "
-           "SFTTrainer; raises here", note="set it in SFTConfig(...) and pass args=that config"),
-    *_args("trl", "SFTTrainer", r"(?:SFT|IterativeSFT)Trainer", ["max_seq_length"], None, "0.9.3", "0.13.0",
-           "trl PR #2306 (5e906828, v0.13.0) removed it from SFTTrainer; raises here",
-           note="SFTConfig(max_length=...) (SFTConfig.max_seq_length until trl 0.20)"),
-    *_args("trl", "SFTConfig", TRL_CONFIGS, ["max_seq_length"], "max_length", "0.16.0", "0.20.0",
-           "trl PR #2895 (be1e3400, v0.16.0) renamed it; PR #3704 (e102ac8d, v0.20.0) removed the alias; raises here"),
-    *_imports("trl", "trl", ["DataCollatorForCompletionOnlyLM"], None, "0.17.0", "0.20.0",
-              "trl PR #3328 (9ee6c3aa, v0.17.0) deprecated it; PR #3704 (e102ac8d, v0.20.0) removed it; raises here",
-              note="SFTConfig(completion_only_loss=True) on prompt/completion rows, or assistant_only_loss=True on "
-                   "messages"),
-    *_imports("trl", "trl", ["ConstantLengthDataset"], None, "0.17.0", "0.20.0",
-              "trl PR #3242 (a5a46725, v0.17.0) deprecated it; PR #3704 (e102ac8d, v0.20.0) removed it; raises here",
-              note="SFTConfig(packing=True)"),
-    *_imports("trl", "trl", ["setup_chat_format"], "clone_chat_template", "0.22.0", "0.26.0",
-              "trl PR #3929 (48d7ecc6, v0.22.0) deprecated it; PR #4607 (de343cda, v0.26.0) removed it; raises here"),
-    *_imports("trl", "trl", ["IterativeSFTTrainer"], None, None, "0.24.0",
-              "trl PR #4068 (78f1a928, v0.24.0) removed it; raises here", note="SFTTrainer"),
-    *_imports("trl", "trl", [f"{name}{kind}" for name in _EXPERIMENTAL for kind in ("Trainer", "Config")],
-              lambda old: f"from trl.experimental.{_EXPERIMENTAL[re.sub('(Trainer|Config)$', '', old)]} import {old}",
-              "0.26.0", "0.29.0", "trl PRs #4470-#4575 (v0.25.0-v0.26.0) moved them to trl.experimental; PRs "
-              "#5044-#5055 (v0.29.0) removed the old import path; raises here"),
-    *_imports("trl", "trl", ["AutoModelForCausalLMWithValueHead", "AutoModelForSeq2SeqLMWithValueHead"],
-              lambda old: f"from trl.experimental.ppo import {old}", "0.27.0", "0.29.0",
-              "trl PR #4654 (ad02d98c, v0.27.0) moved them to trl.experimental; PR #5044 (v0.29.0) removed the old "
-              "path; raises here"),
-    *_args("trl", "GRPOConfig", TRL_CONFIGS, ["use_liger_loss"], "use_liger_kernel", None, "0.28.0",
-           "trl PR #4847 (89070d24, v0.28.0) removed the deprecated alias; raises here"),
-    *_args("trl", "GRPOConfig", r"(?:GRPO|RLOO)Config", ["max_prompt_length"], None, None, "0.28.0",
-           "trl PR #4847 (89070d24, v0.28.0) removed it from GRPOConfig (RLOOConfig: PR #5056, v0.29.0); raises here",
-           note="truncate the prompts in the dataset before training"),
-    # ---- transformers: TrainingArguments (and every TRL config, which subclass it)
-    *_args("transformers", "TrainingArguments", TRAINING_ARGS, ["evaluation_strategy"], "eval_strategy", "4.41.0",
-           "4.51.0", "transformers PR #30190 (v4.41.0) renamed it; present in the 4.50.0 wheel, absent from 4.51.0; "
-           "raises here"),
-    *_args("transformers", "TrainingArguments", TRAINING_ARGS, ["no_cuda"], "use_cpu", None, "5.0.0",
-           "4.37.2 already warns 'no_cuda is deprecated'; MIGRATION_GUIDE_V5.md, 'Removing deprecated arguments in "
-           "TrainingArguments'; raises here"),
-    *_args("transformers", "TrainingArguments", TRAINING_ARGS, ["per_gpu_train_batch_size"],
-           "per_device_train_batch_size", None, "5.0.0", "transformers MIGRATION_GUIDE_V5.md; raises here"),
-    *_args("transformers", "TrainingArguments", TRAINING_ARGS, ["per_gpu_eval_batch_size"],
-           "per_device_eval_batch_size", None, "5.0.0", "transformers MIGRATION_GUIDE_V5.md; raises here"),
-    *_args("transformers", "TrainingArguments", TRAINING_ARGS, ["push_to_hub_token"], "hub_token", None, "5.0.0",
-           "transformers MIGRATION_GUIDE_V5.md; raises here"),
-    *_args("transformers", "TrainingArguments", TRAINING_ARGS, ["include_inputs_for_metrics"], "include_for_metrics",
-           None, "5.0.0", "transformers MIGRATION_GUIDE_V5.md; raises here"),
-    *_args("transformers", "TrainingArguments", TRAINING_ARGS, ["fp16_backend", "half_precision_backend"], None, None,
-           "5.0.0", "transformers MIGRATION_GUIDE_V5.md; raises here", note="drop it: torch.amp is the only backend"),
-    *_args("transformers", "TrainingArguments", TRAINING_ARGS, ["use_mps_device"], None, None, "5.0.0",
-           "transformers MIGRATION_GUIDE_V5.md; raises here", note="drop it: MPS is used when present"),
-    *_args("transformers", "TrainingArguments", TRAINING_ARGS, ["overwrite_output_dir"], None, None, "5.0.0",
-           "transformers MIGRATION_GUIDE_V5.md ('without deprecation cycle'); raises here",
-           note="drop it; resume with resume_from_checkpoint"),
-    *_args("transformers", "TrainingArguments", TRAINING_ARGS, ["logging_dir"], None, None, "5.0.0",
-           "transformers MIGRATION_GUIDE_V5.md ('without deprecation cycle'); raises here",
-           note="set the TENSORBOARD_LOGGING_DIR environment variable"),
-    *_args("transformers", "TrainingArguments", TRAINING_ARGS, ["group_by_length"], None, None, "5.2.0",
-           "present in the 5.1.0 wheel, absent from 5.2.0; raises here",
-           note='train_sampling_strategy="group_by_length"'),
-    *_args("transformers", "TrainingArguments", TRAINING_ARGS, ["warmup_ratio"], "warmup_steps", "5.0.0", "5.15.0",
-           "5.0.0 warns 'warmup_ratio is deprecated'; present in the 5.14.0 wheel, absent from 5.15.0; raises here "
-           "(a warmup_steps below 1 is a ratio)"),
-    *_args("transformers", "TrainingArguments", TRAINING_ARGS, ["dispatch_batches", "split_batches"], None, "4.38.0",
-           "4.51.0", "absent from the 4.37.2 wheel's warnings, deprecated in 4.38.2 ('Pass {'dispatch_batches':VALUE} "
-           "to accelerator_config'); present in the 4.50.0 wheel, absent from 4.51.0; raises here",
-           note='accelerator_config={"dispatch_batches": ..., "split_batches": ...}'),
-    *_args("transformers", "TrainingArguments", TRAINING_ARGS, ["gradient_checkpointing"], "activation_checkpointing",
-           "5.24.0", None, "transformers 5.24 training_args.py: a deprecated alias, 'will be removed in v6'"),
-    # ---- transformers: Trainer
-    *_args("transformers", "Trainer", HF_TRAINER, ["tokenizer"], "processing_class", "4.46.0", "5.0.0",
-           "transformers PR #32385 (v4.46.0) renamed it; MIGRATION_GUIDE_V5.md 'Removing deprecated arguments in "
-           "Trainer'; raises here"),
-    Rename("transformers", "Trainer", ATTRIBUTE, "tokenizer", "processing_class", "4.46.0", "5.0.0",
-           "transformers PR #32385 (v4.46.0) deprecated Trainer.tokenizer; absent from 5.0.0's trainer.py; raises here",
-           r"\w*Trainer"),  # an AttributeError names the object's own class: any subclass
-    # ---- transformers: from_pretrained (an unknown keyword reaches the model class's __init__)
-    *_args("transformers", "from_pretrained", MODEL, ["use_auth_token"], "token", None, "5.0.0",
-           "transformers PR #41666 (MIGRATION_GUIDE_V5.md 'use_auth_token'); 4.37.2 and 4.57.6 warn 'will be removed "
-           "in v5'; "
-           "raises here"),
-    *_args("transformers", "from_pretrained", MODEL, ["load_in_4bit", "load_in_8bit"], None, None, "5.0.0",
-           "transformers PR #41287 (MIGRATION_GUIDE_V5.md 'Quantization changes'); raises here",
-           note="quantization_config=BitsAndBytesConfig(load_in_4bit=True)"),
-    *_args("transformers", "from_pretrained", MODEL, ["use_flash_attention_2"], None, None, "4.53.0",
-           "4.37.2 already warns 'deprecated'; present in the 4.52.1 wheel (warns 'deprecated'), absent from 4.53.0; "
-           "raises here",
-           note='attn_implementation="flash_attention_2"'),
-    *_args("transformers", "from_pretrained", MODEL, ["torch_dtype"], "dtype", "4.56.0", None,
-           "transformers PR #39782 (v4.56.0); 5.25 still accepts it with a warning"),
-    Rename("transformers", "PretrainedConfig", ATTRIBUTE, "rope_theta", None, None, "5.0.0",
-           "transformers PRs #39847 and #42255 (MIGRATION_GUIDE_V5.md 'Configuration'); raises here", CONFIG,
-           'config.rope_parameters["rope_theta"]'),
-    # ---- transformers: importable names
-    *_imports("transformers", "transformers", ["top_k_top_p_filtering"], None, None, "4.39.0",
-              "present in the 4.38.2 wheel, absent from 4.39.0; raises here",
-              note="upgrade the library that imports it (trl >= 0.8.0 carries its own copy)"),
-    *_imports("transformers", "transformers", ["is_torch_tpu_available"], "is_torch_xla_available", "4.39.0", "4.51.0",
-              "4.50.0 warns 'is deprecated'; absent from the 4.51.0 wheel; raises here"),
-    # ---- accelerate
-    *_args("accelerate", "Accelerator", r"Accelerator", ["dispatch_batches", "even_batches", "use_seedable_sampler"],
-           None, "0.28.0", "1.0.0", "accelerate PR #2441 (164193fa, v0.28.0) deprecated them; PR #3098 (79a84264, "
-           "v1.0.0) removed them; raises here",
-           note="Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=...))"),
-    *_args("accelerate", "Accelerator", r"Accelerator", ["logging_dir"], "project_dir", "0.16.0", "0.20.0",
-           "accelerate PR #916 (f002ce2a, v0.16.0) added project_dir; PR #1537 (62357f21, v0.20.0) removed "
-           "logging_dir; raises here"),
-    # ---- peft
-    *_imports("peft", "peft", ["prepare_model_for_int8_training"], "prepare_model_for_kbit_training", "0.4.0", "0.10.0",
-              "peft PR #483 (3714aa2f, v0.4.0) deprecated it; the v0.10.0 release (PR #1573) removed it; raises here"),
-])
+RENAMES: tuple[Rename, ...] = tuple(
+    [
+        # ---- trl
+        *_args(
+            "trl",
+            "SFTTrainer",
+            TRL_TRAINER,
+            ["tokenizer"],
+            "processing_class",
+            "0.12.0",
+            "0.16.0",
+            "trl PR #2162 (47d08a96, v0.12.0) renamed it; PR #2894 (6aaf379a, v0.16.0) removed the alias; raises here",
+        ),
+        # SFTTrainer's dataset arguments moved to SFTConfig (SFTConfig: PR #1530, v0.9.3); PR #2306 (5e906828, v0.13.0)
+        # dropped them from SFTTrainer.__init__.
+        *_args(
+            "trl",
+            "SFTTrainer",
+            r"(?:SFT|IterativeSFT)Trainer",
+            _SFT_MOVED,
+            None,
+            "0.9.3",
+            "0.13.0",
+            "trl PR #1530 (f30daa42, v0.9.3) moved them to SFTConfig; PR #2306 (5e906828, v0.13.0) removed them from "
+            "SFTTrainer; raises here",
+            note="set it in SFTConfig(...) and pass args=that config",
+        ),
+        *_args(
+            "trl",
+            "SFTTrainer",
+            r"(?:SFT|IterativeSFT)Trainer",
+            ["max_seq_length"],
+            None,
+            "0.9.3",
+            "0.13.0",
+            "trl PR #2306 (5e906828, v0.13.0) removed it from SFTTrainer; raises here",
+            note="SFTConfig(max_length=...) (SFTConfig.max_seq_length until trl 0.20)",
+        ),
+        *_args(
+            "trl",
+            "SFTConfig",
+            TRL_CONFIGS,
+            ["max_seq_length"],
+            "max_length",
+            "0.16.0",
+            "0.20.0",
+            "trl PR #2895 (be1e3400, v0.16.0) renamed it; PR #3704 (e102ac8d, v0.20.0) removed the alias; raises here",
+        ),
+        *_imports(
+            "trl",
+            "trl",
+            ["DataCollatorForCompletionOnlyLM"],
+            None,
+            "0.17.0",
+            "0.20.0",
+            "trl PR #3328 (9ee6c3aa, v0.17.0) deprecated it; PR #3704 (e102ac8d, v0.20.0) removed it; raises here",
+            note="SFTConfig(completion_only_loss=True) on prompt/completion rows, or assistant_only_loss=True on "
+            "messages",
+        ),
+        *_imports(
+            "trl",
+            "trl",
+            ["ConstantLengthDataset"],
+            None,
+            "0.17.0",
+            "0.20.0",
+            "trl PR #3242 (a5a46725, v0.17.0) deprecated it; PR #3704 (e102ac8d, v0.20.0) removed it; raises here",
+            note="SFTConfig(packing=True)",
+        ),
+        *_imports(
+            "trl",
+            "trl",
+            ["setup_chat_format"],
+            "clone_chat_template",
+            "0.22.0",
+            "0.26.0",
+            "trl PR #3929 (48d7ecc6, v0.22.0) deprecated it; PR #4607 (de343cda, v0.26.0) removed it; raises here",
+        ),
+        *_imports(
+            "trl",
+            "trl",
+            ["IterativeSFTTrainer"],
+            None,
+            None,
+            "0.24.0",
+            "trl PR #4068 (78f1a928, v0.24.0) removed it; raises here",
+            note="SFTTrainer",
+        ),
+        *_imports(
+            "trl",
+            "trl",
+            [f"{name}{kind}" for name in _EXPERIMENTAL for kind in ("Trainer", "Config")],
+            lambda old: f"from trl.experimental.{_EXPERIMENTAL[re.sub('(Trainer|Config)$', '', old)]} import {old}",
+            "0.26.0",
+            "0.29.0",
+            "trl PRs #4470-#4575 (v0.25.0-v0.26.0) moved them to trl.experimental; PRs "
+            "#5044-#5055 (v0.29.0) removed the old import path; raises here",
+        ),
+        *_imports(
+            "trl",
+            "trl",
+            ["AutoModelForCausalLMWithValueHead", "AutoModelForSeq2SeqLMWithValueHead"],
+            lambda old: f"from trl.experimental.ppo import {old}",
+            "0.27.0",
+            "0.29.0",
+            "trl PR #4654 (ad02d98c, v0.27.0) moved them to trl.experimental; PR #5044 (v0.29.0) removed the old "
+            "path; raises here",
+        ),
+        *_args(
+            "trl",
+            "GRPOConfig",
+            TRL_CONFIGS,
+            ["use_liger_loss"],
+            "use_liger_kernel",
+            None,
+            "0.28.0",
+            "trl PR #4847 (89070d24, v0.28.0) removed the deprecated alias; raises here",
+        ),
+        *_args(
+            "trl",
+            "GRPOConfig",
+            r"(?:GRPO|RLOO)Config",
+            ["max_prompt_length"],
+            None,
+            None,
+            "0.28.0",
+            "trl PR #4847 (89070d24, v0.28.0) removed it from GRPOConfig (RLOOConfig: PR #5056, v0.29.0); raises here",
+            note="truncate the prompts in the dataset before training",
+        ),
+        # ---- transformers: TrainingArguments (and every TRL config, which subclass it)
+        *_args(
+            "transformers",
+            "TrainingArguments",
+            TRAINING_ARGS,
+            ["evaluation_strategy"],
+            "eval_strategy",
+            "4.41.0",
+            "4.51.0",
+            "transformers PR #30190 (v4.41.0) renamed it; present in the 4.50.0 wheel, absent from 4.51.0; raises here",
+        ),
+        *_args(
+            "transformers",
+            "TrainingArguments",
+            TRAINING_ARGS,
+            ["no_cuda"],
+            "use_cpu",
+            None,
+            "5.0.0",
+            "4.37.2 already warns 'no_cuda is deprecated'; MIGRATION_GUIDE_V5.md, 'Removing deprecated arguments in "
+            "TrainingArguments'; raises here",
+        ),
+        *_args(
+            "transformers",
+            "TrainingArguments",
+            TRAINING_ARGS,
+            ["per_gpu_train_batch_size"],
+            "per_device_train_batch_size",
+            None,
+            "5.0.0",
+            "transformers MIGRATION_GUIDE_V5.md; raises here",
+        ),
+        *_args(
+            "transformers",
+            "TrainingArguments",
+            TRAINING_ARGS,
+            ["per_gpu_eval_batch_size"],
+            "per_device_eval_batch_size",
+            None,
+            "5.0.0",
+            "transformers MIGRATION_GUIDE_V5.md; raises here",
+        ),
+        *_args(
+            "transformers",
+            "TrainingArguments",
+            TRAINING_ARGS,
+            ["push_to_hub_token"],
+            "hub_token",
+            None,
+            "5.0.0",
+            "transformers MIGRATION_GUIDE_V5.md; raises here",
+        ),
+        *_args(
+            "transformers",
+            "TrainingArguments",
+            TRAINING_ARGS,
+            ["include_inputs_for_metrics"],
+            "include_for_metrics",
+            None,
+            "5.0.0",
+            "transformers MIGRATION_GUIDE_V5.md; raises here",
+        ),
+        *_args(
+            "transformers",
+            "TrainingArguments",
+            TRAINING_ARGS,
+            ["fp16_backend", "half_precision_backend"],
+            None,
+            None,
+            "5.0.0",
+            "transformers MIGRATION_GUIDE_V5.md; raises here",
+            note="drop it: torch.amp is the only backend",
+        ),
+        *_args(
+            "transformers",
+            "TrainingArguments",
+            TRAINING_ARGS,
+            ["use_mps_device"],
+            None,
+            None,
+            "5.0.0",
+            "transformers MIGRATION_GUIDE_V5.md; raises here",
+            note="drop it: MPS is used when present",
+        ),
+        *_args(
+            "transformers",
+            "TrainingArguments",
+            TRAINING_ARGS,
+            ["overwrite_output_dir"],
+            None,
+            None,
+            "5.0.0",
+            "transformers MIGRATION_GUIDE_V5.md ('without deprecation cycle'); raises here",
+            note="drop it; resume with resume_from_checkpoint",
+        ),
+        *_args(
+            "transformers",
+            "TrainingArguments",
+            TRAINING_ARGS,
+            ["logging_dir"],
+            None,
+            None,
+            "5.0.0",
+            "transformers MIGRATION_GUIDE_V5.md ('without deprecation cycle'); raises here",
+            note="set the TENSORBOARD_LOGGING_DIR environment variable",
+        ),
+        *_args(
+            "transformers",
+            "TrainingArguments",
+            TRAINING_ARGS,
+            ["group_by_length"],
+            None,
+            None,
+            "5.2.0",
+            "present in the 5.1.0 wheel, absent from 5.2.0; raises here",
+            note='train_sampling_strategy="group_by_length"',
+        ),
+        *_args(
+            "transformers",
+            "TrainingArguments",
+            TRAINING_ARGS,
+            ["warmup_ratio"],
+            "warmup_steps",
+            "5.0.0",
+            "5.15.0",
+            "5.0.0 warns 'warmup_ratio is deprecated'; present in the 5.14.0 wheel, absent from 5.15.0; raises here "
+            "(a warmup_steps below 1 is a ratio)",
+        ),
+        *_args(
+            "transformers",
+            "TrainingArguments",
+            TRAINING_ARGS,
+            ["dispatch_batches", "split_batches"],
+            None,
+            "4.38.0",
+            "4.51.0",
+            "absent from the 4.37.2 wheel's warnings, deprecated in 4.38.2 ('Pass {'dispatch_batches':VALUE} "
+            "to accelerator_config'); present in the 4.50.0 wheel, absent from 4.51.0; raises here",
+            note='accelerator_config={"dispatch_batches": ..., "split_batches": ...}',
+        ),
+        *_args(
+            "transformers",
+            "TrainingArguments",
+            TRAINING_ARGS,
+            ["gradient_checkpointing"],
+            "activation_checkpointing",
+            "5.24.0",
+            None,
+            "transformers 5.24 training_args.py: a deprecated alias, 'will be removed in v6'",
+        ),
+        # ---- transformers: Trainer
+        *_args(
+            "transformers",
+            "Trainer",
+            HF_TRAINER,
+            ["tokenizer"],
+            "processing_class",
+            "4.46.0",
+            "5.0.0",
+            "transformers PR #32385 (v4.46.0) renamed it; MIGRATION_GUIDE_V5.md 'Removing deprecated arguments in "
+            "Trainer'; raises here",
+        ),
+        Rename(
+            "transformers",
+            "Trainer",
+            ATTRIBUTE,
+            "tokenizer",
+            "processing_class",
+            "4.46.0",
+            "5.0.0",
+            "transformers PR #32385 (v4.46.0) deprecated Trainer.tokenizer; absent from 5.0.0's trainer.py; raises here",
+            r"\w*Trainer",
+        ),  # an AttributeError names the object's own class: any subclass
+        # ---- transformers: from_pretrained (an unknown keyword reaches the model class's __init__)
+        *_args(
+            "transformers",
+            "from_pretrained",
+            MODEL,
+            ["use_auth_token"],
+            "token",
+            None,
+            "5.0.0",
+            "transformers PR #41666 (MIGRATION_GUIDE_V5.md 'use_auth_token'); 4.37.2 and 4.57.6 warn 'will be removed "
+            "in v5'; "
+            "raises here",
+        ),
+        *_args(
+            "transformers",
+            "from_pretrained",
+            MODEL,
+            ["load_in_4bit", "load_in_8bit"],
+            None,
+            None,
+            "5.0.0",
+            "transformers PR #41287 (MIGRATION_GUIDE_V5.md 'Quantization changes'); raises here",
+            note="quantization_config=BitsAndBytesConfig(load_in_4bit=True)",
+        ),
+        *_args(
+            "transformers",
+            "from_pretrained",
+            MODEL,
+            ["use_flash_attention_2"],
+            None,
+            None,
+            "4.53.0",
+            "4.37.2 already warns 'deprecated'; present in the 4.52.1 wheel (warns 'deprecated'), absent from 4.53.0; "
+            "raises here",
+            note='attn_implementation="flash_attention_2"',
+        ),
+        *_args(
+            "transformers",
+            "from_pretrained",
+            MODEL,
+            ["torch_dtype"],
+            "dtype",
+            "4.56.0",
+            None,
+            "transformers PR #39782 (v4.56.0); 5.25 still accepts it with a warning",
+        ),
+        Rename(
+            "transformers",
+            "PretrainedConfig",
+            ATTRIBUTE,
+            "rope_theta",
+            None,
+            None,
+            "5.0.0",
+            "transformers PRs #39847 and #42255 (MIGRATION_GUIDE_V5.md 'Configuration'); raises here",
+            CONFIG,
+            'config.rope_parameters["rope_theta"]',
+        ),
+        # ---- transformers: importable names
+        *_imports(
+            "transformers",
+            "transformers",
+            ["top_k_top_p_filtering"],
+            None,
+            None,
+            "4.39.0",
+            "present in the 4.38.2 wheel, absent from 4.39.0; raises here",
+            note="upgrade the library that imports it (trl >= 0.8.0 carries its own copy)",
+        ),
+        *_imports(
+            "transformers",
+            "transformers",
+            ["is_torch_tpu_available"],
+            "is_torch_xla_available",
+            "4.39.0",
+            "4.51.0",
+            "4.50.0 warns 'is deprecated'; absent from the 4.51.0 wheel; raises here",
+        ),
+        # ---- accelerate
+        *_args(
+            "accelerate",
+            "Accelerator",
+            r"Accelerator",
+            ["dispatch_batches", "even_batches", "use_seedable_sampler"],
+            None,
+            "0.28.0",
+            "1.0.0",
+            "accelerate PR #2441 (164193fa, v0.28.0) deprecated them; PR #3098 (79a84264, "
+            "v1.0.0) removed them; raises here",
+            note="Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=...))",
+        ),
+        *_args(
+            "accelerate",
+            "Accelerator",
+            r"Accelerator",
+            ["logging_dir"],
+            "project_dir",
+            "0.16.0",
+            "0.20.0",
+            "accelerate PR #916 (f002ce2a, v0.16.0) added project_dir; PR #1537 (62357f21, v0.20.0) removed "
+            "logging_dir; raises here",
+        ),
+        # ---- peft
+        *_imports(
+            "peft",
+            "peft",
+            ["prepare_model_for_int8_training"],
+            "prepare_model_for_kbit_training",
+            "0.4.0",
+            "0.10.0",
+            "peft PR #483 (3714aa2f, v0.4.0) deprecated it; the v0.10.0 release (PR #1573) removed it; raises here",
+        ),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -203,17 +524,29 @@ def _row(library: str, kind: str, old: str, owner: str) -> Rename:
 
 
 PAIRS: tuple[Pair, ...] = (
-    Pair("trl", "0.8.0", _row("transformers", IMPORT, "top_k_top_p_filtering", "transformers"),
-         "trl/core.py imports transformers.top_k_top_p_filtering",
-         "trl v0.7.11 core.py line 25; trl PR #1415 (7630f877, v0.8.0) copied the function into trl"),
-    Pair("trl", "0.12.0", _row("transformers", ARGUMENT, "tokenizer", "Trainer"),
-         "SFTTrainer/DPOTrainer pass tokenizer= to transformers' Trainer.__init__",
-         "trl v0.11.4 sft_trainer.py super().__init__(..., tokenizer=tokenizer); trl PR #2162 (v0.12.0) "
-         "switched to processing_class"),
-    Pair("transformers", "4.40.0", _row("accelerate", ARGUMENT, "dispatch_batches", "Accelerator"),
-         "Trainer.create_accelerator_and_postprocess passes dispatch_batches to Accelerator(...)",
-         "transformers 4.37.2 trainer.py Accelerator(dispatch_batches=...), 4.38/4.39 via "
-         "AcceleratorConfig.to_dict(); 4.40.0 builds a DataLoaderConfiguration"),
+    Pair(
+        "trl",
+        "0.8.0",
+        _row("transformers", IMPORT, "top_k_top_p_filtering", "transformers"),
+        "trl/core.py imports transformers.top_k_top_p_filtering",
+        "trl v0.7.11 core.py line 25; trl PR #1415 (7630f877, v0.8.0) copied the function into trl",
+    ),
+    Pair(
+        "trl",
+        "0.12.0",
+        _row("transformers", ARGUMENT, "tokenizer", "Trainer"),
+        "SFTTrainer/DPOTrainer pass tokenizer= to transformers' Trainer.__init__",
+        "trl v0.11.4 sft_trainer.py super().__init__(..., tokenizer=tokenizer); trl PR #2162 (v0.12.0) "
+        "switched to processing_class",
+    ),
+    Pair(
+        "transformers",
+        "4.40.0",
+        _row("accelerate", ARGUMENT, "dispatch_batches", "Accelerator"),
+        "Trainer.create_accelerator_and_postprocess passes dispatch_batches to Accelerator(...)",
+        "transformers 4.37.2 trainer.py Accelerator(dispatch_batches=...), 4.38/4.39 via "
+        "AcceleratorConfig.to_dict(); 4.40.0 builds a DataLoaderConfiguration",
+    ),
 )
 
 STACK = ("trl", "transformers", "peft", "accelerate")  # the libraries the table covers

@@ -10,8 +10,10 @@ from sftdoctor.facts.distributions import normalize, requires
 from sftdoctor.facts.renames import STACK
 from sftdoctor.run.gpus import version_tuple
 
-_REQUIREMENT = re.compile(r"^\s*(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*\(?(?P<spec>[^;()]*)\)?"
-                          r"\s*(?:;(?P<marker>.*))?$")
+_REQUIREMENT = re.compile(
+    r"^\s*(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*\(?(?P<spec>[^;()]*)\)?"
+    r"\s*(?:;(?P<marker>.*))?$"
+)
 _CLAUSE = re.compile(r"^\s*(?P<op>~=|===|==|!=|<=|>=|<|>)\s*(?P<version>[\w.*+!-]+)\s*$")
 
 
@@ -50,7 +52,7 @@ def satisfies(version: str | None, spec: str) -> bool | None:
         op, text = match["op"], match["version"]
         if text.endswith(".*"):
             prefix = version_tuple(text[:-2])
-            equal = prefix is not None and have[:len(prefix)] == prefix
+            equal = prefix is not None and have[: len(prefix)] == prefix
             if (op == "==" and not equal) or (op == "!=" and equal):
                 return False
             continue
@@ -59,8 +61,16 @@ def satisfies(version: str | None, spec: str) -> bool | None:
             return None
         width = max(len(have), len(want))
         a, b = have + (0,) * (width - len(have)), want + (0,) * (width - len(want))
-        ok = {"==": a == b, "===": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b,
-              "~=": a >= b and a[:len(want) - 1] == b[:len(want) - 1]}[op]
+        ok = {
+            "==": a == b,
+            "===": a == b,
+            "!=": a != b,
+            "<": a < b,
+            "<=": a <= b,
+            ">": a > b,
+            ">=": a >= b,
+            "~=": a >= b and a[: len(want) - 1] == b[: len(want) - 1],
+        }[op]
         if not ok:
             return False
     return True

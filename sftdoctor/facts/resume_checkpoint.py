@@ -36,9 +36,14 @@ def describe(checkpoint: Path) -> dict[str, Any]:
     tags = sorted(p.name for p in checkpoint.glob("global_step*") if p.is_dir())
     latest = _read(checkpoint / "latest")
     universal = _read(checkpoint / "latest_universal")
-    found = {"path": str(checkpoint), "step": step_of(checkpoint), "tags": tags, "latest": latest,
-             "optimizer_pt": (checkpoint / "optimizer.pt").is_file(),
-             "universal": universal if universal and (checkpoint / universal).is_dir() else None}
+    found = {
+        "path": str(checkpoint),
+        "step": step_of(checkpoint),
+        "tags": tags,
+        "latest": latest,
+        "optimizer_pt": (checkpoint / "optimizer.pt").is_file(),
+        "universal": universal if universal and (checkpoint / universal).is_dir() else None,
+    }
     tag = latest if latest in tags else None
     found["deepspeed"] = layout(sorted(p.name for p in (checkpoint / tag).iterdir())) if tag else None
     return found
@@ -51,8 +56,12 @@ def layout(names: list[str]) -> dict[str, Any] | None:
     if not ranks:
         return None
     stage3 = any(_ZERO3_MODEL.match(name) for name in names)
-    return {"world_size": len(ranks), "ranks": ranks, "zero3": stage3,
-            "model_states": sum(1 for name in names if _ZERO3_MODEL.match(name) or _MODEL.match(name))}
+    return {
+        "world_size": len(ranks),
+        "ranks": ranks,
+        "zero3": stage3,
+        "model_states": sum(1 for name in names if _ZERO3_MODEL.match(name) or _MODEL.match(name)),
+    }
 
 
 def _read(path: Path) -> str | None:

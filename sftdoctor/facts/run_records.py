@@ -27,10 +27,26 @@ from sftdoctor.run.checkpoints import checkpoints, is_complete
 from sftdoctor.run.schedule import schedule_of
 
 # What the curves need, by the names metrics.jsonl uses, and the other names logs use for them.
-SERIES = ("loss", "eval_loss", "learning_rate", "grad_norm", "loss_scale", "tokens_per_second", "step_time_s",
-          "padding_fraction", "memory_allocated_gib", "memory_reserved_gib", "host_rss_gib", "tokens_seen")
-ALIASES = {"lr": "learning_rate", "num_input_tokens_seen": "tokens_seen", "num_tokens": "tokens_seen",
-           "train_loss_step": "loss"}
+SERIES = (
+    "loss",
+    "eval_loss",
+    "learning_rate",
+    "grad_norm",
+    "loss_scale",
+    "tokens_per_second",
+    "step_time_s",
+    "padding_fraction",
+    "memory_allocated_gib",
+    "memory_reserved_gib",
+    "host_rss_gib",
+    "tokens_seen",
+)
+ALIASES = {
+    "lr": "learning_rate",
+    "num_input_tokens_seen": "tokens_seen",
+    "num_tokens": "tokens_seen",
+    "train_loss_step": "loss",
+}
 NAMES = {**{name: name for name in SERIES}, **ALIASES}
 STEP_KEYS = ("step", "current_steps", "global_step")
 TRAINER_STATE = "trainer_state.json"
@@ -76,16 +92,22 @@ def non_finite(series: dict[str, list] | None) -> dict[str, Any] | None:
     bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
     if not bad:
         return None
-    return {"step": series["steps"][bad[0]], "value": shown(values[bad[0]]), "count": len(bad), "of": len(values),
-            "to_end": len(bad) == len(values) - bad[0]}
+    return {
+        "step": series["steps"][bad[0]],
+        "value": shown(values[bad[0]]),
+        "count": len(bad),
+        "of": len(values),
+        "to_end": len(bad) == len(values) - bad[0],
+    }
 
 
 def said(gone: dict[str, Any]) -> str:
     """`non_finite`'s answer in words: "non-finite from step 6 (NaN): 5 of 10 logged points"."""
     if gone["to_end"]:
         return f"non-finite from step {gone['step']} ({gone['value']}): {gone['count']} of {gone['of']} logged points"
-    return (f"non-finite at {gone['count']} of {gone['of']} logged points, first at step {gone['step']} "
-            f"({gone['value']})")
+    return (
+        f"non-finite at {gone['count']} of {gone['of']} logged points, first at step {gone['step']} ({gone['value']})"
+    )
 
 
 class Series:
@@ -119,15 +141,18 @@ class Reader:
         if isinstance(step, float) and step.is_integer():
             step = int(step)
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise InputError(self.source, f"expected a \"step\" that is a whole number >= 0, got {step!r}", key=where)
+            raise InputError(self.source, f'expected a "step" that is a whole number >= 0, got {step!r}', key=where)
         for key, name in NAMES.items():
             value = record.get(key)
             if value is None:  # not logged this step (a Trainer logs a grad_norm of null under DeepSpeed)
                 continue
             number = _number(value)
             if number is None:  # a loss of "nan" or true: dropped, a curve would be judged without its point
-                raise InputError(self.source, f"expected a number (NaN and Infinity included), got {value!r}"[:200],
-                                 key=f"{where}: {key}")
+                raise InputError(
+                    self.source,
+                    f"expected a number (NaN and Infinity included), got {value!r}"[:200],
+                    key=f"{where}: {key}",
+                )
             self.series[name].add(step, number)
         clip = _number(record.get("max_grad_norm"))
         if clip is not None and math.isfinite(clip):  # an infinite threshold would pass every norm as unclipped
@@ -138,15 +163,18 @@ class Reader:
 
     def jsonl(self, text: str) -> None:
         lines = text.split("\n")
-        complete = lines[:-1] if lines and lines[-1] else lines  # a last line without its newline: a writer killed mid-line
+        complete = (
+            lines[:-1] if lines and lines[-1] else lines
+        )  # a last line without its newline: a writer killed mid-line
         for number, line in enumerate(complete, 1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except (ValueError, RecursionError) as exc:
-                raise InputError(self.source, f"expected one JSON object per line: {parse_problem(exc)}",
-                                 key=f"line {number}") from None
+                raise InputError(
+                    self.source, f"expected one JSON object per line: {parse_problem(exc)}", key=f"line {number}"
+                ) from None
             self.record(f"line {number}", record)
 
     def trainer_state(self, text: str) -> None:
@@ -156,7 +184,7 @@ class Reader:
             raise InputError(self.source, f"expected JSON: {parse_problem(exc)}") from None
         history = state.get("log_history") if isinstance(state, dict) else None
         if not isinstance(history, list):
-            raise InputError(self.source, "expected a Trainer state with a \"log_history\" list", key="log_history")
+            raise InputError(self.source, 'expected a Trainer state with a "log_history" list', key="log_history")
         for index, record in enumerate(history):
             self.record(f"log_history[{index}]", record)
         for key, name in (("max_steps", "planned_steps"), ("eval_steps", "eval_steps"), ("save_steps", "save_steps")):
@@ -185,15 +213,28 @@ def log_file(path: Path) -> Path:
     saved = [p for _, p in checkpoints(path) if _there(p / TRAINER_STATE)]
     if saved:
         return saved[-1] / TRAINER_STATE
-    raise InputError(path, f"holds no {rundir.METRICS} or {TRAINER_STATE} (expected a sftdoctor run directory or a "
-                           "Trainer output directory)")
+    raise InputError(
+        path,
+        f"holds no {rundir.METRICS} or {TRAINER_STATE} (expected a sftdoctor run directory or a "
+        "Trainer output directory)",
+    )
 
 
 # The settings of resolved.json the curves are judged against, and the JSON types each may have.
 NUMBER, WHOLE, TEXT, TABLE = (int, float), (int,), (str,), (dict,)
-PLAN_SHAPE = {"total_steps": WHOLE, "learning_rate": NUMBER, "lr_scheduler": TEXT, "lr_scheduler_kwargs": TABLE,
-              "warmup": TABLE, "warmup_steps": WHOLE, "max_grad_norm": NUMBER, "save_steps": WHOLE,
-              "eval_steps": WHOLE, "precision": TEXT, "deepspeed": TABLE}
+PLAN_SHAPE = {
+    "total_steps": WHOLE,
+    "learning_rate": NUMBER,
+    "lr_scheduler": TEXT,
+    "lr_scheduler_kwargs": TABLE,
+    "warmup": TABLE,
+    "warmup_steps": WHOLE,
+    "max_grad_norm": NUMBER,
+    "save_steps": WHOLE,
+    "eval_steps": WHOLE,
+    "precision": TEXT,
+    "deepspeed": TABLE,
+}
 
 
 def _plan(folder: Path) -> dict[str, Any]:
@@ -232,7 +273,7 @@ def _stopped(folder: Path, problems: list[str]) -> dict[str, Any] | None:
         problems.append(f"{path}: not valid JSON ({parse_problem(exc)}); how the run ended is not known")
         return None
     if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("id", "title")):
-        problems.append(f"{path}: expected an object with \"id\" and \"title\" strings; how the run ended is not known")
+        problems.append(f'{path}: expected an object with "id" and "title" strings; how the run ended is not known')
         return None
     return record
 
@@ -247,8 +288,9 @@ def read_run(path: Path) -> dict[str, Any]:
     (reader.trainer_state if source.name.endswith(".json") else reader.jsonl)(text)
     series = {name: s.to_json() for name, s in reader.series.items() if s.steps}
     if not series:
-        raise InputError(source, "holds no metric records (expected a \"step\" with \"loss\", \"eval_loss\" or "
-                                 "\"learning_rate\")")
+        raise InputError(
+            source, 'holds no metric records (expected a "step" with "loss", "eval_loss" or "learning_rate")'
+        )
     plan = _plan(folder)
     problems: list[str] = []
     saved = [(step, p) for step, p in checkpoints(folder)]
@@ -259,8 +301,11 @@ def read_run(path: Path) -> dict[str, Any]:
     try:
         schedule = schedule_of(plan, planned) if plan else None
     except (TypeError, ValueError, ArithmeticError, AttributeError) as exc:  # e.g. a min_lr_rate of "a"
-        raise InputError(folder / rundir.RESOLVED, "lr_scheduler, learning_rate, warmup and lr_scheduler_kwargs do "
-                                                   f"not make a schedule ({type(exc).__name__}: {exc})") from None
+        raise InputError(
+            folder / rundir.RESOLVED,
+            "lr_scheduler, learning_rate, warmup and lr_scheduler_kwargs do "
+            f"not make a schedule ({type(exc).__name__}: {exc})",
+        ) from None
     return {
         # a log named on its own (runs/a-trainer_state.json) is called by its own name
         "name": source.stem if path.is_file() and source.name not in LOG_FILES else folder.name or str(folder),

@@ -14,25 +14,73 @@ from typing import Any
 
 VERSION = re.compile(r"\d+(\.\d+)*([.+-]\w[\w.+-]*)?")
 COUNT = "an integer >= 0"
-OPT_STR, OPT_INT, OPT_BOOL, OPT_VERSION, OPT_COUNT = (str, None), (int, None), (bool, None), (VERSION, None), (COUNT, None)
+OPT_STR, OPT_INT, OPT_BOOL, OPT_VERSION, OPT_COUNT = (
+    (str, None),
+    (int, None),
+    (bool, None),
+    (VERSION, None),
+    (COUNT, None),
+)
 
 SHAPES: dict[str, Any] = {
-    "gpus": {"driver_version": OPT_VERSION, "cuda_version": OPT_VERSION,
-             "devices": [{"index": OPT_INT, "name": OPT_STR, "uuid": OPT_STR, "pci_bus_id": OPT_STR,
-                          "compute_capability": OPT_VERSION, "memory_total_mib": OPT_COUNT, "nvlink_links_up": OPT_COUNT}]},
-    "topology": {"source": OPT_STR, "devices": [str], "nics": {str: str}, "links": {str: {str: str}},
-                 "incomplete": {str: str}, "inconsistent": OPT_STR},
-    "flash_attn": {"installed": OPT_BOOL, "version": OPT_STR, "import_ok": OPT_BOOL, "import_error": OPT_STR,
-                   "wheel": OPT_STR},
+    "gpus": {
+        "driver_version": OPT_VERSION,
+        "cuda_version": OPT_VERSION,
+        "devices": [
+            {
+                "index": OPT_INT,
+                "name": OPT_STR,
+                "uuid": OPT_STR,
+                "pci_bus_id": OPT_STR,
+                "compute_capability": OPT_VERSION,
+                "memory_total_mib": OPT_COUNT,
+                "nvlink_links_up": OPT_COUNT,
+            }
+        ],
+    },
+    "topology": {
+        "source": OPT_STR,
+        "devices": [str],
+        "nics": {str: str},
+        "links": {str: {str: str}},
+        "incomplete": {str: str},
+        "inconsistent": OPT_STR,
+    },
+    "flash_attn": {
+        "installed": OPT_BOOL,
+        "version": OPT_STR,
+        "import_ok": OPT_BOOL,
+        "import_error": OPT_STR,
+        "wheel": OPT_STR,
+    },
     "torch_build": {"version": OPT_VERSION, "cuda": OPT_VERSION, "hip": OPT_VERSION, "git_version": OPT_STR},
     "toolkit": {"cuda_home": OPT_STR, "nvcc": OPT_STR, "nvcc_version": OPT_VERSION, "found_by": OPT_STR},
-    "rendezvous": {"master_addr": OPT_STR, "master_port": OPT_COUNT, "free_port": OPT_COUNT, "in_use": OPT_BOOL,
-                   "local": OPT_BOOL, "source": OPT_STR},
-    "slurm": {"job_id": str, "nnodes": OPT_COUNT, "node_id": OPT_COUNT, "nodelist": OPT_STR, "hosts": [str],
-              "hosts_from": OPT_STR, "gpus_on_node": OPT_COUNT, "restart_count": OPT_COUNT},
+    "rendezvous": {
+        "master_addr": OPT_STR,
+        "master_port": OPT_COUNT,
+        "free_port": OPT_COUNT,
+        "in_use": OPT_BOOL,
+        "local": OPT_BOOL,
+        "source": OPT_STR,
+    },
+    "slurm": {
+        "job_id": str,
+        "nnodes": OPT_COUNT,
+        "node_id": OPT_COUNT,
+        "nodelist": OPT_STR,
+        "hosts": [str],
+        "hosts_from": OPT_STR,
+        "gpus_on_node": OPT_COUNT,
+        "restart_count": OPT_COUNT,
+    },
     "deepspeed_defaults": {"version": OPT_VERSION, "gradient_clipping": (float, None), "installed_ops": {str: bool}},
-    "disk_space": {"output_dir": OPT_STR, "probed": OPT_STR, "free_bytes": OPT_COUNT, "total_bytes": OPT_COUNT,
-                   "error": OPT_STR},
+    "disk_space": {
+        "output_dir": OPT_STR,
+        "probed": OPT_STR,
+        "free_bytes": OPT_COUNT,
+        "total_bytes": OPT_COUNT,
+        "error": OPT_STR,
+    },
     "transformers_features": {str: (bool, str, None)},
     "env": {str: OPT_STR},
     "packages": {str: OPT_STR},

@@ -26,8 +26,11 @@ def expand_nodelist(text: str) -> list[str]:
     range, an unclosed, nested or stray bracket, text after a name's last bracket group."""
     hosts: list[str] = []
     for part in _parts(text):
-        if part.count("[") != part.count("]") or re.search(r"\[[^\]]*\[|\][^\[]*\]", part) or \
-                part.find("]") < part.find("["):
+        if (
+            part.count("[") != part.count("]")
+            or re.search(r"\[[^\]]*\[|\][^\[]*\]", part)
+            or part.find("]") < part.find("[")
+        ):
             raise ValueError(f"unbalanced brackets in {part!r}")
         if "]" in part and not part.endswith("]"):
             raise ValueError(f"text after the last bracket group in {part!r}")
@@ -71,8 +74,9 @@ def hostnames(nodelist: str) -> tuple[list[str], str]:
     """(hosts, how they were read); no hosts and the reason when the list is one Slurm would refuse."""
     if shutil.which("scontrol"):
         try:
-            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                                 timeout=SCONTROL_TIMEOUT_S)
+            out = subprocess.run(
+                ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S
+            )
             if out.returncode == 0 and out.stdout.split():
                 return out.stdout.split(), "scontrol show hostnames"
         except (OSError, subprocess.TimeoutExpired):
@@ -98,7 +102,9 @@ def probe_slurm(facts) -> dict[str, Any] | None:
         "job_id": env["SLURM_JOB_ID"],
         "nnodes": _int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES")),
         "node_id": _int(env.get("SLURM_NODEID")),
-        "nodelist": nodelist, "hosts": hosts, "hosts_from": how,
+        "nodelist": nodelist,
+        "hosts": hosts,
+        "hosts_from": how,
         "gpus_on_node": _int(gpus.split("(")[0].split(":")[-1]) if gpus else None,  # "4", or "a100:4" in some sites
         "restart_count": _int(env.get("SLURM_RESTART_COUNT")) or 0,  # how often the job was requeued
     }

@@ -16,19 +16,29 @@ from sftdoctor.run.resolve import TORCHRUN_DEFAULT_PORT
 
 # Exact names, and prefixes, of the environment variables that change how a run behaves.
 ENV_NAMES = {
-    "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "CUDA_PATH", "CUDA_DEVICE_MAX_CONNECTIONS",
-    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-    "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "OMP_NUM_THREADS", "HF_HUB_OFFLINE",
-    "TRANSFORMERS_OFFLINE", "LD_LIBRARY_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+    "OMP_NUM_THREADS",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "LD_LIBRARY_PATH",
 }
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCH_FR_", "SLURM_JOB_NUM_NODES")
 
 
 def probe_env(facts) -> dict[str, str]:
     return {
-        name: value
-        for name, value in sorted(os.environ.items())
-        if name in ENV_NAMES or name.startswith(ENV_PREFIXES)
+        name: value for name, value in sorted(os.environ.items()) if name in ENV_NAMES or name.startswith(ENV_PREFIXES)
     }
 
 
@@ -74,8 +84,13 @@ def probe_rendezvous(facts) -> dict[str, Any]:
         addr, port, source = env.get("MASTER_ADDR", "127.0.0.1"), env["MASTER_PORT"], "environment"
     else:
         addr, port, source = "127.0.0.1", TORCHRUN_DEFAULT_PORT, "torchrun default"
-    result: dict[str, Any] = {"master_addr": addr, "master_port": port, "source": source, "in_use": None,
-                              "free_port": free_port()}
+    result: dict[str, Any] = {
+        "master_addr": addr,
+        "master_port": port,
+        "source": source,
+        "in_use": None,
+        "free_port": free_port(),
+    }
     if port == "auto":
         return result
     try:

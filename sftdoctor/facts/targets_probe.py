@@ -22,16 +22,67 @@ from sftdoctor.facts.probe_cache import cached, folder_files
 # Plan fields the probe's answer does not depend on: it builds the trainer and collates every sampled row in one
 # batch, on one CPU process, without LoRA, DeepSpeed or any step; so neither the optimizer and schedule nor the
 # batch, the world, the adapters or the watchers change what the collator gives the model.
-UNSEEN = frozenset({
-    "train_files", "eval_files", "model_path", "tokenizer_path", "reasons", "master_port", "master_addr",
-    "learning_rate", "lr_scheduler", "lr_scheduler_kwargs", "warmup", "warmup_steps", "weight_decay", "max_grad_norm",
-    "epochs", "total_steps", "logging_steps", "save_steps", "save_total_limit", "eval_steps",
-    "hang_timeout_s", "ddp_timeout_s", "stop_grace_s", "join_timeout_s", "on_nan", "max_skips", "loss_spike_factor",
-    "per_device_batch_size", "global_batch_size", "gradient_accumulation_steps", "nearest_global_batch_sizes",
-    "nproc_per_node", "nnodes", "node_rank", "world_size", "max_restarts", "distributed_check",
-    "distributed_check_bound_s", "zero_stage", "offload_optimizer", "offload_params", "deepspeed_source",
-    "checkpointing_arg", "checkpointing_reentrant", "load_dtype", "weights", "lora", "evaluation", "data_rows",
-    "eval_fraction", "length_grouping", "rehearse", "rehearsal", "drill", "plugins", "moe", "liger_available"})
+UNSEEN = frozenset(
+    {
+        "train_files",
+        "eval_files",
+        "model_path",
+        "tokenizer_path",
+        "reasons",
+        "master_port",
+        "master_addr",
+        "learning_rate",
+        "lr_scheduler",
+        "lr_scheduler_kwargs",
+        "warmup",
+        "warmup_steps",
+        "weight_decay",
+        "max_grad_norm",
+        "epochs",
+        "total_steps",
+        "logging_steps",
+        "save_steps",
+        "save_total_limit",
+        "eval_steps",
+        "hang_timeout_s",
+        "ddp_timeout_s",
+        "stop_grace_s",
+        "join_timeout_s",
+        "on_nan",
+        "max_skips",
+        "loss_spike_factor",
+        "per_device_batch_size",
+        "global_batch_size",
+        "gradient_accumulation_steps",
+        "nearest_global_batch_sizes",
+        "nproc_per_node",
+        "nnodes",
+        "node_rank",
+        "world_size",
+        "max_restarts",
+        "distributed_check",
+        "distributed_check_bound_s",
+        "zero_stage",
+        "offload_optimizer",
+        "offload_params",
+        "deepspeed_source",
+        "checkpointing_arg",
+        "checkpointing_reentrant",
+        "load_dtype",
+        "weights",
+        "lora",
+        "evaluation",
+        "data_rows",
+        "eval_fraction",
+        "length_grouping",
+        "rehearse",
+        "rehearsal",
+        "drill",
+        "plugins",
+        "moe",
+        "liger_available",
+    }
+)
 SAMPLE_ROWS = 64  # per data file: the first ones, plus its longest and shortest rows
 SHOWN_CHARS = 1200
 TIMEOUT_S = 600
@@ -50,8 +101,11 @@ def probe_training_targets(facts) -> dict[str, Any] | None:
     if plan.data_shape == "messages" and not (facts.get("chat_template") or {"has_template": True})["has_template"]:
         return {"error": NO_TEMPLATE}  # the trainer cannot be built: the chat-template check says why
     request = probe_plan(plan, "").to_json()
-    files = [Path(name) for name in plan.train_files] + folder_files(tokenizer_folder(plan.model_path)) + \
-        folder_files(folder)
+    files = (
+        [Path(name) for name in plan.train_files]
+        + folder_files(tokenizer_folder(plan.model_path))
+        + folder_files(folder)
+    )
     # Paths are keyed by their files' content; nothing in UNSEEN changes what the trainer's collator gives the
     # model, so every trial of a learning-rate or batch-size sweep, and a rerun on more GPUs, reads one answer back.
     keyed = {k: v for k, v in request.items() if k not in UNSEEN}
@@ -83,10 +137,19 @@ def sample_rows(files: tuple[str, ...]) -> list[Any]:
 
 def probe_plan(plan, folder: str):
     """The run's plan as the probe runs it: on this CPU, for one step, writing only into `folder`."""
-    return dataclasses.replace(plan, output_dir=folder, deepspeed=None, cuda=False, precision="fp32",
-                               report_to="none", max_steps=1, checkpointing=False, liger_kernel=False, data_limit=None,
-                               attn_implementation="sdpa" if plan.attn_implementation.startswith("flash") else
-                               plan.attn_implementation)
+    return dataclasses.replace(
+        plan,
+        output_dir=folder,
+        deepspeed=None,
+        cuda=False,
+        precision="fp32",
+        report_to="none",
+        max_steps=1,
+        checkpointing=False,
+        liger_kernel=False,
+        data_limit=None,
+        attn_implementation="sdpa" if plan.attn_implementation.startswith("flash") else plan.attn_implementation,
+    )
 
 
 def samples(batch) -> list[tuple[list[int], list[int]]]:
@@ -167,22 +230,36 @@ def targets(plan_json: dict[str, Any]) -> dict[str, Any]:
         targets = [i for i, label in enumerate(labels) if label != -100]
         # the last target that is not whitespace: a template may train the newline after its end-of-turn token
         last = next((i for i in reversed(targets) if ids[i] in stops or tokenizer.decode([ids[i]]).strip()), -1)
-        found.append({"tokens": len(ids), "targets": len(targets),
-                      "last_target_is_stop": last >= 0 and ids[last] in stops,
-                      # a stop token after the answer that is not a target: masked (pad = eos masked by id)
-                      "stop_masked": any(token in stops for token in ids[last + 1:]),
-                      "leading_bos": _leading(ids, tokenizer.bos_token_id),
-                      "stray_targets": _stray(tokenizer, ids, labels, answers) if answers else []})
+        found.append(
+            {
+                "tokens": len(ids),
+                "targets": len(targets),
+                "last_target_is_stop": last >= 0 and ids[last] in stops,
+                # a stop token after the answer that is not a target: masked (pad = eos masked by id)
+                "stop_masked": any(token in stops for token in ids[last + 1 :]),
+                "leading_bos": _leading(ids, tokenizer.bos_token_id),
+                "stray_targets": _stray(tokenizer, ids, labels, answers) if answers else [],
+            }
+        )
     first_ids, first_labels = collated[0] if collated else ([], [])
     return {
-        "samples": found, "rows": len(rows), "max_length": plan.max_length, "packed": plan.packing,
-        "shape": plan.data_shape, "assistant_only_loss": plan.assistant_only_loss,
-        "eos_token": tokenizer.eos_token, "eos_token_id": eos, "pad_token_id": tokenizer.pad_token_id,
-        "end_of_turn_id": eot, "end_of_turn": tokenizer.convert_ids_to_tokens(eot) if eot is not None else None,
-        "bos_token_id": tokenizer.bos_token_id, "full_lengths": lengths,
+        "samples": found,
+        "rows": len(rows),
+        "max_length": plan.max_length,
+        "packed": plan.packing,
+        "shape": plan.data_shape,
+        "assistant_only_loss": plan.assistant_only_loss,
+        "eos_token": tokenizer.eos_token,
+        "eos_token_id": eos,
+        "pad_token_id": tokenizer.pad_token_id,
+        "end_of_turn_id": eot,
+        "end_of_turn": tokenizer.convert_ids_to_tokens(eot) if eot is not None else None,
+        "bos_token_id": tokenizer.bos_token_id,
+        "full_lengths": lengths,
         "generation_eos": _generation_eos(plan.model_path),
         "first_sample": marked(tokenizer, first_ids, first_labels),
-        "chat_template": plan.chat_template, **templates,
+        "chat_template": plan.chat_template,
+        **templates,
     }
 
 
@@ -203,14 +280,17 @@ def _templates(plan, tokenizer, rows, saved: str | None) -> dict[str, Any]:
     def differ(template: str | None) -> int:
         if template is None:
             return len(rows)
-        return sum(tokenizer.apply_chat_template(row["messages"], chat_template=template, tokenize=False)
-                   != tokenizer.apply_chat_template(row["messages"], chat_template=trained, tokenize=False)
-                   for row in rows)
+        return sum(
+            tokenizer.apply_chat_template(row["messages"], chat_template=template, tokenize=False)
+            != tokenizer.apply_chat_template(row["messages"], chat_template=trained, tokenize=False)
+            for row in rows
+        )
 
     found = {"saved_template_differs": differ(saved)}
     if trained != tokenizer.chat_template:  # the training template's file, for the fix to name
-        found["trained_template"] = next((str(path) for _, _, path in marked_templates()
-                                          if path.read_text(encoding="utf-8") == trained), None)
+        found["trained_template"] = next(
+            (str(path) for _, _, path in marked_templates() if path.read_text(encoding="utf-8") == trained), None
+        )
     if plan.chat_template:
         folder = tokenizer_folder(plan.tokenizer_path)
         found["own_template_differs"] = differ(read_template(folder) if folder else None)

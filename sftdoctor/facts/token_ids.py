@@ -30,8 +30,9 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.probe_cache import cached, folder_files
@@ -57,16 +58,26 @@ def probe_token_ids(facts) -> dict[str, Any] | None:
     request = {"plan": plan.to_json(), "vocab_size": model["vocab_size"], "files": files}
     # Keyed by the files' contents (watched) and names, not where they are: the answer names rows by file name, so
     # the same data and tokenizer copied elsewhere (another run directory, a sweep's trial) read the answer back.
-    keyed = {"vocab_size": model["vocab_size"], "files": [Path(f).name for f in files],
-             "chat_template": plan.chat_template, "format": plan.data_format, "shape": plan.data_shape}
+    keyed = {
+        "vocab_size": model["vocab_size"],
+        "files": [Path(f).name for f in files],
+        "chat_template": plan.chat_template,
+        "format": plan.data_format,
+        "shape": plan.data_shape,
+    }
     watched = [Path(f) for f in files] + folder_files(folder)
     if plan.chat_template:
         watched.append(Path(plan.chat_template))
-    return cached("token-ids", keyed, watched,
-                  lambda: in_child("sftdoctor.facts.token_ids", request, "the token-id scan", TIMEOUT_S))
+    return cached(
+        "token-ids",
+        keyed,
+        watched,
+        lambda: in_child("sftdoctor.facts.token_ids", request, "the token-id scan", TIMEOUT_S),
+    )
 
 
 # ---------------------------------------------------------------- in the child
+
 
 def strings(value: Any) -> Iterator[str]:
     if isinstance(value, str):
@@ -163,8 +174,9 @@ class Trained:
         turns = self.turns if turns is None else turns
         out = [tokenizer.apply_chat_template(turns, tokenize=False)]
         if self.prompt_turns:
-            out.append(tokenizer.apply_chat_template(turns[:self.prompt_turns], tokenize=False,
-                                                     add_generation_prompt=True))
+            out.append(
+                tokenizer.apply_chat_template(turns[: self.prompt_turns], tokenize=False, add_generation_prompt=True)
+            )
         return out
 
     def encoded(self, tokenizer) -> list[int]:
@@ -197,8 +209,10 @@ class Finder:
         self.raw_re, self.norm_re = self._pattern(self.raw), self._pattern(self.norm)
         # A JSON line holds a string's text as is, but for its escapes: quotes, backslashes and control characters
         # (the forms below), and any character a writer chose to escape (\\uXXXX, \\/: then the line is read whole).
-        forms = {json.dumps(t, ensure_ascii=False)[1:-1] for t in [*self.raw, *self.norm,
-                                                                   *(t.content for t in normalized.values())]}
+        forms = {
+            json.dumps(t, ensure_ascii=False)[1:-1]
+            for t in [*self.raw, *self.norm, *(t.content for t in normalized.values())]
+        }
         self.line_re = self._pattern(forms)
 
     def may_hold(self, line: str) -> bool:
@@ -229,7 +243,8 @@ class Scan:
         normalizer = tokenizer.backend_tokenizer.normalizer if hasattr(tokenizer, "backend_tokenizer") else None
         self.model_high = sorted(i for i in self.high if i not in added)
         exact = not getattr(tokenizer, "split_special_tokens", False) and all(
-            literal(added[i], added) for i in self.high if i in added)
+            literal(added[i], added) for i in self.high if i in added
+        )
         self.mode = "none" if not self.high else "added" if exact and not self.model_high else "full"
         self.find = Finder({i: added[i] for i in self.high if i in added}, normalizer)
         self.eos = tokenizer.eos_token or ""
@@ -361,18 +376,27 @@ class Scan:
 
     def result(self, began: float) -> dict[str, Any]:
         specials = {name: getattr(self.tokenizer, f"{name}_token_id") for name in SPECIALS}
-        out = {"vocab_size": self.vocab_size, "tokenizer_size": self.size, "mode": self.mode,
-               "rows": self.rows if self.mode != "none" else None, "rows_out_of_range": self.hit_rows,
-               "largest_id": self.largest if self.largest >= 0 else None,
-               "out_of_range_tokens": {self._token(i): i for i in sorted(self.high)[:20]},
-               "tokens_past_vocab": len(self.high), "vocabulary_past_vocab": len(self.model_high),
-               "largest_token": self._token(self.largest) if self.largest >= 0 else None,
-               "found": {self._token(i): n for i, n in sorted(self.found.items(), key=lambda kv: -kv[1])[:20]},
-               "around_content": {self._token(i): n for i, n in sorted(self.around.items())},
-               "examples": self.examples, "refused": self.refused, "refused_rows": self.refused_count,
-               "specials": {k: v for k, v in specials.items() if v is not None},
-               "specials_out_of_range": {k: v for k, v in specials.items() if v is not None and v >= self.vocab_size},
-               "seconds": round(time.perf_counter() - began, 2), "tokenizer_seconds": round(self.loaded, 2)}
+        out = {
+            "vocab_size": self.vocab_size,
+            "tokenizer_size": self.size,
+            "mode": self.mode,
+            "rows": self.rows if self.mode != "none" else None,
+            "rows_out_of_range": self.hit_rows,
+            "largest_id": self.largest if self.largest >= 0 else None,
+            "out_of_range_tokens": {self._token(i): i for i in sorted(self.high)[:20]},
+            "tokens_past_vocab": len(self.high),
+            "vocabulary_past_vocab": len(self.model_high),
+            "largest_token": self._token(self.largest) if self.largest >= 0 else None,
+            "found": {self._token(i): n for i, n in sorted(self.found.items(), key=lambda kv: -kv[1])[:20]},
+            "around_content": {self._token(i): n for i, n in sorted(self.around.items())},
+            "examples": self.examples,
+            "refused": self.refused,
+            "refused_rows": self.refused_count,
+            "specials": {k: v for k, v in specials.items() if v is not None},
+            "specials_out_of_range": {k: v for k, v in specials.items() if v is not None and v >= self.vocab_size},
+            "seconds": round(time.perf_counter() - began, 2),
+            "tokenizer_seconds": round(self.loaded, 2),
+        }
         return out
 
 

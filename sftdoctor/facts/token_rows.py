@@ -25,8 +25,13 @@ from sftdoctor.facts.tokenizer import read_template, special_tokens, tokenizer_f
 
 REFERENCE_ROWS = 256
 TIMEOUT_S = 300
-EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "tok_embeddings.weight",
-                      "embed_in.weight")
+EMBEDDING_SUFFIXES = (
+    "embed_tokens.weight",
+    "wte.weight",
+    "word_embeddings.weight",
+    "tok_embeddings.weight",
+    "embed_in.weight",
+)
 OUTPUT_SUFFIXES = ("lm_head.weight", "embed_out.weight", "output.weight")
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")  # safetensors' names of what a trained row holds
 
@@ -47,8 +52,12 @@ def probe_token_rows(facts) -> dict[str, Any] | None:
     if isinstance(tensors, dict) or not tensors:  # a file that cannot be read: said, never skipped
         return tensors or None
     request = {"files": [str(p) for p in tensors], "tokens": asked}
-    return cached("token-rows", {"tokens": asked}, [*folder_files(folder), *tensors],
-                  lambda: in_child("sftdoctor.facts.token_rows", request, "reading the embedding rows", TIMEOUT_S))
+    return cached(
+        "token-rows",
+        {"tokens": asked},
+        [*folder_files(folder), *tensors],
+        lambda: in_child("sftdoctor.facts.token_rows", request, "reading the embedding rows", TIMEOUT_S),
+    )
 
 
 def weight_files(folder: Path) -> list[Path] | dict[str, str]:
@@ -88,8 +97,14 @@ def template_tokens(folder: Path, chat_template: Path | None) -> dict[str, int]:
         added = json.loads(read_text(file, "tokenizer file")).get("added_tokens") or []
     except (ValueError, AttributeError):
         return {}
-    ids = {t["content"]: t["id"] for t in added if isinstance(t, dict) and isinstance(t.get("content"), str)
-           and isinstance(t.get("id"), int) and not isinstance(t.get("id"), bool)}
+    ids = {
+        t["content"]: t["id"]
+        for t in added
+        if isinstance(t, dict)
+        and isinstance(t.get("content"), str)
+        and isinstance(t.get("id"), int)
+        and not isinstance(t.get("id"), bool)
+    }
     template = read_text(chat_template, "chat template") if chat_template else read_template(folder)
     named = set(special_tokens(folder).get(k) for k in ("eos_token", "bos_token"))  # a pad row is masked out anyway
     return {token: i for token, i in ids.items() if (template and token in template) or token in named}
@@ -105,16 +120,23 @@ def read_rows(files: list[str], tokens: dict[str, int]) -> dict[str, Any]:
     for file in files:
         try:
             with safe_open(file, framework="pt") as f:
-                for name in f.keys():
-                    kind = ("input" if name.endswith(EMBEDDING_SUFFIXES) else
-                            "output" if name.endswith(OUTPUT_SUFFIXES) else None)
+                for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+                    kind = (
+                        "input"
+                        if name.endswith(EMBEDDING_SUFFIXES)
+                        else "output"
+                        if name.endswith(OUTPUT_SUFFIXES)
+                        else None
+                    )
                     if kind and kind not in found:
                         found[kind] = {**_rows(f.get_slice(name), name, tokens, torch), "tensor": name, "file": file}
         except Exception as exc:  # a header that lies, a dtype torch cannot read, a truncated file
             return {"error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}", "file": file}
     if "input" not in found:
-        return {"error": "no input embedding among the checkpoint's tensors (" + ", ".join(EMBEDDING_SUFFIXES) + ")",
-                "file": files[0] if len(files) == 1 else ", ".join(files)}
+        return {
+            "error": "no input embedding among the checkpoint's tensors (" + ", ".join(EMBEDDING_SUFFIXES) + ")",
+            "file": files[0] if len(files) == 1 else ", ".join(files),
+        }
     return found
 
 
@@ -127,7 +149,7 @@ def _rows(table, name: str, tokens: dict[str, int], torch) -> dict[str, Any]:
     vocab = shape[0]
 
     def stats(i: int) -> dict[str, Any]:
-        values = table[i:i + 1].to(torch.float64)[0]
+        values = table[i : i + 1].to(torch.float64)[0]
         bad = int((~torch.isfinite(values)).sum())
         if bad:
             return {"id": i, "non_finite": bad}
@@ -139,8 +161,12 @@ def _rows(table, name: str, tokens: dict[str, int], torch) -> dict[str, Any]:
     ordinary = [stats(i) for i in dict.fromkeys(picked) if i not in set(tokens.values())]
     norms = sorted(r["norm"] for r in ordinary if "norm" in r)
     rows = {token: stats(i) if 0 <= i < vocab else {"id": i, "outside": vocab} for token, i in tokens.items()}
-    return {"rows": rows, "median_norm": norms[len(norms) // 2] if norms else 0.0, "vocab": vocab,
-            "non_finite_rows": [r["id"] for r in ordinary if "non_finite" in r]}
+    return {
+        "rows": rows,
+        "median_norm": norms[len(norms) // 2] if norms else 0.0,
+        "vocab": vocab,
+        "non_finite_rows": [r["id"] for r in ordinary if "non_finite" in r],
+    }
 
 
 if __name__ == "__main__":

@@ -66,10 +66,23 @@ BUNDLED = Path(__file__).parent / "chat_templates"
 _Q, _A = "What is 2 + 2?\nShow your work.", "2 + 2 = 4.\n\nSo: 4"
 CONVERSATIONS = (
     ([{"role": "user", "content": _Q}, {"role": "assistant", "content": _A}], False),
-    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": _Q},
-      {"role": "assistant", "content": _A}], False),
-    ([{"role": "user", "content": _Q}, {"role": "assistant", "content": _A},
-      {"role": "user", "content": "And 3 + 3?"}, {"role": "assistant", "content": "6"}], False),
+    (
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": _Q},
+            {"role": "assistant", "content": _A},
+        ],
+        False,
+    ),
+    (
+        [
+            {"role": "user", "content": _Q},
+            {"role": "assistant", "content": _A},
+            {"role": "user", "content": "And 3 + 3?"},
+            {"role": "assistant", "content": "6"},
+        ],
+        False,
+    ),
     ([{"role": "user", "content": _Q}], True),
     ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": _Q}], True),
 )
@@ -114,11 +127,13 @@ def render(template: str, tokens: dict[str, str], messages: list[dict[str, str]]
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
     env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
     env.globals.update(raise_exception=raise_exception, strftime_now=lambda f: datetime.now().strftime(f))
     try:
-        return env.from_string(template).render(messages=messages, add_generation_prompt=prompt, tools=None,
-                                                documents=None, **tokens)
+        return env.from_string(template).render(
+            messages=messages, add_generation_prompt=prompt, tools=None, documents=None, **tokens
+        )
     except Exception:  # a template's own error (TemplateError, TypeError on a missing key): it refuses them
         return None
 
@@ -145,8 +160,10 @@ def marked_equivalent(template: str, tokens: dict[str, str]) -> dict[str, str] |
         return None
     for name, source, path in marked_templates():
         text = path.read_text(encoding="utf-8")
-        if all(render(text, tokens, messages, prompt) == expected
-               for (messages, prompt), expected in zip(CONVERSATIONS, own)):
+        if all(
+            render(text, tokens, messages, prompt) == expected
+            for (messages, prompt), expected in zip(CONVERSATIONS, own)
+        ):
             return {"name": name, "source": source, "path": str(path)}
     return None
 
@@ -168,6 +185,7 @@ def probe_chat_template(facts) -> dict[str, Any] | None:
         found["given"] = str(given)
     elif not markers and not patchable:
         tokens = special_tokens(folder)  # a no-match compiles every candidate (~0.6 s): kept on disk
-        found["marked_equivalent"] = cached("drop-in", [template, tokens], [],
-                                            lambda: {"found": marked_equivalent(template, tokens)})["found"]
+        found["marked_equivalent"] = cached(
+            "drop-in", [template, tokens], [], lambda: {"found": marked_equivalent(template, tokens)}
+        )["found"]
     return found

@@ -40,7 +40,6 @@ _HEADER = re.compile(r"(?:^|\s)GPU0(?:\s+(?:GPU\d+|NIC0|CPU|NUMA|[A-Za-z]+\d*_\d
 _TABLE_RULE = re.compile(r"[\s|:\-]*-[\s|:\-]*")
 
 
-
 class Contradiction(InputError):
     """A matrix that contradicts itself: no link can be judged from it."""
 
@@ -75,7 +74,7 @@ def parse_topology(text: str, source: str = "<topology>") -> dict[str, Any]:
     if len(set(columns)) != len(columns):
         raise Contradiction(source, f"line {header_at + 1}: repeated device column in the header")
     leading = [name for name in _AFFINITY_NAMES if name in " ".join(words[:first])]
-    affinity_names = leading + [name for name in _AFFINITY_NAMES if name in " ".join(words[first + len(columns):])]
+    affinity_names = leading + [name for name in _AFFINITY_NAMES if name in " ".join(words[first + len(columns) :])]
 
     links: dict[str, dict[str, str]] = {}
     affinity: dict[str, dict[str, str]] = {}
@@ -86,7 +85,7 @@ def parse_topology(text: str, source: str = "<topology>") -> dict[str, Any]:
         if row is None:
             nics[values[0]] = values[1]
             continue
-        before, values = values[:len(leading)], values[len(leading):]
+        before, values = values[: len(leading)], values[len(leading) :]
         if cut is not None:  # a row follows the short one: it was not cut off at the end of a paste
             raise Contradiction(source, _short(cut[:2], len(columns)))
         codes = list(itertools.takewhile(_LINK.fullmatch, values[: len(columns)]))
@@ -99,7 +98,7 @@ def parse_topology(text: str, source: str = "<topology>") -> dict[str, Any]:
         if codes[columns.index(row)] != "X":
             raise Contradiction(source, f"line {number}: row {row} should have X in its own column")
         links[row] = dict(zip(columns, codes))
-        if extra := {name: cell for name, cell in zip(affinity_names, before + values[len(columns):]) if cell}:
+        if extra := {name: cell for name, cell in zip(affinity_names, before + values[len(columns) :]) if cell}:
             affinity[row] = extra
 
     incomplete = {c: "no row" for c in columns if c not in links and c.startswith("GPU")}
@@ -128,12 +127,17 @@ def contradiction(links: dict[str, dict[str, str]]) -> tuple[str, str] | None:
             if not _LINK.fullmatch(code):
                 return pair, f"{a}->{b} is {code!r}, not a link code (X, NV#, PIX, PXB, PHB, NODE, SYS)"
             if (code == "X") != (a == b):
-                return pair, (f"{a}->{b} is X, which only a device's own column may be" if a != b
-                              else f"{a}->{a} is {code}: a device's own column is X")
+                return pair, (
+                    f"{a}->{b} is X, which only a device's own column may be"
+                    if a != b
+                    else f"{a}->{a} is {code}: a device's own column is X"
+                )
             back = links.get(b, {}).get(a)
             if a != b and back is not None and back != code:
-                return pair, (f"the matrix contradicts itself: {a}->{b} is {code} but {b}->{a} is {back} "
-                              "(nvidia-smi prints one symmetric matrix)")
+                return pair, (
+                    f"the matrix contradicts itself: {a}->{b} is {code} but {b}->{a} is {back} "
+                    "(nvidia-smi prints one symmetric matrix)"
+                )
     return None
 
 
@@ -146,8 +150,9 @@ def _plain(line: str) -> str:
     return line.rstrip()
 
 
-def _rows(lines: list[str], start: int, columns: list[str], leading: int, source: str
-          ) -> list[tuple[int, str | None, list[str]]]:
+def _rows(
+    lines: list[str], start: int, columns: list[str], leading: int, source: str
+) -> list[tuple[int, str | None, list[str]]]:
     """(line number, row name, its cells: the `leading` affinity cells a table put before the name, then the
     rest) of each matrix row after the header, a row wrapped onto the next lines joined back; (line number,
     None, [NIC, name]) for each NIC legend line."""
@@ -158,15 +163,21 @@ def _rows(lines: list[str], start: int, columns: list[str], leading: int, source
             rows.append((number, None, [legend[1], legend[2]]))
             continue
         cells = line.split()
-        at = next((i for i, cell in enumerate(cells[:leading + 1]) if cell in columns), None)
+        at = next((i for i, cell in enumerate(cells[: leading + 1]) if cell in columns), None)
         if at is not None and cells[at] not in seen:
             seen.add(cells[at])
-            rows.append((number, cells[at], [""] * (leading - at) + cells[:at] + cells[at + 1:]))
+            rows.append((number, cells[at], [""] * (leading - at) + cells[:at] + cells[at + 1 :]))
         elif len(cells) > 1 and _DEVICE.fullmatch(cells[0]) and cells[0] not in columns and _LINK.fullmatch(cells[1]):
-            raise Contradiction(source, f"line {number}: row {cells[0]} has no column in the header "
-                                        f"({' '.join(columns)})")
-        elif cells and rows and rows[-1][1] is not None and _LINK.fullmatch(cells[0]) and \
-                len(rows[-1][2]) < leading + len(columns):
+            raise Contradiction(
+                source, f"line {number}: row {cells[0]} has no column in the header ({' '.join(columns)})"
+            )
+        elif (
+            cells
+            and rows
+            and rows[-1][1] is not None
+            and _LINK.fullmatch(cells[0])
+            and len(rows[-1][2]) < leading + len(columns)
+        ):
             rows[-1][2].extend(cells)  # the rest of a row the terminal or the paste wrapped
     return rows
 
@@ -205,7 +216,12 @@ def probe_topology(facts) -> dict[str, Any] | None:
         return {"source": "nvidia-smi topo -m", **parse_topology(proc.stdout, "nvidia-smi topo -m")}
     except Contradiction as exc:  # a driver's own output: said as a warning by gpu-topology, nothing judged from it
         where = f"{exc.key}: " if exc.key else ""
-        return {"source": "nvidia-smi topo -m", "devices": [], "nics": {}, "links": {},
-                "inconsistent": f"{where}{exc.message}"}
+        return {
+            "source": "nvidia-smi topo -m",
+            "devices": [],
+            "nics": {},
+            "links": {},
+            "inconsistent": f"{where}{exc.message}",
+        }
     except InputError:
         return None  # a single-GPU or unusual box whose output has no matrix

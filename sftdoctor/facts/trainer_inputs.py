@@ -131,11 +131,12 @@ def end_of_turn(tokenizer) -> int | None:
         return None
     content = "sftdoctor-probe-answer"
     try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "q"}, {"role": "assistant", "content": content}],
-                                             tokenize=False)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "q"}, {"role": "assistant", "content": content}], tokenize=False
+        )
     except Exception:  # a template that needs other roles or keys: no answer here
         return None
-    after = text[text.rfind(content) + len(content):] if content in text else ""
+    after = text[text.rfind(content) + len(content) :] if content in text else ""
     special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
     ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
     return next((i for i in ids if i in special), None)
@@ -150,9 +151,17 @@ def peft_config(plan: Plan):
     from peft import LoraConfig
 
     lora = plan.lora
-    return LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                      target_modules=lora["target_modules"], modules_to_save=lora["modules_to_save"] or None,
-                      use_rslora=lora["use_rslora"], use_dora=lora["use_dora"], bias="none", task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=lora["r"],
+        lora_alpha=lora["alpha"],
+        lora_dropout=lora["dropout"],
+        target_modules=lora["target_modules"],
+        modules_to_save=lora["modules_to_save"] or None,
+        use_rslora=lora["use_rslora"],
+        use_dora=lora["use_dora"],
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def quantization_config(plan: Plan):
@@ -166,6 +175,10 @@ def quantization_config(plan: Plan):
 
     if quantize == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=getattr(torch, plan.lora["compute_dtype"]),
-                              bnb_4bit_quant_storage=getattr(torch, plan.lora["quant_storage"]))
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=getattr(torch, plan.lora["compute_dtype"]),
+        bnb_4bit_quant_storage=getattr(torch, plan.lora["quant_storage"]),
+    )

@@ -40,11 +40,20 @@ def probe_unused_parameters(facts) -> dict[str, Any] | None:
     path = Path(model["path"])
     folder = path.parent if path.name == "config.json" else path
     lora = run.lora
-    request = {"config": str(folder / "config.json"), "trust": run.model.trust_remote_code,
-               "lora": None if lora is None else {
-                   "r": lora.r, "target_modules": lora.target_modules if isinstance(lora.target_modules, str)
-                   else list(lora.target_modules), "modules_to_save": list(lora.modules_to_save),
-                   "use_dora": lora.use_dora}}
+    request = {
+        "config": str(folder / "config.json"),
+        "trust": run.model.trust_remote_code,
+        "lora": None
+        if lora is None
+        else {
+            "r": lora.r,
+            "target_modules": lora.target_modules
+            if isinstance(lora.target_modules, str)
+            else list(lora.target_modules),
+            "modules_to_save": list(lora.modules_to_save),
+            "use_dora": lora.use_dora,
+        },
+    }
     return cached("unused-parameters", {**request, "config": None}, folder_files(folder), lambda: _child(request))
 
 
@@ -85,8 +94,9 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecations and init notices: not the user's
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager",
-                                                 trust_remote_code=request.get("trust", False))
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=torch.float32, attn_implementation="eager", trust_remote_code=request.get("trust", False)
+        )
         built = type(model).__name__
         if request.get("lora"):
             model = _with_adapters(model, request["lora"])
@@ -96,17 +106,30 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
     model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids, use_cache=False).loss.backward()
     trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     unused = [name for name, p in trainable if p.grad is None]
-    return {"model_class": built, "trainable_tensors": len(trainable), "unused_tensors": len(unused),
-            "unused": grouped(unused)[:MAX_LISTED], "kinds": kinds(unused), "roots": roots(model, set(unused)),
-            "lora": bool(request.get("lora"))}
+    return {
+        "model_class": built,
+        "trainable_tensors": len(trainable),
+        "unused_tensors": len(unused),
+        "unused": grouped(unused)[:MAX_LISTED],
+        "kinds": kinds(unused),
+        "roots": roots(model, set(unused)),
+        "lora": bool(request.get("lora")),
+    }
 
 
 def _with_adapters(model, lora: dict[str, Any]):
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(model, LoraConfig(r=lora["r"], target_modules=lora["target_modules"],
-                                            modules_to_save=lora["modules_to_save"] or None, use_dora=lora["use_dora"],
-                                            task_type="CAUSAL_LM"))
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=lora["r"],
+            target_modules=lora["target_modules"],
+            modules_to_save=lora["modules_to_save"] or None,
+            use_dora=lora["use_dora"],
+            task_type="CAUSAL_LM",
+        ),
+    )
 
 
 def roots(model, unused: set[str]) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 
 if sys.version_info >= (3, 11):
@@ -32,7 +32,7 @@ def _parse(name: str, text: str) -> Topic:
     return Topic(name, meta["summary"], body.strip() + "\n", meta)
 
 
-@lru_cache(maxsize=None)
+@cache
 def topics() -> tuple[Topic, ...]:
     folder = resources.files(__package__) / "topics"
     found = [_parse(f.name[:-3], f.read_text(encoding="utf-8")) for f in folder.iterdir() if f.name.endswith(".md")]

@@ -27,18 +27,37 @@ def target_gpus(found: dict[str, Any], count: int, gpu_memory: int | None) -> di
     if gpu_memory is None:
         return found
     model = (devices(found) or [{}])[0]
-    return {**found, "devices": [{"index": i, "name": model.get("name"), "compute_capability": model.get("compute_capability"),
-                                  "memory_total_mib": gpu_memory // 2**20} for i in range(count)]}
+    return {
+        **found,
+        "devices": [
+            {
+                "index": i,
+                "name": model.get("name"),
+                "compute_capability": model.get("compute_capability"),
+                "memory_total_mib": gpu_memory // 2**20,
+            }
+            for i in range(count)
+        ],
+    }
 
 
-def make(config: Path, gpu_memory: int | None = None, gpus_per_node: int | None = None, nodes: int | None = None,
-         mfu: float = 0.4, peak_tflops: float | None = None, tokens_per_second: float | None = None
-         ) -> tuple[Plan, Fit, dict[str, Any]]:
+def make(
+    config: Path,
+    gpu_memory: int | None = None,
+    gpus_per_node: int | None = None,
+    nodes: int | None = None,
+    mfu: float = 0.4,
+    peak_tflops: float | None = None,
+    tokens_per_second: float | None = None,
+) -> tuple[Plan, Fit, dict[str, Any]]:
     facts = Facts(Inputs(config=config))
     run, summary = facts.get("run"), facts.get("model_config")
     if summary is None:
-        raise InputError(config, "the model's config.json was not found (a local folder, or a hub id in the HF cache)",
-                         key="[model].path")
+        raise InputError(
+            config,
+            "the model's config.json was not found (a local folder, or a hub id in the HF cache)",
+            key="[model].path",
+        )
     found = facts.get("gpus") or {}
     if gpu_memory is None and not devices(found):
         raise InputError("plan", "no NVIDIA GPU found here: give --gpu-memory (and --gpus) to plan for another machine")
@@ -61,9 +80,16 @@ def make(config: Path, gpu_memory: int | None = None, gpus_per_node: int | None 
     return plan, fitted, timing(fitted, counted, names[0] if names else None, mfu, peak_tflops, tokens_per_second)
 
 
-def main(config: Path, gpu_memory: int | None = None, gpus_per_node: int | None = None, nodes: int | None = None,
-         mfu: float = 0.4, peak_tflops: float | None = None, tokens_per_second: float | None = None,
-         as_json: bool = False) -> int:
+def main(
+    config: Path,
+    gpu_memory: int | None = None,
+    gpus_per_node: int | None = None,
+    nodes: int | None = None,
+    mfu: float = 0.4,
+    peak_tflops: float | None = None,
+    tokens_per_second: float | None = None,
+    as_json: bool = False,
+) -> int:
     """Exit 0: the run fits; 1: it does not. Bad input raises InputError(s)."""
     import json
 

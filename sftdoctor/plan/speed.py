@@ -13,9 +13,24 @@ import re
 # Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOPS per GPU; fp16 for the
 # GPUs without bf16. Matched on the name NVML reports, most specific first.
 PEAK_TFLOPS = [
-    ("H100 PCIe", 756), ("H100 NVL", 835), ("H100", 989), ("H200", 989), ("H800", 989), ("H20", 148),
-    ("B200", 2250), ("A100", 312), ("A800", 312), ("L40S", 362), ("L40", 181), ("L4", 121), ("A10", 125),
-    ("RTX A6000", 155), ("RTX 4090", 165), ("RTX 3090", 71), ("V100", 125), ("T4", 65),
+    ("H100 PCIe", 756),
+    ("H100 NVL", 835),
+    ("H100", 989),
+    ("H200", 989),
+    ("H800", 989),
+    ("H20", 148),
+    ("B200", 2250),
+    ("A100", 312),
+    ("A800", 312),
+    ("L40S", 362),
+    ("L40", 181),
+    ("L4", 121),
+    ("A10", 125),
+    ("RTX A6000", 155),
+    ("RTX 4090", 165),
+    ("RTX 3090", 71),
+    ("V100", 125),
+    ("T4", 65),
 ]
 DEFAULT_MFU = 0.4  # a well-tuned dense SFT run on A100/H100 reaches 0.35-0.5
 
@@ -32,7 +47,8 @@ def flops_per_token(parameters: int, layers: int, hidden: int, seq_len: int) -> 
     return 6 * parameters + 12 * layers * hidden * seq_len
 
 
-def step_seconds(tokens_per_step: int, flops: float, world: int, tflops: float, mfu: float,
-                 checkpointing: bool) -> float:
+def step_seconds(
+    tokens_per_step: int, flops: float, world: int, tflops: float, mfu: float, checkpointing: bool
+) -> float:
     recompute = 4 / 3 if checkpointing else 1.0
     return tokens_per_step * flops * recompute / (world * tflops * 1e12 * mfu)

@@ -28,8 +28,14 @@ def dataset_tokens(plan, sample: int = SAMPLE) -> dict[str, Any] | None:
         if plan.data_format in ("sharegpt", "alpaca"):  # trained as messages: counted as messages
             head = [{"messages": to_messages(r, plan.data_format)} for r in head]
         rows += count
-        lengths += [min(len(tokenizer(row_text(r, tokenizer, plan.data_shape), add_special_tokens=False)["input_ids"]), plan.max_length)
-                    for r in head if isinstance(r, dict)]
+        lengths += [
+            min(
+                len(tokenizer(row_text(r, tokenizer, plan.data_shape), add_special_tokens=False)["input_ids"]),
+                plan.max_length,
+            )
+            for r in head
+            if isinstance(r, dict)
+        ]
     if not lengths or not any(lengths):  # transformers 5 builds an empty tokenizer from a bare config.json
         return None
     mean = sum(lengths) / len(lengths)
@@ -49,5 +55,7 @@ def steps_and_tokens(tokens: dict[str, Any] | None, plan) -> dict[str, Any]:
         per_step, rows_per_epoch = int(global_batch * tokens["mean_tokens"]), tokens["rows"]
         basis = f"{tokens['mean_tokens']:.0f} tokens per row on average (from {tokens['sampled_rows']} rows tokenized)"
     held_out = 1 - plan.eval_fraction
-    steps = plan.max_steps or (math.ceil(plan.epochs * rows_per_epoch * held_out / global_batch) if rows_per_epoch else None)
+    steps = plan.max_steps or (
+        math.ceil(plan.epochs * rows_per_epoch * held_out / global_batch) if rows_per_epoch else None
+    )
     return {"tokens_per_step": per_step, "steps": steps, "token_basis": basis}

@@ -17,16 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.render import exit_code, render_table
 from sftdoctor.checks import Skipped, load_checks, run_checks
 from sftdoctor.errors import InputError, interruptible, read_text
 from sftdoctor.facts.catalogue import fact_names
-from sftdoctor.files import write_atomic
 from sftdoctor.facts.run_records import json_safe, non_finite, read_run, said
+from sftdoctor.files import write_atomic
 from sftdoctor.findings import Finding, Severity
-from sftdoctor.run import rundir
+from sftdoctor.render import exit_code, render_table
 from sftdoctor.report import page
 from sftdoctor.report.panels import COLOURS, Axis, PlottedRun, render, shown
+from sftdoctor.run import rundir
 
 AXES = ("step", "tokens")
 
@@ -88,8 +88,9 @@ def _findings(path: Path, problems: list[str]) -> list[dict[str, Any]]:
     bad = [number for number, _, record in lines if record is None]
     if bad:
         more = f" and {len(bad) - 1} more line{'s' if len(bad) > 2 else ''}" if len(bad) > 1 else ""
-        problems.append(f"{path}: line {bad[0]}{more}: not a finding record (a JSON object with a \"title\"), left "
-                        "out of the report")
+        problems.append(
+            f'{path}: line {bad[0]}{more}: not a finding record (a JSON object with a "title"), left out of the report'
+        )
     return [record for _, _, record in lines if record is not None]
 
 
@@ -98,8 +99,9 @@ def record_postrun(folder: Path, records: list[dict[str, Any]]) -> None:
     line is kept as it was, one that is not a finding record included."""
     path = folder / rundir.FINDINGS
     kept = [line for _, line, r in _records(path) if r is None or r.get("phase") != "postrun"]
-    write_atomic(path, "".join(line + "\n" for line in kept)
-                 + "".join(json.dumps(r, default=str) + "\n" for r in records))
+    write_atomic(
+        path, "".join(line + "\n" for line in kept) + "".join(json.dumps(r, default=str) + "\n" for r in records)
+    )
 
 
 def findings_of(folder: Path, problems: list[str] | None = None) -> list[dict[str, Any]]:
@@ -107,8 +109,9 @@ def findings_of(folder: Path, problems: list[str] | None = None) -> list[dict[st
     the watchers', and the rehearsal's (its own findings.jsonl, in the rehearsal's run directory)."""
     problems = [] if problems is None else problems
     own = [r for r in _findings(folder / rundir.FINDINGS, problems) if r.get("phase") != "postrun"]
-    rehearsal = [{**r, "phase": "rehearsal", "step": 0}
-                 for r in _findings(folder / rundir.REHEARSAL / rundir.FINDINGS, problems)]
+    rehearsal = [
+        {**r, "phase": "rehearsal", "step": 0} for r in _findings(folder / rundir.REHEARSAL / rundir.FINDINGS, problems)
+    ]
     return own + rehearsal
 
 
@@ -134,8 +137,11 @@ def load(paths: list[Path], by: str, plugins: bool) -> list[Judged]:
     if by == "tokens":
         for path, fact in zip(paths, curves):
             if not fact["series"].get("tokens_seen"):
-                raise InputError(path, "logged no tokens seen (tokens_seen, num_tokens or num_input_tokens_seen): "
-                                       "compare it with --x step")
+                raise InputError(
+                    path,
+                    "logged no tokens seen (tokens_seen, num_tokens or num_input_tokens_seen): "
+                    "compare it with --x step",
+                )
             if gone := non_finite(fact["series"]["tokens_seen"]):  # no place on a tokens axis
                 raise InputError(path, f"its count of tokens seen is {said(gone)}: compare it with --x step")
     judged, number = [], 0
@@ -143,8 +149,12 @@ def load(paths: list[Path], by: str, plugins: bool) -> list[Judged]:
         verdicts, skipped = judge(fact, plugins)
         records = findings_of(Path(fact["path"]), fact["problems"]) + postrun_records(verdicts)
         steps = [(marked_step(r), r) for r in records]
-        marks = [(number + i, step, r) for i, (step, r) in
-                 enumerate(sorted(((s, r) for s, r in steps if s is not None), key=lambda pair: pair[0]), 1)]
+        marks = [
+            (number + i, step, r)
+            for i, (step, r) in enumerate(
+                sorted(((s, r) for s, r in steps if s is not None), key=lambda pair: pair[0]), 1
+            )
+        ]
         number += len(marks)
         judged.append(Judged(PlottedRun(fact, records, label, COLOURS[index % len(COLOURS)], marks), verdicts, skipped))
     return judged
@@ -221,24 +231,43 @@ def show(written: Written, as_json: bool) -> int:
     for problem in (p for j in written.judged for p in j.run.curves["problems"]):
         print(f"sftdoctor: warning: {problem}", file=sys.stderr)
     if as_json:
-        print(json.dumps(json_safe({"report": str(written.html), "panels": [str(p) for p in written.panels],
-                          "runs": [{"name": j.run.label, "path": j.run.curves["path"],
-                                    "findings": [f.to_json() for f in j.verdicts],
-                                    "not_read": j.run.curves["problems"],
-                                    "skipped": [{"id": s.id, "reason": s.reason} for s in j.skipped]}
-                                   for j in written.judged]}), indent=2, allow_nan=False))
+        print(
+            json.dumps(
+                json_safe(
+                    {
+                        "report": str(written.html),
+                        "panels": [str(p) for p in written.panels],
+                        "runs": [
+                            {
+                                "name": j.run.label,
+                                "path": j.run.curves["path"],
+                                "findings": [f.to_json() for f in j.verdicts],
+                                "not_read": j.run.curves["problems"],
+                                "skipped": [{"id": s.id, "reason": s.reason} for s in j.skipped],
+                            }
+                            for j in written.judged
+                        ],
+                    }
+                ),
+                indent=2,
+                allow_nan=False,
+            )
+        )
         return exit_code(findings)
     for j in written.judged:
         if len(written.judged) > 1:
             print(f"{j.run.label} ({os.path.normpath(j.run.curves['path'])}):")
         render_table(j.verdicts, j.skipped)
-    print(f"sftdoctor: report written: {os.path.normpath(written.html)} ({len(written.panels)} panels in "
-          f"{os.path.normpath(written.html.parent / rundir.PANELS)})")
+    print(
+        f"sftdoctor: report written: {os.path.normpath(written.html)} ({len(written.panels)} panels in "
+        f"{os.path.normpath(written.html.parent / rundir.PANELS)})"
+    )
     return exit_code(findings)
 
 
-def main(runs: list[Path], output: Path | None = None, by: str = "step", as_json: bool = False,
-         plugins: bool = True) -> int:
+def main(
+    runs: list[Path], output: Path | None = None, by: str = "step", as_json: bool = False, plugins: bool = True
+) -> int:
     """Exit 0: written (1 if a curve reader found an error). Bad input raises InputError; Ctrl-C or SIGTERM
     while drawing raises Interrupted, with nothing written."""
     return show(build(list(runs), output, by, plugins), as_json)

@@ -83,14 +83,19 @@ def run_rows(judged: list) -> str:
             f"<td>{esc(ending(c))}</td>"
             f"<td>{last_cell(c, 'loss')}</td><td>{best_cell(c, 'eval_loss')}</td>"
             f"<td>{last_cell(c, 'tokens_seen', '{:,.0f}')}</td>"
-            f"<td>{esc(describe(schedule)) if schedule else '<span class=muted>not known</span>'}</td></tr>")
-    return ("<table><tr><th>run</th><th>ended</th><th>last train loss</th><th>best eval loss</th><th>tokens seen</th>"
-            "<th>schedule</th></tr>" + "".join(rows) + "</table>")
+            f"<td>{esc(describe(schedule)) if schedule else '<span class=muted>not known</span>'}</td></tr>"
+        )
+    return (
+        "<table><tr><th>run</th><th>ended</th><th>last train loss</th><th>best eval loss</th><th>tokens seen</th>"
+        "<th>schedule</th></tr>" + "".join(rows) + "</table>"
+    )
 
 
 def describe(schedule: dict[str, Any]) -> str:
-    return (f"{schedule['name']}, peak {schedule['learning_rate']:.3g}, warmup {schedule['warmup_steps']} steps, "
-            f"{schedule['total_steps']} steps, ends at {floor(schedule):.3g}")
+    return (
+        f"{schedule['name']}, peak {schedule['learning_rate']:.3g}, warmup {schedule['warmup_steps']} steps, "
+        f"{schedule['total_steps']} steps, ends at {floor(schedule):.3g}"
+    )
 
 
 def verdict_rows(judged: list) -> str:
@@ -101,12 +106,19 @@ def verdict_rows(judged: list) -> str:
             mark = MARKS[f.severity][0]
             more = "".join(f"<div class='muted'>{esc(t)}</div>" for t in (f.detail,) if t)
             fix = f"<div>fix: {esc(f.fix)}</div>" if f.fix and f.severity.rank >= Severity.WARNING.rank else ""
-            explain = (f"<div class='muted'>sftdoctor explain {esc(f.explain)}</div>"
-                       if f.severity.rank >= Severity.WARNING.rank else "")
-            rows.append(f"<tr><td class='{f.severity.value}'>{mark} {esc(f.id)}</td><td>{esc(f.title)}{more}{fix}"
-                        f"{explain}</td></tr>")
-        rows += [f"<tr><td class='skipped'>{SKIP_MARK} {esc(s.id)}</td><td class='skipped'>skipped: {esc(s.reason)}</td></tr>"
-                 for s in j.skipped]
+            explain = (
+                f"<div class='muted'>sftdoctor explain {esc(f.explain)}</div>"
+                if f.severity.rank >= Severity.WARNING.rank
+                else ""
+            )
+            rows.append(
+                f"<tr><td class='{f.severity.value}'>{mark} {esc(f.id)}</td><td>{esc(f.title)}{more}{fix}"
+                f"{explain}</td></tr>"
+            )
+        rows += [
+            f"<tr><td class='skipped'>{SKIP_MARK} {esc(s.id)}</td><td class='skipped'>skipped: {esc(s.reason)}</td></tr>"
+            for s in j.skipped
+        ]
         head = f"<h3>{esc(j.run.label)}</h3>" if len(judged) > 1 else ""
         parts.append(head + "<table>" + "".join(rows) + "</table>")
     return "".join(parts)
@@ -120,12 +132,25 @@ def finding_rows(judged: list) -> str:
             marked.append(
                 f"<tr><td>{number}</td><td>{esc(j.run.label)}</td><td>{esc(record.get('phase', ''))}</td><td>{step}</td>"
                 f"<td class='{esc(severity)}'>{esc(record.get('id', ''))}</td><td>{esc(record.get('title', ''))}"
-                + (f"<div>fix: {esc(record['fix'])}</div>" if record.get("fix") else "") + "</td></tr>")
+                + (f"<div>fix: {esc(record['fix'])}</div>" if record.get("fix") else "")
+                + "</td></tr>"
+            )
         others += len(j.run.findings) - len(j.run.marks)
-    table = ("<table><tr><th>#</th><th>run</th><th>phase</th><th>step</th><th>check</th><th>finding</th></tr>"
-             + "".join(marked) + "</table>") if marked else "<p class='ok'>No warnings or errors were recorded.</p>"
-    return table + (f"<p class='muted'>{others} more finding{'s' if others != 1 else ''} (ok or info) are in each "
-                    "run's findings.jsonl.</p>" if others else "")
+    table = (
+        (
+            "<table><tr><th>#</th><th>run</th><th>phase</th><th>step</th><th>check</th><th>finding</th></tr>"
+            + "".join(marked)
+            + "</table>"
+        )
+        if marked
+        else "<p class='ok'>No warnings or errors were recorded.</p>"
+    )
+    return table + (
+        f"<p class='muted'>{others} more finding{'s' if others != 1 else ''} (ok or info) are in each "
+        "run's findings.jsonl.</p>"
+        if others
+        else ""
+    )
 
 
 def problem_rows(judged: list) -> str:
@@ -139,11 +164,14 @@ def page(judged: list, drawn: list, axis) -> str:
     figures = "".join(
         f"<figure id='{panel.name}'><img alt='{esc(panel.title)}' src='data:image/png;base64,"
         f"{base64.b64encode(png).decode('ascii')}'><figcaption>{esc(panel.title)}, by {esc(axis.label)} "
-        f"({panel.name}.png)</figcaption></figure>" for panel, png in drawn)
+        f"({panel.name}.png)</figcaption></figure>"
+        for panel, png in drawn
+    )
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' "
         f"content='width=device-width, initial-scale=1'><title>sftdoctor report: {runs}</title><style>{STYLE}</style>"
         f"</head><body><h1>sftdoctor report: {runs}</h1><div class='muted'>sftdoctor {esc(__version__)}, "
         f"{time.strftime('%Y-%m-%d %H:%M:%S')}; x axis: {esc(axis.label)}</div>"
         f"<h2>Runs</h2>{run_rows(judged)}{problem_rows(judged)}<h2>What the curves say</h2>{verdict_rows(judged)}"
-        f"<h2>Findings marked on the panels</h2>{finding_rows(judged)}<h2>Panels</h2>{figures}</body></html>\n")
+        f"<h2>Findings marked on the panels</h2>{finding_rows(judged)}<h2>Panels</h2>{figures}</body></html>\n"
+    )

@@ -87,8 +87,12 @@ def series(run: PlottedRun, name: str) -> tuple[list[int], list[float]]:
 
 def undrawn(panel: Panel, runs: list[PlottedRun]) -> str:
     """What the panel leaves out: "not drawn: grad_norm of run-a at 3 steps (NaN, inf or beyond ±1e300)"."""
-    parts = [f"{name} of {run.label} at {count} step{'s' if count > 1 else ''}" for run in runs for name in panel.series
-             if (count := sum(not drawable(v) for v in (run.curves["series"].get(name) or {}).get("values", [])))]
+    parts = [
+        f"{name} of {run.label} at {count} step{'s' if count > 1 else ''}"
+        for run in runs
+        for name in panel.series
+        if (count := sum(not drawable(v) for v in (run.curves["series"].get(name) or {}).get("values", [])))
+    ]
     return f"not drawn: {', '.join(parts)} (NaN, inf or beyond \u00b11e300)" if parts else ""
 
 
@@ -102,6 +106,7 @@ def line(ax, axis: Axis, run: PlottedRun, name: str, **style) -> bool:
 
 
 # ---------------------------------------------------------------- the panels
+
 
 def draw_loss(ax, axis: Axis, runs: list[PlottedRun]) -> None:
     for run in runs:
@@ -118,17 +123,36 @@ def draw_lr(ax, axis: Axis, runs: list[PlottedRun]) -> None:
         total, warm = schedule["total_steps"], schedule["warmup_steps"]
         grid = sorted({*range(0, total + 1, max(1, total // 400)), total, warm})
         # as transformers 5.x logs it (the rate of the step just taken); the lr-curve check allows 4.x's too
-        ax.plot(axis.xs(run, grid), [schedules.rate(schedule, max(0, s - 1)) for s in grid], color=run.colour,
-                linewidth=0.8, linestyle=":", label=f"{run.label} configured ({schedule['name']})")
+        ax.plot(
+            axis.xs(run, grid),
+            [schedules.rate(schedule, max(0, s - 1)) for s in grid],
+            color=run.colour,
+            linewidth=0.8,
+            linestyle=":",
+            label=f"{run.label} configured ({schedule['name']})",
+        )
         if warm:
             ax.axvline(axis.xs(run, [warm])[0], color=run.colour, linestyle="-.", linewidth=0.8, alpha=0.6)
-            ax.annotate(f"warmup ends (step {warm})", (axis.xs(run, [warm])[0], schedule["learning_rate"]),
-                        fontsize=7, color=run.colour, xytext=(3, -10), textcoords="offset points")
+            ax.annotate(
+                f"warmup ends (step {warm})",
+                (axis.xs(run, [warm])[0], schedule["learning_rate"]),
+                fontsize=7,
+                color=run.colour,
+                xytext=(3, -10),
+                textcoords="offset points",
+            )
         floor = schedules.floor(schedule)
         if floor > 0:
             ax.axhline(floor, color=run.colour, linestyle="--", linewidth=0.8, alpha=0.6)
-            ax.annotate(f"floor {floor:.3g}", (0, floor), xycoords=("axes fraction", "data"), fontsize=7,
-                        color=run.colour, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(
+                f"floor {floor:.3g}",
+                (0, floor),
+                xycoords=("axes fraction", "data"),
+                fontsize=7,
+                color=run.colour,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
 
 
 def draw_grad_norm(ax, axis: Axis, runs: list[PlottedRun]) -> None:
@@ -141,8 +165,15 @@ def draw_grad_norm(ax, axis: Axis, runs: list[PlottedRun]) -> None:
         clip = run.curves.get("max_grad_norm")
         if clip:
             ax.axhline(clip, color=run.colour, linestyle="--", linewidth=0.9, alpha=0.7)
-            ax.annotate(f"clipping threshold {clip:g}", (0, clip), xycoords=("axes fraction", "data"), fontsize=7,
-                        color=run.colour, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(
+                f"clipping threshold {clip:g}",
+                (0, clip),
+                xycoords=("axes fraction", "data"),
+                fontsize=7,
+                color=run.colour,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
     if highest and lowest and highest / lowest > 100:
         ax.set_yscale("log")
 
@@ -193,8 +224,16 @@ def mark(ax, axis: Axis, runs: list[PlottedRun]) -> None:
             x = axis.xs(run, [step])[0]
             ax.axvline(x, color=MARK_COLOURS[worst], linewidth=1.0, alpha=0.8, linestyle=(0, (4, 2)))
             numbers = ",".join(str(n) for n, _ in items[:4]) + ("…" if len(items) > 4 else "")
-            ax.annotate(numbers, (x, 1.0), xycoords=("data", "axes fraction"), fontsize=7, color=MARK_COLOURS[worst],
-                        ha="center", va="bottom", fontweight="bold")
+            ax.annotate(
+                numbers,
+                (x, 1.0),
+                xycoords=("data", "axes fraction"),
+                fontsize=7,
+                color=MARK_COLOURS[worst],
+                ha="center",
+                va="bottom",
+                fontweight="bold",
+            )
 
 
 def render(panel: Panel, runs: list[PlottedRun], axis: Axis) -> bytes:
@@ -211,8 +250,16 @@ def render(panel: Panel, runs: list[PlottedRun], axis: Axis) -> bytes:
     ax = figure.add_axes((0.09, bottom, 0.88, 1 - bottom - 0.45 / height))
     panel.draw(ax, axis, runs)
     if gaps := undrawn(panel, runs):
-        ax.text(0.5, 0.01, gaps[:150], transform=ax.transAxes, ha="center", va="bottom", fontsize=7,
-                color=MARK_COLOURS["error"])
+        ax.text(
+            0.5,
+            0.01,
+            gaps[:150],
+            transform=ax.transAxes,
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            color=MARK_COLOURS["error"],
+        )
     mark(ax, axis, runs)
     ax.set_title(panel.title, fontsize=11, loc="left", pad=12)
     ax.set_xlabel(axis.label, fontsize=9)
@@ -221,12 +268,19 @@ def render(panel: Panel, runs: list[PlottedRun], axis: Axis) -> bytes:
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, loc="best", framealpha=0.8)
-    lines = [(f"{n}. step {s}  {f.get('id', '')}: {f.get('title', '')}", f.get("severity")) for n, s, f in notes[:NOTES]]
+    lines = [
+        (f"{n}. step {s}  {f.get('id', '')}: {f.get('title', '')}", f.get("severity")) for n, s, f in notes[:NOTES]
+    ]
     if len(notes) > NOTES:
         lines.append((f"... and {len(notes) - NOTES} more, listed in the report", None))
     for row, (text, severity) in enumerate(lines):
-        figure.text(0.01, (0.08 + NOTE_INCH * (len(lines) - 1 - row)) / height,
-                    text[:150] + ("…" if len(text) > 150 else ""), fontsize=7, color=MARK_COLOURS.get(severity, "#555"))
+        figure.text(
+            0.01,
+            (0.08 + NOTE_INCH * (len(lines) - 1 - row)) / height,
+            text[:150] + ("…" if len(text) > 150 else ""),
+            fontsize=7,
+            color=MARK_COLOURS.get(severity, "#555"),
+        )
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
     return buffer.getvalue()

@@ -14,9 +14,10 @@ import math
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -48,12 +49,16 @@ def _int(low: int | None = None, high: int | None = None, auto: bool = False) ->
     def accepts(v: Any) -> bool:
         if auto and v == "auto":
             return True
-        return isinstance(v, int) and not isinstance(v, bool) and (low is None or v >= low) and (high is None or v <= high)
+        return (
+            isinstance(v, int) and not isinstance(v, bool) and (low is None or v >= low) and (high is None or v <= high)
+        )
 
     return accepts
 
 
-def _float(low: float, high: float | None = None, low_open: bool = False, high_open: bool = False) -> Callable[[Any], bool]:
+def _float(
+    low: float, high: float | None = None, low_open: bool = False, high_open: bool = False
+) -> Callable[[Any], bool]:
     def accepts(v: Any) -> bool:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             return False
@@ -90,66 +95,123 @@ class Section:
 
 @dataclass(frozen=True)
 class Model(Section):
-    path: str = key("a local folder or a hub id", _str, required=True, local_or_hub=True,
-                    doc="model to fine-tune: a folder with config.json (relative to this file), or a hub id")
-    weights: str = key("one of pretrained, random", _choice("pretrained", "random"), "pretrained",
-                       doc="random = initialise from config.json alone (tiny examples, smoke tests)")
+    path: str = key(
+        "a local folder or a hub id",
+        _str,
+        required=True,
+        local_or_hub=True,
+        doc="model to fine-tune: a folder with config.json (relative to this file), or a hub id",
+    )
+    weights: str = key(
+        "one of pretrained, random",
+        _choice("pretrained", "random"),
+        "pretrained",
+        doc="random = initialise from config.json alone (tiny examples, smoke tests)",
+    )
     tokenizer: str | None = key("a local folder or a hub id", _str, local_or_hub=True, doc="default: the model path")
-    precision: str = key("one of auto, bf16, fp16, fp32", _choice("auto", "bf16", "fp16", "fp32"), "auto",
-                         doc="auto = bf16 unless a GPU lacks it (then fp16); fp32 on a machine without GPUs")
-    attn_implementation: str = key("one of auto, flash_attention_2, sdpa, eager",
-                                   _choice("auto", "flash_attention_2", "sdpa", "eager"), "auto",
-                                   doc="auto = flash_attention_2 where installed and every GPU is Ampere or newer, else sdpa")
+    precision: str = key(
+        "one of auto, bf16, fp16, fp32",
+        _choice("auto", "bf16", "fp16", "fp32"),
+        "auto",
+        doc="auto = bf16 unless a GPU lacks it (then fp16); fp32 on a machine without GPUs",
+    )
+    attn_implementation: str = key(
+        "one of auto, flash_attention_2, sdpa, eager",
+        _choice("auto", "flash_attention_2", "sdpa", "eager"),
+        "auto",
+        doc="auto = flash_attention_2 where installed and every GPU is Ampere or newer, else sdpa",
+    )
     trust_remote_code: bool = key("true or false", _bool, False)
-    repair_untrained_tokens: bool = key("true or false", _bool, False,
-                                        doc="set the embedding rows of the chat template's tokens that the base "
-                                            "checkpoint never trained (all zeros) to the mean of the trained rows, "
-                                            "at load (`sftdoctor explain untrained-tokens`)")
-    chat_template: str | None = key("a path to a Jinja chat template (.jinja)", _str, path="file",
-                                    doc="train (and save the model) with this template instead of the tokenizer's "
-                                        "own; default: the tokenizer's, or a copy with {% generation %} markers "
-                                        "that renders the same")
+    repair_untrained_tokens: bool = key(
+        "true or false",
+        _bool,
+        False,
+        doc="set the embedding rows of the chat template's tokens that the base "
+        "checkpoint never trained (all zeros) to the mean of the trained rows, "
+        "at load (`sftdoctor explain untrained-tokens`)",
+    )
+    chat_template: str | None = key(
+        "a path to a Jinja chat template (.jinja)",
+        _str,
+        path="file",
+        doc="train (and save the model) with this template instead of the tokenizer's "
+        "own; default: the tokenizer's, or a copy with {% generation %} markers "
+        "that renders the same",
+    )
 
 
 @dataclass(frozen=True)
 class Data(Section):
-    train: tuple[str, ...] = key("a JSONL/JSON/Parquet file or a list of them", _strs, (), required=True, path="files",
-                                 doc="rows with `messages` (chat), `prompt`+`completion`, or `text`")
+    train: tuple[str, ...] = key(
+        "a JSONL/JSON/Parquet file or a list of them",
+        _strs,
+        (),
+        required=True,
+        path="files",
+        doc="rows with `messages` (chat), `prompt`+`completion`, or `text`",
+    )
     eval: tuple[str, ...] = key("a JSONL/JSON/Parquet file or a list of them", _strs, (), path="files")
-    eval_fraction: float = key("a number from 0 to 0.5", _float(0.0, 0.5), 0.0,
-                               doc="hold out this share of train as the eval split (instead of `eval`)")
-    format: str = key("one of auto, messages, sharegpt, alpaca, prompt_completion, text",
-                      _choice("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text"), "auto",
-                      doc="auto = recognised from the first row; sharegpt and alpaca rows train as messages")
-    max_length: int = key("an integer from 16 to 1048576", _int(16, 2**20), 2048, doc="tokens per sample (per packed row)")
+    eval_fraction: float = key(
+        "a number from 0 to 0.5",
+        _float(0.0, 0.5),
+        0.0,
+        doc="hold out this share of train as the eval split (instead of `eval`)",
+    )
+    format: str = key(
+        "one of auto, messages, sharegpt, alpaca, prompt_completion, text",
+        _choice("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text"),
+        "auto",
+        doc="auto = recognised from the first row; sharegpt and alpaca rows train as messages",
+    )
+    max_length: int = key(
+        "an integer from 16 to 1048576", _int(16, 2**20), 2048, doc="tokens per sample (per packed row)"
+    )
 
 
 @dataclass(frozen=True)
 class Training(Section):
-    global_batch_size: int | None = key("an integer from 1 to 16777216", _int(1, 2**24),
-                                        doc="sequences per optimizer step over all GPUs = per_device x accumulation x "
-                                            "world size (default: per_device x world size)")
+    global_batch_size: int | None = key(
+        "an integer from 1 to 16777216",
+        _int(1, 2**24),
+        doc="sequences per optimizer step over all GPUs = per_device x accumulation x "
+        "world size (default: per_device x world size)",
+    )
     per_device_batch_size: int = key("an integer from 1 to 65536", _int(1, 2**16), 1)
     learning_rate: float = key("a number > 0 and <= 1", _float(0.0, 1.0, low_open=True), 2e-5)
-    lr_scheduler: str = key("one of cosine_with_min_lr, cosine, linear, constant_with_warmup",
-                            _choice("cosine_with_min_lr", "cosine", "linear", "constant_with_warmup"),
-                            "cosine_with_min_lr")
-    min_lr_rate: float = key("a number from 0 to 1", _float(0.0, 1.0), 0.1,
-                             doc="cosine_with_min_lr floor as a share of learning_rate")
+    lr_scheduler: str = key(
+        "one of cosine_with_min_lr, cosine, linear, constant_with_warmup",
+        _choice("cosine_with_min_lr", "cosine", "linear", "constant_with_warmup"),
+        "cosine_with_min_lr",
+    )
+    min_lr_rate: float = key(
+        "a number from 0 to 1", _float(0.0, 1.0), 0.1, doc="cosine_with_min_lr floor as a share of learning_rate"
+    )
     min_lr: float | None = key("a number >= 0", _float(0.0), doc="cosine_with_min_lr floor as an absolute rate")
-    warmup_ratio: float = key("a number from 0 up to (not including) 1", _float(0.0, 1.0, high_open=True), 0.03,
-                              doc="share of the run spent warming up (unless warmup_steps)")
+    warmup_ratio: float = key(
+        "a number from 0 up to (not including) 1",
+        _float(0.0, 1.0, high_open=True),
+        0.03,
+        doc="share of the run spent warming up (unless warmup_steps)",
+    )
     warmup_steps: int | None = key("an integer from 0 to 1000000000", _int(0, 10**9))
     weight_decay: float = key("a number >= 0", _float(0.0), 0.0)
     max_grad_norm: float = key("a number >= 0", _float(0.0), 1.0, doc="0 turns clipping off")
     epochs: float = key("a number > 0 and <= 10000", _float(0.0, 1e4, low_open=True), 1)
     max_steps: int | None = key("an integer from 1 to 1000000000", _int(1, 10**9), doc="overrides epochs")
-    gradient_checkpointing: bool | str = key('true, false or "auto"', _auto_or_bool, "auto",
-                                             doc="non-reentrant activation checkpointing; auto = off where the "
-                                                 "memory plan fits without it (and without GPUs), else on")
-    packing: bool | str = key('true, false or "auto"', _auto_or_bool, "auto",
-                              doc="auto = on with a varlen attention kernel (flash-attn) when a probe proves packed "
-                                  "samples stay isolated; else one sample per row, batched by length")
+    gradient_checkpointing: bool | str = key(
+        'true, false or "auto"',
+        _auto_or_bool,
+        "auto",
+        doc="non-reentrant activation checkpointing; auto = off where the "
+        "memory plan fits without it (and without GPUs), else on",
+    )
+    packing: bool | str = key(
+        'true, false or "auto"',
+        _auto_or_bool,
+        "auto",
+        doc="auto = on with a varlen attention kernel (flash-attn) when a probe proves packed "
+        "samples stay isolated; else one sample per row, batched by length",
+    )
     liger_kernel: bool | str = key('true, false or "auto"', _auto_or_bool, "auto", doc="auto = on CUDA when installed")
     seed: int = key("an integer from 0 to 4294967295", _int(0, 2**32 - 1), 42)
     logging_steps: int = key("an integer from 1 to 1000000000", _int(1, 10**9), 10)
@@ -161,8 +223,12 @@ class Training(Section):
 
 @dataclass(frozen=True)
 class DeepSpeed(Section):
-    config: str | None = key("a path to a DeepSpeed JSON", _str, path="file",
-                             doc="use this DeepSpeed JSON as is (\"auto\" values are filled from the run)")
+    config: str | None = key(
+        "a path to a DeepSpeed JSON",
+        _str,
+        path="file",
+        doc='use this DeepSpeed JSON as is ("auto" values are filled from the run)',
+    )
     zero_stage: int | None = key("an integer 0 to 3", _int(0, 3), doc="generate a DeepSpeed JSON for this ZeRO stage")
     offload_optimizer: bool = key("true or false", _bool, False, doc="ZeRO-Offload optimizer states to CPU")
     offload_params: bool = key("true or false", _bool, False, doc="ZeRO-3: offload parameters to CPU")
@@ -170,26 +236,51 @@ class DeepSpeed(Section):
 
 @dataclass(frozen=True)
 class Launch(Section):
-    nproc_per_node: int | str = key('an integer from 1 to 1024 or "auto"', _int(1, 1024, auto=True), "auto",
-                                    doc="auto = every visible GPU (1 on a CPU-only machine)")
+    nproc_per_node: int | str = key(
+        'an integer from 1 to 1024 or "auto"',
+        _int(1, 1024, auto=True),
+        "auto",
+        doc="auto = every visible GPU (1 on a CPU-only machine)",
+    )
     nnodes: int = key("an integer from 1 to 65536", _int(1, 2**16), 1)
-    node_rank: int | str = key('an integer >= 0 or "auto"', _int(0, auto=True), "auto",
-                               doc="this node's rank: node 0 hosts the rendezvous; auto = 0 on the host master_addr "
-                                   "names, another rank elsewhere (torchrun assigns it), so every node runs the "
-                                   "same config")
+    node_rank: int | str = key(
+        'an integer >= 0 or "auto"',
+        _int(0, auto=True),
+        "auto",
+        doc="this node's rank: node 0 hosts the rendezvous; auto = 0 on the host master_addr "
+        "names, another rank elsewhere (torchrun assigns it), so every node runs the "
+        "same config",
+    )
     master_addr: str = key("a host name or address", _str, "127.0.0.1")
-    master_port: int | str = key('a port 1-65535 or "auto"', _int(1, 65535, auto=True), 29500,
-                                 doc="default 29500, or a free port when 29500 is taken on a single node")
+    master_port: int | str = key(
+        'a port 1-65535 or "auto"',
+        _int(1, 65535, auto=True),
+        29500,
+        doc="default 29500, or a free port when 29500 is taken on a single node",
+    )
     max_restarts: int = key("an integer from 0 to 1000", _int(0, 1000), 0)
-    join_timeout_s: int = key("an integer from 5 to 86400", _int(5, 86400), 600,
-                              doc="how long the nodes wait for each other at the rendezvous (torchrun's join_timeout)")
-    stop_grace_s: int | str = key('an integer from 1 to 86400 or "auto"', _int(1, 86400, auto=True), "auto",
-                                  doc="after SIGTERM, the time to save a checkpoint and stop; auto = [slurm] signal_s "
-                                      "inside a Slurm job, else 30")
-    distributed_check: bool = key("true or false", _bool, True,
-                                  doc="with 2+ processes, every rank runs `check --distributed` before training")
-    rehearse: bool = key("true or false", _bool, True,
-                         doc="before a multi-process or DeepSpeed run, rehearse it on the shrunk model (--no-rehearse)")
+    join_timeout_s: int = key(
+        "an integer from 5 to 86400",
+        _int(5, 86400),
+        600,
+        doc="how long the nodes wait for each other at the rendezvous (torchrun's join_timeout)",
+    )
+    stop_grace_s: int | str = key(
+        'an integer from 1 to 86400 or "auto"',
+        _int(1, 86400, auto=True),
+        "auto",
+        doc="after SIGTERM, the time to save a checkpoint and stop; auto = [slurm] signal_s "
+        "inside a Slurm job, else 30",
+    )
+    distributed_check: bool = key(
+        "true or false", _bool, True, doc="with 2+ processes, every rank runs `check --distributed` before training"
+    )
+    rehearse: bool = key(
+        "true or false",
+        _bool,
+        True,
+        doc="before a multi-process or DeepSpeed run, rehearse it on the shrunk model (--no-rehearse)",
+    )
 
 
 @dataclass(frozen=True)
@@ -199,13 +290,27 @@ class Report(Section):
 
 @dataclass(frozen=True)
 class Watch(Section):
-    on_nan: str = key("one of stop, skip", _choice("stop", "skip"), "stop",
-                      doc="stop: every rank stops, no checkpoint of poisoned weights; skip: drop that update")
-    max_skips: int = key("an integer from 1 to 1000000", _int(1, 10**6), 10, doc="with on_nan = skip: stop after this many")
-    hang_timeout_s: float = key("a number of seconds from 5 to 86400", _float(5.0, 86400.0), 300,
-                                doc="no progress for this long is a hang (NCCL's own timeout is 10 minutes)")
-    loss_spike_factor: float = key("a number > 0", _float(0.0, low_open=True), 6.0,
-                                   doc="a logged loss this many robust deviations above the recent median is a spike")
+    on_nan: str = key(
+        "one of stop, skip",
+        _choice("stop", "skip"),
+        "stop",
+        doc="stop: every rank stops, no checkpoint of poisoned weights; skip: drop that update",
+    )
+    max_skips: int = key(
+        "an integer from 1 to 1000000", _int(1, 10**6), 10, doc="with on_nan = skip: stop after this many"
+    )
+    hang_timeout_s: float = key(
+        "a number of seconds from 5 to 86400",
+        _float(5.0, 86400.0),
+        300,
+        doc="no progress for this long is a hang (NCCL's own timeout is 10 minutes)",
+    )
+    loss_spike_factor: float = key(
+        "a number > 0",
+        _float(0.0, low_open=True),
+        6.0,
+        doc="a logged loss this many robust deviations above the recent median is a spike",
+    )
 
 
 def _modules(v: Any) -> bool:
@@ -221,18 +326,33 @@ class Lora(Section):
     """[lora]: present = train adapters (peft's LoRA) instead of every weight; absent = full fine-tune."""
 
     r: int = key("an integer from 1 to 4096", _int(1, 4096), 16, doc="the adapters' rank")
-    alpha: float = key("a number > 0", _float(0.0, low_open=True), 32, doc="scaling: alpha / r (alpha / sqrt(r) with rslora)")
+    alpha: float = key(
+        "a number > 0", _float(0.0, low_open=True), 32, doc="scaling: alpha / r (alpha / sqrt(r) with rslora)"
+    )
     dropout: float = key("a number from 0 up to (not including) 1", _float(0.0, 1.0, high_open=True), 0.05)
-    target_modules: str | tuple[str, ...] = key('"all-linear" or a list of module names', _modules, "all-linear",
-                                                doc="all-linear = every linear layer but the output head (peft's rule)")
-    modules_to_save: tuple[str, ...] = key("a list of module names", _names, (),
-                                           doc="trained in full and saved with the adapter (e.g. embed_tokens, lm_head)")
+    target_modules: str | tuple[str, ...] = key(
+        '"all-linear" or a list of module names',
+        _modules,
+        "all-linear",
+        doc="all-linear = every linear layer but the output head (peft's rule)",
+    )
+    modules_to_save: tuple[str, ...] = key(
+        "a list of module names",
+        _names,
+        (),
+        doc="trained in full and saved with the adapter (e.g. embed_tokens, lm_head)",
+    )
     use_rslora: bool = key("true or false", _bool, False, doc="rank-stabilised scaling, alpha / sqrt(r)")
     use_dora: bool = key("true or false", _bool, False, doc="weight-decomposed LoRA (DoRA)")
-    quantize: str = key("one of none, 4bit, 8bit", _choice("none", "4bit", "8bit"), "none",
-                        doc="QLoRA: the frozen base in 4-bit NF4 (double quantisation) or 8-bit, with bitsandbytes on CUDA")
-    merge: bool = key("true or false", _bool, False,
-                      doc="also write base + adapter merged into one 16-bit model in final-merged/")
+    quantize: str = key(
+        "one of none, 4bit, 8bit",
+        _choice("none", "4bit", "8bit"),
+        "none",
+        doc="QLoRA: the frozen base in 4-bit NF4 (double quantisation) or 8-bit, with bitsandbytes on CUDA",
+    )
+    merge: bool = key(
+        "true or false", _bool, False, doc="also write base + adapter merged into one 16-bit model in final-merged/"
+    )
 
 
 def _task_names(v: Any) -> bool:
@@ -243,15 +363,28 @@ def _task_names(v: Any) -> bool:
 class Eval(Section):
     """[eval]: present = evaluate the final model with lm-evaluation-harness when the run ends well."""
 
-    tasks: tuple[str, ...] = key("a list of lm-eval task names", _task_names, (), required=True,
-                                 doc="e.g. [\"mmlu\", \"gsm8k\"], or tasks of your own in `include`")
-    include: str | None = key("a folder of lm-eval task YAMLs", _str, path="dir",
-                              doc="tasks of your own, with their local data (relative to this file)")
+    tasks: tuple[str, ...] = key(
+        "a list of lm-eval task names",
+        _task_names,
+        (),
+        required=True,
+        doc='e.g. ["mmlu", "gsm8k"], or tasks of your own in `include`',
+    )
+    include: str | None = key(
+        "a folder of lm-eval task YAMLs",
+        _str,
+        path="dir",
+        doc="tasks of your own, with their local data (relative to this file)",
+    )
     limit: int | None = key("an integer from 1 to 100000000", _int(1, 10**8), doc="at most this many examples per task")
     num_fewshot: int | None = key("an integer from 0 to 1000", _int(0, 1000), doc="default: each task's own")
     base: bool = key("true or false", _bool, True, doc="also evaluate the base the run started from, side by side")
-    every_n_checkpoints: int = key("an integer from 0 to 1000000", _int(0, 10**6), 0,
-                                   doc="also evaluate every n-th complete checkpoint at the end (0: none)")
+    every_n_checkpoints: int = key(
+        "an integer from 0 to 1000000",
+        _int(0, 10**6),
+        0,
+        doc="also evaluate every n-th complete checkpoint at the end (0: none)",
+    )
 
 
 _SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d{2}){0,2}|(\d+-)\d+")  # sbatch --time: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]
@@ -272,23 +405,49 @@ class Slurm(Section):
 
     partition: str | None = key("a partition name", _slurm_name)
     account: str | None = key("an account name", _slurm_name)
-    time: str | None = key('a time limit as sbatch takes it ("HH:MM:SS", "D-HH:MM")', _slurm_time,
-                           doc="the job's time limit; before it the job saves a checkpoint and requeues itself")
+    time: str | None = key(
+        'a time limit as sbatch takes it ("HH:MM:SS", "D-HH:MM")',
+        _slurm_time,
+        doc="the job's time limit; before it the job saves a checkpoint and requeues itself",
+    )
     cpus_per_task: int | None = key("an integer from 1 to 4096", _int(1, 4096))
-    gpus_per_node: int | None = key("an integer from 0 to 1024", _int(0, 1024),
-                                    doc="default: [launch] nproc_per_node where it is a number, or the GPUs here")
-    signal_s: int = key("an integer from 10 to 86400", _int(10, 86400), 300,
-                        doc="SIGTERM this many seconds before the time limit: the grace to save a checkpoint")
+    gpus_per_node: int | None = key(
+        "an integer from 0 to 1024",
+        _int(0, 1024),
+        doc="default: [launch] nproc_per_node where it is a number, or the GPUs here",
+    )
+    signal_s: int = key(
+        "an integer from 10 to 86400",
+        _int(10, 86400),
+        300,
+        doc="SIGTERM this many seconds before the time limit: the grace to save a checkpoint",
+    )
 
 
-SECTIONS: dict[str, type[Section]] = {"model": Model, "data": Data, "training": Training, "deepspeed": DeepSpeed,
-                                      "launch": Launch, "report": Report, "watch": Watch, "lora": Lora, "eval": Eval,
-                                      "slurm": Slurm}
+SECTIONS: dict[str, type[Section]] = {
+    "model": Model,
+    "data": Data,
+    "training": Training,
+    "deepspeed": DeepSpeed,
+    "launch": Launch,
+    "report": Report,
+    "watch": Watch,
+    "lora": Lora,
+    "eval": Eval,
+    "slurm": Slurm,
+}
 OPTIONAL = {"lora", "eval"}  # absent from the TOML: None in the RunConfig, not a section of defaults
 
 # Other tools' names for a key, too far from ours for a spelling hint: peft's and axolotl's LoRA keys.
-SYNONYMS = {"rank": "r", "lora_r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout",
-            "lora_target_modules": "target_modules", "target": "target_modules", "load_in_4bit": "quantize"}
+SYNONYMS = {
+    "rank": "r",
+    "lora_r": "r",
+    "lora_alpha": "alpha",
+    "lora_dropout": "dropout",
+    "lora_target_modules": "target_modules",
+    "target": "target_modules",
+    "load_in_4bit": "quantize",
+}
 
 # Pairs of keys of which at most one may be given.
 EXCLUSIVE = (
@@ -319,7 +478,7 @@ class RunConfig:
     def given(self, section: str, name: str) -> bool:
         return getattr(self, section).is_given(name)
 
-    def with_values(self, section: str, **values: Any) -> "RunConfig":
+    def with_values(self, section: str, **values: Any) -> RunConfig:
         """A copy with these keys set as if the user had written them (plan for another machine)."""
         old = getattr(self, section)
         return dataclasses.replace(self, **{section: dataclasses.replace(old, given=old.given | set(values), **values)})
@@ -334,7 +493,7 @@ class RunConfig:
         return out
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> "RunConfig":
+    def from_json(cls, doc: dict[str, Any]) -> RunConfig:
         given = doc.get("given") or {}
         sections = {}
         for name, kind in SECTIONS.items():
@@ -386,12 +545,19 @@ def _resolve_path(spec: Key, value: Any, folder: Path, errors: list[InputError],
             return value
         if found:
             if local.is_dir():  # every file a probe or the trainer will open: one line each, before any child
-                errors.extend(InputError(path, f"{value}: {entry.name} cannot be read as a file ({why})", key=where)
-                              for entry, why in _unreadable_entries(local))
+                errors.extend(
+                    InputError(path, f"{value}: {entry.name} cannot be read as a file ({why})", key=where)
+                    for entry, why in _unreadable_entries(local)
+                )
             return str(local)
         if value.startswith((".", "/", "~")) or value.count("/") > 1:  # a path, not an org/name hub id
-            errors.append(InputError(path, f"folder not found: {value} (looked for {local}); expected a "
-                                           "local folder or a hub id (org/name)", key=where))
+            errors.append(
+                InputError(
+                    path,
+                    f"folder not found: {value} (looked for {local}); expected a local folder or a hub id (org/name)",
+                    key=where,
+                )
+            )
         return value
     if spec.path == "dir":
         return str(folder / value)
@@ -423,7 +589,9 @@ def unknown_section(name: str) -> str:
     return f"unknown section; expected one of {', '.join(SECTIONS)}{did_you_mean(name, SECTIONS)}"
 
 
-def read_section(kind: type[Section], name: str, given: dict[str, Any], path: Path, errors: list[InputError]) -> Section:
+def read_section(
+    kind: type[Section], name: str, given: dict[str, Any], path: Path, errors: list[InputError]
+) -> Section:
     """One table of a TOML file read into `kind`: each key checked against its Key, paths resolved relative to
     `path`; every problem appended to `errors` (the section of another file, a sweep's, reads the same way)."""
     specs = keys(kind)
@@ -451,8 +619,11 @@ def validate(raw: dict[str, Any], path: Path) -> RunConfig:
             errors.append(InputError(path, unknown_section(name), key=f"[{name}]"))
         elif not isinstance(value, dict):
             errors.append(InputError(path, "expected a table ([section] with keys)", key=name))
-    sections = {name: read_section(kind, name, raw[name] if isinstance(raw.get(name), dict) else {}, path, errors)
-                for name, kind in SECTIONS.items() if name not in OPTIONAL or name in raw}
+    sections = {
+        name: read_section(kind, name, raw[name] if isinstance(raw.get(name), dict) else {}, path, errors)
+        for name, kind in SECTIONS.items()
+        if name not in OPTIONAL or name in raw
+    }
     for name, a, b in EXCLUSIVE:
         if name in sections and sections[name].is_given(a) and sections[name].is_given(b):
             errors.append(InputError(path, f"give either {a} or {b}, not both", key=f"[{name}]"))
@@ -473,19 +644,36 @@ def _cross_checks(s: dict[str, Any], path: Path) -> list[InputError]:
     training, data, launch, ds = s["training"], s["data"], s["launch"], s["deepspeed"]
     floor = training.is_given("min_lr_rate") or training.is_given("min_lr")
     if floor and training.lr_scheduler != "cosine_with_min_lr":
-        errors.append(InputError(path, "a learning-rate floor needs lr_scheduler = \"cosine_with_min_lr\" "
-                                       f"(the {training.lr_scheduler} schedule has none)", key="[training]"))
+        errors.append(
+            InputError(
+                path,
+                'a learning-rate floor needs lr_scheduler = "cosine_with_min_lr" '
+                f"(the {training.lr_scheduler} schedule has none)",
+                key="[training]",
+            )
+        )
     if data.is_given("eval") and data.eval_fraction:
         errors.append(InputError(path, "give either eval (files) or eval_fraction, not both", key="[data]"))
     if launch.nnodes > 1 and launch.master_port == "auto":
-        errors.append(InputError(path, "master_port = \"auto\" works on one node only: every node must be given "
-                                       "the same port", key="[launch].master_port"))
+        errors.append(
+            InputError(
+                path,
+                'master_port = "auto" works on one node only: every node must be given the same port',
+                key="[launch].master_port",
+            )
+        )
     if launch.node_rank != "auto" and launch.node_rank >= launch.nnodes:
-        errors.append(InputError(path, f"node_rank {launch.node_rank} must be below nnodes {launch.nnodes}",
-                                 key="[launch].node_rank"))
+        errors.append(
+            InputError(
+                path, f"node_rank {launch.node_rank} must be below nnodes {launch.nnodes}", key="[launch].node_rank"
+            )
+        )
     if ds.offload_params and ds.zero_stage != 3:
         errors.append(InputError(path, "offload_params needs zero_stage = 3", key="[deepspeed].offload_params"))
     if (ds.offload_optimizer or ds.offload_params) and ds.config is not None:
-        errors.append(InputError(path, "offload settings go with zero_stage; put them in the JSON given as config",
-                                 key="[deepspeed]"))
+        errors.append(
+            InputError(
+                path, "offload settings go with zero_stage; put them in the JSON given as config", key="[deepspeed]"
+            )
+        )
     return errors

@@ -11,7 +11,7 @@ FLASH_MIN_CC = (8, 0)  # flash-attn 2.x: "FlashAttention only supports Ampere GP
 
 
 def version_tuple(version: str | None) -> tuple[int, ...] | None:
-    """"12.4" -> (12, 4); "2.5.1+cu124" -> (2, 5, 1); None or junk -> None."""
+    """ "12.4" -> (12, 4); "2.5.1+cu124" -> (2, 5, 1); None or junk -> None."""
     if not version:
         return None
     match = re.match(r"(\d+(?:\.\d+)*)", str(version))
@@ -28,7 +28,7 @@ def capability(device: dict[str, Any]) -> tuple[int, int] | None:
 
 
 def describe_gpus(found: list[dict[str, Any]]) -> str:
-    """"8x NVIDIA A100-SXM4-80GB (compute capability 8.0)"; mixed boxes list each model."""
+    """ "8x NVIDIA A100-SXM4-80GB (compute capability 8.0)"; mixed boxes list each model."""
     counts = Counter((d.get("name") or "unknown GPU", d.get("compute_capability") or "?") for d in found)
     return ", ".join(f"{n}x {name} (compute capability {cc})" for (name, cc), n in counts.items())
 

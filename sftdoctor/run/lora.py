@@ -31,8 +31,10 @@ def _peft(modules: dict[str, Any], target_modules, lora: dict[str, Any] | None =
         return None
     asked = found.get("settings") or {}
     same = _names(asked.get("target_modules")) == _names(target_modules) and all(
-        asked.get(k) == (list(v) if isinstance(v, tuple) else v) for k, v in (lora or {}).items()
-        if k in ("r", "modules_to_save", "use_dora"))
+        asked.get(k) == (list(v) if isinstance(v, tuple) else v)
+        for k, v in (lora or {}).items()
+        if k in ("r", "modules_to_save", "use_dora")
+    )
     return found if same else None
 
 

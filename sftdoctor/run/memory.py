@@ -98,8 +98,11 @@ def model_states(shape: Shape, s: Setting, world: int) -> list[Term]:
     """Weights, gradients and optimizer states per GPU; the sum equals DeepSpeed's estimator."""
     p = shape.parameters
     if s.zero_stage == 0:  # DDP with autocast: fp32 weights, gradients, Adam moments; nothing partitioned
-        return [Term("weights", 4 * p, "4 B x params (fp32)"), Term("gradients", 4 * p, "4 B x params (fp32)"),
-                Term("optimizer states", 8 * p, "8 B x params (AdamW moments, fp32)")]
+        return [
+            Term("weights", 4 * p, "4 B x params (fp32)"),
+            Term("gradients", 4 * p, "4 B x params (fp32)"),
+            Term("optimizer states", 8 * p, "8 B x params (AdamW moments, fp32)"),
+        ]
     return gathered_layer(shape, s) + deepspeed_states(p, s, world)
 
 
@@ -112,32 +115,47 @@ def gathered_layer(shape: Shape, s: Setting) -> list[Term]:
 def deepspeed_states(p: int, s: Setting, world: int, prefix: str = "", what: str = "params") -> list[Term]:
     """DeepSpeed's mixed precision over the `p` parameters it trains: 16-bit weights and gradients, fp32
     gradients, master copy and AdamW moments, partitioned by the ZeRO stage (1 to 3)."""
+
     def term(name: str, per_param: int, formula: str, partitioned: bool) -> Term:
         share, per = (world, " / world") if partitioned else (1, "")
         return Term(prefix + name, per_param * p // share, f"{per_param} B x {what}{per} {formula}")
 
     if s.zero_stage == 1:
-        return [term("weights", 2, "(16-bit)", False), term("gradients", 2, "(16-bit)", False),
-                term("optimizer states", 16, "(fp32 master, moments, fp32 grads)", True)]
+        return [
+            term("weights", 2, "(16-bit)", False),
+            term("gradients", 2, "(16-bit)", False),
+            term("optimizer states", 16, "(fp32 master, moments, fp32 grads)", True),
+        ]
     if s.zero_stage == 2:
         if s.offload_optimizer:
             return [term("weights", 2, "(16-bit); gradients and optimizer on the host", False)]
-        return [term("weights", 2, "(16-bit)", False), term("gradients", 6, "(16-bit and fp32, partitioned)", True),
-                term("optimizer states", 12, "(fp32 master and moments)", True)]
+        return [
+            term("weights", 2, "(16-bit)", False),
+            term("gradients", 6, "(16-bit and fp32, partitioned)", True),
+            term("optimizer states", 12, "(fp32 master and moments)", True),
+        ]
     weights = term("weights", 2, "(16-bit partition)", True)
     if s.offload_optimizer:
         return [weights]
-    return [weights, term("gradients", 4, "(partitioned)", True),
-            term("optimizer states", 12, "(fp32 master and moments)", True)]
+    return [
+        weights,
+        term("gradients", 4, "(partitioned)", True),
+        term("optimizer states", 12, "(fp32 master and moments)", True),
+    ]
 
 
 # ---------------------------------------------------------------- LoRA and QLoRA
 
 # A Llama-like decoder layer's linear layers: name -> (block, the Shape's input width, its output width).
-LLAMA_LINEAR = {"q_proj": ("self_attn", "hidden", "q_size"), "k_proj": ("self_attn", "hidden", "kv_size"),
-                "v_proj": ("self_attn", "hidden", "kv_size"), "o_proj": ("self_attn", "q_size", "hidden"),
-                "gate_proj": ("mlp", "hidden", "intermediate"), "up_proj": ("mlp", "hidden", "intermediate"),
-                "down_proj": ("mlp", "intermediate", "hidden")}
+LLAMA_LINEAR = {
+    "q_proj": ("self_attn", "hidden", "q_size"),
+    "k_proj": ("self_attn", "hidden", "kv_size"),
+    "v_proj": ("self_attn", "hidden", "kv_size"),
+    "o_proj": ("self_attn", "q_size", "hidden"),
+    "gate_proj": ("mlp", "hidden", "intermediate"),
+    "up_proj": ("mlp", "hidden", "intermediate"),
+    "down_proj": ("mlp", "intermediate", "hidden"),
+}
 # bitsandbytes NF4 with double quantisation, per weight: a 4-bit code, an 8-bit absmax per block of 64, and an
 # fp32 constant per 256 of those absmax (QLoRA, Dettmers et al. 2023, section 3: 0.127 bit of constants).
 NF4_BYTES = 1 / 2 + 1 / 64 + 4 / (64 * 256)
@@ -152,8 +170,16 @@ def quantized(s: Setting) -> bool:
 def llama_linear(shape: Shape) -> dict[str, Any]:
     """The model's linear layers in the lora_modules fact's form, for Llama/Qwen2/Mistral-named decoders: what
     peft's target_modules match when the fact (the meta-device listing) is not there."""
-    linear = [{"pattern": f"model.layers.*.{block}.{name}", "count": shape.layers, "in": getattr(shape, a),
-               "out": getattr(shape, b), "output": False} for name, (block, a, b) in LLAMA_LINEAR.items()]
+    linear = [
+        {
+            "pattern": f"model.layers.*.{block}.{name}",
+            "count": shape.layers,
+            "in": getattr(shape, a),
+            "out": getattr(shape, b),
+            "output": False,
+        }
+        for name, (block, a, b) in LLAMA_LINEAR.items()
+    ]
     linear.append({"pattern": "lm_head", "count": 1, "in": shape.hidden, "out": shape.vocab, "output": True})
     embedding = shape.vocab * shape.hidden
     return {"linear": linear, "modules": {"embed_tokens": embedding, "lm_head": embedding}}
@@ -192,20 +218,29 @@ def frozen_base(run: Workload, s: Setting) -> list[Term]:
         return [Term("frozen base", b * p // share, f"{b} B x base params{per} (the run's dtype; frozen)")]
     linear = quantizable(shape)
     if s.quantize == "4bit":
-        base = Term("frozen base, 4-bit", int(linear * NF4_BYTES) // share,
-                    f"(1/2 + 1/64 + 4/(64 x 256)) B x linear weights{per}: bitsandbytes NF4 with double quantisation "
-                    "(4-bit codes; absmax per 64-weight block in 8 bits, fp32 absmax per 256 such blocks: QLoRA, "
-                    "Dettmers et al. 2023, section 3, 0.127 bit/param of constants)")
+        base = Term(
+            "frozen base, 4-bit",
+            int(linear * NF4_BYTES) // share,
+            f"(1/2 + 1/64 + 4/(64 x 256)) B x linear weights{per}: bitsandbytes NF4 with double quantisation "
+            "(4-bit codes; absmax per 64-weight block in 8 bits, fp32 absmax per 256 such blocks: QLoRA, "
+            "Dettmers et al. 2023, section 3, 0.127 bit/param of constants)",
+        )
     else:
-        base = Term("frozen base, 8-bit", (linear + 4 * quantized_rows(shape)) // share,
-                    f"(1 B x linear weights + 4 B x their output rows){per}: LLM.int8() weights and fp32 row scales "
-                    "(approximate: outlier columns are split off in 16 bits while each layer runs)")
+        base = Term(
+            "frozen base, 8-bit",
+            (linear + 4 * quantized_rows(shape)) // share,
+            f"(1 B x linear weights + 4 B x their output rows){per}: LLM.int8() weights and fp32 row scales "
+            "(approximate: outlier columns are split off in 16 bits while each layer runs)",
+        )
     # peft's prepare_model_for_kbit_training (sftdoctor's QLoRA load) casts every 16-bit parameter left to fp32;
     # DeepSpeed casts them back to the 16-bit dtype it trains in.
     b = 4 if s.zero_stage == 0 else 2
     why = "fp32: prepare_model_for_kbit_training" if b == 4 else "16-bit: DeepSpeed's cast"
-    rest = Term("frozen embeddings, norms", b * (p - linear) // share,
-                f"{b} B x the other base params{per} ({why}; not quantized)")
+    rest = Term(
+        "frozen embeddings, norms",
+        b * (p - linear) // share,
+        f"{b} B x the other base params{per} ({why}; not quantized)",
+    )
     return [base, rest]
 
 
@@ -218,9 +253,11 @@ def adapter_states(run: Workload, s: Setting) -> list[Term]:
     if s.zero_stage > 0:
         return deepspeed_states(t, s, run.world, "adapter ", "trainable params")
     b, why = (2, "bf16: TRL casts QLoRA's adapters") if quantized(s) else (4, "fp32: peft's autocast_adapter_dtype")
-    return [Term("adapter weights", b * t, f"{b} B x trainable params ({why})"),
-            Term("adapter gradients", b * t, f"{b} B x trainable params"),
-            Term("adapter optimizer states", 2 * b * t, f"{2 * b} B x trainable params (AdamW moments)")]
+    return [
+        Term("adapter weights", b * t, f"{b} B x trainable params ({why})"),
+        Term("adapter gradients", b * t, f"{b} B x trainable params"),
+        Term("adapter optimizer states", 2 * b * t, f"{2 * b} B x trainable params (AdamW moments)"),
+    ]
 
 
 def lora_states(run: Workload, s: Setting) -> list[Term]:
@@ -239,8 +276,9 @@ def load_bytes(s: Setting, precision: str) -> int:
     return 2 if s.zero_stage > 0 and precision != "fp32" else 4
 
 
-def host_memory(shape: Shape, s: Setting, world: int, per_node: int, precision: str = "fp32",
-                lora: Adapters | None = None) -> list[Term]:
+def host_memory(
+    shape: Shape, s: Setting, world: int, per_node: int, precision: str = "fp32", lora: Adapters | None = None
+) -> list[Term]:
     """Host RAM per node, as DeepSpeed's estimators count it (`cpu_mem`, additional_buffer_factor 1.5): every
     rank loading the model (load_bytes x params x ranks per node: 4 for fp32, 2 when DeepSpeed holds the fp32
     master copy and 16-bit weights load in 16 bits), or the offloaded optimizer. ZeRO-3 loads under
@@ -267,9 +305,15 @@ def lora_host_memory(shape: Shape, s: Setting, world: int, per_node: int, precis
     as DeepSpeed counts an offloaded optimizer), whichever is more, as DeepSpeed's estimators take the larger."""
     b, nodes = dtype_bytes(precision), max(world // per_node, 1)
     if s.zero_stage == 3:
-        load, formula = b * shape.parameters * per_node / world, f"{b} B x base params / world x ranks per node (zero.Init)"
+        load, formula = (
+            b * shape.parameters * per_node / world,
+            f"{b} B x base params / world x ranks per node (zero.Init)",
+        )
     else:
-        load, formula = b * shape.parameters * per_node, f"{b} B x base params x ranks per node (each rank loads the base)"
+        load, formula = (
+            b * shape.parameters * per_node,
+            f"{b} B x base params x ranks per node (each rank loads the base)",
+        )
     if s.offload_optimizer:
         load, formula = max(load, 16 * lora.trainable / nodes), f"max({formula}, 16 B x trainable params / nodes)"
     return [Term("host RAM", int(load * ADAM_BUFFER), f"{formula} x {ADAM_BUFFER}")]
@@ -312,21 +356,27 @@ def eager_attention_bytes(shape: Shape, micro_batch: int, seq_len: int, precisio
     b = dtype_bytes(precision)
     per_score = 4 + (0 if b == 4 else b)
     tokens = micro_batch * seq_len
-    return per_score * shape.heads * seq_len * seq_len * micro_batch + (2 * b * (shape.q_size - shape.kv_size)
-                                                                         - 4 * shape.heads) * tokens
+    return (
+        per_score * shape.heads * seq_len * seq_len * micro_batch
+        + (2 * b * (shape.q_size - shape.kv_size) - 4 * shape.heads) * tokens
+    )
 
 
 def lora_input_groups(shape: Shape, attention: str) -> list[tuple[tuple[str, ...], int]]:
     """The tensors a trained decoder layer saves only as the input of its projections (for their weights'
     gradients), with the layers that read each: the two norms' outputs and the MLP's product. sdpa and flash
     attention save their output themselves, so the o_proj input is kept by them whatever LoRA wraps."""
-    groups = [(("q_proj", "k_proj", "v_proj"), shape.hidden), (("gate_proj", "up_proj"), shape.hidden),
-              (("down_proj",), shape.intermediate)]
+    groups = [
+        (("q_proj", "k_proj", "v_proj"), shape.hidden),
+        (("gate_proj", "up_proj"), shape.hidden),
+        (("down_proj",), shape.intermediate),
+    ]
     return groups + ([(("o_proj",), shape.q_size)] if attention == "eager" else [])
 
 
-def lora_activation_bytes_per_token(shape: Shape, precision: str, lora: Adapters, separate: bool,
-                                    attention: str = "sdpa", mask_bytes: int | None = None) -> int:
+def lora_activation_bytes_per_token(
+    shape: Shape, precision: str, lora: Adapters, separate: bool, attention: str = "sdpa", mask_bytes: int | None = None
+) -> int:
     """What one decoder layer under LoRA saves per token, against the trained layer of
     activation_bytes_per_token (b the training dtype's size, in the width of a wrapped layer's input):
 
@@ -354,16 +404,22 @@ def lora_activation_bytes_per_token(shape: Shape, precision: str, lora: Adapters
 def layer_bytes_per_token(run: Workload, s: Setting) -> int:
     if run.lora is None:
         return activation_bytes_per_token(run.shape, run.precision)
-    return lora_activation_bytes_per_token(run.shape, run.precision, run.lora, fp32_adapters_under_autocast(run, s),
-                                           run.attention)
+    return lora_activation_bytes_per_token(
+        run.shape, run.precision, run.lora, fp32_adapters_under_autocast(run, s), run.attention
+    )
 
 
 def adapter_casts(run: Workload, s: Setting) -> list[Term]:
     """Autocast casts each fp32 adapter to 16 bits once per forward and the backward keeps the copy."""
     if run.lora is None or not fp32_adapters_under_autocast(run, s):
         return []
-    return [Term("adapter casts", 2 * run.lora.trainable,
-                 "2 B x trainable params (autocast's 16-bit copies of the fp32 adapters, kept for the backward)")]
+    return [
+        Term(
+            "adapter casts",
+            2 * run.lora.trainable,
+            "2 B x trainable params (autocast's 16-bit copies of the fp32 adapters, kept for the backward)",
+        )
+    ]
 
 
 def activations(run: Workload, s: Setting) -> list[Term]:
@@ -375,12 +431,21 @@ def activations(run: Workload, s: Setting) -> list[Term]:
     b = dtype_bytes(run.precision)
     if s.checkpointing:  # non-reentrant: each layer keeps its input (measured: b x h per token)
         kept = shape.layers * b * shape.hidden * tokens
-        return [Term("activations", kept + per_layer,
-                     f"checkpointed: layers x {b} B x hidden x tokens (each layer's input) + one layer recomputed "
-                     f"({per_layer // tokens:,} B/token){lora}")] + adapter_casts(run, s)
-    return [Term("activations", shape.layers * per_layer,
-                 f"layers x {per_layer // tokens:,} B/token x {tokens:,} tokens (micro-batch x sequence length){lora}")
-            ] + adapter_casts(run, s)
+        return [
+            Term(
+                "activations",
+                kept + per_layer,
+                f"checkpointed: layers x {b} B x hidden x tokens (each layer's input) + one layer recomputed "
+                f"({per_layer // tokens:,} B/token){lora}",
+            )
+        ] + adapter_casts(run, s)
+    return [
+        Term(
+            "activations",
+            shape.layers * per_layer,
+            f"layers x {per_layer // tokens:,} B/token x {tokens:,} tokens (micro-batch x sequence length){lora}",
+        )
+    ] + adapter_casts(run, s)
 
 
 # TRL's chunked log-probabilities (trl/kernels/chunked_logprob.py, TRL 1.16): the LM head is projected in tiles of
@@ -394,15 +459,23 @@ def logits(run: Workload, s: Setting) -> list[Term]:
     exist. What does: one tile of the projection, the positions with a label copied for it (Triton devices), and
     in the backward the fp32 accumulators of the hidden states' gradient and, when the head trains (not under
     LoRA), of the head's weight gradient (vocab x hidden x 4 B)."""
-    tokens, vocab, hidden, b = s.micro_batch * run.seq_len, run.shape.vocab, run.shape.hidden, dtype_bytes(run.precision)
+    tokens, vocab, hidden, b = (
+        s.micro_batch * run.seq_len,
+        run.shape.vocab,
+        run.shape.hidden,
+        dtype_bytes(run.precision),
+    )
     tile = min(tokens, TOKEN_TILE) * min(vocab, VOCAB_TILE) * b
     # Per token x hidden: the labelled positions' copy (b), their fp32 gradient (4) and its cast back (b), the
     # backward of the slice that puts it back at full shape (b), the final RMSNorm's fp32 backward (4); 20 B in
     # fp32 as measured on this stack.
     inputs = tokens * hidden * (3 * b + 8) + tokens * 32  # and the kernel's fp32 per-token statistics
     head = 0 if run.lora is not None else 4 * vocab * hidden
-    formula = (f"TRL's fused LM head: a {min(tokens, TOKEN_TILE)} x {min(vocab, VOCAB_TILE)} tile, {3 * b + 8} B x "
-               f"hidden + 32 B per token" + ("" if run.lora is not None else ", the head's fp32 gradient (4 B x vocab x hidden)"))
+    formula = (
+        f"TRL's fused LM head: a {min(tokens, TOKEN_TILE)} x {min(vocab, VOCAB_TILE)} tile, {3 * b + 8} B x "
+        f"hidden + 32 B per token"
+        + ("" if run.lora is not None else ", the head's fp32 gradient (4 B x vocab x hidden)")
+    )
     return [Term("logits and loss", tile + inputs + head, formula)]
 
 
@@ -417,15 +490,22 @@ def layer_backward(run: Workload, s: Setting) -> list[Term]:
     beyond = 3 * b * run.shape.intermediate * tokens - logits(run, s)[0].bytes
     if beyond <= 0:
         return []
-    return [Term("layer backward", beyond,
-                 f"3 x {b} B x intermediate x tokens - logits and loss: the MLP's gradients in one layer's backward")]
+    return [
+        Term(
+            "layer backward",
+            beyond,
+            f"3 x {b} B x intermediate x tokens - logits and loss: the MLP's gradients in one layer's backward",
+        )
+    ]
 
 
 def estimate(run: Workload, s: Setting) -> Estimate:
     states = model_states(run.shape, s, run.world) if run.lora is None else lora_states(run, s)
     gpu = states + activations(run, s) + logits(run, s) + layer_backward(run, s)
     live = sum(t.bytes for t in gpu)
-    gpu.append(Term("fragmentation", int(live * FRAGMENTATION), f"{FRAGMENTATION:.0%} of the above (caching allocator)"))
+    gpu.append(
+        Term("fragmentation", int(live * FRAGMENTATION), f"{FRAGMENTATION:.0%} of the above (caching allocator)")
+    )
     gpu.append(Term("CUDA context and NCCL", CUDA_CONTEXT, "fixed allowance"))
     return Estimate(s, gpu, host_memory(run.shape, s, run.world, run.per_node, run.precision, run.lora))
 
@@ -435,7 +515,12 @@ def estimate(run: Workload, s: Setting) -> Estimate:
 HEADROOM = 0.10  # a recommended setting leaves this share of GPU memory free
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 STAGES = ((0, False), (1, False), (2, False), (2, True), (3, False), (3, True))
-KINDS = {None: "", "none": "LoRA, ", "4bit": "QLoRA 4-bit base, ", "8bit": "LoRA on an 8-bit base, "}  # by Setting.quantize
+KINDS = {
+    None: "",
+    "none": "LoRA, ",
+    "4bit": "QLoRA 4-bit base, ",
+    "8bit": "LoRA on an 8-bit base, ",
+}  # by Setting.quantize
 
 
 @dataclass
@@ -460,28 +545,43 @@ class Candidate:
         s = self.setting
         accumulation = f"{self.accumulation} accumulation" if self.accumulation else "no whole accumulation"
         offload = " + optimizer offload" if s.offload_optimizer else ""
-        return (f"{KINDS[s.quantize]}ZeRO-{s.zero_stage}{offload}, checkpointing "
-                f"{'on' if s.checkpointing else 'off'}, micro-batch {s.micro_batch} x {accumulation}, "
-                f"liger {'on' if s.liger else 'off'}")
+        return (
+            f"{KINDS[s.quantize]}ZeRO-{s.zero_stage}{offload}, checkpointing "
+            f"{'on' if s.checkpointing else 'off'}, micro-batch {s.micro_batch} x {accumulation}, "
+            f"liger {'on' if s.liger else 'off'}"
+        )
 
     def to_json(self) -> dict[str, Any]:
         e = self.estimate
-        return {"setting": asdict(self.setting), "gradient_accumulation_steps": self.accumulation,
-                "gpu_peak_bytes": e.gpu_peak, "host_peak_bytes": e.host_peak, "fits": self.fits,
-                "relative_compute": self.compute, "relative_communication": self.communication,
-                "gpu_terms": [t.to_json() for t in e.gpu], "host_terms": [t.to_json() for t in e.host]}
+        return {
+            "setting": asdict(self.setting),
+            "gradient_accumulation_steps": self.accumulation,
+            "gpu_peak_bytes": e.gpu_peak,
+            "host_peak_bytes": e.host_peak,
+            "fits": self.fits,
+            "relative_compute": self.compute,
+            "relative_communication": self.communication,
+            "gpu_terms": [t.to_json() for t in e.gpu],
+            "host_terms": [t.to_json() for t in e.host],
+        }
 
 
 def candidate(run: Workload, s: Setting, global_batch: int, gpu_memory: int) -> Candidate:
     e = estimate(run, s)
     step = s.micro_batch * run.world
     accumulation = global_batch // step if global_batch % step == 0 else None
-    return Candidate(e, accumulation, e.gpu_peak <= gpu_memory * (1 - HEADROOM),
-                     4 / 3 if s.checkpointing else 1.0, 1.5 if s.zero_stage == 3 else 1.0)
+    return Candidate(
+        e,
+        accumulation,
+        e.gpu_peak <= gpu_memory * (1 - HEADROOM),
+        4 / 3 if s.checkpointing else 1.0,
+        1.5 if s.zero_stage == 3 else 1.0,
+    )
 
 
-def candidates(run: Workload, global_batch: int, gpu_memory: int, liger_available: bool,
-               quantize: str | None = None) -> list[Candidate]:
+def candidates(
+    run: Workload, global_batch: int, gpu_memory: int, liger_available: bool, quantize: str | None = None
+) -> list[Candidate]:
     """Every ZeRO stage (and optimizer offload for 2 and 3) x checkpointing x micro-batch (liger on where available) that reaches
     `global_batch` exactly, fastest first; none when the ranks cannot share it evenly. A LoRA run keeps its
     base (`quantize`); a 16-bit one that fits nowhere is also tried on a 4-bit base: QLoRA changes the weights
@@ -492,11 +592,15 @@ def candidates(run: Workload, global_batch: int, gpu_memory: int, liger_availabl
     return sorted(out, key=Candidate.speed_key)
 
 
-def _grid(run: Workload, global_batch: int, gpu_memory: int, liger_available: bool, quantize: str | None) -> list[Candidate]:
+def _grid(
+    run: Workload, global_batch: int, gpu_memory: int, liger_available: bool, quantize: str | None
+) -> list[Candidate]:
     micro = [m for m in MICRO_BATCHES if global_batch % (m * run.world) == 0]
     # liger changes no term (the loss is TRL's fused head either way), only speed: on wherever it can run.
-    return [candidate(run, Setting(stage, offload, ckpt, m, liger_available, quantize), global_batch, gpu_memory)
-            for (stage, offload), ckpt, m in itertools.product(STAGES, (False, True), micro)]
+    return [
+        candidate(run, Setting(stage, offload, ckpt, m, liger_available, quantize), global_batch, gpu_memory)
+        for (stage, offload), ckpt, m in itertools.product(STAGES, (False, True), micro)
+    ]
 
 
 @dataclass
@@ -513,5 +617,11 @@ class Fit:
 
 def fit(run: Workload, current: Setting, global_batch: int, gpu_memory: int, liger_available: bool) -> Fit:
     found = candidates(run, global_batch, gpu_memory, liger_available, current.quantize)
-    return Fit(run, candidate(run, current, global_batch, gpu_memory), found, next((c for c in found if c.fits), None),
-               gpu_memory, global_batch)
+    return Fit(
+        run,
+        candidate(run, current, global_batch, gpu_memory),
+        found,
+        next((c for c in found if c.fits), None),
+        gpu_memory,
+        global_batch,
+    )

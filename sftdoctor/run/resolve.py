@@ -16,9 +16,9 @@ from typing import Any
 
 from sftdoctor.run import rundir
 from sftdoctor.run.config import RunConfig
-from sftdoctor.run.gpus import FLASH_MIN_CC, bf16_capable, devices, lacking, smallest_memory
-from sftdoctor.run.memory import Fit, Workload, Setting, fit
 from sftdoctor.run.embeddings import repair_ids
+from sftdoctor.run.gpus import FLASH_MIN_CC, bf16_capable, devices, lacking, smallest_memory
+from sftdoctor.run.memory import Fit, Setting, Workload, fit
 from sftdoctor.run.schedule import trainer_warmup
 from sftdoctor.run.shape import Shape
 from sftdoctor.run.smem import TRITON_MIN_CC
@@ -71,7 +71,9 @@ class Plan:
     data_rows: int | None
     max_length: int
     packing: bool
-    length_grouping: dict[str, Any]  # unpacked: the TrainingArguments key that batches rows of like length, and its value
+    length_grouping: dict[
+        str, Any
+    ]  # unpacked: the TrainingArguments key that batches rows of like length, and its value
     assistant_only_loss: bool
     chat_template: str | None  # the template file the tokenizer trains with; None: the tokenizer's own
     repair_token_ids: tuple[int, ...]  # untrained embedding rows set to the mean of the trained ones at load
@@ -137,7 +139,7 @@ class Plan:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in doc.items()}
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> "Plan":
+    def from_json(cls, doc: dict[str, Any]) -> Plan:
         if not isinstance(doc, dict) or doc.get("version") != PLAN_VERSION:
             found = doc.get("version") if isinstance(doc, dict) else None
             raise ValueError(f"a plan of version {found!r}; this sftdoctor reads version {PLAN_VERSION}")
@@ -147,6 +149,7 @@ class Plan:
 
 
 # ---------------------------------------------------------------- one function per decision
+
 
 def world(run: RunConfig, gpus: dict[str, Any] | None, slurm: dict[str, Any] | None = None) -> tuple[int, int]:
     """(processes per node, nodes); nproc_per_node = "auto" is Slurm's GPUs per node inside an allocation, else
@@ -203,7 +206,9 @@ def load_dtype(precision_: str, deepspeed: dict[str, Any] | None, lora: bool = F
     return LOAD_DTYPES[precision_] if deepspeed is not None or lora else "float32"
 
 
-def lora_settings(run: RunConfig, precision_: str, zero_stage: int, modules: dict[str, Any] | None) -> dict[str, Any] | None:
+def lora_settings(
+    run: RunConfig, precision_: str, zero_stage: int, modules: dict[str, Any] | None
+) -> dict[str, Any] | None:
     """The adapters as peft will build them, or None for a full fine-tune. QLoRA computes in the run's
     precision; under ZeRO-3 its 4-bit weights are stored in that dtype too (bnb_4bit_quant_storage), the only
     way DeepSpeed can partition them (transformers' DeepSpeed + QLoRA guide, bitsandbytes 0.43+)."""
@@ -213,11 +218,19 @@ def lora_settings(run: RunConfig, precision_: str, zero_stage: int, modules: dic
     if lora is None:
         return None
     compute = LOAD_DTYPES[precision_]
-    out = {"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout,
-           "target_modules": lora.target_modules if lora.target_modules == "all-linear" else list(lora.target_modules),
-           "modules_to_save": list(lora.modules_to_save), "use_rslora": lora.use_rslora, "use_dora": lora.use_dora,
-           "quantize": lora.quantize, "merge": lora.merge, "compute_dtype": compute,
-           "quant_storage": compute if lora.quantize == "4bit" and zero_stage == 3 else "uint8"}
+    out = {
+        "r": lora.r,
+        "alpha": lora.alpha,
+        "dropout": lora.dropout,
+        "target_modules": lora.target_modules if lora.target_modules == "all-linear" else list(lora.target_modules),
+        "modules_to_save": list(lora.modules_to_save),
+        "use_rslora": lora.use_rslora,
+        "use_dora": lora.use_dora,
+        "quantize": lora.quantize,
+        "merge": lora.merge,
+        "compute_dtype": compute,
+        "quant_storage": compute if lora.quantize == "4bit" and zero_stage == 3 else "uint8",
+    }
     known = modules and "error" not in modules
     out["trainable_params"] = adapter_parameters(modules, out) if known else None
     out["base_params"] = modules.get("parameters") if known else None
@@ -248,19 +261,32 @@ def generated_deepspeed(run: RunConfig) -> dict[str, Any]:
     (integrations/deepspeed.py, 4.x-5.x)."""
     section = run.deepspeed
     stage = section.zero_stage
-    zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
-                            "reduce_bucket_size": "auto"}
+    zero: dict[str, Any] = {
+        "stage": stage,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": "auto",
+    }
     if stage == 3:
-        zero.update(stage3_prefetch_bucket_size="auto", stage3_param_persistence_threshold="auto",
-                    stage3_gather_16bit_weights_on_model_save=True)
+        zero.update(
+            stage3_prefetch_bucket_size="auto",
+            stage3_param_persistence_threshold="auto",
+            stage3_gather_16bit_weights_on_model_save=True,
+        )
     if section.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if section.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     return {
         "bf16": {"enabled": "auto"},
-        "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
-                 "hysteresis": 2, "min_loss_scale": 1},
+        "fp16": {
+            "enabled": "auto",
+            "loss_scale": 0,
+            "initial_scale_power": 16,
+            "loss_scale_window": 1000,
+            "hysteresis": 2,
+            "min_loss_scale": 1,
+        },
         "zero_optimization": zero,
         "gradient_clipping": "auto",
         "train_micro_batch_size_per_gpu": "auto",
@@ -326,8 +352,13 @@ def warmup(run: RunConfig, features: dict[str, Any] | None, steps: int | None) -
 def assistant_only_loss(shape: str | None, template: dict[str, Any] | None) -> bool:
     """Loss on assistant turns needs {% generation %} markers in the chat template: present, patched in by
     TRL (its bundled training templates, TRL 1.16), or in the drop-in chat_template() chooses."""
-    return shape == "messages" and bool(template) and bool(
-        template.get("generation_markers") or template.get("trl_patchable") or template.get("marked_equivalent"))
+    return (
+        shape == "messages"
+        and bool(template)
+        and bool(
+            template.get("generation_markers") or template.get("trl_patchable") or template.get("marked_equivalent")
+        )
+    )
 
 
 def chat_template(run: RunConfig, shape: str | None, template: dict[str, Any] | None) -> tuple[str | None, str | None]:
@@ -340,8 +371,10 @@ def chat_template(run: RunConfig, shape: str | None, template: dict[str, Any] | 
     found = (template or {}).get("marked_equivalent")
     if shape != "messages" or not found:
         return None, None
-    return found["path"], (f"{found['source']}'s {found['name']}.jinja: the tokenizer's template with {{% generation %}} "
-                           "markers (renders the same text), so the loss covers the assistant turns only")
+    return found["path"], (
+        f"{found['source']}'s {found['name']}.jinja: the tokenizer's template with {{% generation %}} "
+        "markers (renders the same text), so the loss covers the assistant turns only"
+    )
 
 
 def eval_interval(run: RunConfig) -> int:
@@ -353,8 +386,14 @@ def evaluation(run: RunConfig) -> dict[str, Any] | None:
     e = run.eval
     if e is None:
         return None
-    return {"tasks": list(e.tasks), "include": e.include, "limit": e.limit, "num_fewshot": e.num_fewshot,
-            "base": e.base, "every_n_checkpoints": e.every_n_checkpoints}
+    return {
+        "tasks": list(e.tasks),
+        "include": e.include,
+        "limit": e.limit,
+        "num_fewshot": e.num_fewshot,
+        "base": e.base,
+        "every_n_checkpoints": e.every_n_checkpoints,
+    }
 
 
 def base_path(plan: Plan) -> str:
@@ -367,17 +406,20 @@ def base_path(plan: Plan) -> str:
     return str(local.absolute()) if local.is_dir() else plan.model_path
 
 
-def master_port(run: RunConfig, rendezvous: dict[str, Any] | None, slurm: dict[str, Any] | None = None) -> tuple[int, str]:
+def master_port(
+    run: RunConfig, rendezvous: dict[str, Any] | None, slurm: dict[str, Any] | None = None
+) -> tuple[int, str]:
     """The rendezvous port, and why. A port the user set is kept (a busy one is the nccl-env check's error);
     on one node the default 29500, when taken, and "auto" become a free port; inside a Slurm allocation, a port
     of the job's own (two jobs may share a first node)."""
     launch, seen = run.launch, rendezvous or {}
     if slurm and not launch.is_given("master_port") and str(slurm.get("job_id", "")).isdecimal():
-        return SLURM_PORTS[0] + int(slurm["job_id"]) % (SLURM_PORTS[1] - SLURM_PORTS[0]), \
-            f"Slurm job {slurm['job_id']}'s own port"
+        return SLURM_PORTS[0] + int(slurm["job_id"]) % (
+            SLURM_PORTS[1] - SLURM_PORTS[0]
+        ), f"Slurm job {slurm['job_id']}'s own port"
     free = seen.get("free_port")
     if launch.master_port == "auto":
-        return int(free or TORCHRUN_DEFAULT_PORT), "[launch].master_port = \"auto\": a free port"
+        return int(free or TORCHRUN_DEFAULT_PORT), '[launch].master_port = "auto": a free port'
     if launch.is_given("master_port"):
         return int(launch.master_port), "[launch].master_port in the run config"
     busy = seen.get("master_port") == launch.master_port and seen.get("in_use")
@@ -395,12 +437,16 @@ def stop_grace(run: RunConfig, slurm: dict[str, Any] | None) -> tuple[int, str]:
     if run.launch.stop_grace_s != "auto":
         return run.launch.stop_grace_s, "[launch].stop_grace_s in the run config"
     if slurm:
-        return run.slurm.signal_s, f"[slurm].signal_s: Slurm job {slurm.get('job_id')} is signalled that long before its limit"
+        return (
+            run.slurm.signal_s,
+            f"[slurm].signal_s: Slurm job {slurm.get('job_id')} is signalled that long before its limit",
+        )
     return STOP_GRACE_S, "the usual grace after SIGTERM (torchrun's, Kubernetes')"
 
 
-def node_rank(run: RunConfig, rendezvous: dict[str, Any] | None, slurm: dict[str, Any] | None = None,
-              nnodes: int = 1) -> tuple[int, str]:
+def node_rank(
+    run: RunConfig, rendezvous: dict[str, Any] | None, slurm: dict[str, Any] | None = None, nnodes: int = 1
+) -> tuple[int, str]:
     """This node's rank, and why. With the c10d rendezvous only node 0 matters: it hosts the store (torchrun
     ignores --node-rank and assigns the other nodes' ranks as they join), so "auto" asks whether master_addr
     is this host."""
@@ -413,7 +459,10 @@ def node_rank(run: RunConfig, rendezvous: dict[str, Any] | None, slurm: dict[str
         return slurm["node_id"], f"SLURM_NODEID of job {slurm['job_id']}"
     if (rendezvous or {}).get("local"):
         return 0, f"master_addr {launch.master_addr} is this host: it hosts the rendezvous"
-    return 1, f"master_addr {launch.master_addr} is another host: this node joins its rendezvous (torchrun assigns its rank)"
+    return (
+        1,
+        f"master_addr {launch.master_addr} is another host: this node joins its rendezvous (torchrun assigns its rank)",
+    )
 
 
 def find_unused_parameters(ddp: bool, moe: bool, unused: dict[str, Any] | None) -> tuple[bool, str]:
@@ -446,6 +495,7 @@ def ddp_timeout(hang_timeout_s: float) -> int:
 
 # ---------------------------------------------------------------- the plan
 
+
 def resolve(run: RunConfig, facts: Any) -> Plan:
     """Decide every setting of `run` on the machine `facts` describe (anything with `.get(fact name)`)."""
     gpus, packages = facts.get("gpus"), facts.get("packages") or {}
@@ -477,42 +527,88 @@ def resolve(run: RunConfig, facts: Any) -> Plan:
     ddp = world_size > 1 and ds is None
     find_unused, why_unused = find_unused_parameters(ddp, moe, facts.get("unused_parameters") if ddp else None)
     plan = Plan(
-        nproc_per_node=nproc, nnodes=nnodes, node_rank=rank, join_timeout_s=run.launch.join_timeout_s,
+        nproc_per_node=nproc,
+        nnodes=nnodes,
+        node_rank=rank,
+        join_timeout_s=run.launch.join_timeout_s,
         stop_grace_s=grace,
         world_size=world_size,
         cuda=bool(devices(gpus)),
-        per_device_batch_size=per_device, global_batch_size=global_batch, gradient_accumulation_steps=accum,
+        per_device_batch_size=per_device,
+        global_batch_size=global_batch,
+        gradient_accumulation_steps=accum,
         nearest_global_batch_sizes=() if accum else nearest_global_batches(global_batch, per_device, world_size),
-        model_path=run.model.path, tokenizer_path=run.model.tokenizer or run.model.path, weights=run.model.weights,
+        model_path=run.model.path,
+        tokenizer_path=run.model.tokenizer or run.model.path,
+        weights=run.model.weights,
         trust_remote_code=run.model.trust_remote_code,
-        precision=chosen, load_dtype=load_dtype(chosen, ds, lora is not None), attn_implementation=attn,
-        liger_kernel=liger_kernel(run, gpus, packages), liger_available=bool(packages.get("liger-kernel")),
-        moe=moe, ddp_find_unused_parameters=find_unused,
-        train_files=tuple(run.data.train), eval_files=tuple(run.data.eval), eval_fraction=run.data.eval_fraction,
-        data_shape=shape, data_format=(data.get("train") or {}).get("format"), data_rows=rows, max_length=run.data.max_length,
-        packing=packed, length_grouping={} if packed else length_grouping(features),
-        assistant_only_loss=assistant_only_loss(shape, facts.get("chat_template")), chat_template=template,
+        precision=chosen,
+        load_dtype=load_dtype(chosen, ds, lora is not None),
+        attn_implementation=attn,
+        liger_kernel=liger_kernel(run, gpus, packages),
+        liger_available=bool(packages.get("liger-kernel")),
+        moe=moe,
+        ddp_find_unused_parameters=find_unused,
+        train_files=tuple(run.data.train),
+        eval_files=tuple(run.data.eval),
+        eval_fraction=run.data.eval_fraction,
+        data_shape=shape,
+        data_format=(data.get("train") or {}).get("format"),
+        data_rows=rows,
+        max_length=run.data.max_length,
+        packing=packed,
+        length_grouping={} if packed else length_grouping(features),
+        assistant_only_loss=assistant_only_loss(shape, facts.get("chat_template")),
+        chat_template=template,
         repair_token_ids=repair_ids(facts.get("token_rows")) if run.model.repair_untrained_tokens else (),
-        learning_rate=t.learning_rate, lr_scheduler=t.lr_scheduler, lr_scheduler_kwargs=lr_scheduler_kwargs(run, features),
-        warmup=warmup_args, warmup_steps=warmup_steps, epochs=t.epochs, max_steps=t.max_steps, total_steps=steps,
-        weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm, checkpointing=t.gradient_checkpointing is True,
+        learning_rate=t.learning_rate,
+        lr_scheduler=t.lr_scheduler,
+        lr_scheduler_kwargs=lr_scheduler_kwargs(run, features),
+        warmup=warmup_args,
+        warmup_steps=warmup_steps,
+        epochs=t.epochs,
+        max_steps=t.max_steps,
+        total_steps=steps,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        checkpointing=t.gradient_checkpointing is True,
         checkpointing_arg=(features or {}).get("checkpointing_arg") or "gradient_checkpointing",
-        checkpointing_reentrant=False, lora=lora,
+        checkpointing_reentrant=False,
+        lora=lora,
         evaluation=evaluation(run),
-        seed=t.seed, logging_steps=t.logging_steps, save_steps=t.save_steps, save_total_limit=t.save_total_limit,
+        seed=t.seed,
+        logging_steps=t.logging_steps,
+        save_steps=t.save_steps,
+        save_total_limit=t.save_total_limit,
         eval_steps=eval_interval(run),
-        deepspeed=ds, deepspeed_source=ds_source, zero_stage=stage, offload_optimizer=offload_optimizer,
+        deepspeed=ds,
+        deepspeed_source=ds_source,
+        zero_stage=stage,
+        offload_optimizer=offload_optimizer,
         offload_params=offload_params,
-        master_addr=addr, master_port=port, max_restarts=run.launch.max_restarts,
+        master_addr=addr,
+        master_port=port,
+        max_restarts=run.launch.max_restarts,
         distributed_check=run.launch.distributed_check and world_size > 1,
         rehearse=run.launch.rehearse and (world_size > 1 or ds is not None),
         distributed_check_bound_s=min(float(run.watch.hang_timeout_s), DISTRIBUTED_CHECK_MAX_S),
-        hang_timeout_s=float(run.watch.hang_timeout_s), ddp_timeout_s=ddp_timeout(run.watch.hang_timeout_s),
-        on_nan=run.watch.on_nan, max_skips=run.watch.max_skips, loss_spike_factor=run.watch.loss_spike_factor,
-        report_to=run.report.to, output_dir=t.output_dir,
-        reasons={"precision": why_precision, "master_port": why_port, "node_rank": why_rank, "master_addr": why_addr,
-                 "stop_grace_s": why_grace, "packing": why_packing, "ddp_find_unused_parameters": why_unused,
-                 **({"chat_template": why_template} if why_template else {})},
+        hang_timeout_s=float(run.watch.hang_timeout_s),
+        ddp_timeout_s=ddp_timeout(run.watch.hang_timeout_s),
+        on_nan=run.watch.on_nan,
+        max_skips=run.watch.max_skips,
+        loss_spike_factor=run.watch.loss_spike_factor,
+        report_to=run.report.to,
+        output_dir=t.output_dir,
+        reasons={
+            "precision": why_precision,
+            "master_port": why_port,
+            "node_rank": why_rank,
+            "master_addr": why_addr,
+            "stop_grace_s": why_grace,
+            "packing": why_packing,
+            "ddp_find_unused_parameters": why_unused,
+            **({"chat_template": why_template} if why_template else {}),
+        },
     )
     return with_checkpointing(plan, run, gpus, facts)
 
@@ -532,11 +628,17 @@ def with_checkpointing(plan: Plan, run: RunConfig, gpus: dict[str, Any] | None, 
         memory = smallest_memory(gpus)
         without = memory_fit(dataclasses.replace(plan, checkpointing=False), Shape(**model_shape), memory).current
         peak = f"{without.estimate.gpu_peak / 2**30:.1f} GiB of {memory / 2**30:.0f}"
-        on, why = (False, f"auto: off, the plan fits without it ({peak})") if without.fits else \
-            (True, f"auto: on, without it the plan needs {peak}")
-    return dataclasses.replace(plan, checkpointing=on,
-                               checkpointing_reentrant=plan.lora is not None and plan.zero_stage == 3 and on,
-                               reasons={**plan.reasons, "checkpointing": why})
+        on, why = (
+            (False, f"auto: off, the plan fits without it ({peak})")
+            if without.fits
+            else (True, f"auto: on, without it the plan needs {peak}")
+        )
+    return dataclasses.replace(
+        plan,
+        checkpointing=on,
+        checkpointing_reentrant=plan.lora is not None and plan.zero_stage == 3 and on,
+        reasons={**plan.reasons, "checkpointing": why},
+    )
 
 
 def packing(run: RunConfig, attn: str, probe: dict[str, Any] | None) -> tuple[bool, str]:
@@ -562,30 +664,52 @@ def length_grouping(features: dict[str, Any] | None) -> dict[str, Any]:
     return {"group_by_length": True}  # transformers 4.x
 
 
-def for_launch(plan: Plan, rehearsal: bool = False, drill: dict[str, Any] | None = None,
-               plugins: bool = True, forced: bool = False, rehearse: bool = True) -> Plan:
+def for_launch(
+    plan: Plan,
+    rehearsal: bool = False,
+    drill: dict[str, Any] | None = None,
+    plugins: bool = True,
+    forced: bool = False,
+    rehearse: bool = True,
+) -> Plan:
     """The plan one launch follows: as resolved, or its rehearsal (`--smoke`): the same launcher, DeepSpeed
     config, data path and scheduler for a few steps, in a run directory of its own, with a save and a resume.
     Forced past an unreachable global batch (`--force`), the run takes the nearest reachable one below it.
     A drill runs in a directory of its own (RUN_DIR/drill-KIND), so it never mixes with the run's checkpoints."""
-    plan = dataclasses.replace(plan, drill=drill, plugins=plugins,
-                               rehearse=plan.rehearse and rehearse and not rehearsal and drill is None)
+    plan = dataclasses.replace(
+        plan, drill=drill, plugins=plugins, rehearse=plan.rehearse and rehearse and not rehearsal and drill is None
+    )
     if drill is not None:
         plan = dataclasses.replace(plan, output_dir=str(Path(plan.output_dir) / f"drill-{drill['kind']}"))
     if forced and plan.gradient_accumulation_steps is None:
         step = plan.per_device_batch_size * plan.world_size
         accum = max(1, plan.global_batch_size // step)
         plan = dataclasses.replace(
-            plan, gradient_accumulation_steps=accum, global_batch_size=accum * step, nearest_global_batch_sizes=(),
-            reasons={**plan.reasons, "global_batch_size": f"forced: {accum * step}, the nearest reachable global batch "
-                                                          f"to the {plan.global_batch_size} asked"})
+            plan,
+            gradient_accumulation_steps=accum,
+            global_batch_size=accum * step,
+            nearest_global_batch_sizes=(),
+            reasons={
+                **plan.reasons,
+                "global_batch_size": f"forced: {accum * step}, the nearest reachable global batch "
+                f"to the {plan.global_batch_size} asked",
+            },
+        )
     if not rehearsal:
         return plan
     return dataclasses.replace(
-        plan, rehearsal=True, rehearse=False, max_steps=REHEARSAL_STEPS, total_steps=REHEARSAL_STEPS, save_steps=REHEARSAL_SAVE_AT,
-        logging_steps=1, data_limit=REHEARSAL_ROWS, gradient_accumulation_steps=1,
+        plan,
+        rehearsal=True,
+        rehearse=False,
+        max_steps=REHEARSAL_STEPS,
+        total_steps=REHEARSAL_STEPS,
+        save_steps=REHEARSAL_SAVE_AT,
+        logging_steps=1,
+        data_limit=REHEARSAL_ROWS,
+        gradient_accumulation_steps=1,
         global_batch_size=plan.per_device_batch_size * plan.world_size,
-        output_dir=str(Path(plan.output_dir) / rundir.REHEARSAL))
+        output_dir=str(Path(plan.output_dir) / rundir.REHEARSAL),
+    )
 
 
 def memory_fit(plan: Plan, shape: Shape, gpu_memory: int) -> Fit:
@@ -593,8 +717,15 @@ def memory_fit(plan: Plan, shape: Shape, gpu_memory: int) -> Fit:
     from sftdoctor.run.memory import adapters
 
     lora = adapters(plan.lora, shape) if plan.lora is not None else None
-    run = Workload(shape, plan.world_size, plan.nproc_per_node, plan.max_length, plan.attn_implementation, plan.precision,
-              lora)
-    current = Setting(plan.zero_stage, plan.offload_optimizer, plan.checkpointing, plan.per_device_batch_size,
-                      plan.liger_kernel, plan.lora["quantize"] if plan.lora is not None else None)
+    run = Workload(
+        shape, plan.world_size, plan.nproc_per_node, plan.max_length, plan.attn_implementation, plan.precision, lora
+    )
+    current = Setting(
+        plan.zero_stage,
+        plan.offload_optimizer,
+        plan.checkpointing,
+        plan.per_device_batch_size,
+        plan.liger_kernel,
+        plan.lora["quantize"] if plan.lora is not None else None,
+    )
     return fit(run, current, plan.global_batch_size, gpu_memory, plan.liger_available)

@@ -52,8 +52,16 @@ def bytes_per_param(zero_stage: int, load_dtype: str, deepspeed: bool) -> tuple[
     return 2 + 2 + 12, 2
 
 
-def budget(parameters: int, zero_stage: int, load_dtype: str, deepspeed: bool, save_total_limit: int,
-           lora: dict | None = None, vocab: int = 0, tied: bool = True) -> SaveBudget:
+def budget(
+    parameters: int,
+    zero_stage: int,
+    load_dtype: str,
+    deepspeed: bool,
+    save_total_limit: int,
+    lora: dict | None = None,
+    vocab: int = 0,
+    tied: bool = True,
+) -> SaveBudget:
     per, weights = bytes_per_param(zero_stage, load_dtype, deepspeed)
     saved = parameters
     final = weights * parameters

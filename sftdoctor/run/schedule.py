@@ -19,7 +19,7 @@ SCHEDULES = ("linear", "cosine", "cosine_with_min_lr", "constant_with_warmup", "
 def trainer_warmup(warmup: dict[str, float], total: int) -> int:
     """The warmup steps the Trainer derives from its arguments (`TrainingArguments.get_warmup_steps`): 5.x reads
     a warmup_steps below 1 as a ratio of the run's steps, 4.x had warmup_ratio for that."""
-    (key, value), = warmup.items()
+    ((key, value),) = warmup.items()
     return math.ceil(total * value) if key == "warmup_ratio" or value < 1 else int(value)
 
 
@@ -36,9 +36,13 @@ def schedule_of(plan: Any, total: int | None = None) -> dict[str, Any] | None:
     floor = kwargs.get("min_lr_rate")
     if floor is None and kwargs.get("min_lr") is not None:
         floor = kwargs["min_lr"] / peak
-    return {"name": name, "learning_rate": peak, "total_steps": int(total),
-            "warmup_steps": trainer_warmup(get("warmup"), int(total)) if get("warmup") else int(get("warmup_steps") or 0),
-            "min_lr_rate": float(floor) if name == "cosine_with_min_lr" else 0.0}
+    return {
+        "name": name,
+        "learning_rate": peak,
+        "total_steps": int(total),
+        "warmup_steps": trainer_warmup(get("warmup"), int(total)) if get("warmup") else int(get("warmup_steps") or 0),
+        "min_lr_rate": float(floor) if name == "cosine_with_min_lr" else 0.0,
+    }
 
 
 def factor(schedule: dict[str, Any], step: float) -> float:

@@ -47,8 +47,12 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
 
 # Older and non-Llama configs name the same dimensions differently (GPT-2: n_embd, n_layer, n_head, n_inner;
 # T5/OPT-style: d_model, num_layers, num_heads, ffn_dim), as their transformers classes' attribute_map says.
-ALIASES = {"hidden_size": ("n_embd", "d_model"), "num_hidden_layers": ("n_layer", "num_layers"),
-           "num_attention_heads": ("n_head", "num_heads"), "intermediate_size": ("n_inner", "ffn_dim")}
+ALIASES = {
+    "hidden_size": ("n_embd", "d_model"),
+    "num_hidden_layers": ("n_layer", "num_layers"),
+    "num_attention_heads": ("n_head", "num_heads"),
+    "intermediate_size": ("n_inner", "ffn_dim"),
+}
 
 
 def _canonical(config: dict[str, Any]) -> dict[str, Any]:
@@ -91,9 +95,15 @@ def dimensions(config: dict[str, Any]) -> dict[str, int] | None:
         return None
     text = _canonical(text_config(config))
     hidden, heads = text["hidden_size"], text["num_attention_heads"]
-    return {"hidden": hidden, "layers": text["num_hidden_layers"], "intermediate": text.get("intermediate_size") or 4 * hidden,
-            "vocab": text["vocab_size"], "heads": heads, "kv_heads": text.get("num_key_value_heads") or heads,
-            "head_dim": text.get("head_dim") or hidden // heads}
+    return {
+        "hidden": hidden,
+        "layers": text["num_hidden_layers"],
+        "intermediate": text.get("intermediate_size") or 4 * hidden,
+        "vocab": text["vocab_size"],
+        "heads": heads,
+        "kv_heads": text.get("num_key_value_heads") or heads,
+        "head_dim": text.get("head_dim") or hidden // heads,
+    }
 
 
 def closed_form(config: dict[str, Any]) -> Shape | None:
@@ -101,7 +111,12 @@ def closed_form(config: dict[str, Any]) -> Shape | None:
     Qwen2 has q/k/v biases, `attention_bias`/`mlp_bias` add the others, Qwen3 a q/k RMSNorm per layer."""
     model_type = config.get("model_type")
     dims = dimensions(config)
-    if not isinstance(model_type, str) or model_type not in GATED_MLP or dims is None or not _positive_ints(config, NEEDED):
+    if (
+        not isinstance(model_type, str)
+        or model_type not in GATED_MLP
+        or dims is None
+        or not _positive_ints(config, NEEDED)
+    ):
         return None
     h, layers, inter, vocab = dims["hidden"], dims["layers"], dims["intermediate"], dims["vocab"]
     q, kv = dims["heads"] * dims["head_dim"], dims["kv_heads"] * dims["head_dim"]
@@ -123,5 +138,10 @@ def from_counts(config: dict[str, Any], parameters: int, largest: int) -> Shape 
     dims = dimensions(config)
     if dims is None:
         return None
-    return Shape(model_type=str(config.get("model_type", "?")), parameters=parameters, largest_layer=largest,
-                 counted_by="meta device", **dims)
+    return Shape(
+        model_type=str(config.get("model_type", "?")),
+        parameters=parameters,
+        largest_layer=largest,
+        counted_by="meta device",
+        **dims,
+    )

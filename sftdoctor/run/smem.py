@@ -19,7 +19,10 @@ LIMITS = {
     232448: "compute capability 9.0/10.x (227 KB: H100, H200, H800, B200)",
 }
 
-TRITON_MIN_CC = (7, 0)  # torch/_inductor/exc.py GPUTooOldForTriton: "Triton only supports devices of CUDA Capability >= 7.0"
+TRITON_MIN_CC = (
+    7,
+    0,
+)  # torch/_inductor/exc.py GPUTooOldForTriton: "Triton only supports devices of CUDA Capability >= 7.0"
 TUNED_ON = 166912  # an A100's limit: kernels tuned on A100/H100 may need up to this, or H100's 232448
 
 

@@ -12,8 +12,13 @@ import re
 
 # What a parameter is, read from its name: the module it belongs to, and whether it is an adapter peft added.
 PLACES = (
-    ("vision tower", re.compile(r"(?:^|\.)(?:vision_tower|vision_model|visual|vision|vpm|vit|image_encoder|"
-                                r"multi_modal_projector|mm_projector|vision_projection|patch_embed\w*)(?:\.|$)")),
+    (
+        "vision tower",
+        re.compile(
+            r"(?:^|\.)(?:vision_tower|vision_model|visual|vision|vpm|vit|image_encoder|"
+            r"multi_modal_projector|mm_projector|vision_projection|patch_embed\w*)(?:\.|$)"
+        ),
+    ),
     ("audio tower", re.compile(r"(?:^|\.)(?:audio_tower|audio_model|audio|speech_encoder|whisper)(?:\.|$)")),
     ("MoE experts", re.compile(r"(?:^|\.)(?:experts?|shared_experts?|block_sparse_moe)(?:\.|$)")),
     ("multi-token prediction layers", re.compile(r"(?:^|\.)(?:mtp\w*|nextn\w*)(?:\.|$)")),

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import re
 
-_PATTERN = re.compile(r"""
+_PATTERN = re.compile(
+    r"""
     \s*v?
     (?a:
         (?:(?P<epoch>[0-9]+)!)?
@@ -22,7 +23,9 @@ _PATTERN = re.compile(r"""
         (?P<dev>[._-]?(?P<dev_l>dev)[._-]?(?P<dev_n>[0-9]+)?)?
     )
     (?a:\+(?P<local>[a-z0-9]+(?:[._-][a-z0-9]+)*))?
-    \s*""", re.VERBOSE | re.IGNORECASE)
+    \s*""",
+    re.VERBOSE | re.IGNORECASE,
+)
 _PRE = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
 DEV_ONLY, STABLE = -1, 3  # a dev release without pre or post sorts before its alphas; a final one after its rcs
 

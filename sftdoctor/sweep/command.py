@@ -13,7 +13,8 @@ import signal
 from pathlib import Path
 
 from sftdoctor.errors import InputError, InputErrors
-from sftdoctor.sweep import results, study as studies
+from sftdoctor.sweep import results
+from sftdoctor.sweep import study as studies
 from sftdoctor.sweep.config import Sweep, display, load_sweep
 from sftdoctor.sweep.narrow import narrow
 from sftdoctor.sweep.trial import Outcome, Stop, params_line, run_trial
@@ -25,10 +26,12 @@ def say(line: str) -> None:
 
 
 def header(sweep: Sweep) -> str:
-    return (f"sftdoctor: sweep {display(sweep.path)}: {len(sweep.space)} key{'s' if len(sweep.space) != 1 else ''}, "
-            f"{sweep.sampler} sampler, {sweep.pruner} pruner, a budget of {sweep.trials} trial"
-            f"{'s' if sweep.trials != 1 else ''}; objective {sweep.objective} ({sweep.direction}); study "
-            f"{sweep.study!r} in {display(sweep.output_dir / studies.JOURNAL)}")
+    return (
+        f"sftdoctor: sweep {display(sweep.path)}: {len(sweep.space)} key{'s' if len(sweep.space) != 1 else ''}, "
+        f"{sweep.sampler} sampler, {sweep.pruner} pruner, a budget of {sweep.trials} trial"
+        f"{'s' if sweep.trials != 1 else ''}; objective {sweep.objective} ({sweep.direction}); study "
+        f"{sweep.study!r} in {display(sweep.output_dir / studies.JOURNAL)}"
+    )
 
 
 def space_lines(space) -> list[str]:
@@ -49,8 +52,10 @@ def main(path: Path, facts_file: Path | None = None, dry_run: bool = False, plug
     narrowed = narrow(spec, facts_file)
     say(f"sftdoctor: space {narrowed.note}")
     if not narrowed.fits:
-        say("sftdoctor: not starting: no trial could run (fix the base or the space, e.g. a smaller "
-            "per_device_batch_size or max_length; `sftdoctor plan` shows every term)")
+        say(
+            "sftdoctor: not starting: no trial could run (fix the base or the space, e.g. a smaller "
+            "per_device_batch_size or max_length; `sftdoctor plan` shows every term)"
+        )
         return 1
     if dry_run:
         return show_dry_run(spec, narrowed.space)
@@ -70,8 +75,10 @@ def main(path: Path, facts_file: Path | None = None, dry_run: bool = False, plug
             if trial is None:
                 break
             ran += 1
-            say(f"\nsftdoctor: trial {trial.number}: {params_line(trial.params)}"
-                + (f" (a retry of trial {trial.user_attrs['retry_of']})" if "retry_of" in trial.user_attrs else ""))
+            say(
+                f"\nsftdoctor: trial {trial.number}: {params_line(trial.params)}"
+                + (f" (a retry of trial {trial.user_attrs['retry_of']})" if "retry_of" in trial.user_attrs else "")
+            )
             try:
                 outcome = run_trial(spec, study, trial, plugins=plugins, facts_file=facts_file, stop=stop, say=say)
             except (InputError, InputErrors):
@@ -122,11 +129,15 @@ def finish(spec: Sweep, study, plugins: bool, ran: int, stop: Stop) -> int:
     if stop.signal is not None:
         state = f"stopped by {signal.Signals(stop.signal).name}; rerun the same command to go on"
     elif elsewhere:
-        state = f"this worker is done; {len(elsewhere)} trial{'s' if len(elsewhere) != 1 else ''} still running elsewhere"
+        state = (
+            f"this worker is done; {len(elsewhere)} trial{'s' if len(elsewhere) != 1 else ''} still running elsewhere"
+        )
     else:
         state = "the budget is spent"
-    say(f"\nsftdoctor: sweep {spec.study!r}: {state}: {studies.counted(trials)} of {spec.trials} trials "
-        f"({results.counts(study)}); {ran} run by this worker")
+    say(
+        f"\nsftdoctor: sweep {spec.study!r}: {state}: {studies.counted(trials)} of {spec.trials} trials "
+        f"({results.counts(study)}); {ran} run by this worker"
+    )
     if trials:
         say(results.table(study, spec))
     written = results.write(study, spec, plugins)
@@ -142,8 +153,10 @@ def finish(spec: Sweep, study, plugins: bool, ran: int, stop: Stop) -> int:
         say(f"  not drawn    {line}")
     if written.report is not None:
         shown = min(results.OVERLAID, len(results.best(study)[1]))
-        say(f"  report       {display(written.report)} ("
-            + (f"the best {shown} runs overlaid)" if shown > 1 else "the best run)"))
+        say(
+            f"  report       {display(written.report)} ("
+            + (f"the best {shown} runs overlaid)" if shown > 1 else "the best run)")
+        )
     if stop.signal is not None:
         return SIGNAL_EXIT[stop.signal]
     return 0 if written.best is not None else 1
@@ -160,8 +173,10 @@ def show_dry_run(spec: Sweep, space) -> int:
     if study is None:
         say(f"sftdoctor: no study yet in {display(spec.output_dir)}; nothing was run (--dry-run)")
         return 0
-    say(f"sftdoctor: the study so far: {studies.counted(study.get_trials(deepcopy=False))} of {spec.trials} trials "
-        f"({results.counts(study) or 'none'}); nothing was run (--dry-run)")
+    say(
+        f"sftdoctor: the study so far: {studies.counted(study.get_trials(deepcopy=False))} of {spec.trials} trials "
+        f"({results.counts(study) or 'none'}); nothing was run (--dry-run)"
+    )
     if study.get_trials(deepcopy=False):
         say(results.table(study, spec))
     return 0

@@ -38,8 +38,22 @@ else:  # pragma: no cover
 from sftdoctor.errors import InputError, InputErrors, did_you_mean, parse_problem, read_text
 from sftdoctor.facts import launch_inputs
 from sftdoctor.files import folder_problem
-from sftdoctor.run.config import (SECTIONS, Key, RunConfig, Section, _bool, _choice, _int, _str, key, keys,
-                                  read_section, unknown_key, unknown_section, validate)
+from sftdoctor.run.config import (
+    SECTIONS,
+    Key,
+    RunConfig,
+    Section,
+    _bool,
+    _choice,
+    _int,
+    _str,
+    key,
+    keys,
+    read_section,
+    unknown_key,
+    unknown_section,
+    validate,
+)
 from sftdoctor.run.resolve import eval_interval
 
 OBJECTIVE = re.compile(r"eval:([^/\s]+)/(.+)")
@@ -59,26 +73,53 @@ def _name(v: Any) -> bool:
 
 @dataclass(frozen=True)
 class SweepSection(Section):
-    base: str = key("a path to a run config (TOML)", _str, required=True, path="file",
-                    doc="the run config every trial starts from; the space's keys override it")
-    objective: str = key('"eval_loss" or "eval:TASK/METRIC"', _objective, "eval_loss",
-                         doc="the loss of the run's last evaluation, or a metric of an lm-eval task of the base's [eval]")
-    direction: str | None = key("one of minimize, maximize", _choice("minimize", "maximize"),
-                                doc="default: minimize for eval_loss, maximize for an eval: metric")
-    trials: int | None = key(f"an integer from 1 to {MAX_BUDGET}", _int(1, MAX_BUDGET),
-                             doc="the budget: trials that finished (complete, pruned or failed), over every worker; "
-                                 "default with the grid sampler: every point of the grid")
-    sampler: str | None = key("one of tpe, random, grid", _choice("tpe", "random", "grid"),
-                              doc="default: grid when every key of the space has choices, else tpe")
-    pruner: str | None = key("one of median, hyperband, none", _choice("median", "hyperband", "none"),
-                             doc="stops trials whose eval loss lags; default median (none with an eval: objective)")
+    base: str = key(
+        "a path to a run config (TOML)",
+        _str,
+        required=True,
+        path="file",
+        doc="the run config every trial starts from; the space's keys override it",
+    )
+    objective: str = key(
+        '"eval_loss" or "eval:TASK/METRIC"',
+        _objective,
+        "eval_loss",
+        doc="the loss of the run's last evaluation, or a metric of an lm-eval task of the base's [eval]",
+    )
+    direction: str | None = key(
+        "one of minimize, maximize",
+        _choice("minimize", "maximize"),
+        doc="default: minimize for eval_loss, maximize for an eval: metric",
+    )
+    trials: int | None = key(
+        f"an integer from 1 to {MAX_BUDGET}",
+        _int(1, MAX_BUDGET),
+        doc="the budget: trials that finished (complete, pruned or failed), over every worker; "
+        "default with the grid sampler: every point of the grid",
+    )
+    sampler: str | None = key(
+        "one of tpe, random, grid",
+        _choice("tpe", "random", "grid"),
+        doc="default: grid when every key of the space has choices, else tpe",
+    )
+    pruner: str | None = key(
+        "one of median, hyperband, none",
+        _choice("median", "hyperband", "none"),
+        doc="stops trials whose eval loss lags; default median (none with an eval: objective)",
+    )
     seed: int = key("an integer from 0 to 4294967295", _int(0, 2**32 - 1), 0)
-    narrow: bool = key("true or false", _bool, True,
-                       doc="drop the choices that cannot fit the GPUs (the memory plan) before sampling")
+    narrow: bool = key(
+        "true or false", _bool, True, doc="drop the choices that cannot fit the GPUs (the memory plan) before sampling"
+    )
     study: str | None = key("a study name (letters, digits, _ . -)", _name, doc="default: this file's name")
-    output_dir: str = key("a folder path", _str, "", path="dir",
-                          doc="the sweep directory: the study, one run directory per trial, the results "
-                              "(default sweeps/<this file's name>)")
+    output_dir: str = key(
+        "a folder path",
+        _str,
+        "",
+        path="dir",
+        doc="the sweep directory: the study, one run directory per trial, the results "
+        "(default sweeps/<this file's name>)",
+    )
 
 
 @dataclass(frozen=True)
@@ -105,7 +146,7 @@ class Dim:
         """The values that bound what the dimension gives: its choices, or its range's two ends."""
         return self.choices if self.kind == "choices" else (self.low, self.high)
 
-    def with_choices(self, choices: tuple[Any, ...]) -> "Dim":
+    def with_choices(self, choices: tuple[Any, ...]) -> Dim:
         return dataclasses.replace(self, choices=tuple(choices))
 
     def describe(self) -> str:
@@ -123,10 +164,17 @@ class Dim:
         return out
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> "Dim":
+    def from_json(cls, doc: dict[str, Any]) -> Dim:
         section, _, name = doc["name"].partition(".")
-        return cls(section, name, doc["kind"], tuple(doc.get("choices") or ()), doc.get("low"), doc.get("high"),
-                   doc.get("step"))
+        return cls(
+            section,
+            name,
+            doc["kind"],
+            tuple(doc.get("choices") or ()),
+            doc.get("low"),
+            doc.get("high"),
+            doc.get("step"),
+        )
 
 
 def display(path: Path | str) -> str:
@@ -174,8 +222,12 @@ class Sweep:
     def fingerprint(self) -> str:
         """What makes two trials comparable: the base, the space, the objective and its direction (not the
         budget, the sampler or the pruner, which a rerun may change)."""
-        doc = {"base": self.base_raw, "space": [d.to_json() for d in self.space], "objective": self.objective,
-               "direction": self.direction}
+        doc = {
+            "base": self.base_raw,
+            "space": [d.to_json() for d in self.space],
+            "objective": self.objective,
+            "direction": self.direction,
+        }
         return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -183,8 +235,9 @@ def grid_size(space: tuple[Dim, ...]) -> int:
     return math.prod(len(d.choices) for d in space)
 
 
-def point_raw(base_raw: dict[str, dict[str, Any]], space: tuple[Dim, ...], params: dict[str, Any], run_dir: Path,
-              folder: Path) -> dict[str, dict[str, Any]]:
+def point_raw(
+    base_raw: dict[str, dict[str, Any]], space: tuple[Dim, ...], params: dict[str, Any], run_dir: Path, folder: Path
+) -> dict[str, dict[str, Any]]:
     raw = copy.deepcopy(base_raw)
     for dim in space:
         if dim.name in params:
@@ -226,16 +279,26 @@ def validate_sweep(raw: dict[str, Any], path: Path) -> Sweep:
     errors: list[InputError] = []
     for name, value in raw.items():
         if name not in ("sweep", "space"):
-            errors.append(InputError(path, f"unknown table; expected [sweep] and [space]"
-                                           f"{did_you_mean(name, ('sweep', 'space'))}", key=f"[{name}]"))
+            errors.append(
+                InputError(
+                    path,
+                    f"unknown table; expected [sweep] and [space]{did_you_mean(name, ('sweep', 'space'))}",
+                    key=f"[{name}]",
+                )
+            )
         elif not isinstance(value, dict):
             errors.append(InputError(path, "expected a table", key=name))
     given = raw.get("sweep") if isinstance(raw.get("sweep"), dict) else {}
     section = read_section(SweepSection, "sweep", given, path, errors)
     space_raw = raw.get("space") if isinstance(raw.get("space"), dict) else None
     if space_raw is None and "space" not in raw:
-        errors.append(InputError(path, "missing; expected the keys to search, e.g. "
-                                       "training.learning_rate = {log_uniform = [1e-6, 1e-4]}", key="[space]"))
+        errors.append(
+            InputError(
+                path,
+                "missing; expected the keys to search, e.g. training.learning_rate = {log_uniform = [1e-6, 1e-4]}",
+                key="[space]",
+            )
+        )
     space = read_space(space_raw or {}, path, errors) if space_raw is not None else ()
     if space_raw is not None and not space_raw:
         errors.append(InputError(path, "empty; expected at least one key to search", key="[space]"))
@@ -306,17 +369,25 @@ def _entries(raw: dict[str, Any], path: Path, errors: list[InputError]):
             for inner, spec in value.items():
                 yield f"{outer}.{inner}", outer, spec
         else:
-            errors.append(InputError(path, "expected a run-config key SECTION.KEY = {choices = [...]}, "
-                                           "e.g. training.learning_rate = {log_uniform = [1e-6, 1e-4]}",
-                                     key=f"[space].{outer}"))
+            errors.append(
+                InputError(
+                    path,
+                    "expected a run-config key SECTION.KEY = {choices = [...]}, "
+                    "e.g. training.learning_rate = {log_uniform = [1e-6, 1e-4]}",
+                    key=f"[space].{outer}",
+                )
+            )
 
 
 def _dim(name: str, section: str, spec: Any, path: Path, errors: list[InputError]) -> Dim | None:
     where = f"[space].{name}"
     _, _, k = name.partition(".")
     if section not in SECTIONS:
-        errors.append(InputError(path, f"{unknown_section(section)} (the space's keys are run-config keys, "
-                                       "SECTION.KEY)", key=where))
+        errors.append(
+            InputError(
+                path, f"{unknown_section(section)} (the space's keys are run-config keys, SECTION.KEY)", key=where
+            )
+        )
         return None
     specs = keys(SECTIONS[section])
     if k not in specs:
@@ -326,17 +397,32 @@ def _dim(name: str, section: str, spec: Any, path: Path, errors: list[InputError
         errors.append(InputError(path, f"not searched: {NOT_SWEPT[(section, k)]}", key=where))
         return None
     if not isinstance(spec, dict):
-        errors.append(InputError(path, f"expected a table: {{choices = [...]}}, or a range "
-                                       f"{{uniform|log_uniform|int|log_int = [LOW, HIGH]}}, got {spec!r}", key=where))
+        errors.append(
+            InputError(
+                path,
+                f"expected a table: {{choices = [...]}}, or a range "
+                f"{{uniform|log_uniform|int|log_int = [LOW, HIGH]}}, got {spec!r}",
+                key=where,
+            )
+        )
         return None
     kinds = [x for x in spec if x in KINDS]
     for other in (x for x in spec if x not in KINDS and x != "step"):
-        errors.append(InputError(path, f"unknown entry {other!r}{did_you_mean(other, KINDS + ('step',))}; expected "
-                                       f"one of {', '.join(KINDS)} (and step)", key=where))
+        errors.append(
+            InputError(
+                path,
+                f"unknown entry {other!r}{did_you_mean(other, KINDS + ('step',))}; expected "
+                f"one of {', '.join(KINDS)} (and step)",
+                key=where,
+            )
+        )
     if len(kinds) != 1:
         if not any(x not in KINDS and x != "step" for x in spec):
-            errors.append(InputError(path, f"expected exactly one of {', '.join(KINDS)}, got "
-                                           f"{', '.join(kinds) or 'none'}", key=where))
+            errors.append(
+                InputError(
+                    path, f"expected exactly one of {', '.join(KINDS)}, got {', '.join(kinds) or 'none'}", key=where
+                )
+            )
         return None
     kind, value, step = kinds[0], spec[kinds[0]], spec.get("step")
     key_spec = specs[k]
@@ -354,17 +440,21 @@ def _scalar(v: Any) -> bool:
     return isinstance(v, (str, bool, int)) or (isinstance(v, float) and math.isfinite(v))
 
 
-def _choices(section: str, k: str, value: Any, spec: Key, path: Path, where: str, errors: list[InputError]) -> Dim | None:
+def _choices(
+    section: str, k: str, value: Any, spec: Key, path: Path, where: str, errors: list[InputError]
+) -> Dim | None:
     if not isinstance(value, list) or not value:
         errors.append(InputError(path, f"choices: expected a non-empty list of values, got {value!r}", key=where))
         return None
     for v in value:
         if not _scalar(v):
-            errors.append(InputError(path, f"choices: {v!r} is not a single value (a string, number or boolean)",
-                                     key=where))
+            errors.append(
+                InputError(path, f"choices: {v!r} is not a single value (a string, number or boolean)", key=where)
+            )
         elif not spec.accepts(v):
-            errors.append(InputError(path, f"choices: {v!r} is not a value of {section}.{k}: expected "
-                                           f"{spec.expected}", key=where))
+            errors.append(
+                InputError(path, f"choices: {v!r} is not a value of {section}.{k}: expected {spec.expected}", key=where)
+            )
     typed = [(type(v).__name__, v) for v in value if _scalar(v)]
     if len(set(typed)) != len(typed):
         errors.append(InputError(path, "choices: a value is given twice", key=where))
@@ -375,8 +465,9 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _range(section: str, k: str, kind: str, value: Any, step: Any, spec: Key, path: Path, where: str,
-           errors: list[InputError]) -> Dim | None:
+def _range(
+    section: str, k: str, kind: str, value: Any, step: Any, spec: Key, path: Path, where: str, errors: list[InputError]
+) -> Dim | None:
     ints = kind in ("int", "log_int")
     fits = (lambda v: isinstance(v, int) and not isinstance(v, bool)) if ints else _number
     if not isinstance(value, list) or len(value) != 2 or not all(fits(v) for v in value):
@@ -385,27 +476,40 @@ def _range(section: str, k: str, kind: str, value: Any, step: Any, spec: Key, pa
         return None
     low, high = value
     if low >= high:
-        errors.append(InputError(path, f"{kind}: empty range [{show(low)}, {show(high)}]: LOW must be below HIGH "
-                                       "(one value: choices = [...])", key=where))
+        errors.append(
+            InputError(
+                path,
+                f"{kind}: empty range [{show(low)}, {show(high)}]: LOW must be below HIGH (one value: choices = [...])",
+                key=where,
+            )
+        )
         return None
     if kind.startswith("log_") and low <= 0:
-        errors.append(InputError(path, f"{kind}: a log range needs bounds above 0, got [{show(low)}, {show(high)}]",
-                                 key=where))
+        errors.append(
+            InputError(path, f"{kind}: a log range needs bounds above 0, got [{show(low)}, {show(high)}]", key=where)
+        )
         return None
     if step is not None:
         if not fits(step) or step <= 0:
-            errors.append(InputError(path, f"step: expected a positive {'integer' if ints else 'number'}, got {step!r}",
-                                     key=where))
+            errors.append(
+                InputError(
+                    path, f"step: expected a positive {'integer' if ints else 'number'}, got {step!r}", key=where
+                )
+            )
             return None
         count = (high - low) / step
         if not math.isfinite(count) or abs(count - round(count)) > 1e-9 * max(1.0, abs(count)):
-            errors.append(InputError(path, f"step {show(step)} does not divide the range [{show(low)}, {show(high)}]",
-                                     key=where))
+            errors.append(
+                InputError(path, f"step {show(step)} does not divide the range [{show(low)}, {show(high)}]", key=where)
+            )
             return None
     for bound in (low, high):
         if not spec.accepts(bound):
-            errors.append(InputError(path, f"{kind}: {show(bound)} is not a value of {section}.{k}: expected "
-                                           f"{spec.expected}", key=where))
+            errors.append(
+                InputError(
+                    path, f"{kind}: {show(bound)} is not a value of {section}.{k}: expected {spec.expected}", key=where
+                )
+            )
             return None
     if not ints:  # a value between, as optuna gives it (a float): a float key takes it, an integer key does not
         if kind == "log_uniform":
@@ -413,8 +517,14 @@ def _range(section: str, k: str, kind: str, value: Any, step: Any, spec: Key, pa
         else:
             inside = low + (high - low) * 0.37 if step is None else low + step
         if not spec.accepts(float(inside)):
-            errors.append(InputError(path, f"{kind} gives values like {float(inside)!r}, which {section}.{k} does not "
-                                           f"take (expected {spec.expected}): use int = [...] or choices", key=where))
+            errors.append(
+                InputError(
+                    path,
+                    f"{kind} gives values like {float(inside)!r}, which {section}.{k} does not "
+                    f"take (expected {spec.expected}): use int = [...] or choices",
+                    key=where,
+                )
+            )
             return None
     return Dim(section, k, kind, (), low, high, step)
 
@@ -427,35 +537,65 @@ def _assemble(section: SweepSection, space: tuple[Dim, ...], base: RunConfig, ba
     sampler = section.sampler or ("grid" if every_choice else "tpe")
     if sampler == "grid" and not every_choice:
         ranged = next(d for d in space if d.kind != "choices")
-        errors.append(InputError(path, f"the grid sampler needs choices for every key: {ranged.name} is a "
-                                       f"{ranged.kind} range", key="[sweep].sampler"))
+        errors.append(
+            InputError(
+                path,
+                f"the grid sampler needs choices for every key: {ranged.name} is a {ranged.kind} range",
+                key="[sweep].sampler",
+            )
+        )
     pruner = section.pruner or ("none" if match else "median")
     if match and pruner != "none":
-        errors.append(InputError(path, f"an {section.objective} objective is measured once, after the run: a pruner "
-                                       "has nothing to compare during it (pruner = \"none\", or objective = "
-                                       "\"eval_loss\")", key="[sweep].pruner"))
+        errors.append(
+            InputError(
+                path,
+                f"an {section.objective} objective is measured once, after the run: a pruner "
+                'has nothing to compare during it (pruner = "none", or objective = '
+                '"eval_loss")',
+                key="[sweep].pruner",
+            )
+        )
     if match:
         task = match[1]
         tasks = base.eval.tasks if base.eval is not None else ()
         if task not in tasks:
-            errors.append(InputError(path, f"objective {section.objective}: the base's [eval] tasks are "
-                                           f"{', '.join(tasks) or 'none (no [eval] table)'}; add {task} to them "
-                                           f"({section.base}){did_you_mean(task, tasks)}", key="[sweep].objective"))
+            errors.append(
+                InputError(
+                    path,
+                    f"objective {section.objective}: the base's [eval] tasks are "
+                    f"{', '.join(tasks) or 'none (no [eval] table)'}; add {task} to them "
+                    f"({section.base}){did_you_mean(task, tasks)}",
+                    key="[sweep].objective",
+                )
+            )
     else:
         swept = {d.name for d in space}
         if not (base.data.eval or base.data.eval_fraction) and not swept & {"data.eval", "data.eval_fraction"}:
-            errors.append(InputError(path, f"objective eval_loss needs eval data: [data] eval or eval_fraction in "
-                                           f"{section.base}", key="[sweep].objective"))
+            errors.append(
+                InputError(
+                    path,
+                    f"objective eval_loss needs eval data: [data] eval or eval_fraction in {section.base}",
+                    key="[sweep].objective",
+                )
+            )
         t = base.training
         every = eval_interval(base)
         if t.max_steps and every > t.max_steps and not swept & {"training.eval_steps", "training.max_steps"}:
-            errors.append(InputError(path, f"objective eval_loss: the base evaluates every {every} steps "
-                                           f"(eval_steps{'' if t.eval_steps else ', from save_steps'}) and stops at "
-                                           f"step {t.max_steps}: no evaluation would run", key="[sweep].objective"))
+            errors.append(
+                InputError(
+                    path,
+                    f"objective eval_loss: the base evaluates every {every} steps "
+                    f"(eval_steps{'' if t.eval_steps else ', from save_steps'}) and stops at "
+                    f"step {t.max_steps}: no evaluation would run",
+                    key="[sweep].objective",
+                )
+            )
         elif t.max_steps and t.max_steps % every:
-            notes.append(f"the objective is the loss of each run's last evaluation, at step "
-                         f"{t.max_steps // every * every} of {t.max_steps} (eval_steps {every} does not divide "
-                         "max_steps)")
+            notes.append(
+                f"the objective is the loss of each run's last evaluation, at step "
+                f"{t.max_steps // every * every} of {t.max_steps} (eval_steps {every} does not divide "
+                "max_steps)"
+            )
     errors += _points(space, base_raw, path)
     if sampler == "grid" and not errors:
         size = grid_size(space)
@@ -463,19 +603,36 @@ def _assemble(section: SweepSection, space: tuple[Dim, ...], base: RunConfig, ba
             notes.append(f"the grid has {size} points: the budget is {size}, not {section.trials}")
         trials = min(section.trials or size, size)
     elif section.trials is None:
-        errors.append(InputError(path, f"missing; expected {keys(SweepSection)['trials'].expected} (the budget: "
-                                       "how many trials to run)", key="[sweep].trials"))
+        errors.append(
+            InputError(
+                path,
+                f"missing; expected {keys(SweepSection)['trials'].expected} (the budget: how many trials to run)",
+                key="[sweep].trials",
+            )
+        )
         trials = 0
     else:
         trials = section.trials
     output = _output_dir(section, path, errors)
     if errors:
         raise InputErrors(errors)
-    return Sweep(path=path, base_path=Path(section.base), base=base, base_raw=base_raw, space=space,
-                 objective=section.objective,
-                 direction=section.direction or ("maximize" if match else "minimize"), trials=trials,
-                 sampler=sampler, pruner=pruner, seed=section.seed, narrow=section.narrow,
-                 study=section.study or _study_name(path), output_dir=output, notes=tuple(notes))
+    return Sweep(
+        path=path,
+        base_path=Path(section.base),
+        base=base,
+        base_raw=base_raw,
+        space=space,
+        objective=section.objective,
+        direction=section.direction or ("maximize" if match else "minimize"),
+        trials=trials,
+        sampler=sampler,
+        pruner=pruner,
+        seed=section.seed,
+        narrow=section.narrow,
+        study=section.study or _study_name(path),
+        output_dir=output,
+        notes=tuple(notes),
+    )
 
 
 def _output_dir(section: SweepSection, path: Path, errors: list[InputError]) -> Path:
@@ -509,9 +666,15 @@ def _points(space: tuple[Dim, ...], base_raw: dict, path: Path) -> list[InputErr
                 validate(raw, path)
             except InputErrors as exc:
                 for e in exc.errors:
-                    problems.setdefault((e.key or "", e.message), InputError(
-                        path, f"with {dim.name} = {show(value)}, the trial's run config is invalid: "
-                              f"{e.key + ': ' if e.key else ''}{e.message}", key=f"[space].{dim.name}"))
+                    problems.setdefault(
+                        (e.key or "", e.message),
+                        InputError(
+                            path,
+                            f"with {dim.name} = {show(value)}, the trial's run config is invalid: "
+                            f"{e.key + ': ' if e.key else ''}{e.message}",
+                            key=f"[space].{dim.name}",
+                        ),
+                    )
     return list(problems.values())
 
 

@@ -62,22 +62,30 @@ STR = (lambda v: isinstance(v, str), "a string")
 NUMBER = (_number, "a number")
 NUMBER_OR_NULL = (lambda v: v is None or _number(v), "a number or null")
 # sftdoctor's studies have one objective: Optuna's FrozenTrial.value raises on a trial of two values
-NUMBERS_OR_NULL = (lambda v: v is None or (isinstance(v, list) and len(v) == 1 and _number(v[0])),
-                   "a list of one number (the objective) or null")
+NUMBERS_OR_NULL = (
+    lambda v: v is None or (isinstance(v, list) and len(v) == 1 and _number(v[0])),
+    "a list of one number (the objective) or null",
+)
 OBJECT = (lambda v: isinstance(v, dict), "an object")
 ONE = (lambda v: isinstance(v, dict) and len(v) == 1, "an object of one key")
 STATE = (lambda v: _int(v) and v in STATES, "a trial state (0 to 4)")
-DIRECTIONS = (lambda v: isinstance(v, list) and len(v) == 1 and _int(v[0]) and v[0] in (1, 2),
-              "a list of one study direction (1 minimize, 2 maximize)")
+DIRECTIONS = (
+    lambda v: isinstance(v, list) and len(v) == 1 and _int(v[0]) and v[0] in (1, 2),
+    "a list of one study direction (1 minimize, 2 maximize)",
+)
 TIME = (_time, "an ISO date and time")
 TIME_OR_NULL = (lambda v: v is None or _time(v), "an ISO date and time or null")
 DISTRIBUTION = (_distribution, "an Optuna distribution (JSON text)")
-DISTRIBUTIONS = (lambda v: isinstance(v, dict) and all(_distribution(d) for d in v.values()),
-                 "an object of Optuna distributions")
+DISTRIBUTIONS = (
+    lambda v: isinstance(v, dict) and all(_distribution(d) for d in v.values()),
+    "an object of Optuna distributions",
+)
 FINITE = (lambda v: _number(v) and math.isfinite(v), "a finite number")
 PARAMS = (lambda v: isinstance(v, dict) and all(FINITE[0](x) for x in v.values()), "an object of finite numbers")
-STEPS = (lambda v: isinstance(v, dict) and all(_number(x) for x in v.values()) and all(_is_int_text(k) for k in v),
-         "an object of step numbers to numbers")
+STEPS = (
+    lambda v: isinstance(v, dict) and all(_number(x) for x in v.values()) and all(_is_int_text(k) for k in v),
+    "an object of step numbers to numbers",
+)
 
 
 def _is_int_text(key) -> bool:
@@ -94,12 +102,25 @@ OPERATIONS: dict[int, list[tuple[str, tuple[Callable[[Any], bool], str], bool]]]
     1: [("study_id", INT, True)],
     2: [("study_id", INT, True), ("user_attr", ONE, True)],
     3: [("study_id", INT, True), ("system_attr", ONE, True)],
-    4: [("study_id", INT, True), ("datetime_start", TIME_OR_NULL, True), ("datetime_complete", TIME, False),
-        ("state", STATE, False), ("value", NUMBER_OR_NULL, False), ("values", NUMBERS_OR_NULL, False),
-        ("user_attrs", OBJECT, False), ("system_attrs", OBJECT, False), ("intermediate_values", STEPS, False),
-        ("distributions", DISTRIBUTIONS, False), ("params", PARAMS, False)],
-    5: [("trial_id", INT, True), ("param_name", STR, True), ("param_value_internal", FINITE, True),
-        ("distribution", DISTRIBUTION, True)],
+    4: [
+        ("study_id", INT, True),
+        ("datetime_start", TIME_OR_NULL, True),
+        ("datetime_complete", TIME, False),
+        ("state", STATE, False),
+        ("value", NUMBER_OR_NULL, False),
+        ("values", NUMBERS_OR_NULL, False),
+        ("user_attrs", OBJECT, False),
+        ("system_attrs", OBJECT, False),
+        ("intermediate_values", STEPS, False),
+        ("distributions", DISTRIBUTIONS, False),
+        ("params", PARAMS, False),
+    ],
+    5: [
+        ("trial_id", INT, True),
+        ("param_name", STR, True),
+        ("param_value_internal", FINITE, True),
+        ("distribution", DISTRIBUTION, True),
+    ],
     6: [("trial_id", INT, True), ("state", STATE, True), ("values", NUMBERS_OR_NULL, True)],
     7: [("trial_id", INT, True), ("step", INT, True), ("intermediate_value", NUMBER, True)],
     8: [("trial_id", INT, True), ("user_attr", ONE, True)],
@@ -168,8 +189,7 @@ def _params_known(journal: Path, number: int, record: dict) -> None:
         try:
             json_to_distribution(distributions[name]).to_external_repr(value)
         except (IndexError, ValueError, TypeError, OverflowError):
-            _refuse(journal, number, f"{value!r} for {name!r} is not a value of its distribution; {ADVICE}",
-                    "params")
+            _refuse(journal, number, f"{value!r} for {name!r} is not a value of its distribution; {ADVICE}", "params")
 
 
 def _sweep_record(journal: Path, number: int, doc) -> None:
@@ -177,19 +197,25 @@ def _sweep_record(journal: Path, number: int, doc) -> None:
     from sftdoctor.sweep.config import KINDS
 
     if not isinstance(doc, dict) or not isinstance(doc.get("space"), list) or not doc["space"]:
-        _refuse(journal, number, f"{_shown(doc)}; expected the sweep's record (an object with a space)",
-                "user_attr.sweep")
+        _refuse(
+            journal, number, f"{_shown(doc)}; expected the sweep's record (an object with a space)", "user_attr.sweep"
+        )
     for i, dim in enumerate(doc["space"]):
         where = f"user_attr.sweep.space[{i}]"
         if not isinstance(dim, dict) or not isinstance(dim.get("name"), str) or "." not in dim["name"]:
-            _refuse(journal, number, f"{_shown(dim)}; expected a key of the space (an object with a name "
-                                     "section.key)", where)
+            _refuse(
+                journal,
+                number,
+                f"{_shown(dim)}; expected a key of the space (an object with a name section.key)",
+                where,
+            )
         if dim.get("kind") not in KINDS:
             _refuse(journal, number, f"kind {_shown(dim.get('kind'))}; expected one of {', '.join(KINDS)}", where)
         if dim["kind"] == "choices":
             if not isinstance(dim.get("choices"), list) or not dim["choices"]:
-                _refuse(journal, number, f"{_shown(dim.get('choices'))}; expected a list of choices",
-                        where + ".choices")
+                _refuse(
+                    journal, number, f"{_shown(dim.get('choices'))}; expected a list of choices", where + ".choices"
+                )
             continue
         for key in ("low", "high", "step"):
             value = dim.get(key)
@@ -226,8 +252,12 @@ def cut_short(journal: Path) -> None:
         return
     number = sum(1 for _ in _lines(journal))
     keep = size - len(tail.rsplit(b"\n", 1)[-1])
-    _refuse(journal, number, f"cut short (no newline at its end: a write that never finished); remove it to go on "
-                             f"(truncate -s {keep} {journal}), or restore the journal from a copy")
+    _refuse(
+        journal,
+        number,
+        f"cut short (no newline at its end: a write that never finished); remove it to go on "
+        f"(truncate -s {keep} {journal}), or restore the journal from a copy",
+    )
 
 
 def _lines(journal: Path):

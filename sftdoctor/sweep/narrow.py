@@ -70,11 +70,14 @@ def _narrow(sweep: Sweep, facts_file: Path | None, folder: Path) -> Narrowed:
     gpus = facts.get("gpus")
     memory = smallest_memory(gpus)
     if not devices(gpus) or not memory:
-        return not_narrowed(sweep, "no GPU of known memory here" + ("" if facts_file else
-                                                                    " (--facts FILE judges another machine's)"))
+        return not_narrowed(
+            sweep, "no GPU of known memory here" + ("" if facts_file else " (--facts FILE judges another machine's)")
+        )
     shape_fact = facts.get("model_shape")
     if not shape_fact or "error" in shape_fact:
-        return not_narrowed(sweep, f"the model's size is unknown: {(shape_fact or {}).get('error') or facts.why_missing('model_shape')}")
+        return not_narrowed(
+            sweep, f"the model's size is unknown: {(shape_fact or {}).get('error') or facts.why_missing('model_shape')}"
+        )
     shape = Shape(**shape_fact)
     sized: list[tuple[dict[str, Any], bool, int]] = []
     for values in itertools.product(*(d.candidates() for d in sweep.space)):
@@ -91,8 +94,12 @@ def _narrow(sweep: Sweep, facts_file: Path | None, folder: Path) -> Narrowed:
         return not_narrowed(sweep, "no corner of the space is a valid run config")
     smallest = min(peak for _, _, peak in sized) / 2**30
     if not any(fits for _, fits, _ in sized):
-        return Narrowed(sweep.space, f"nothing in the space fits {where}: the smallest predicted peak is "
-                                     f"{smallest:.1f} GiB per GPU", fits=False, smallest_gib=smallest)
+        return Narrowed(
+            sweep.space,
+            f"nothing in the space fits {where}: the smallest predicted peak is {smallest:.1f} GiB per GPU",
+            fits=False,
+            smallest_gib=smallest,
+        )
     space, dropped = [], {}
     for d in sweep.space:
         if d.kind != "choices":
@@ -109,6 +116,9 @@ def _narrow(sweep: Sweep, facts_file: Path | None, folder: Path) -> Narrowed:
         space.append(d.with_choices(tuple(kept)))
     if not dropped:
         return Narrowed(tuple(space), f"every choice fits {where} with some setting of the others")
-    said = "; ".join(f"{name} = {', '.join(show(x['value']) for x in xs)} (at least "
-                     f"{min(x['peak_gib'] for x in xs):.1f} GiB per GPU)" for name, xs in dropped.items())
+    said = "; ".join(
+        f"{name} = {', '.join(show(x['value']) for x in xs)} (at least "
+        f"{min(x['peak_gib'] for x in xs):.1f} GiB per GPU)"
+        for name, xs in dropped.items()
+    )
     return Narrowed(tuple(space), f"narrowed for {where}: dropped {said}", dropped)

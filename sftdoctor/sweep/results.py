@@ -39,14 +39,20 @@ def state_of(t, retries: dict[int, int]) -> str:
 
     if t.state == TrialState.FAIL and t.number in retries:
         return "interrupted"
-    return {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
-            TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}[t.state]
+    return {
+        TrialState.COMPLETE: "complete",
+        TrialState.PRUNED: "pruned",
+        TrialState.FAIL: "failed",
+        TrialState.RUNNING: "running",
+        TrialState.WAITING: "waiting",
+    }[t.state]
 
 
 def why_of(t, retries: dict[int, int]) -> str:
     if t.number in retries:
-        return f"retried as trial {retries[t.number]}" + (f" ({t.user_attrs['interrupted']})"
-                                                          if t.user_attrs.get("interrupted") else "")
+        return f"retried as trial {retries[t.number]}" + (
+            f" ({t.user_attrs['interrupted']})" if t.user_attrs.get("interrupted") else ""
+        )
     why = t.user_attrs.get("why")
     if state_of(t, retries) == "complete" and not finite(t.value):
         return f"not ranked: its objective is {t.value} (not a number to compare)"
@@ -77,8 +83,15 @@ def table(study, sweep: Sweep) -> str:
         # a pruned trial's value is its last evaluation's (Optuna's), shown in parentheses
         value = "-" if t.value is None else f"{t.value:.4f}" if t.state == TrialState.COMPLETE else f"({t.value:.4f})"
         params = t.params or t.system_attrs.get("fixed_params") or {}  # a waiting retry's values are fixed ones
-        rows.append([str(t.number), state_of(t, retries), value,
-                     *[show(params[n]) if n in params else "-" for n in names], why_of(t, retries)])
+        rows.append(
+            [
+                str(t.number),
+                state_of(t, retries),
+                value,
+                *[show(params[n]) if n in params else "-" for n in names],
+                why_of(t, retries),
+            ]
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     return "\n".join("  ".join([c.ljust(w) for c, w in zip(r[:-1], widths)] + [r[-1]]).rstrip() for r in rows)
 
@@ -114,10 +127,12 @@ def write_best(sweep: Sweep, trial) -> Path:
     """The best trial's run config, its run directory runs/best beside best.toml (not the trial's own: that one
     holds the trial's checkpoints)."""
     raw = sweep.trial_raw(dict(trial.params), sweep.output_dir / "runs" / "best")
-    header = (f"The best trial of the sweep {sweep.path} (study {sweep.study!r}): trial {trial.number}, "
-              f"{objective_name(sweep)} {trial.value:.6g}\n"
-              + "\n".join(f"{name} = {show(value)}" for name, value in trial.params.items())
-              + f"\nIts run: {trial_dir(sweep, trial.number)}. Train it: sftdoctor train {sweep.output_dir / BEST}")
+    header = (
+        f"The best trial of the sweep {sweep.path} (study {sweep.study!r}): trial {trial.number}, "
+        f"{objective_name(sweep)} {trial.value:.6g}\n"
+        + "\n".join(f"{name} = {show(value)}" for name, value in trial.params.items())
+        + f"\nIts run: {trial_dir(sweep, trial.number)}. Train it: sftdoctor train {sweep.output_dir / BEST}"
+    )
     path = sweep.output_dir / BEST
     write_atomic(path, dumps(raw, header).encode("utf-8"))
     return path
@@ -149,8 +164,15 @@ def history_png(study, sweep: Sweep) -> bytes:
     ax.scatter([t.number for t in done], [t.value for t in done], color=COMPLETE, s=28, zorder=3, label="complete")
     if pruned:
         last = [t.intermediate_values[max(t.intermediate_values)] for t in pruned]
-        ax.scatter([t.number for t in pruned], last, facecolors="none", edgecolors=PRUNED, s=28, zorder=2,
-                   label="pruned (its last evaluation)")
+        ax.scatter(
+            [t.number for t in pruned],
+            last,
+            facecolors="none",
+            edgecolors=PRUNED,
+            s=28,
+            zorder=2,
+            label="pruned (its last evaluation)",
+        )
     if done:
         ordered = sorted(done, key=lambda t: t.number)
         xs, ys, so_far = [], [], None
@@ -193,8 +215,9 @@ def importances_png(values: dict[str, float], sweep: Sweep) -> bytes:
     ax = figure.add_axes((0.3, 0.55 / height, 0.65, 1 - 0.95 / height))
     ax.barh(names, [values[n] for n in names], color=COMPLETE)
     for i, n in enumerate(names):
-        ax.annotate(f"{values[n]:.2f}", (values[n], i), xytext=(3, 0), textcoords="offset points", va="center",
-                    fontsize=8)
+        ax.annotate(
+            f"{values[n]:.2f}", (values[n], i), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8
+        )
     ax.set_title(f"Parameter importances for {objective_name(sweep)} (fANOVA)", fontsize=11, loc="left")
     ax.set_xlabel("importance", fontsize=9)
     ax.tick_params(labelsize=8)
@@ -233,7 +256,11 @@ def write(study, sweep: Sweep, plugins: bool = True) -> Written:
     else:
         (folder / IMPORTANCES).unlink(missing_ok=True)
         out.skipped.append(f"{IMPORTANCES}: {why}")
-    runs = [trial_dir(sweep, t.number) for t in ranked[:OVERLAID] if (trial_dir(sweep, t.number) / "metrics.jsonl").is_file()]
+    runs = [
+        trial_dir(sweep, t.number)
+        for t in ranked[:OVERLAID]
+        if (trial_dir(sweep, t.number) / "metrics.jsonl").is_file()
+    ]
     if runs:
         from sftdoctor.report.command import build
 

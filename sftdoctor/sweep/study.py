@@ -53,8 +53,9 @@ def storage(folder: Path):
     journal = folder / JOURNAL
     if os.path.lexists(journal):
         if journal.is_dir():
-            raise InputError(journal, "is not a file; expected the study's Optuna journal (move it away for a new "
-                                      "study)")
+            raise InputError(
+                journal, "is not a file; expected the study's Optuna journal (move it away for a new study)"
+            )
         if not journal.exists():
             raise InputError(journal, "a symbolic link to nothing; expected the study's Optuna journal")
         check_journal(journal)
@@ -66,8 +67,11 @@ def storage(folder: Path):
     try:  # the journal is replayed here (checked above, line by line, as Optuna reads it)
         return JournalStorage(JournalFileBackend(path, lock_obj=lock))
     except (ValueError, KeyError, TypeError, IndexError, AttributeError, AssertionError) as exc:
-        raise InputError(journal, f"not an Optuna journal ({type(exc).__name__}: {str(exc)[:120]}); move it away "
-                                  "for a new study, or restore it from a copy") from None
+        raise InputError(
+            journal,
+            f"not an Optuna journal ({type(exc).__name__}: {str(exc)[:120]}); move it away "
+            "for a new study, or restore it from a copy",
+        ) from None
 
 
 @contextlib.contextmanager
@@ -96,8 +100,9 @@ def distributions(space: tuple[Dim, ...]) -> dict[str, Any]:
         if d.kind == "choices":
             out[d.name] = CategoricalDistribution(list(d.choices))
         elif d.kind in ("uniform", "log_uniform"):
-            out[d.name] = FloatDistribution(float(d.low), float(d.high), log=d.log,
-                                            step=float(d.step) if d.step is not None else None)
+            out[d.name] = FloatDistribution(
+                float(d.low), float(d.high), log=d.log, step=float(d.step) if d.step is not None else None
+            )
         else:
             out[d.name] = IntDistribution(int(d.low), int(d.high), log=d.log, step=int(d.step or 1))
     return out
@@ -144,8 +149,12 @@ def counted(trials) -> int:
     from optuna.trial import TrialState
 
     again = retried(trials)
-    return sum(1 for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-               or (t.state == TrialState.FAIL and t.number not in again))
+    return sum(
+        1
+        for t in trials
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+        or (t.state == TrialState.FAIL and t.number not in again)
+    )
 
 
 def recover(study, here: dict[str, Any]) -> list[str]:
@@ -177,9 +186,15 @@ def interrupted(study, trial, why: str) -> None:
 
 
 def identity(sweep: Sweep, space: tuple[Dim, ...], narrowing: dict[str, Any]) -> dict[str, Any]:
-    return {"fingerprint": sweep.fingerprint(), "file": str(sweep.path), "objective": sweep.objective,
-            "direction": sweep.direction, "written": [d.to_json() for d in sweep.space],
-            "space": [d.to_json() for d in space], "narrowing": narrowing}
+    return {
+        "fingerprint": sweep.fingerprint(),
+        "file": str(sweep.path),
+        "objective": sweep.objective,
+        "direction": sweep.direction,
+        "written": [d.to_json() for d in sweep.space],
+        "space": [d.to_json() for d in space],
+        "narrowing": narrowing,
+    }
 
 
 def open_study(sweep: Sweep, space: tuple[Dim, ...], narrowing: dict[str, Any]):
@@ -194,21 +209,33 @@ def open_study(sweep: Sweep, space: tuple[Dim, ...], narrowing: dict[str, Any]):
         names = optuna.study.get_all_study_names(store)
         others = [n for n in names if n != sweep.study]
         if others:
-            raise InputError(sweep.path, f"{journal} holds the study {others[0]!r}: one sweep directory holds one "
-                                         "study; set another [sweep] output_dir", key="[sweep].study")
+            raise InputError(
+                sweep.path,
+                f"{journal} holds the study {others[0]!r}: one sweep directory holds one "
+                "study; set another [sweep] output_dir",
+                key="[sweep].study",
+            )
         if not names and any(folder.glob("trial-*")):
-            raise InputError(sweep.path, f"{folder} holds trial directories but no study ({journal} is gone?): "
-                                         "move them away or set another [sweep] output_dir", key="[sweep].output_dir")
-        study = optuna.create_study(storage=store, study_name=sweep.study, direction=sweep.direction,
-                                    load_if_exists=True)
+            raise InputError(
+                sweep.path,
+                f"{folder} holds trial directories but no study ({journal} is gone?): "
+                "move them away or set another [sweep] output_dir",
+                key="[sweep].output_dir",
+            )
+        study = optuna.create_study(
+            storage=store, study_name=sweep.study, direction=sweep.direction, load_if_exists=True
+        )
         stored = study.user_attrs.get("sweep")
         if stored is None:
             stored = identity(sweep, space, narrowing)
             study.set_user_attr("sweep", stored)
         elif stored.get("fingerprint") != sweep.fingerprint():
-            raise InputError(sweep.path, f"the study in {journal} was made with another base, space or objective "
-                                         f"({stored.get('file')}; {describe_change(stored, sweep)}): its trials would "
-                                         "not compare; set another [sweep] output_dir for a new study")
+            raise InputError(
+                sweep.path,
+                f"the study in {journal} was made with another base, space or objective "
+                f"({stored.get('file')}; {describe_change(stored, sweep)}): its trials would "
+                "not compare; set another [sweep] output_dir for a new study",
+            )
         workers = [k for k in study.user_attrs if k.startswith("worker:")]
         here = me()
         study.set_user_attr(f"worker:{here['host']}:{here['pid']}:{here['pid_start']}", time.time())
@@ -216,8 +243,9 @@ def open_study(sweep: Sweep, space: tuple[Dim, ...], narrowing: dict[str, Any]):
     try:  # the journal's types were checked; a range Optuna refuses (low above high) is found here, not mid-sweep
         distributions(space)
     except (ValueError, TypeError) as exc:
-        raise InputError(journal, f"the study's space cannot be sampled ({exc}); {ADVICE}",
-                         key="user_attr.sweep.space") from None
+        raise InputError(
+            journal, f"the study's space cannot be sampled ({exc}); {ADVICE}", key="user_attr.sweep.space"
+        ) from None
     return study, space, len(workers)
 
 
@@ -242,8 +270,9 @@ def sampler(sweep: Sweep, space: tuple[Dim, ...], worker: int):
     if sweep.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     # a third of the budget (at most Optuna's 10) drawn at random before TPE models the results
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(2, sweep.trials // 3)),
-                                      constant_liar=True)
+    return optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=min(10, max(2, sweep.trials // 3)), constant_liar=True
+    )
 
 
 def grid_sampler(search_space: dict[str, list[Any]], seed: int):
@@ -268,16 +297,21 @@ def pruner(sweep: Sweep):
     if sweep.pruner == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=2 * every)
     if sweep.pruner == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=every, max_resource=sweep.base.training.max_steps or "auto",
-                                              reduction_factor=3)
+        return optuna.pruners.HyperbandPruner(
+            min_resource=every, max_resource=sweep.base.training.max_steps or "auto", reduction_factor=3
+        )
     return optuna.pruners.NopPruner()
 
 
 def load(sweep: Sweep, space: tuple[Dim, ...], worker: int):
     import optuna
 
-    return optuna.load_study(study_name=sweep.study, storage=storage(sweep.output_dir),
-                             sampler=sampler(sweep, space, worker), pruner=pruner(sweep))
+    return optuna.load_study(
+        study_name=sweep.study,
+        storage=storage(sweep.output_dir),
+        sampler=sampler(sweep, space, worker),
+        pruner=pruner(sweep),
+    )
 
 
 def next_trial(study, sweep: Sweep, space: tuple[Dim, ...], say=print):

@@ -25,23 +25,31 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from sftdoctor.children import die_with_parent
 from sftdoctor.errors import InputError, InputErrors
+from sftdoctor.files import write_atomic
 from sftdoctor.findings import Severity
 from sftdoctor.run import load_run_config
 from sftdoctor.run.checkpoints import newest_complete
 from sftdoctor.run.rundir import METRICS, STOPPED
 from sftdoctor.sweep.config import Sweep, display, dumps, show
 from sftdoctor.sweep.study import HEARTBEAT_S
-from sftdoctor.train import gate as train_gate, launch
-from sftdoctor.children import die_with_parent
-from sftdoctor.files import write_atomic
+from sftdoctor.train import gate as train_gate
+from sftdoctor.train import launch
 from sftdoctor.train.processes import GRACE_S, stop_workers
 
-CONFIG, GATE_LOG, LAUNCH_LOG, REHEARSAL_LOG, EVAL_RESULT = "run.toml", "gate.log", "launch.log", "rehearsal.log", "eval.json"
+CONFIG, GATE_LOG, LAUNCH_LOG, REHEARSAL_LOG, EVAL_RESULT = (
+    "run.toml",
+    "gate.log",
+    "launch.log",
+    "rehearsal.log",
+    "eval.json",
+)
 POLL_S = 1.0
 PRUNE_GRACE_S = GRACE_S + 20  # after SIGINT the launcher gives its ranks GRACE_S, then stops
 WAIT_S = 180.0  # at most, for a killed trial's ranks to finish saving before a retry takes over its folder
@@ -98,8 +106,12 @@ class Follower:
             except ValueError:
                 continue
             step, loss = (record.get("step"), record.get("eval_loss")) if isinstance(record, dict) else (None, None)
-            if isinstance(step, int) and not isinstance(step, bool) and isinstance(loss, (int, float)) \
-                    and not isinstance(loss, bool):
+            if (
+                isinstance(step, int)
+                and not isinstance(step, bool)
+                and isinstance(loss, (int, float))
+                and not isinstance(loss, bool)
+            ):
                 if self.last is None or step >= self.last[0]:
                     self.last = (step, float(loss))
                 if step not in self.seen:
@@ -115,8 +127,9 @@ def params_line(params: dict[str, Any]) -> str:
 def write_config(sweep: Sweep, number: int, params: dict[str, Any], run_dir: Path) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / CONFIG
-    header = (f"trial {number} of the sweep {sweep.path} (study {sweep.study!r})\n"
-              + "\n".join(f"{name} = {show(value)}" for name, value in params.items()))
+    header = f"trial {number} of the sweep {sweep.path} (study {sweep.study!r})\n" + "\n".join(
+        f"{name} = {show(value)}" for name, value in params.items()
+    )
     write_atomic(path, dumps(sweep.trial_raw(params, run_dir), header))
     return path
 
@@ -172,7 +185,9 @@ def adopt(sweep: Sweep, trial, run_dir: Path, say: Callable[[str], None] = print
 def last_line(path: Path) -> str:
     """The launcher's verdict: its last line that starts with "sftdoctor:", else its last line."""
     try:
-        lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+        lines = [
+            line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()
+        ]
     except OSError:
         return "it wrote nothing"
     said = [line for line in lines if line.startswith("sftdoctor: ")]
@@ -212,20 +227,32 @@ def pruned_by_pruner(study, sweep: Sweep, number: int, step: int, value: float, 
     from optuna.trial import TrialState
 
     if sweep.pruner == "median":
-        others = [t.intermediate_values[step] for t in study.get_trials(deepcopy=False,
-                                                                        states=(TrialState.COMPLETE, TrialState.PRUNED))
-                  if t.number != number and step in t.intermediate_values
-                  and math.isfinite(t.intermediate_values[step])]  # as Optuna's own median (nanmedian)
+        others = [
+            t.intermediate_values[step]
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+            if t.number != number and step in t.intermediate_values and math.isfinite(t.intermediate_values[step])
+        ]  # as Optuna's own median (nanmedian)
         there = f"the median {statistics.median(others):.4f} of {len(others)} other trials" if others else "the others"
-        title = (f"the median pruner stopped it at step {step}: its best eval_loss so far {best:.4f} is worse than "
-                 f"{there} at that step")
+        title = (
+            f"the median pruner stopped it at step {step}: its best eval_loss so far {best:.4f} is worse than "
+            f"{there} at that step"
+        )
     else:
         title = f"the hyperband pruner stopped it at step {step}: eval_loss {value:.4f} is not among the best of its bracket"
     return {"id": "pruner", "title": title}
 
 
-def run_trial(sweep: Sweep, study, trial, *, plugins: bool, facts_file: Path | None, stop: Stop,
-              say: Callable[[str], None] = print, argv: list[str] | None = None) -> Outcome:
+def run_trial(
+    sweep: Sweep,
+    study,
+    trial,
+    *,
+    plugins: bool,
+    facts_file: Path | None,
+    stop: Stop,
+    say: Callable[[str], None] = print,
+    argv: list[str] | None = None,
+) -> Outcome:
     """Run one asked trial to its end; the caller tells the study. `argv`: the launch command (tests)."""
     began = time.perf_counter()
     number, params = trial.number, dict(trial.params)
@@ -237,8 +264,11 @@ def run_trial(sweep: Sweep, study, trial, *, plugins: bool, facts_file: Path | N
         load_run_config(config)
     except InputErrors as exc:
         first = exc.errors[0]
-        return Outcome("pruned", why={"id": "run-config", "title": f"{first.key}: {first.message}" if first.key
-                                      else first.message}, seconds=time.perf_counter() - began)
+        return Outcome(
+            "pruned",
+            why={"id": "run-config", "title": f"{first.key}: {first.message}" if first.key else first.message},
+            seconds=time.perf_counter() - began,
+        )
     findings, blocked = gate(config, run_dir, plugins, facts_file)
     if stop.signal is not None:
         return Outcome("interrupted", seconds=time.perf_counter() - began)
@@ -248,11 +278,14 @@ def run_trial(sweep: Sweep, study, trial, *, plugins: bool, facts_file: Path | N
         first = errors[0]
         why = {"id": first.id, "title": first.title, "fix": first.fix, "errors": [f"{f.id}: {f.title}" for f in errors]}
         return Outcome("pruned", why=why, seconds=time.perf_counter() - began)
-    say(f"sftdoctor: trial {number}: training in {display(run_dir)}"
+    say(
+        f"sftdoctor: trial {number}: training in {display(run_dir)}"
         + (f" (resumed from the checkpoint of trial {trial.user_attrs['retry_of']})" if resume else "")
-        + f"; log {display(run_dir / LAUNCH_LOG)}")
-    command = argv or [sys.executable, "-m", "sftdoctor", "train", str(config)] + (["--resume"] if resume else []) + \
-        ([] if plugins else ["--no-plugins"])
+        + f"; log {display(run_dir / LAUNCH_LOG)}"
+    )
+    command = argv or [sys.executable, "-m", "sftdoctor", "train", str(config)] + (["--resume"] if resume else []) + (
+        [] if plugins else ["--no-plugins"]
+    )
     outcome = launched(sweep, study, trial, run_dir, command, stop)
     outcome.seconds = time.perf_counter() - began
     return outcome
@@ -265,12 +298,18 @@ def launched(sweep: Sweep, study, trial, run_dir: Path, command: list[str], stop
     pruned: dict[str, Any] | None = None
     best = math.inf
     with open(run_dir / LAUNCH_LOG, "ab") as log:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=die_with_parent)
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
     try:
         while proc.poll() is None:
             time.sleep(POLL_S)
-            for step, loss in (follower.evals() if reports else []):
+            for step, loss in follower.evals() if reports else []:
                 trial.report(loss, step)
                 best = min(best, loss) if math.isfinite(loss) else best
                 if pruned is None and trial.should_prune():
@@ -313,19 +352,26 @@ def verdict(sweep: Sweep, run_dir: Path, code: int, follower: Follower) -> Outco
         if value is None:
             return Outcome("failed", why={"id": "objective", "title": source}, launched=True)
         if not math.isfinite(value):
-            return Outcome("pruned", why={"id": "objective", "title": f"{source} is {value}: the run diverged"},
-                           launched=True)
+            return Outcome(
+                "pruned", why={"id": "objective", "title": f"{source} is {value}: the run diverged"}, launched=True
+            )
         return Outcome("complete", value=value, why={"id": "objective", "title": source}, launched=True)
     stopped = run_dir / STOPPED
     if stopped.is_file():
         try:
             record = json.loads(stopped.read_text(encoding="utf-8"))
-            return Outcome("pruned", why={"id": record["id"], "title": f"the {record['id']} watcher stopped the run: "
-                                                                         f"{record['title']}"}, launched=True)
+            return Outcome(
+                "pruned",
+                why={"id": record["id"], "title": f"the {record['id']} watcher stopped the run: {record['title']}"},
+                launched=True,
+            )
         except (OSError, ValueError, KeyError, TypeError):
             pass
     rehearsal = run_dir / REHEARSAL_LOG
     if rehearsal.is_file() and not trained_steps(run_dir):
-        return Outcome("pruned", why={"id": "rehearsal", "title": f"the rehearsal failed: {launch.failure_cause(rehearsal)}"},
-                       launched=True)
+        return Outcome(
+            "pruned",
+            why={"id": "rehearsal", "title": f"the rehearsal failed: {launch.failure_cause(rehearsal)}"},
+            launched=True,
+        )
     return Outcome("failed", why={"id": "run", "title": last_line(run_dir / LAUNCH_LOG)}, launched=True)

@@ -21,7 +21,7 @@ KINDS = {"none": "LoRA", "4bit": "QLoRA (4-bit NF4 base)", "8bit": "LoRA over an
 
 
 def describe(lora: dict) -> str:
-    """"LoRA r 16, alpha 32 on all-linear": the adapters in the words the plan lines and the model card use."""
+    """ "LoRA r 16, alpha 32 on all-linear": the adapters in the words the plan lines and the model card use."""
     targets = lora["target_modules"] if isinstance(lora["target_modules"], str) else ", ".join(lora["target_modules"])
     return f"{KINDS[lora['quantize']]} r {lora['r']}, alpha {lora['alpha']:g} on {targets}"
 
@@ -51,11 +51,14 @@ def load_quantized(plan: Plan, common: dict, dtype):
     from sftdoctor.facts.trainer_inputs import quantization_config
 
     placement = {} if plan.zero_stage == 3 else {"device_map": {"": int(os.environ.get("LOCAL_RANK", "0"))}}
-    net = AutoModelForCausalLM.from_pretrained(base_path(plan), dtype=dtype, quantization_config=quantization_config(plan),
-                                               **placement, **common)
+    net = AutoModelForCausalLM.from_pretrained(
+        base_path(plan), dtype=dtype, quantization_config=quantization_config(plan), **placement, **common
+    )
     return prepare_model_for_kbit_training(
-        net, use_gradient_checkpointing=plan.checkpointing,
-        gradient_checkpointing_kwargs={"use_reentrant": plan.checkpointing_reentrant})
+        net,
+        use_gradient_checkpointing=plan.checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": plan.checkpointing_reentrant},
+    )
 
 
 def save_adapter(trainer, plan: Plan, final: Path) -> None:

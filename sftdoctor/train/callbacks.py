@@ -118,8 +118,10 @@ class Metrics(TrainerCallback):
         if logs is not None and state.is_world_process_zero:
             with open(self.path, "a", encoding="utf-8") as handle:
                 # max_steps: the Trainer's own count, which the schedule is built over (packing changes the plan's)
-                handle.write(json.dumps({"step": state.global_step, "time": time.time(), "max_steps": state.max_steps,
-                                         **logs}) + "\n")
+                handle.write(
+                    json.dumps({"step": state.global_step, "time": time.time(), "max_steps": state.max_steps, **logs})
+                    + "\n"
+                )
 
 
 class MetricsInLogs:

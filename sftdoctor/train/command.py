@@ -10,25 +10,40 @@ from typing import Any
 
 from sftdoctor.errors import InputError
 from sftdoctor.run import for_launch
-from sftdoctor.run.resolve import REHEARSAL_SAVE_AT, REHEARSAL_STEPS
 from sftdoctor.run.checkpoints import checkpoints, newest_complete, remove_incomplete, step_of
-from sftdoctor.train.processes import SIGNAL_EXIT
+from sftdoctor.run.resolve import REHEARSAL_SAVE_AT, REHEARSAL_STEPS
 from sftdoctor.train.describe import describe, memory_summary
 from sftdoctor.train.drills import check_drill
-from sftdoctor.train.gate import (nodes_agree, preflight, record_facts, record_preflight, rejoining,
-                                  require_training_stack)
+from sftdoctor.train.gate import (
+    nodes_agree,
+    preflight,
+    record_facts,
+    record_preflight,
+    rejoining,
+    require_training_stack,
+)
 from sftdoctor.train.launch import batch_job, failure_cause, rehearse, start, worker_env
+from sftdoctor.train.processes import SIGNAL_EXIT
 from sftdoctor.train.run_dir import finished, forget_metrics_after, node_file, owner, write_json
 
 
-def main(config: Path, resume: bool = False, dry_run: bool = False, smoke: bool = False, force: bool = False,
-         drill: dict[str, Any] | None = None, plugins: bool = True, rehearse_first: bool = True,
-         batch: str | None = None) -> int:
+def main(
+    config: Path,
+    resume: bool = False,
+    dry_run: bool = False,
+    smoke: bool = False,
+    force: bool = False,
+    drill: dict[str, Any] | None = None,
+    plugins: bool = True,
+    rehearse_first: bool = True,
+    batch: str | None = None,
+) -> int:
     """`batch`: "write" the run as a Slurm batch script instead of training, or "submit" it too."""
     require_training_stack()
     facts, findings, blocked = preflight(config, plugins)
-    plan = for_launch(facts.get("plan"), rehearsal=smoke, drill=drill, plugins=plugins, forced=force,
-                      rehearse=rehearse_first)
+    plan = for_launch(
+        facts.get("plan"), rehearsal=smoke, drill=drill, plugins=plugins, forced=force, rehearse=rehearse_first
+    )
     check_drill(drill, plan)
     print("\n" + describe(plan), flush=True)
     if dry_run:
@@ -72,8 +87,11 @@ def refuse_another_run(plan, run_dir: Path, resume: bool) -> None:
     if (plan.rehearsal or plan.drill) and owner(plan):
         return
     if checkpoints(run_dir) and not resume:
-        raise InputError(run_dir, "already holds checkpoints; add --resume to continue, or set another "
-                                  "[training] output_dir", key="[training].output_dir")
+        raise InputError(
+            run_dir,
+            "already holds checkpoints; add --resume to continue, or set another [training] output_dir",
+            key="[training].output_dir",
+        )
 
 
 def prepare(plan, run_dir: Path, complete_ends_it: bool, resume: bool) -> bool:
@@ -103,8 +121,9 @@ def rehearsal_first(decided, plan, env: dict[str, str], run_dir: Path, plugins: 
     """The run rehearsed on the shrunk model before it starts; None when it passed, else the exit code."""
     began, log = time.perf_counter(), node_file(run_dir, "rehearsal.log", plan)
     log.unlink(missing_ok=True)
-    print("sftdoctor: rehearsing on the shrunk model (4 steps, a save and a resume; --no-rehearse skips it)",
-          flush=True)
+    print(
+        "sftdoctor: rehearsing on the shrunk model (4 steps, a save and a resume; --no-rehearse skips it)", flush=True
+    )
     rehearsal = for_launch(decided, rehearsal=True, plugins=plugins, forced=force)
     if owner(plan):
         shutil.rmtree(rehearsal.output_dir, ignore_errors=True)  # each rehearsal starts clean
@@ -123,6 +142,8 @@ def smoke_test(plan, env: dict[str, str], run_dir: Path) -> int:
     began = time.perf_counter()
     code = rehearse(plan, env)
     verdict = "passed" if code == 0 else f"FAILED (exit {code})"
-    print(f"\nsftdoctor: smoke test {verdict}: {REHEARSAL_STEPS} steps with a save at step {REHEARSAL_SAVE_AT} and a "
-          f"resume, in {time.perf_counter() - began:.0f} s ({run_dir})")
+    print(
+        f"\nsftdoctor: smoke test {verdict}: {REHEARSAL_STEPS} steps with a save at step {REHEARSAL_SAVE_AT} and a "
+        f"resume, in {time.perf_counter() - began:.0f} s ({run_dir})"
+    )
     return code

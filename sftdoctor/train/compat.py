@@ -14,19 +14,23 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sftdoctor.facts.distributions import version
 from sftdoctor.facts.packages import module_file
 
 
 def _missing(package: str, api: str, verified: str, needed_for: str) -> RuntimeError:
-    return RuntimeError(f"{package} {version(package) or '(version unknown)'} has no {api} "
-                        f"(verified with {package} {verified}); sftdoctor needs it for {needed_for}")
+    return RuntimeError(
+        f"{package} {version(package) or '(version unknown)'} has no {api} "
+        f"(verified with {package} {verified}); sftdoctor needs it for {needed_for}"
+    )
 
 
 # ---------------------------------------------------------------- transformers
+
 
 def wrap_grad_norm(trainer, on_norm: Callable[[Any], None]) -> None:
     """Install a wrapper of `Trainer._get_grad_norm(model, grad_norm=None)` on this trainer instance: it calls
@@ -98,6 +102,7 @@ def capture_pack_input(kept: list):
 
 # ---------------------------------------------------------------- liger-kernel
 
+
 def apply_liger_kernels(model) -> None:
     """liger-kernel's `_apply_liger_kernel_to_instance(model=..., fused_linear_cross_entropy=False,
     cross_entropy=False)`: rope, RMSNorm and SwiGLU kernels on this model; the loss stays with TRL.
@@ -116,12 +121,17 @@ def apply_liger_kernels(model) -> None:
     try:
         from liger_kernel.transformers import _apply_liger_kernel_to_instance
     except ImportError as error:
-        raise _missing("liger-kernel", "liger_kernel.transformers._apply_liger_kernel_to_instance", "0.8.5",
-                       "[training] liger_kernel") from error
+        raise _missing(
+            "liger-kernel",
+            "liger_kernel.transformers._apply_liger_kernel_to_instance",
+            "0.8.5",
+            "[training] liger_kernel",
+        ) from error
     _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=False, cross_entropy=False)
 
 
 # ---------------------------------------------------------------- torch.distributed
+
 
 def default_store():
     """torch's `torch.distributed.distributed_c10d._get_default_store()`: the store (TCPStore, wrapped in a
@@ -204,11 +214,15 @@ def flight_recorder_env(run_dir: Path) -> dict[str, str]:
     dump = str(Path(run_dir) / "nccl-trace-rank-")
     if new:
         return {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_FR_DUMP_TEMP_FILE": dump}
-    return {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dump}
+    return {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dump,
+    }
 
 
 # ---------------------------------------------------------------- accelerate / DeepSpeed (fp16)
+
 
 def optimizer_step_was_skipped(trainer) -> bool:
     """accelerate's `Accelerator.optimizer_step_was_skipped`: whether the last optimizer step was skipped for a
@@ -239,4 +253,3 @@ def loss_scale(trainer) -> float | None:
         if scale is not None and not callable(scale):  # a property's value, not a method
             return float(scale)
     return None
-

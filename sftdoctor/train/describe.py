@@ -12,7 +12,7 @@ from sftdoctor.run import Plan
 
 def schedule(plan: Plan) -> str:
     floor = ", ".join(f"{k}={v:g}" for k, v in plan.lr_scheduler_kwargs.items()) or "no floor"
-    (key, value), = plan.warmup.items()
+    ((key, value),) = plan.warmup.items()
     warm = f"{value:.0%} of the run" if key == "warmup_ratio" or value < 1 else f"{int(value)} steps"
     return f"{floor}; warmup {warm}"
 

@@ -8,20 +8,25 @@ from typing import Any
 from sftdoctor.errors import InputError
 from sftdoctor.run import Plan
 
-
 KINDS = ("nan-loss", "nan-row", "hang", "desync")
 
 
 def parse_drill(text: str) -> dict[str, Any]:
-    """"nan-loss@5" -> a non-finite loss at step 5 on every rank; "hang@3:1" -> rank 1 blocks at step 3;
+    """ "nan-loss@5" -> a non-finite loss at step 5 on every rank; "hang@3:1" -> rank 1 blocks at step 3;
     "desync@3:1" -> at step 3 rank 1 calls a broadcast where the other ranks all-reduce their gradients;
     "nan-row@5:1" -> at step 5 the first sequence of rank 1's batch gets inf embeddings, wherever it is run."""
     kind, _, where = text.partition("@")
     step, _, rank = where.partition(":")
-    if (kind not in KINDS or not re.fullmatch(r"[0-9]+", step) or int(step) < 1
-            or (rank and not re.fullmatch(r"[0-9]+", rank))):
-        raise InputError("--drill", "expected nan-loss@STEP[:RANK], nan-row@STEP[:RANK], hang@STEP[:RANK] or "
-                                    f"desync@STEP[:RANK], got {text!r}")
+    if (
+        kind not in KINDS
+        or not re.fullmatch(r"[0-9]+", step)
+        or int(step) < 1
+        or (rank and not re.fullmatch(r"[0-9]+", rank))
+    ):
+        raise InputError(
+            "--drill",
+            f"expected nan-loss@STEP[:RANK], nan-row@STEP[:RANK], hang@STEP[:RANK] or desync@STEP[:RANK], got {text!r}",
+        )
     return {"kind": kind, "step": int(step), "rank": int(rank) if rank else None}
 
 
@@ -32,7 +37,10 @@ def check_drill(drill: dict[str, Any] | None, plan: Plan) -> None:
     if drill["kind"] == "desync" and plan.world_size < 2:
         raise InputError("--drill", "desync needs two processes or more: one process has no other rank to part from")
     if drill["rank"] is not None and drill["rank"] >= plan.world_size:
-        raise InputError("--drill", f"rank {drill['rank']} does not exist: the run has {plan.world_size} "
-                                    f"process{'es' if plan.world_size > 1 else ''} (ranks 0-{plan.world_size - 1})")
+        raise InputError(
+            "--drill",
+            f"rank {drill['rank']} does not exist: the run has {plan.world_size} "
+            f"process{'es' if plan.world_size > 1 else ''} (ranks 0-{plan.world_size - 1})",
+        )
     if plan.total_steps and drill["step"] > plan.total_steps:
         raise InputError("--drill", f"step {drill['step']} comes after the run's last step ({plan.total_steps})")

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from sftdoctor.run import Plan
-from sftdoctor.run.resolve import base_path
 from sftdoctor.run.checkpoints import checkpoints, is_complete
+from sftdoctor.run.resolve import base_path
 from sftdoctor.train.processes import SIGNAL_EXIT, run_workers
 
 RESULT = "eval.json"

@@ -14,14 +14,14 @@ from typing import Any
 from sftdoctor import render
 from sftdoctor.checks import load_checks, run_checks
 from sftdoctor.distributed import gate as shared_gate
-from sftdoctor.findings import Severity
 from sftdoctor.facts import Facts, Inputs, launch_inputs
 from sftdoctor.files import write_atomic
+from sftdoctor.findings import Severity
 from sftdoctor.run import Plan
 from sftdoctor.run.rundir import FACTS, FINDINGS
 from sftdoctor.train import compat
-from sftdoctor.train.run_dir import owner
 from sftdoctor.train.launch import rendezvous_id
+from sftdoctor.train.run_dir import owner
 
 
 def gate(facts: Facts, plugins: bool) -> tuple[list, bool]:
@@ -47,8 +47,19 @@ def record_preflight(run_dir: Path, findings: list, forced: bool = False) -> Non
     """The gate's findings appended to RUN_DIR/findings.jsonl (the report marks them before step 0)."""
     with open(run_dir / FINDINGS, "a", encoding="utf-8") as log:
         for finding in findings:
-            log.write(json.dumps({"phase": "preflight", "time": time.time(), "host": socket.gethostname(),
-                                  "forced": forced, **finding.to_json()}, default=str) + "\n")
+            log.write(
+                json.dumps(
+                    {
+                        "phase": "preflight",
+                        "time": time.time(),
+                        "host": socket.gethostname(),
+                        "forced": forced,
+                        **finding.to_json(),
+                    },
+                    default=str,
+                )
+                + "\n"
+            )
 
 
 def record_facts(run_dir: Path, facts: Facts, plan: Plan) -> None:
@@ -77,9 +88,11 @@ def rejoining(plan: Plan) -> bool:
         return False
     if not shared_gate.in_progress(plan.master_addr, plan.master_port, compat.rendezvous_key(rendezvous_id(plan))):
         return False
-    print(f"\nsftdoctor: the run is in progress at {plan.master_addr}:{plan.master_port}: this node rejoins it "
-          f"(torchrun's next restart round; {plan.max_restarts} restart{'s' if plan.max_restarts != 1 else ''} allowed)",
-          flush=True)
+    print(
+        f"\nsftdoctor: the run is in progress at {plan.master_addr}:{plan.master_port}: this node rejoins it "
+        f"(torchrun's next restart round; {plan.max_restarts} restart{'s' if plan.max_restarts != 1 else ''} allowed)",
+        flush=True,
+    )
     return True
 
 
@@ -87,21 +100,35 @@ def nodes_agree(plan: Plan, findings: list, blocked: bool) -> bool:
     """Every node's gate verdict, shared (sftdoctor.distributed.gate): whether all of them let the run start. Says
     which node stops it, or which never came."""
     errors = [f.title for f in findings if f.severity is Severity.ERROR]
-    print(f"\nsftdoctor: waiting for all {plan.nnodes} nodes' checks at {plan.master_addr}:{plan.master_port}", flush=True)
+    print(
+        f"\nsftdoctor: waiting for all {plan.nnodes} nodes' checks at {plan.master_addr}:{plan.master_port}", flush=True
+    )
     try:
-        verdicts = shared_gate.share(plan.master_addr, plan.master_port, plan.nnodes, plan.node_rank == 0,
-                                     plan.join_timeout_s, {"blocked": blocked, "errors": errors})
+        verdicts = shared_gate.share(
+            plan.master_addr,
+            plan.master_port,
+            plan.nnodes,
+            plan.node_rank == 0,
+            plan.join_timeout_s,
+            {"blocked": blocked, "errors": errors},
+        )
     except shared_gate.GateError as e:
         print(f"sftdoctor: not starting: {e}", flush=True)
         return False
     me = socket.gethostname()
     others = [v for v in shared_gate.blocking(verdicts) if v["host"] != me]
     for v in others:
-        print(f"sftdoctor: not starting: the checks on {v['host']} found errors: {'; '.join(v['errors'])} "
-              "(fix them there, or run with --force on it)", flush=True)
+        print(
+            f"sftdoctor: not starting: the checks on {v['host']} found errors: {'; '.join(v['errors'])} "
+            "(fix them there, or run with --force on it)",
+            flush=True,
+        )
     if not others:
-        print(f"sftdoctor: {'every node passed its checks' if not blocked else 'the other nodes passed their checks'}: "
-              f"{', '.join(v['host'] for v in verdicts)}", flush=True)
+        print(
+            f"sftdoctor: {'every node passed its checks' if not blocked else 'the other nodes passed their checks'}: "
+            f"{', '.join(v['host'] for v in verdicts)}",
+            flush=True,
+        )
     return not others
 
 

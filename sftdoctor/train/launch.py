@@ -18,31 +18,45 @@ from pathlib import Path
 from sftdoctor import render
 from sftdoctor.facts.launch_inputs import in_hub_cache
 from sftdoctor.run import Plan
-from sftdoctor.run.resolve import REHEARSAL_SAVE_AT
 from sftdoctor.run.checkpoints import newest_complete, step_of
+from sftdoctor.run.resolve import REHEARSAL_SAVE_AT
 from sftdoctor.run.rundir import LOG, METRICS, STOPPED
-from sftdoctor.train.processes import SIGNAL_EXIT, run_workers
-from sftdoctor.train.summary import line_count, read_records, summary
 from sftdoctor.train import compat, noise
-from sftdoctor.train.evaluation import evaluate_run, result_line
 from sftdoctor.train.describe import loading
+from sftdoctor.train.evaluation import evaluate_run, result_line
+from sftdoctor.train.processes import SIGNAL_EXIT, run_workers
 from sftdoctor.train.run_dir import last_step, node_file, owner, plan_file, write_json
+from sftdoctor.train.summary import line_count, read_records, summary
 
 
 def command(resolved_path: Path, plan: Plan, resume: bool, stop_after: int | None) -> list[str]:
-    worker = ["-m", "sftdoctor.train.sft", str(resolved_path)] + (["--resume"] if resume else []) + \
-             ([f"--stop-after={stop_after}"] if stop_after else [])
+    worker = (
+        ["-m", "sftdoctor.train.sft", str(resolved_path)]
+        + (["--resume"] if resume else [])
+        + ([f"--stop-after={stop_after}"] if stop_after else [])
+    )
     if plan.world_size == 1:
         return [sys.executable, *worker]
     # With the c10d rendezvous torchrun ignores --node-rank; node 0 hosting the store is what the rank means
     # (torch 2.x run.py and c10d_rendezvous_backend.py: "is_host"), so say it instead of relying on hostname matching.
-    host = [f"--rdzv-conf=is_host={'true' if plan.node_rank == 0 else 'false'},join_timeout={plan.join_timeout_s}"] \
-        if plan.nnodes > 1 else []
-    return [sys.executable, "-m", "torch.distributed.run",
-            f"--nnodes={plan.nnodes}", f"--nproc-per-node={plan.nproc_per_node}",
-            f"--max-restarts={plan.max_restarts}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={plan.master_addr}:{plan.master_port}", *host,
-            f"--rdzv-id={rendezvous_id(plan)}", *worker]
+    host = (
+        [f"--rdzv-conf=is_host={'true' if plan.node_rank == 0 else 'false'},join_timeout={plan.join_timeout_s}"]
+        if plan.nnodes > 1
+        else []
+    )
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={plan.nnodes}",
+        f"--nproc-per-node={plan.nproc_per_node}",
+        f"--max-restarts={plan.max_restarts}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={plan.master_addr}:{plan.master_port}",
+        *host,
+        f"--rdzv-id={rendezvous_id(plan)}",
+        *worker,
+    ]
 
 
 def rendezvous_id(plan: Plan) -> str:
@@ -79,8 +93,15 @@ def worker_env(plan: Plan, config: Path, run_dir: Path) -> dict[str, str]:
     return env
 
 
-def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_after: int | None = None,
-          config: Path | None = None, log: Path | None = None) -> int:
+def start(
+    plan: Plan,
+    run_dir: Path,
+    env: dict[str, str],
+    resume: bool,
+    stop_after: int | None = None,
+    config: Path | None = None,
+    log: Path | None = None,
+) -> int:
     """One launch of the workers. With no `log` of its own (a rehearsal has one) it is the run: its output shows
     on the terminal and goes to train.log, and it ends with one line (stopped, failed) or the summary block."""
     resolved_path = plan_file(plan, run_dir)
@@ -94,19 +115,31 @@ def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_aft
     resumed_from = newest_complete(run_dir) if resume else None
     first_step = step_of(resumed_from) if resumed_from else 0
     try:
-        code, sig = run_workers(command(resolved_path, plan, resume, stop_after), env, log, echo=echo,
-                                grace_s=plan.stop_grace_s, launcher=plan.world_size > 1)
+        code, sig = run_workers(
+            command(resolved_path, plan, resume, stop_after),
+            env,
+            log,
+            echo=echo,
+            grace_s=plan.stop_grace_s,
+            launcher=plan.world_size > 1,
+        )
     finally:
         if not owner(plan):
             shutil.rmtree(resolved_path.parent, ignore_errors=True)
     if sig is not None:  # asked to stop (Ctrl-C, scancel): `sftdoctor report RUN_DIR` draws it later
         checkpoint = newest_complete(run_dir)
         step = max((s for s in (last_step(run_dir), checkpoint and step_of(checkpoint)) if s), default=None)
-        print(f"\nsftdoctor: stopped by {signal.Signals(sig).name}"
-              + (f" after step {step}" if step is not None else "")
-              + f"; newest complete checkpoint: {os.path.normpath(checkpoint) if checkpoint else 'none yet'}"
-              + (f"; resume with: sftdoctor train {os.path.normpath(config)} --resume"
-                 if config and not plan.rehearsal else ""), flush=True)
+        print(
+            f"\nsftdoctor: stopped by {signal.Signals(sig).name}"
+            + (f" after step {step}" if step is not None else "")
+            + f"; newest complete checkpoint: {os.path.normpath(checkpoint) if checkpoint else 'none yet'}"
+            + (
+                f"; resume with: sftdoctor train {os.path.normpath(config)} --resume"
+                if config and not plan.rehearsal
+                else ""
+            ),
+            flush=True,
+        )
         return SIGNAL_EXIT[sig]
     drawn = echo and not plan.rehearsal and owner(plan)  # the run (not a rehearsal) gets its report, however it ended
     if code and stopped.exists():  # a watcher stopped the run: its own exit code, whatever torchrun says
@@ -119,23 +152,39 @@ def start(plan: Plan, run_dir: Path, env: dict[str, str], resume: bool, stop_aft
         return code
     if code:
         step = last_step(run_dir)
-        print(f"\nsftdoctor: the run failed (exit {code}"
-              + (f", after step {step}" if step is not None and step > first_step else ", before its first step")
-              + f"): {failure_cause(log, log_from)}", flush=True)
+        print(
+            f"\nsftdoctor: the run failed (exit {code}"
+            + (f", after step {step}" if step is not None and step > first_step else ", before its first step")
+            + f"): {failure_cause(log, log_from)}",
+            flush=True,
+        )
         if drawn:
             print_report_line(run_dir, plan)
     elif not stop_after and not plan.rehearsal:
         evaluated = evaluate_run(plan, run_dir, env, log) if plan.evaluation and owner(plan) else None
         where = report_of(run_dir, plan) if owner(plan) else f"written by node 0 ({plan.master_addr})"
-        text = summary(run_dir, read_records(run_dir / METRICS, records_from), time.perf_counter() - began,
-                       first_step, newest_complete(run_dir), loading(plan, run_dir), report=where)
+        text = summary(
+            run_dir,
+            read_records(run_dir / METRICS, records_from),
+            time.perf_counter() - began,
+            first_step,
+            newest_complete(run_dir),
+            loading(plan, run_dir),
+            report=where,
+        )
         line = result_line(run_dir) if evaluated == 0 else None
         print("\n" + text + (f"\n  eval         {line}" if line else ""), flush=True)
         if evaluated:
-            how = (f"was stopped by {signal.Signals(evaluated - 128).name}" if evaluated in SIGNAL_EXIT.values()
-                   else f"failed (exit {evaluated})")
-            print(f"\nsftdoctor: the evaluation {how}; the trained model is in "
-                  f"{os.path.normpath(run_dir / 'final')} (line {line_count(log)} of {os.path.normpath(log)})", flush=True)
+            how = (
+                f"was stopped by {signal.Signals(evaluated - 128).name}"
+                if evaluated in SIGNAL_EXIT.values()
+                else f"failed (exit {evaluated})"
+            )
+            print(
+                f"\nsftdoctor: the evaluation {how}; the trained model is in "
+                f"{os.path.normpath(run_dir / 'final')} (line {line_count(log)} of {os.path.normpath(log)})",
+                flush=True,
+            )
             return evaluated
     return code
 
@@ -179,8 +228,10 @@ def batch_job(plan: Plan, config: Path, run, blocked: bool, submit: bool) -> int
         print(f"\nsftdoctor: wrote {os.path.normpath(path)}; submit it with: sbatch {os.path.normpath(path)}")
         return 0
     job = slurm.submit(path)
-    print(f"\nsftdoctor: submitted {os.path.normpath(path)} as Slurm job {job} (squeue -j {job}; its output: "
-          f"{os.path.normpath(Path(plan.output_dir) / f'slurm-{job}.out')})")
+    print(
+        f"\nsftdoctor: submitted {os.path.normpath(path)} as Slurm job {job} (squeue -j {job}; its output: "
+        f"{os.path.normpath(Path(plan.output_dir) / f'slurm-{job}.out')})"
+    )
     return 0
 
 
@@ -209,8 +260,10 @@ def failure_cause(log: Path, offset: int = 0) -> str:
     shown = os.path.normpath(log)
     lead = found.root or next(iter(found.findings), None)
     if lead is not None and lead.finding.id == "crash-log" and lead.line:  # no known cause: the failing line itself
-        return (f"{lead.finding.evidence['text']} (line {before + lead.line} of {shown}; no known cause: "
-                f"`sftdoctor explain --log {shown}`)")
+        return (
+            f"{lead.finding.evidence['text']} (line {before + lead.line} of {shown}; no known cause: "
+            f"`sftdoctor explain --log {shown}`)"
+        )
     if lead is not None:
         return f"{lead.finding.title} (line {before + lead.line} of {shown}; `sftdoctor explain --log {shown}`)"
     words = [line.strip() for line in tail if not BANNER.fullmatch(line.strip())]

@@ -58,8 +58,9 @@ def tied_names(model) -> set[str]:
 
 def quiet_worker(model) -> None:
     """In each worker, once the model exists."""
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
-                            category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"`torch\.distributed\.all_gather_into_tensor` is deprecated", category=FutureWarning
+    )
     # transformers 5.24 renamed it is_activation_checkpointing; peft 0.21 still reads the old name, twice a run.
     warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     tied = tied_names(model)
@@ -73,4 +74,6 @@ def quiet_worker(model) -> None:
     logging.getLogger("transformers.trainer").addFilter(_Drop(only_tied))
     # transformers 5.24 sort_checkpoints: checkpoints saved under a second apart (tiny runs) make it distrust
     # mtimes; it then orders them by step number, which is what sftdoctor's checkpoints mean anyway.
-    logging.getLogger("transformers.trainer_utils").addFilter(_Drop(lambda m: m.startswith("mtime may not be reliable")))
+    logging.getLogger("transformers.trainer_utils").addFilter(
+        _Drop(lambda m: m.startswith("mtime may not be reliable"))
+    )

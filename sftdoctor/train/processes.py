@@ -7,6 +7,7 @@ own, found through /proc. Linux.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import pty
@@ -64,14 +65,13 @@ def _alive(pids: list[int]) -> list[int]:
 
 def _signal(pids: list[int], sig: int) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
-def stop_workers(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace_s: float = GRACE_S,
-                 launcher: bool = True) -> None:
+def stop_workers(
+    proc: subprocess.Popen, sig: int = signal.SIGTERM, grace_s: float = GRACE_S, launcher: bool = True
+) -> None:
     """Stop the launcher's child and every process under it; returns once none is left. A `launcher` child
     (torchrun) goes first, by SIGKILL: on a signal it would kill the ranks after its own timeout, and it could
     restart them. The ranks alone then get `sig` (on SIGTERM they save a checkpoint if it fits,
@@ -104,10 +104,8 @@ def _terminal_like(fd: int) -> tuple[int, int]:
     attrs = termios.tcgetattr(worker)
     attrs[1] &= ~termios.ONLCR  # "\n" stays "\n" in train.log
     termios.tcsetattr(worker, termios.TCSANOW, attrs)
-    try:
+    with contextlib.suppress(OSError):
         fcntl.ioctl(worker, termios.TIOCSWINSZ, fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8))
-    except OSError:
-        pass
     return master, worker
 
 
@@ -122,8 +120,9 @@ def _pump(fd: int, console: Console) -> None:
         os.close(fd)
 
 
-def run_workers(argv: list[str], env: dict[str, str], log: Path, echo: bool = False, grace_s: float = GRACE_S,
-                launcher: bool = True) -> tuple[int, int | None]:
+def run_workers(
+    argv: list[str], env: dict[str, str], log: Path, echo: bool = False, grace_s: float = GRACE_S, launcher: bool = True
+) -> tuple[int, int | None]:
     """(exit code, the signal that stopped the run or None). Every byte the workers write goes to `log`, and
     with `echo` to the terminal too (console.Console). The workers start in a session of their own, so a
     Ctrl-C reaches the launcher alone, which then stops every process it started instead of orphaning them.
@@ -135,8 +134,15 @@ def run_workers(argv: list[str], env: dict[str, str], log: Path, echo: bool = Fa
     with open(log, "ab") as sink:
         console = Console(sink, terminal)
         try:
-            proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=die_with_parent,
-                                    stdin=subprocess.DEVNULL, stdout=write, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+                stdin=subprocess.DEVNULL,
+                stdout=write,
+                stderr=subprocess.STDOUT,
+            )
         finally:
             os.close(write)
         reader = threading.Thread(target=_pump, args=(read, console), daemon=True)

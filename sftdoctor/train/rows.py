@@ -39,6 +39,7 @@ def keep(trainer, inputs: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------- sequences of a micro-batch
 
+
 def sequences(inputs: dict[str, Any]) -> list[tuple[int, torch.Tensor, torch.Tensor | None]]:
     """(batch row, token ids, labels) of every sequence in a collated micro-batch: a padded batch by its
     attention mask, a padding-free (packed) one by where position_ids restart at 0."""
@@ -51,13 +52,16 @@ def sequences(inputs: dict[str, Any]) -> list[tuple[int, torch.Tensor, torch.Ten
             out.append((b, ids[b][real], labels[b][real] if labels is not None else None))
         elif positions is not None:
             starts = (positions[b] == 0).nonzero().flatten().tolist() + [ids.shape[1]]
-            out += [(b, ids[b, s:e], labels[b, s:e] if labels is not None else None) for s, e in zip(starts, starts[1:])]
+            out += [
+                (b, ids[b, s:e], labels[b, s:e] if labels is not None else None) for s, e in zip(starts, starts[1:])
+            ]
         else:
             out.append((b, ids[b], labels[b] if labels is not None else None))
     return out
 
 
 # ---------------------------------------------------------------- sequences -> rows
+
 
 class RowIndex:
     """The tokenized rows: each one's token ids and its ROW number; `find` answers which rows a sequence is."""
@@ -72,7 +76,7 @@ class RowIndex:
             first += len(chunk)
 
     @classmethod
-    def of(cls, trainer, raw_rows) -> "RowIndex":
+    def of(cls, trainer, raw_rows) -> RowIndex:
         """From the trainer: its packing's input (rows in the order given) or its own dataset (with ROW)."""
         max_length = trainer.args.max_length
         packed_from = getattr(trainer, "sftdoctor_packed_from", None)
@@ -90,7 +94,7 @@ class RowIndex:
             if self.max_length:
                 lengths = np.minimum(lengths, self.max_length)
             for i in np.nonzero(lengths == n)[0]:
-                if np.array_equal(values[offsets[i]:offsets[i] + n], seq):
+                if np.array_equal(values[offsets[i] : offsets[i] + n], seq):
                     found.append(int(self.rows[first + i]))
         return found
 
@@ -98,11 +102,14 @@ class RowIndex:
 def _row_names(found: list[list[int]], files) -> list[str]:
     wanted = {r for rows in found for r in rows}
     where = locate(files, wanted)
-    return [" = ".join(where.get(r, f"row #{r}") for r in rows) if rows else "not found (padding, or a split row)"
-            for rows in found]
+    return [
+        " = ".join(where.get(r, f"row #{r}") for r in rows) if rows else "not found (padding, or a split row)"
+        for rows in found
+    ]
 
 
 # ---------------------------------------------------------------- re-runs in fp32
+
 
 def _fp32(model):
     """The model in fp32 for the re-runs: itself when its weights are fp32, else a copy upcast where it fits;
@@ -155,8 +162,9 @@ def rerun(model, inputs: dict[str, Any], backward: bool) -> dict[str, Any]:
     return result
 
 
-def trace(trainer, micro_batches: list[dict[str, Any]], files, raw_rows, backward: bool,
-          rerun_ok: bool = True) -> dict[str, Any]:
+def trace(
+    trainer, micro_batches: list[dict[str, Any]], files, raw_rows, backward: bool, rerun_ok: bool = True
+) -> dict[str, Any]:
     """This rank's account of the step: each micro-batch's rows, its fp32 re-run, and the rows that alone are
     non-finite. No re-run under ZeRO-3 (`rerun_ok` False): its forward gathers the weights collectively, and the
     ranks would re-run unequal numbers of sequences."""
@@ -195,19 +203,33 @@ def verdict(ranks: dict[str, dict[str, Any]], precision: str) -> dict[str, Any]:
     """Over every rank: "rows" (a micro-batch non-finite again in fp32, `culprits` the rows that are alone; or a
     step with no target token at all), "numerics" (all finite in fp32: the run's precision), "not-reproduced" (an
     fp32 run, finite again), or "unknown" (no fp32 re-run, or it failed)."""
-    batches = [(f"rank {rank} micro-batch {i + 1}", mb) for rank, t in sorted(ranks.items(), key=lambda kv: int(kv[0]))
-               for i, mb in enumerate(t.get("micro_batches", []))]
+    batches = [
+        (f"rank {rank} micro-batch {i + 1}", mb)
+        for rank, t in sorted(ranks.items(), key=lambda kv: int(kv[0]))
+        for i, mb in enumerate(t.get("micro_batches", []))
+    ]
     if batches and all(mb.get("targets") == 0 for _, mb in batches):
         # the step's loss is the sum over its target tokens over their count on every rank: 0/0
-        return {"verdict": "rows", "empty": True, "again": [name for name, _ in batches],
-                "culprits": sorted({row for _, mb in batches for row in mb["rows"]})}
+        return {
+            "verdict": "rows",
+            "empty": True,
+            "again": [name for name, _ in batches],
+            "culprits": sorted({row for _, mb in batches for row in mb["rows"]}),
+        }
     again = [(name, mb) for name, mb in batches if (mb.get("fp32") or {}).get("finite") is False]
     if again:
-        culprits = {row for _, mb in again for row, alone in zip(mb["rows"], mb.get("alone", []))
-                    if alone.get("finite") is False}
+        culprits = {
+            row
+            for _, mb in again
+            for row, alone in zip(mb["rows"], mb.get("alone", []))
+            if alone.get("finite") is False
+        }
         return {"verdict": "rows", "again": [name for name, _ in again], "culprits": sorted(culprits)}
     failed = [name for name, mb in batches if mb.get("targets") != 0 and "finite" not in (mb.get("fp32") or {})]
     if failed or not all(t.get("fp32") for t in ranks.values()):
-        return {"verdict": "unknown", "failed": failed,
-                "why": next((t["why_not_fp32"] for t in ranks.values() if t.get("why_not_fp32")), None)}
+        return {
+            "verdict": "unknown",
+            "failed": failed,
+            "why": next((t["why_not_fp32"] for t in ranks.values() if t.get("why_not_fp32")), None),
+        }
     return {"verdict": "numerics" if precision in ("bf16", "fp16") else "not-reproduced"}

@@ -17,7 +17,7 @@ from sftdoctor.train.summary import read_records
 
 
 def finished(run_dir: Path) -> str | None:
-    """"step N of N" when the newest complete checkpoint is the run's last step and final/ was written."""
+    """ "step N of N" when the newest complete checkpoint is the run's last step and final/ was written."""
     checkpoint = newest_complete(run_dir)
     if checkpoint is None or not (run_dir / "final").is_dir():
         return None
@@ -35,8 +35,7 @@ def forget_metrics_after(run_dir: Path, step: int) -> None:
     path = run_dir / METRICS
     if not path.is_file():
         return
-    kept = [line for line in path.read_text().splitlines(keepends=True)
-            if json.loads(line).get("step", 0) <= step]
+    kept = [line for line in path.read_text().splitlines(keepends=True) if json.loads(line).get("step", 0) <= step]
     write_atomic(path, "".join(kept))
 
 

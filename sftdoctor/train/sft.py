@@ -26,6 +26,7 @@ def rank() -> int:
 
 # ---------------------------------------------------------------- setup
 
+
 def load_model(plan: Plan):
     """The model in the plan's load dtype. Called after the SFTConfig exists: with ZeRO-3 in it, transformers
     builds the model under deepspeed.zero.Init, so each rank only ever holds its partition."""
@@ -82,22 +83,37 @@ def model_card(plan: Plan) -> str:
     """README.md of the run directory and of final/: what it was trained from, on what, and how to load it."""
     from sftdoctor.facts.configs import is_hub_id
 
-    base = (f"initialised at random from the config of `{plan.model_path}`" if plan.weights == "random"
-            else f"fine-tuned from `{plan.model_path}`")
+    base = (
+        f"initialised at random from the config of `{plan.model_path}`"
+        if plan.weights == "random"
+        else f"fine-tuned from `{plan.model_path}`"
+    )
     front = ["---", "library_name: transformers", "tags: [trl, sft, sftdoctor]"]
     if plan.weights != "random" and is_hub_id(plan.model_path):
         front.append(f"base_model: {plan.model_path}")
     final = os.path.join(os.path.normpath(plan.output_dir), "final")
-    return "\n".join([
-        *front, "---", "", f"# {Path(plan.output_dir).name}", "",
-        f"A causal LM {base} by supervised fine-tuning (TRL SFTTrainer, run by sftdoctor): "
-        f"{plan.precision}, global batch {plan.global_batch_size}, learning rate {plan.learning_rate:g} "
-        f"({plan.lr_scheduler}), max_length {plan.max_length}, on {', '.join(f'`{f}`' for f in plan.train_files)}.",
-        *(_adapter_lines(plan) if plan.lora else []),
-        "", "```python", *(["from peft import AutoPeftModelForCausalLM"] if plan.lora else []),
-        "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
-        f"model = {'AutoPeftModelForCausalLM' if plan.lora else 'AutoModelForCausalLM'}.from_pretrained({final!r})",
-        f"tokenizer = AutoTokenizer.from_pretrained({final!r})", "```", ""])
+    return "\n".join(
+        [
+            *front,
+            "---",
+            "",
+            f"# {Path(plan.output_dir).name}",
+            "",
+            f"A causal LM {base} by supervised fine-tuning (TRL SFTTrainer, run by sftdoctor): "
+            f"{plan.precision}, global batch {plan.global_batch_size}, learning rate {plan.learning_rate:g} "
+            f"({plan.lr_scheduler}), max_length {plan.max_length}, on {', '.join(f'`{f}`' for f in plan.train_files)}.",
+            *(_adapter_lines(plan) if plan.lora else []),
+            "",
+            "```python",
+            *(["from peft import AutoPeftModelForCausalLM"] if plan.lora else []),
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            "",
+            f"model = {'AutoPeftModelForCausalLM' if plan.lora else 'AutoModelForCausalLM'}.from_pretrained({final!r})",
+            f"tokenizer = AutoTokenizer.from_pretrained({final!r})",
+            "```",
+            "",
+        ]
+    )
 
 
 def _adapter_lines(plan: Plan) -> list[str]:
@@ -127,14 +143,25 @@ def watched_trainer_class(drill: dict | None):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             if model.training:  # the step's micro-batches, for tracing a non-finite step to its rows
                 keep(self, inputs)
-                if (drill and drill["kind"] == "nan-row" and self.state.global_step + 1 == drill["step"]
-                        and drill["rank"] in (None, rank()) and len(self.sftdoctor_step_inputs) == 1):
+                if (
+                    drill
+                    and drill["kind"] == "nan-row"
+                    and self.state.global_step + 1 == drill["step"]
+                    and drill["rank"] in (None, rank())
+                    and len(self.sftdoctor_step_inputs) == 1
+                ):
                     self.poison_first_sequence(inputs)
-            result = super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                          num_items_in_batch=num_items_in_batch)
+            result = super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
             loss = result[0] if return_outputs else result
-            if (drill and drill["kind"] == "nan-loss" and model.training
-                    and self.state.global_step + 1 == drill["step"] and drill["rank"] in (None, rank())):
+            if (
+                drill
+                and drill["kind"] == "nan-loss"
+                and model.training
+                and self.state.global_step + 1 == drill["step"]
+                and drill["rank"] in (None, rank())
+            ):
                 loss = loss * float("nan")
                 result = (loss, result[1]) if return_outputs else loss
             if model.training:
@@ -150,9 +177,14 @@ def watched_trainer_class(drill: dict | None):
 
             _, tokens, _ = sequences(inputs)[0]
             poison_sequence(self.model, tokens)
-            Path(self.args.output_dir, "drill-row.json").write_text(json.dumps({"rank": rank(), "tokens": tokens.tolist()}))
-            print(f"sftdoctor: drill: rank {rank()}'s first sequence of step {self.state.global_step + 1} "
-                  f"({len(tokens)} tokens) poisoned: inf in its input embeddings", flush=True)
+            Path(self.args.output_dir, "drill-row.json").write_text(
+                json.dumps({"rank": rank(), "tokens": tokens.tolist()})
+            )
+            print(
+                f"sftdoctor: drill: rank {rank()}'s first sequence of step {self.state.global_step + 1} "
+                f"({len(tokens)} tokens) poisoned: inf in its input embeddings",
+                flush=True,
+            )
 
     return WatchedSFTTrainer
 
@@ -192,8 +224,15 @@ def ranks_ready(plan: Plan, run_dir: Path, resume: bool) -> bool:
         return True
     from sftdoctor.distributed.command import main as distributed_check
 
-    return not distributed_check(plan.distributed_check_bound_s, DISTRIBUTED_CHECK_SECONDS, run_dir / "distributed",
-                                 None, False, None, plugins=plan.plugins)
+    return not distributed_check(
+        plan.distributed_check_bound_s,
+        DISTRIBUTED_CHECK_SECONDS,
+        run_dir / "distributed",
+        None,
+        False,
+        None,
+        plugins=plan.plugins,
+    )
 
 
 def setup(plan: Plan) -> None:
@@ -222,20 +261,34 @@ def build_trainer(plan: Plan, run_dir: Path, tokenizer, stop_after: int | None):
 
         repair(model, plan.repair_token_ids, partitioned)
         if rank() == 0:
-            print(f"sftdoctor: the untrained embedding rows of token ids {list(plan.repair_token_ids)} set to the mean "
-                  "of the trained rows ([model] repair_untrained_tokens)", flush=True)
+            print(
+                f"sftdoctor: the untrained embedding rows of token ids {list(plan.repair_token_ids)} set to the mean "
+                "of the trained rows ([model] repair_untrained_tokens)",
+                flush=True,
+            )
     if partitioned and rank() == 0:
         held = sum(getattr(p, "ds_tensor", p).numel() for p in model.parameters())  # p itself is empty now
         total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
-        print(f"sftdoctor: ZeRO-3 partitioned the weights at load (zero.Init): rank 0 holds {held:,} of {total:,} "
-              "parameters until DeepSpeed starts", flush=True)
+        print(
+            f"sftdoctor: ZeRO-3 partitioned the weights at load (zero.Init): rank 0 holds {held:,} of {total:,} "
+            "parameters until DeepSpeed starts",
+            flush=True,
+        )
     if plan.data_shape == "messages" and not plan.assistant_only_loss and rank() == 0:
-        print("sftdoctor: the chat template has no {% generation %} markers and TRL cannot patch it: the loss "
-              "covers every turn, not only the assistant's", flush=True)
+        print(
+            "sftdoctor: the chat template has no {% generation %} markers and TRL cannot patch it: the loss "
+            "covers every turn, not only the assistant's",
+            flush=True,
+        )
     with compat.capture_pack_input([]) as packed:
         trainer = watched_trainer_class(plan.drill)(
-            model=model, args=args, train_dataset=train_rows, eval_dataset=evaluation, processing_class=tokenizer,
-            peft_config=peft_config(plan))
+            model=model,
+            args=args,
+            train_dataset=train_rows,
+            eval_dataset=evaluation,
+            processing_class=tokenizer,
+            peft_config=peft_config(plan),
+        )
     trainer.sftdoctor_raw_rows = train_rows  # a batch's sequences trace back to these rows (train.rows)
     trainer.sftdoctor_packed_from = packed[0] if plan.packing and packed else None
     if plan.lora is not None:
@@ -315,8 +368,13 @@ def stop_at_end_of_turn(model, tokenizer) -> None:
     eot = end_of_turn(tokenizer)
     if config is None or eot is None:
         return
-    ids = config.eos_token_id if isinstance(config.eos_token_id, list) else \
-        [config.eos_token_id] if config.eos_token_id is not None else []
+    ids = (
+        config.eos_token_id
+        if isinstance(config.eos_token_id, list)
+        else [config.eos_token_id]
+        if config.eos_token_id is not None
+        else []
+    )
     if eot not in ids:
         config.eos_token_id = [*ids, eot]
 

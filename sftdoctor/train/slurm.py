@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from sftdoctor import __version__
-from sftdoctor.files import write_atomic
 from sftdoctor.errors import InputError
+from sftdoctor.files import write_atomic
 from sftdoctor.run import Plan
 from sftdoctor.run.config import RunConfig
 from sftdoctor.run.rundir import BATCH
@@ -37,35 +37,47 @@ def gpus_per_node(plan: Plan, run: RunConfig) -> int | None:
 
 def script(plan: Plan, config: Path, run: RunConfig) -> str:
     slurm, run_dir = run.slurm, Path(plan.output_dir).resolve()
-    options = [f"--job-name=sftdoctor-{Path(plan.output_dir).name}", f"--nodes={plan.nnodes}", "--ntasks-per-node=1",
-               f"--output={run_dir}/slurm-%j.out", "--open-mode=append", "--requeue",
-               f"--signal=TERM@{slurm.signal_s}"]
+    options = [
+        f"--job-name=sftdoctor-{Path(plan.output_dir).name}",
+        f"--nodes={plan.nnodes}",
+        "--ntasks-per-node=1",
+        f"--output={run_dir}/slurm-%j.out",
+        "--open-mode=append",
+        "--requeue",
+        f"--signal=TERM@{slurm.signal_s}",
+    ]
     gpus = gpus_per_node(plan, run)
     if gpus:
         options.append(f"--gpus-per-node={gpus}")
-    for flag, value in (("--cpus-per-task", slurm.cpus_per_task), ("--time", slurm.time),
-                        ("--partition", slurm.partition), ("--account", slurm.account)):
+    for flag, value in (
+        ("--cpus-per-task", slurm.cpus_per_task),
+        ("--time", slurm.time),
+        ("--partition", slurm.partition),
+        ("--account", slurm.account),
+    ):
         if value is not None:
             options.append(f"{flag}={value}")
     command = [sys.executable, "-m", "sftdoctor", "train", str(config.resolve()), "--resume"]
-    return "\n".join([
-        "#!/bin/bash",
-        f"# Written by `sftdoctor train {config.name} --sbatch` (sftdoctor {__version__}): submit it with sbatch.",
-        "# One sftdoctor launcher per node; each takes the launch from Slurm (nodes, SLURM_NODEID, the first node,",
-        "# the GPUs per node). SIGTERM before the time limit stops the ranks with the newest complete checkpoint",
-        "# kept; the job then requeues itself and resumes from it.",
-        *(f"#SBATCH {option}" for option in options),
-        "set -u",
-        f"cd {shlex.quote(str(config.resolve().parent))}",
-        f"srun --kill-on-bad-exit=1 {shlex.join(command)}",
-        "code=$?",
-        f'if [ "$code" -eq {REQUEUE_EXIT} ]; then',
-        '    echo "sftdoctor: stopped by SIGTERM (time limit or pre-emption): requeueing job $SLURM_JOB_ID"',
-        '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
-        "fi",
-        'exit "$code"',
-        "",
-    ])
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"# Written by `sftdoctor train {config.name} --sbatch` (sftdoctor {__version__}): submit it with sbatch.",
+            "# One sftdoctor launcher per node; each takes the launch from Slurm (nodes, SLURM_NODEID, the first node,",
+            "# the GPUs per node). SIGTERM before the time limit stops the ranks with the newest complete checkpoint",
+            "# kept; the job then requeues itself and resumes from it.",
+            *(f"#SBATCH {option}" for option in options),
+            "set -u",
+            f"cd {shlex.quote(str(config.resolve().parent))}",
+            f"srun --kill-on-bad-exit=1 {shlex.join(command)}",
+            "code=$?",
+            f'if [ "$code" -eq {REQUEUE_EXIT} ]; then',
+            '    echo "sftdoctor: stopped by SIGTERM (time limit or pre-emption): requeueing job $SLURM_JOB_ID"',
+            '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
+            "fi",
+            'exit "$code"',
+            "",
+        ]
+    )
 
 
 def write(plan: Plan, config: Path, run: RunConfig) -> Path:

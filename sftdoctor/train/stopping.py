@@ -119,8 +119,13 @@ class SaveOnSignal(TrainerCallback):
         step_s = sum(self.step_times) / len(self.step_times) if self.step_times else 0.0
         left_s = self.grace_s - (now - self.asked)
         save_s = self._save_estimate()
-        mine = {"step": step + ahead, "save": save_fits(left_s, ahead, step_s, save_s), "rank": rank,
-                "left_s": round(left_s, 1), "save_s": round(save_s, 1)}
+        mine = {
+            "step": step + ahead,
+            "save": save_fits(left_s, ahead, step_s, save_s),
+            "rank": rank,
+            "left_s": round(left_s, 1),
+            "save_s": round(save_s, 1),
+        }
         if store is None:
             return mine
         return json.loads(store.compare_set(KEY, "", json.dumps(mine)))  # the first writer's, whoever it is
@@ -129,6 +134,10 @@ class SaveOnSignal(TrainerCallback):
         d = self.decision
         head = f"sftdoctor: SIGTERM (seen first by rank {d['rank']}): every rank stops after step {step}"
         if d["save"]:
-            return f"{head} with a checkpoint (saving takes about {d['save_s']:.1f} s; {d['left_s']:.0f} s of grace left)"
-        return (f"{head} without a checkpoint: saving takes about {d['save_s']:.1f} s and only {d['left_s']:.0f} s of "
-                "grace are left; the newest complete checkpoint is kept")
+            return (
+                f"{head} with a checkpoint (saving takes about {d['save_s']:.1f} s; {d['left_s']:.0f} s of grace left)"
+            )
+        return (
+            f"{head} without a checkpoint: saving takes about {d['save_s']:.1f} s and only {d['left_s']:.0f} s of "
+            "grace are left; the newest complete checkpoint is kept"
+        )

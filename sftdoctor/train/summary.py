@@ -37,23 +37,40 @@ def _last(records: list[dict], key: str) -> dict | None:
 
 def _seconds(value: float) -> str:
     value = round(value)
-    return f"{value // 3600}h{value % 3600 // 60:02d}m" if value >= 3600 else \
-        f"{value // 60}m{value % 60:02d}s" if value >= 60 else f"{value} s"
+    return (
+        f"{value // 3600}h{value % 3600 // 60:02d}m"
+        if value >= 3600
+        else f"{value // 60}m{value % 60:02d}s"
+        if value >= 60
+        else f"{value} s"
+    )
 
 
-def summary(run_dir: Path, records: list[dict[str, Any]], wall_s: float, first_step: int,
-            checkpoint: Path | None, next_steps: list[str], report: str | None = None) -> str:
+def summary(
+    run_dir: Path,
+    records: list[dict[str, Any]],
+    wall_s: float,
+    first_step: int,
+    checkpoint: Path | None,
+    next_steps: list[str],
+    report: str | None = None,
+) -> str:
     """`records`: this launch's metrics.jsonl records; `first_step`: the step it started after (0, or the
     checkpoint it resumed from); `report`: what to say of the run's report.html."""
     path = os.path.normpath
     train, evaluation, end = _last(records, "loss"), _last(records, "eval_loss"), _last(records, "train_runtime")
     last_step = max((r.get("step", 0) for r in records), default=first_step)
     steps = last_step - first_step
-    lines = [f"sftdoctor: run complete: {steps} step{'s' if steps != 1 else ''}"
-             + (f" (steps {first_step + 1}-{last_step}, resumed)" if first_step else "")
-             + f" in {_seconds(wall_s)}" + (f", {_seconds(end['train_runtime'])} of it training" if end else "")]
+    lines = [
+        f"sftdoctor: run complete: {steps} step{'s' if steps != 1 else ''}"
+        + (f" (steps {first_step + 1}-{last_step}, resumed)" if first_step else "")
+        + f" in {_seconds(wall_s)}"
+        + (f", {_seconds(end['train_runtime'])} of it training" if end else "")
+    ]
     if train and "tokens_seen" in train:
-        rate = f", {train['tokens_seen'] / end['train_runtime']:,.0f} tokens/s" if end and end["train_runtime"] > 0 else ""
+        rate = (
+            f", {train['tokens_seen'] / end['train_runtime']:,.0f} tokens/s" if end and end["train_runtime"] > 0 else ""
+        )
         lines.append(f"  tokens       {train['tokens_seen']:,} trained{rate} (padding excluded)")
     losses = []
     if train:
@@ -66,8 +83,10 @@ def summary(run_dir: Path, records: list[dict[str, Any]], wall_s: float, first_s
         lines.append(f"  final model  {path(run_dir / 'final')}")
     if checkpoint is not None:
         lines.append(f"  checkpoint   {path(checkpoint)} (newest complete)")
-    lines.append(f"  findings     {path(run_dir / 'findings.jsonl')}; metrics {path(run_dir / 'metrics.jsonl')}; "
-                 f"log {path(run_dir / 'train.log')}")
+    lines.append(
+        f"  findings     {path(run_dir / 'findings.jsonl')}; metrics {path(run_dir / 'metrics.jsonl')}; "
+        f"log {path(run_dir / 'train.log')}"
+    )
     if report:
         lines.append(f"  report       {report}")
     lines += [f"  next         {step}" for step in next_steps]

@@ -30,14 +30,14 @@ from transformers import TrainerCallback
 from sftdoctor import render
 from sftdoctor.checks import load_checks, run_check
 from sftdoctor.facts import flight_recorder
-from sftdoctor.facts.flight_recorder import FR_DIR
 from sftdoctor.facts.catalogue import fact_names
+from sftdoctor.facts.flight_recorder import FR_DIR
 from sftdoctor.files import write_atomic
 from sftdoctor.findings import Finding
 from sftdoctor.run import Plan
-from sftdoctor.train import compat, rows
 from sftdoctor.run.checkpoints import newest_complete
 from sftdoctor.run.rundir import FINDINGS, STOPPED
+from sftdoctor.train import compat, rows
 
 NAN_EXIT = 86  # stopped on a non-finite loss
 HANG_EXIT = 87  # stopped by the hang watchdog
@@ -107,14 +107,28 @@ class Reporter:
         sys.stdout.flush()
         with open(self.run_dir / FINDINGS, "a", encoding="utf-8") as log:
             for finding in findings:
-                log.write(json.dumps({"phase": "runtime", "step": step, "rank": rank_world()[0], "time": time.time(),
-                                      **finding.to_json()}, default=str) + "\n")
+                log.write(
+                    json.dumps(
+                        {
+                            "phase": "runtime",
+                            "step": step,
+                            "rank": rank_world()[0],
+                            "time": time.time(),
+                            **finding.to_json(),
+                        },
+                        default=str,
+                    )
+                    + "\n"
+                )
 
     def stopped(self, code: int, finding: Finding) -> None:
-        write_atomic(self.run_dir / STOPPED, json.dumps({"exit_code": code, "id": finding.id, "title": finding.title}) + "\n")
+        write_atomic(
+            self.run_dir / STOPPED, json.dumps({"exit_code": code, "id": finding.id, "title": finding.title}) + "\n"
+        )
 
 
 # ---------------------------------------------------------------- where a NaN comes from
+
 
 def _first_tensor(output: Any):
     if torch.is_tensor(output):
@@ -127,8 +141,12 @@ def _first_tensor(output: Any):
 def attribute(model, inputs: dict[str, Any]) -> str:
     """Re-run the offending batch once with forward hooks: the first module (in completion order) whose
     output is non-finite, and whether inputs or weights were already non-finite."""
-    bad_weights = [n for n, p in model.named_parameters() if p.numel() and p.is_floating_point() and not torch.isfinite(p).all()]
-    bad_inputs = [k for k, v in inputs.items() if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
+    bad_weights = [
+        n for n, p in model.named_parameters() if p.numel() and p.is_floating_point() and not torch.isfinite(p).all()
+    ]
+    bad_inputs = [
+        k for k, v in inputs.items() if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()
+    ]
     first: list[str] = []
     names = {module: name or type(module).__name__ for name, module in model.named_modules()}
 
@@ -147,19 +165,25 @@ def attribute(model, inputs: dict[str, Any]) -> str:
     finally:
         for handle in handles:
             handle.remove()
-    said = [f"Weights already non-finite: {', '.join(bad_weights[:5])}." if bad_weights else "Weights were finite.",
-            f"Non-finite inputs: {', '.join(bad_inputs)}." if bad_inputs else "Inputs were finite."]
+    said = [
+        f"Weights already non-finite: {', '.join(bad_weights[:5])}." if bad_weights else "Weights were finite.",
+        f"Non-finite inputs: {', '.join(bad_inputs)}." if bad_inputs else "Inputs were finite.",
+    ]
     if first:
         said.insert(0, f"Re-running the batch, the first module whose output went non-finite is {first[0]}.")
     elif loss is not None and not torch.isfinite(loss).all():
         said.insert(0, "Re-running the batch, every module's output was finite but the loss was not.")
     else:
-        said.insert(0, "Re-running the batch, every module's output and the loss were finite: the non-finite value "
-                       "arose in this step's loss (as a nan-loss drill injects it) or in the backward pass.")
+        said.insert(
+            0,
+            "Re-running the batch, every module's output and the loss were finite: the non-finite value "
+            "arose in this step's loss (as a nan-loss drill injects it) or in the backward pass.",
+        )
     return " ".join(said)
 
 
 # ---------------------------------------------------------------- hangs
+
 
 def _where(thread_id: int) -> str:
     frame = sys._current_frames().get(thread_id)
@@ -222,8 +246,11 @@ class HangWatchdog(threading.Thread):
 
     def run(self) -> None:
         # where this rank's process is: the reporting rank reads the state of one that sends nothing (T, D)
-        _set(_store() if self.world > 1 else None, f"{PID_KEY}/{self.rank}",
-             json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+        _set(
+            _store() if self.world > 1 else None,
+            f"{PID_KEY}/{self.rank}",
+            json.dumps({"host": socket.gethostname(), "pid": os.getpid()}),
+        )
         while not self.done.wait(self.poll):
             stalled = time.monotonic() - self.last
             if stalled > self.timeout * self.slack:
@@ -235,16 +262,27 @@ class HangWatchdog(threading.Thread):
         with open(stacks / f"rank-{self.rank}.txt", "w") as handle:
             faulthandler.dump_traceback(file=handle, all_threads=True)
         dump = self._dump_flight_recorder()  # before the report: a rank that reported has dumped
-        mine = {"step": self.step, "phase": self.phase, "stalled_s": round(stalled, 1), "where": _where(self.main_thread)}
+        mine = {
+            "step": self.step,
+            "phase": self.phase,
+            "stalled_s": round(stalled, 1),
+            "where": _where(self.main_thread),
+        }
         store = _store()
         asked, reports = store is not None, {self.rank: mine}
         first, store = self._swap_bounded(store, reports, dump) if asked else (True, None)
         reports = dict(reports)
         if first:
-            hang = {"timeout_s": self.timeout, "behind": behind(reports, self.world), "world": self.world,
-                    "ranks": {str(r): info for r, info in reports.items()}, "stacks": str(stacks),
-                    "arrived": arrived(self.run_dir, self.world, reports, store),
-                    "store_answered": store is not None if asked else None, "flight_recorder": self._read_dumps()}
+            hang = {
+                "timeout_s": self.timeout,
+                "behind": behind(reports, self.world),
+                "world": self.world,
+                "ranks": {str(r): info for r, info in reports.items()},
+                "stacks": str(stacks),
+                "arrived": arrived(self.run_dir, self.world, reports, store),
+                "store_answered": store is not None if asked else None,
+                "flight_recorder": self._read_dumps(),
+            }
             findings = self.reporter.check(hang=hang)
             self.reporter.publish(findings, self.step, force=True)
             if findings:
@@ -307,8 +345,10 @@ class HangWatchdog(threading.Thread):
         """The stacks and dumps of every rank that sent them, from the store, where this node has none of its own
         (a rank that never reported may still have sent its stacks before it froze)."""
         for r in range(self.world):
-            for key, path in ((FR_KEY, self.run_dir / FR_DIR / f"rank-{r}"),
-                              (STACKS_KEY, self.run_dir / "stacks" / f"rank-{r}.txt")):
+            for key, path in (
+                (FR_KEY, self.run_dir / FR_DIR / f"rank-{r}"),
+                (STACKS_KEY, self.run_dir / "stacks" / f"rank-{r}.txt"),
+            ):
                 if not path.exists() and store.check([f"{key}/{r}"]):
                     path.parent.mkdir(exist_ok=True)
                     path.write_bytes(store.get(f"{key}/{r}"))
@@ -324,10 +364,18 @@ def arrived(run_dir: Path, world: int, reports: dict[int, dict[str, Any]], store
     """What came from each rank of the world when the watchdog fired: its progress report, its stacks file, its
     flight-recorder dump (paths, or None). A rank from which nothing came is frozen or gone, the first suspect:
     where its process is (host, pid) and, on this host, its state (T stopped, D blocked in the kernel)."""
+
     def there(path: Path) -> str | None:
         return str(path) if path.is_file() else None
-    said = {str(r): {"report": r in reports, "stacks": there(run_dir / "stacks" / f"rank-{r}.txt"),
-                     "dump": there(run_dir / FR_DIR / f"rank-{r}")} for r in range(world)}
+
+    said = {
+        str(r): {
+            "report": r in reports,
+            "stacks": there(run_dir / "stacks" / f"rank-{r}.txt"),
+            "dump": there(run_dir / FR_DIR / f"rank-{r}"),
+        }
+        for r in range(world)
+    }
     for r, got in said.items():
         if not (got["report"] or got["stacks"] or got["dump"]):
             got["process"] = process_of(store, int(r))
@@ -347,9 +395,16 @@ def process_of(store, rank: int) -> dict[str, Any] | None:
     return {**where, **proc_state(int(where["pid"]))}
 
 
-PROC_STATES = {"R": "running", "S": "sleeping", "D": "blocked in the kernel (uninterruptible sleep)",
-               "T": "stopped (SIGSTOP)", "t": "stopped by a debugger", "Z": "a zombie (exited, not reaped)",
-               "X": "dead", "I": "idle"}
+PROC_STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "blocked in the kernel (uninterruptible sleep)",
+    "T": "stopped (SIGSTOP)",
+    "t": "stopped by a debugger",
+    "Z": "a zombie (exited, not reaped)",
+    "X": "dead",
+    "I": "idle",
+}
 
 
 def proc_state(pid: int) -> dict[str, Any]:
@@ -391,6 +446,7 @@ def _wait(store, key: str, seconds: float) -> bool:
 
 
 # ---------------------------------------------------------------- the callback
+
 
 class Guard(TrainerCallback):
     """Installed on the trainer by the recipe. See the module docstring for what it costs."""
@@ -481,22 +537,31 @@ class Guard(TrainerCallback):
         # Under DeepSpeed the engine has already stepped inside backward (accelerate) and skipped the update
         # itself (DeepSpeed 0.19: non-finite gradient norm -> "OVERFLOW! Skipping step"); under fp16 AMP the
         # loss scaler skips it. Only bf16/fp32 without DeepSpeed need our skip.
-        skipped_by = ("DeepSpeed" if self.plan.deepspeed else
-                      "the fp16 loss scaler" if self.plan.precision == "fp16" else None)
+        skipped_by = (
+            "DeepSpeed" if self.plan.deepspeed else "the fp16 loss scaler" if self.plan.precision == "fp16" else None
+        )
         stats = {
-            "step": step, "finite": False, "grad_norm": value, "loss_finite": not bad_ranks,
+            "step": step,
+            "finite": False,
+            "grad_norm": value,
+            "loss_finite": not bad_ranks,
             "ranks": ", ".join(map(str, bad_ranks)) if bad_ranks else "all (the gradients)",
-            "last_finite": dict(self.last_finite), "lr": self.trainer.lr_scheduler.get_last_lr()[0],
-            "precision": self.plan.precision, "checkpoint": str(newest_complete(self.run_dir) or "") or None,
-            "action": "stopped; no checkpoint of these weights is written" if stopping
-                      else f"update skipped ({self.skips + 1} of at most {self.plan.max_skips})"
-                      + (f" by {skipped_by}" if skipped_by else ""),
+            "last_finite": dict(self.last_finite),
+            "lr": self.trainer.lr_scheduler.get_last_lr()[0],
+            "precision": self.plan.precision,
+            "checkpoint": str(newest_complete(self.run_dir) or "") or None,
+            "action": "stopped; no checkpoint of these weights is written"
+            if stopping
+            else f"update skipped ({self.skips + 1} of at most {self.plan.max_skips})"
+            + (f" by {skipped_by}" if skipped_by else ""),
         }
         if stopping:
             self.watchdog.beat(step, "attributing a non-finite loss", slack=4.0)
             inputs = getattr(self.trainer, "sftdoctor_last_inputs", None)
             if inputs is not None:
-                stats["attribution"] = f"Rank {rank_world()[0]}'s last micro-batch: " + attribute(self.trainer.model, inputs)
+                stats["attribution"] = f"Rank {rank_world()[0]}'s last micro-batch: " + attribute(
+                    self.trainer.model, inputs
+                )
             stats["rows"] = self._trace_rows()
         findings = self.reporter.check(step_stats=stats)
         self.reporter.publish(findings, step)
@@ -515,8 +580,14 @@ class Guard(TrainerCallback):
         rank, world = rank_world()
         zero3 = ((self.plan.deepspeed or {}).get("zero_optimization") or {}).get("stage") == 3
         try:
-            mine = rows.trace(self.trainer, getattr(self.trainer, "sftdoctor_step_inputs", []), self.plan.train_files,
-                              self.trainer.sftdoctor_raw_rows, backward=not self.plan.deepspeed, rerun_ok=not zero3)
+            mine = rows.trace(
+                self.trainer,
+                getattr(self.trainer, "sftdoctor_step_inputs", []),
+                self.plan.train_files,
+                self.trainer.sftdoctor_raw_rows,
+                backward=not self.plan.deepspeed,
+                rerun_ok=not zero3,
+            )
         except Exception as exc:  # the trace must never hide the finding it explains
             mine = {"micro_batches": [], "fp32": False, "why_not_fp32": f"tracing failed: {type(exc).__name__}: {exc}"}
         traces = {str(rank): mine}
@@ -537,17 +608,29 @@ class Guard(TrainerCallback):
         loss = float(logs["loss"])
         if math.isfinite(loss):
             self.last_finite["loss"] = loss
-            findings = self.reporter.check(log_stats={
-                "step": state.global_step, "loss": loss, "history": list(self.losses),
-                "factor": self.plan.loss_spike_factor, "grad_norm": logs.get("grad_norm"),
-                "lr": logs.get("learning_rate")})
+            findings = self.reporter.check(
+                log_stats={
+                    "step": state.global_step,
+                    "loss": loss,
+                    "history": list(self.losses),
+                    "factor": self.plan.loss_spike_factor,
+                    "grad_norm": logs.get("grad_norm"),
+                    "lr": logs.get("learning_rate"),
+                }
+            )
             self._publish(findings, state.global_step, "loss-spike")
             self.losses.append(loss)
         if self.plan.precision == "fp16":
             min_scale = ((self.plan.deepspeed or {}).get("fp16") or {}).get("min_loss_scale", 1.0)
-            findings = self.reporter.check(scale_stats={
-                "step": state.global_step, "scale": compat.loss_scale(self.trainer), "skipped": sum(self.overflows),
-                "window": len(self.overflows), "min_scale": float(min_scale)})
+            findings = self.reporter.check(
+                scale_stats={
+                    "step": state.global_step,
+                    "scale": compat.loss_scale(self.trainer),
+                    "skipped": sum(self.overflows),
+                    "window": len(self.overflows),
+                    "min_scale": float(min_scale),
+                }
+            )
             self._publish(findings, state.global_step, "fp16-loss-scale")
 
     def _publish(self, findings: list[Finding], step: int, quiet_id: str) -> None:
@@ -561,6 +644,7 @@ class Guard(TrainerCallback):
 
 
 # ---------------------------------------------------------------- drills
+
 
 def poison_sequence(model, tokens: torch.Tensor) -> None:
     """The nan-row drill: wherever these exact tokens are fed to the model (in the step, in a packed row, in a
@@ -579,7 +663,7 @@ def poison_sequence(model, tokens: torch.Tensor) -> None:
             return output
         hit = torch.zeros_like(ids, dtype=torch.bool)
         for b, s in starts.nonzero().tolist():
-            hit[b, s:s + n] = True
+            hit[b, s : s + n] = True
         return output.masked_fill(hit[..., None], float("inf"))
 
     model.get_input_embeddings().register_forward_hook(poisoned)

@@ -14,9 +14,9 @@ from typing import BinaryIO
 
 from sftdoctor.findings import Finding, Severity
 from sftdoctor.triage import parallel
+from sftdoctor.triage.registry import SUMMARIES
 from sftdoctor.triage.scan import CHUNK, Line, Totals, candidate_lines, decode, read_chunks
 from sftdoctor.triage.signatures import Signature, signatures
-from sftdoctor.triage.registry import SUMMARIES
 from sftdoctor.triage.summaries import Context, Crash, Generic, Located, Summary
 
 
@@ -45,8 +45,9 @@ class Diagnosis:
         return "failed-unrecognised" if self.root.finding.id == "crash-log" else "root-cause"
 
 
-def diagnose(stream: BinaryIO, source: str = "-", chunk: int = CHUNK, jobs: int = 1,
-             range_size: int | None = None) -> Diagnosis:
+def diagnose(
+    stream: BinaryIO, source: str = "-", chunk: int = CHUNK, jobs: int = 1, range_size: int | None = None
+) -> Diagnosis:
     """Read the log in `stream` and say what went wrong. A regular file of PARALLEL_MIN bytes or
     more is split across `jobs` processes (`range_size` forces the split, for tests)."""
     by_needle = _by_needle(signatures())
@@ -84,8 +85,11 @@ def _hits(stream: BinaryIO, by_needle, chunk: int, jobs: int, range_size: int | 
 
 def _take(hit, by_needle, summaries: dict[str, Summary], ctx: Context, matched: Counter) -> None:
     """Match one candidate line against the signatures of the needles in it."""
-    here = by_needle[hit.needles[0]] if len(hit.needles) == 1 else list(
-        dict.fromkeys(s for n in hit.needles for s in by_needle[n]))
+    here = (
+        by_needle[hit.needles[0]]
+        if len(hit.needles) == 1
+        else list(dict.fromkeys(s for n in hit.needles for s in by_needle[n]))
+    )
     line = decode(hit)
     if calm := next((s for s in here if s.role == "benign" and s.regex.search(line.text)), None):
         matched[calm.id] += 1
@@ -113,7 +117,7 @@ QUOTE_BEFORE = 160  # a progress bar or a long prefix before the message is cut 
 
 
 def _from(line: Line, start: int) -> Line:
-    return dataclasses.replace(line, text="…" + line.text[start - QUOTE_BEFORE // 2:])
+    return dataclasses.replace(line, text="…" + line.text[start - QUOTE_BEFORE // 2 :])
 
 
 def _groups(match) -> dict:
@@ -136,8 +140,11 @@ def _summary(summaries: dict[str, Summary], sig: Signature) -> Summary:
 def _only_if(by_needle: dict[bytes, list[Signature]]) -> dict[bytes, tuple[tuple[bytes, ...], int]]:
     """Needles whose every signature looks only at lines with one of some words: the words, and how many lines
     after the needle's they may be on (a message that wraps)."""
-    return {needle: (tuple(w.encode() for s in group for w in s.only_if), max(s.wraps for s in group))
-            for needle, group in by_needle.items() if all(s.only_if for s in group)}
+    return {
+        needle: (tuple(w.encode() for s in group for w in s.only_if), max(s.wraps for s in group))
+        for needle, group in by_needle.items()
+        if all(s.only_if for s in group)
+    }
 
 
 def _results(summaries: dict[str, Summary], ctx: Context) -> list[Located]:
@@ -154,8 +161,9 @@ def _order(diagnosis: Diagnosis, crash: Crash, ctx: Context) -> Diagnosis:
     serious = [loc for loc in found if loc.finding.severity.rank >= Severity.WARNING.rank]
     root = next((loc for loc in serious if loc.role == "root"), None) or next(iter(serious), None)
     total_cascade = sum(diagnosis.cascade.values())
-    diagnosis.failed = crash.shows_failure(ctx) or total_cascade > 0 or any(
-        loc.finding.severity is Severity.ERROR for loc in serious)
+    diagnosis.failed = (
+        crash.shows_failure(ctx) or total_cascade > 0 or any(loc.finding.severity is Severity.ERROR for loc in serious)
+    )
     if root is None:
         unrecognised = crash.unrecognised(ctx, total_cascade)
         diagnosis.findings = [unrecognised, *found] if unrecognised else found

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from sftdoctor import kb
-from sftdoctor.checks.collectives import dumps_finding
+from sftdoctor.checks._collectives import dumps_finding
 from sftdoctor.errors import InputError, read_text
 from sftdoctor.facts.child import in_child
 from sftdoctor.facts.flight_recorder import FR_DIR, dumps_in
@@ -20,8 +20,13 @@ from sftdoctor.triage.sniff import SAMPLE, unreadable
 FR_TIMEOUT_S = 120  # torch's import and the analyzer over 2,000 entries per rank take seconds
 
 
-def main(topic: str | None = None, list_topics: bool = False, log_file: str | None = None, as_json: bool = False,
-         jobs: int | None = None) -> int:
+def main(
+    topic: str | None = None,
+    list_topics: bool = False,
+    log_file: str | None = None,
+    as_json: bool = False,
+    jobs: int | None = None,
+) -> int:
     """With --log, exit 0: nothing recognised; 1: a problem found. Bad input raises InputError."""
     if log_file is not None:
         if topic or list_topics:
@@ -65,8 +70,9 @@ def beside(diagnosis: Diagnosis, folder: Path) -> None:
     for where in (folder / FR_DIR, folder):
         if found := dumps_in(where):
             request = {"folder": str(where), "world": world_of(folder)}
-            fr = in_child("sftdoctor.facts.flight_recorder", request, "reading the flight-recorder dumps",
-                          timeout_s=FR_TIMEOUT_S)
+            fr = in_child(
+                "sftdoctor.facts.flight_recorder", request, "reading the flight-recorder dumps", timeout_s=FR_TIMEOUT_S
+            )
             if "dumps" not in fr:  # the reader itself failed (a timeout): each dump unread, for that reason
                 why = fr.get("error")
                 fr = {**fr, "dumps": [], "unreadable": {str(r): f"{p.name}: {why}" for r, p in found.items()}}

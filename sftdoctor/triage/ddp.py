@@ -15,7 +15,6 @@ Registered in triage/registry.py."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from sftdoctor.findings import Finding, Severity
 from sftdoctor.run.unused_params import kind, kinds
@@ -81,20 +80,34 @@ class DdpUnused(Summary):
         seen = self._seen(found)
         on = f" on rank {rank}" if rank is not None else ""
         if self.mode == "on":
-            title = (f"DDP: a step's outputs did not all reach the loss{on}, although find_unused_parameters=True: "
-                     f"{seen}")
+            title = (
+                f"DDP: a step's outputs did not all reach the loss{on}, although find_unused_parameters=True: {seen}"
+            )
         elif self.mode == "static_graph":
-            title = (f"DDP static_graph=True, but the parameters a step uses changed between steps{on}"
-                     + (f": {seen}" if self.names or self.indices else ""))
+            title = f"DDP static_graph=True, but the parameters a step uses changed between steps{on}" + (
+                f": {seen}" if self.names or self.indices else ""
+            )
         else:
-            title = (f"DDP waited for gradients that never came{on}: {seen}; find_unused_parameters was "
-                     f"off{_arg(self.arg)}")
+            title = (
+                f"DDP waited for gradients that never came{on}: {seen}; find_unused_parameters was off{_arg(self.arg)}"
+            )
         ranks = {r for r in self.ranks if r is not None}
         often = f"; {self.count} times on {ranks_text(ranks)}" if len(ranks) > 1 else ""
         detail = f"first at {where(self.first)}{often}: {clip(self.first.text)}"
-        evidence = _evidence(sig, self.first, max(self.count, 1), ranks, {
-            "rank": rank, "indices": self.indices or None, "names": self.names or None, "kinds": found or None,
-            "find_unused_parameters": self.mode, "ddp_find_unused_parameters_arg": self.arg})
+        evidence = _evidence(
+            sig,
+            self.first,
+            max(self.count, 1),
+            ranks,
+            {
+                "rank": rank,
+                "indices": self.indices or None,
+                "names": self.names or None,
+                "kinds": found or None,
+                "find_unused_parameters": self.mode,
+                "ddp_find_unused_parameters_arg": self.arg,
+            },
+        )
         finding = Finding(Severity.ERROR, title, detail, _fix(self.mode, found), sig.topic, evidence, sig.topic)
         return [Located(self.first.number, "root", finding)]
 
@@ -112,34 +125,40 @@ def _arg(value: str | None) -> str:
     if value is None:
         return ""
     if value.lower() == "none":
-        return (" (ddp_find_unused_parameters=None in the log: transformers then passes False whenever gradient "
-                "checkpointing is on)")
+        return (
+            " (ddp_find_unused_parameters=None in the log: transformers then passes False whenever gradient "
+            "checkpointing is on)"
+        )
     return f" (the log sets ddp_find_unused_parameters {value})"
 
 
 FIXES = {
     "vision tower": "a text-only batch never reaches the vision tower: freeze it (requires_grad_(False) on its "
-                    "parameters; LLaMA-Factory freeze_vision_tower: true, ms-swift freeze_vit) or set "
-                    "ddp_find_unused_parameters=True",
+    "parameters; LLaMA-Factory freeze_vision_tower: true, ms-swift freeze_vit) or set "
+    "ddp_find_unused_parameters=True",
     "audio tower": "a text-only batch never reaches the audio tower: freeze it, or set ddp_find_unused_parameters=True",
     "MoE experts": "experts no token was routed to in that step: set ddp_find_unused_parameters=True",
     "multi-token prediction layers": "the loss never uses the multi-token prediction layers: freeze them, or set "
-                                     "ddp_find_unused_parameters=True",
+    "ddp_find_unused_parameters=True",
     "LoRA adapters": "adapters on modules the forward skips: drop those modules from target_modules (exclude the "
-                     "vision tower, unused heads), or set ddp_find_unused_parameters=True",
+    "vision tower, unused heads), or set ddp_find_unused_parameters=True",
     "modules_to_save copies": "a modules_to_save copy of a module the forward skips (or that a tied weight bypasses): "
-                              "remove it from modules_to_save, or set ddp_find_unused_parameters=True",
+    "remove it from modules_to_save, or set ddp_find_unused_parameters=True",
 }
-UNNAMED = ("set ddp_find_unused_parameters=True (TrainingArguments/SFTConfig; transformers turns it off whenever "
-           "gradient checkpointing is on, and TRL's SFTConfig turns checkpointing on), or find_unused_parameters=True "
-           "in DistributedDataParallel / accelerate's DistributedDataParallelKwargs; rerun with "
-           "TORCH_DISTRIBUTED_DEBUG=DETAIL to print the parameters' names")
+UNNAMED = (
+    "set ddp_find_unused_parameters=True (TrainingArguments/SFTConfig; transformers turns it off whenever "
+    "gradient checkpointing is on, and TRL's SFTConfig turns checkpointing on), or find_unused_parameters=True "
+    "in DistributedDataParallel / accelerate's DistributedDataParallelKwargs; rerun with "
+    "TORCH_DISTRIBUTED_DEBUG=DETAIL to print the parameters' names"
+)
 
 
 def _fix(mode: str, found: list[str]) -> str:
     if mode == "on":
-        return ("make every output of forward() reach the loss (or return only what the loss uses), and use "
-                "parameters only inside forward(); `sftdoctor explain ddp-unused-parameters`")
+        return (
+            "make every output of forward() reach the loss (or return only what the loss uses), and use "
+            "parameters only inside forward(); `sftdoctor explain ddp-unused-parameters`"
+        )
     if mode == "static_graph":
         return "set static_graph=False (ddp_static_graph) and ddp_find_unused_parameters=True"
     base = next((label for label in FIXES for k in found if k.startswith(label) or k.endswith(label)), None)
@@ -175,13 +194,24 @@ class DdpReadyTwice(Summary):
         what = kind(name) if name else None
         named = (f" ({name}, {what})" if what != "other" else f" ({name})") if name else ""
         param = f"parameter {index}{named}" if index is not None else "a parameter"
-        title = (f"DDP marked {param} ready twice in one step" + (f" on rank {rank}" if rank is not None else "")
-                 + ": reentrant activation checkpointing under DDP, or a parameter used outside forward()")
+        title = (
+            f"DDP marked {param} ready twice in one step"
+            + (f" on rank {rank}" if rank is not None else "")
+            + ": reentrant activation checkpointing under DDP, or a parameter used outside forward()"
+        )
         ranks = {r for r in self.ranks if r is not None}
-        evidence = _evidence(sig, self.first, max(self.count, 1), ranks,
-                             {"index": index, "name": name, "kind": what, "rank": rank})
-        finding = Finding(Severity.ERROR, title, f"first at {where(self.first)}: {clip(self.first.text)}", sig.fix,
-                          sig.topic, evidence, sig.topic)
+        evidence = _evidence(
+            sig, self.first, max(self.count, 1), ranks, {"index": index, "name": name, "kind": what, "rank": rank}
+        )
+        finding = Finding(
+            Severity.ERROR,
+            title,
+            f"first at {where(self.first)}: {clip(self.first.text)}",
+            sig.fix,
+            sig.topic,
+            evidence,
+            sig.topic,
+        )
         return [Located(self.first.number, "root", finding)]
 
 

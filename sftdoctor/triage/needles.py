@@ -12,8 +12,8 @@ import bisect
 import itertools
 import re
 import threading
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Callable
 
 try:
     import hyperscan

@@ -12,8 +12,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 from sftdoctor.triage.scan import CHUNK, FOLLOWING, MAX_LINE, Hit, Tally, Totals, candidate_lines
 
@@ -37,8 +38,9 @@ def line_start(handle, offset: int, max_line: int = MAX_LINE) -> int:
     return offset + min(ends) if ends else offset  # an enormous line: cut it here
 
 
-def scan_range(path: str, start: int, end: int, needles: list[bytes], only_if: dict[bytes, tuple[tuple[bytes, ...], int]]
-               ) -> RangeResult:
+def scan_range(
+    path: str, start: int, end: int, needles: list[bytes], only_if: dict[bytes, tuple[tuple[bytes, ...], int]]
+) -> RangeResult:
     with open(path, "rb") as handle:
         first, last = line_start(handle, start), line_start(handle, end)
         handle.seek(first)
@@ -52,8 +54,9 @@ def scan_range(path: str, start: int, end: int, needles: list[bytes], only_if: d
 
         tallies: dict[bytes, Tally] = {}
         totals = Totals()
-        hits = list(candidate_lines(chunks(), needles, only_if=only_if, limit=last - first, tallies=tallies,
-                                    totals=totals))
+        hits = list(
+            candidate_lines(chunks(), needles, only_if=only_if, limit=last - first, tallies=tallies, totals=totals)
+        )
     return RangeResult(hits, totals, {n: t.snapshot() for n, t in tallies.items()})
 
 
@@ -87,16 +90,20 @@ class ParallelScan:
                 submit()  # before a range of this process's own, so that the workers have theirs
                 result = scan_range(*job) if isinstance(job, tuple) else job.result()
                 for hit in result.hits:
-                    yield hit._replace(number=hit.number + self.totals.newlines,
-                                       before={n: _carry(skipped[n], b) for n, b in hit.before.items()})
+                    yield hit._replace(
+                        number=hit.number + self.totals.newlines,
+                        before={n: _carry(skipped[n], b) for n, b in hit.before.items()},
+                    )
                 for needle, tally in result.tallies.items():
                     skipped[needle] = _carry(skipped[needle], tally)
                 self.totals.extend(result.totals)
 
 
-def _carry(before: tuple[int, tuple[bytes, ...]], local: tuple[int, tuple[bytes, ...]]) -> tuple[int, tuple[bytes, ...]]:
+def _carry(
+    before: tuple[int, tuple[bytes, ...]], local: tuple[int, tuple[bytes, ...]]
+) -> tuple[int, tuple[bytes, ...]]:
     """A range's own tally, continued from the ranges before it."""
-    return before[0] + local[0], (before[1] + local[1])[-Tally.KEEP:]
+    return before[0] + local[0], (before[1] + local[1])[-Tally.KEEP :]
 
 
 def eligible(stream, jobs: int) -> str | None:

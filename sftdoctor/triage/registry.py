@@ -10,12 +10,33 @@ from sftdoctor.triage.ddp import DdpReadyTwice, DdpUnused
 from sftdoctor.triage.kernels import Kernels
 from sftdoctor.triage.renamed import ApiRenames
 from sftdoctor.triage.saves import DeepSpeedBatch, DiskFull
-from sftdoctor.triage.summaries import (Crash, CudaBuild, CudaOom, Failures, LossLog, LossScale, NcclError,
-                                        NcclWatchdog, StoreLost, Summary)
+from sftdoctor.triage.summaries import (
+    Crash,
+    CudaBuild,
+    CudaOom,
+    Failures,
+    LossLog,
+    LossScale,
+    NcclError,
+    NcclWatchdog,
+    StoreLost,
+    Summary,
+)
 
 SUMMARIES: dict[str, type[Summary]] = {
-    "watchdog": NcclWatchdog, "cuda-oom": CudaOom, "loss": LossLog, "loss-scale": LossScale, "nccl": NcclError,
-    "cuda-build": CudaBuild, "failures": Failures, "exception": Crash, "store-lost": StoreLost,
-    "kernels": Kernels, "disk-full": DiskFull, "ds-batch": DeepSpeedBatch, "ddp-unused": DdpUnused,
-    "ddp-ready-twice": DdpReadyTwice, "api-renames": ApiRenames,
+    "watchdog": NcclWatchdog,
+    "cuda-oom": CudaOom,
+    "loss": LossLog,
+    "loss-scale": LossScale,
+    "nccl": NcclError,
+    "cuda-build": CudaBuild,
+    "failures": Failures,
+    "exception": Crash,
+    "store-lost": StoreLost,
+    "kernels": Kernels,
+    "disk-full": DiskFull,
+    "ds-batch": DeepSpeedBatch,
+    "ddp-unused": DdpUnused,
+    "ddp-ready-twice": DdpReadyTwice,
+    "api-renames": ApiRenames,
 }

@@ -27,8 +27,10 @@ _OWNER_BEFORE = {
 _CALL = re.compile(r"\b(?P<owner>[A-Z]\w*)\((?:[^()]*)$")
 # How the logs print versions: `transformers==4.38.1`, `- TRL version: 0.22.2`, `- Transformers: 4.32.0`,
 # `accelerate: 1.9.0`, `my accelerate library is 1.2.1`.
-_VERSION = re.compile(r"(?i)(?<![\w/.-])(?P<package>trl|transformers|peft|accelerate)(?: version| library is)?"
-                      r"\s*(?:==|:|=)?\s*v?(?P<version>\d+\.\d+(?:\.\d+)?(?:\.?dev\d*|rc\d+)?)\b")
+_VERSION = re.compile(
+    r"(?i)(?<![\w/.-])(?P<package>trl|transformers|peft|accelerate)(?: version| library is)?"
+    r"\s*(?:==|:|=)?\s*v?(?P<version>\d+\.\d+(?:\.\d+)?(?:\.?dev\d*|rc\d+)?)\b"
+)
 
 
 def versions_in(text: str) -> list[tuple[str, str]]:
@@ -93,18 +95,40 @@ class ApiRenames(Summary):
         sig, line, (row, side) = self.first
         logged, here = self.versions.get(row.library), installed_version(row.library)
         inside = [(pair, frame) for pair in PAIRS if pair.rename == row and (frame := _frame_in(line, pair.consumer))]
-        seen = [f"the call is inside {pair.consumer} ({frame}): {pair.consumer} before {pair.fixed_in} uses it itself"
-                + _shown(pair.consumer, self.versions) for pair, frame in inside]
+        seen = [
+            f"the call is inside {pair.consumer} ({frame}): {pair.consumer} before {pair.fixed_in} uses it itself"
+            + _shown(pair.consumer, self.versions)
+            for pair, frame in inside
+        ]
         times = f"; {self.count} times" if self.count > 1 else ""
-        seen += [f"the log shows {row.library} {logged}" if logged else f"the log prints no {row.library} version",
-                 f"installed here: {row.library} {here}" if here else f"{row.library} is not installed here",
-                 f"first at {where(line)}{times}: {clip(line.text)}"]
-        specifics = {"library": row.library, "owner": row.owner, "old": row.old, "new": row.replacement, "side": side,
-                     "deprecated_in": row.deprecated, "removed_in": row.removed, "log_version": logged,
-                     "installed_here": here, "inside": inside[0][0].consumer if inside else None,
-                     "log_versions": dict(self.versions) or None, "source": row.source}
-        finding = Finding(Severity.ERROR, title(row, side), "; ".join(seen), fix(row, side, [p for p, _ in inside]),
-                          sig.topic, _evidence(sig, line, self.count, set(), specifics), sig.topic)
+        seen += [
+            f"the log shows {row.library} {logged}" if logged else f"the log prints no {row.library} version",
+            f"installed here: {row.library} {here}" if here else f"{row.library} is not installed here",
+            f"first at {where(line)}{times}: {clip(line.text)}",
+        ]
+        specifics = {
+            "library": row.library,
+            "owner": row.owner,
+            "old": row.old,
+            "new": row.replacement,
+            "side": side,
+            "deprecated_in": row.deprecated,
+            "removed_in": row.removed,
+            "log_version": logged,
+            "installed_here": here,
+            "inside": inside[0][0].consumer if inside else None,
+            "log_versions": dict(self.versions) or None,
+            "source": row.source,
+        }
+        finding = Finding(
+            Severity.ERROR,
+            title(row, side),
+            "; ".join(seen),
+            fix(row, side, [p for p, _ in inside]),
+            sig.topic,
+            _evidence(sig, line, self.count, set(), specifics),
+            sig.topic,
+        )
         return [Located(line.number, "root", finding)]
 
 
@@ -129,8 +153,10 @@ def _named(row: Rename) -> str:
 
 def title(row: Rename, side: str) -> str:
     if side == "new":
-        return (f"`{row.new}` is newer than this {row.library}: {row.library} {row.deprecated} introduced it (renamed "
-                f"from `{row.old}`); an older {row.library} raises this")
+        return (
+            f"`{row.new}` is newer than this {row.library}: {row.library} {row.deprecated} introduced it (renamed "
+            f"from `{row.old}`); an older {row.library} raises this"
+        )
     when = [f"deprecated in {row.deprecated}"] if row.deprecated else []
     when += [f"removed in {row.removed}"] if row.removed else ["still accepted"]
     what = f"renamed {_named(row)} to `{row.new}`" if row.new else f"removed {_named(row)}"
@@ -139,13 +165,19 @@ def title(row: Rename, side: str) -> str:
 
 def fix(row: Rename, side: str, inside: list) -> str:
     if side == "new":
-        return (f"pip install '{row.library}>={row.deprecated}' (the code was written for it), or write `{row.old}` "
-                f"for the {row.library} you have")
+        return (
+            f"pip install '{row.library}>={row.deprecated}' (the code was written for it), or write `{row.old}` "
+            f"for the {row.library} you have"
+        )
     keep = f"pin {row.library}<{row.removed}" if row.removed else ""
     if inside:  # not the user's code: a version pair
         pair = inside[0]
         return f"pip install '{pair.consumer}>={pair.fixed_in}'" + (f", or {keep}" if keep else "")
     instead = f"write `{row.new}`" if row.new else (row.note or "drop it (no replacement)")
-    maybe = [f"if the call is inside {p.consumer} (the traceback's last frame is in {p.consumer}, not your code), "
-             f"upgrade {p.consumer} to >= {p.fixed_in}" for p in PAIRS if p.rename == row]
+    maybe = [
+        f"if the call is inside {p.consumer} (the traceback's last frame is in {p.consumer}, not your code), "
+        f"upgrade {p.consumer} to >= {p.fixed_in}"
+        for p in PAIRS
+        if p.rename == row
+    ]
     return "; ".join([instead + (f", or {keep}" if keep else ""), *maybe])

@@ -9,7 +9,6 @@ from sftdoctor.findings import Finding, Severity
 from sftdoctor.triage.scan import Line
 from sftdoctor.triage.summaries import Located, Summary, _evidence, clip, where
 
-
 # Where the writer was saving: the Trainer (trainer.py, 4.x-5.25: "Saving model checkpoint to X") and DeepSpeed's
 # checkpoint engine (torch_checkpoint_engine.py, 0.9-0.19.8: "[Torch] Saving X...") announce each file before writing
 # it. Read from the lines just before the failure, not as a signature: a run announces a save at every save_steps, and
@@ -56,9 +55,15 @@ class DiskFull(Summary):
             part = f" {g['file']}" if g.get("file") else ""
             cause = f"torch.save could not write{part} (a full disk or quota, most often)"
         specifics = {k: v for k, v in {**g, "saving": self.saving}.items() if v is not None}
-        finding = Finding(Severity.ERROR, f"{cause}{where_to}",
-                          f"first at {where(self.first)}: {clip(self.first.text)}", self.sig.fix, self.sig.topic,
-                          _evidence(self.sig, self.first, self.count, self.ranks, specifics), self.sig.topic)
+        finding = Finding(
+            Severity.ERROR,
+            f"{cause}{where_to}",
+            f"first at {where(self.first)}: {clip(self.first.text)}",
+            self.sig.fix,
+            self.sig.topic,
+            _evidence(self.sig, self.first, self.count, self.ranks, specifics),
+            self.sig.topic,
+        )
         return [Located(self.first.number, "root", finding)]
 
 
@@ -66,15 +71,21 @@ def batch_fix(train: int, micro: int, acc: int, world: int) -> str:
     """Which of DeepSpeed's three batch keys disagrees, given the world size it saw, and the value that fits."""
     per_step = micro * world
     if world == 1 and train % (micro * acc) == 0 and train > micro * acc:
-        return (f"DeepSpeed saw world_size 1: the processes did not form one group (launch with torchrun/deepspeed, "
-                f"or DeepSpeed read the config before torch.distributed was up); with {train // (micro * acc)} ranks "
-                f"the numbers agree")
+        return (
+            f"DeepSpeed saw world_size 1: the processes did not form one group (launch with torchrun/deepspeed, "
+            f"or DeepSpeed read the config before torch.distributed was up); with {train // (micro * acc)} ranks "
+            f"the numbers agree"
+        )
     if train % per_step == 0:
-        return (f"gradient_accumulation_steps should be {train // per_step} (= {train} / ({micro} x {world})); "
-                f"or set train_batch_size, train_micro_batch_size_per_gpu and gradient_accumulation_steps to \"auto\"")
-    return (f"{train} is not a multiple of {micro} per GPU x {world} ranks = {per_step}: set train_batch_size to "
-            f"{micro * acc * world} (or a multiple of {per_step}), or all three batch keys to \"auto\" under the "
-            "Trainer")
+        return (
+            f"gradient_accumulation_steps should be {train // per_step} (= {train} / ({micro} x {world})); "
+            f'or set train_batch_size, train_micro_batch_size_per_gpu and gradient_accumulation_steps to "auto"'
+        )
+    return (
+        f"{train} is not a multiple of {micro} per GPU x {world} ranks = {per_step}: set train_batch_size to "
+        f'{micro * acc * world} (or a multiple of {per_step}), or all three batch keys to "auto" under the '
+        "Trainer"
+    )
 
 
 class DeepSpeedBatch(Summary):
@@ -93,11 +104,23 @@ class DeepSpeedBatch(Summary):
             return []
         g = self.groups
         train, micro, acc, world = (int(g[k]) for k in ("train", "micro", "acc", "world"))
-        title = (f"DeepSpeed's batch check: train_batch_size {train} != {micro} per GPU x {acc} accumulation x "
-                 f"world size {world} = {micro * acc * world}")
-        numbers = {"train_batch_size": train, "micro_batch_per_gpu": micro, "gradient_accumulation_steps": acc,
-                   "world_size": world}
-        finding = Finding(Severity.ERROR, title, f"first at {where(self.first)}: {clip(self.first.text)}",
-                          batch_fix(train, micro, acc, world), self.sig.topic,
-                          _evidence(self.sig, self.first, self.count, set(), numbers), self.sig.topic)
+        title = (
+            f"DeepSpeed's batch check: train_batch_size {train} != {micro} per GPU x {acc} accumulation x "
+            f"world size {world} = {micro * acc * world}"
+        )
+        numbers = {
+            "train_batch_size": train,
+            "micro_batch_per_gpu": micro,
+            "gradient_accumulation_steps": acc,
+            "world_size": world,
+        }
+        finding = Finding(
+            Severity.ERROR,
+            title,
+            f"first at {where(self.first)}: {clip(self.first.text)}",
+            batch_fix(train, micro, acc, world),
+            self.sig.topic,
+            _evidence(self.sig, self.first, self.count, set(), numbers),
+            self.sig.topic,
+        )
         return [Located(self.first.number, "root", finding)]

@@ -12,8 +12,9 @@ import bisect
 import itertools
 import re
 from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterable, Iterator, NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from sftdoctor.triage.needles import finder, holders
 
@@ -65,9 +66,15 @@ def read_chunks(stream: BinaryIO, size: int = CHUNK) -> Iterator[bytes]:
         yield chunk
 
 
-def candidate_lines(chunks: Iterable[bytes], needles: Iterable[bytes], max_line: int = MAX_LINE,
-                    only_if: dict[bytes, tuple[tuple[bytes, ...], int]] | None = None, limit: int | None = None,
-                    tallies: dict[bytes, Tally] | None = None, totals: Totals | None = None) -> Iterator[Hit]:
+def candidate_lines(
+    chunks: Iterable[bytes],
+    needles: Iterable[bytes],
+    max_line: int = MAX_LINE,
+    only_if: dict[bytes, tuple[tuple[bytes, ...], int]] | None = None,
+    limit: int | None = None,
+    tallies: dict[bytes, Tally] | None = None,
+    totals: Totals | None = None,
+) -> Iterator[Hit]:
     """Every line that holds one of `needles`, in order.
 
     A needle in `only_if` is frequent and mostly dull (a Trainer dict at every logging step): its
@@ -123,7 +130,7 @@ class Totals:
         if end > begin:
             self.bytes += end - begin
             self.newlines += buf.count(b"\n", begin, end)
-            self.last = buf[end - 1:end]
+            self.last = buf[end - 1 : end]
 
     def extend(self, after: Totals) -> None:
         """These totals followed by those of the bytes just after (the next range of a file)."""
@@ -163,7 +170,7 @@ class Tally:
 
     def _skip(self, buf: bytes, spans: list[Span]) -> None:
         self.count += len(spans)
-        self.recent.extend(buf[start:stop] for _, start, stop in spans[-self.KEEP:])
+        self.recent.extend(buf[start:stop] for _, start, stop in spans[-self.KEEP :])
 
     def snapshot(self) -> tuple[int, tuple[bytes, ...]]:
         return self.count, tuple(self.recent)
@@ -211,23 +218,34 @@ def _last_separators(buf: bytes, n: int) -> list[int]:
     return found
 
 
-def _scan(buf: bytes, begin: int, search_end: int, data_end: int, search: _Search, totals: Totals, max_line: int
-          ) -> Iterator[Hit]:
+def _scan(
+    buf: bytes, begin: int, search_end: int, data_end: int, search: _Search, totals: Totals, max_line: int
+) -> Iterator[Hit]:
     line_no, counted = totals.newlines + 1, begin
     for start, (hit, stop, found, before) in search.lines(buf, begin, search_end, data_end):
         line_no += buf.count(b"\n", counted, start)
         counted = start
-        line = buf[max(start, hit - max_line // 2):min(stop, hit + max_line // 2)]
-        yield Hit(line_no, line, [search.needles[i] for i in sorted(found)], buf[stop:min(data_end, stop + FOLLOWING)],
-                  {search.needles[i]: before[i] for i in sorted(before)}, buf[_kept_from(buf, start):start])
+        line = buf[max(start, hit - max_line // 2) : min(stop, hit + max_line // 2)]
+        yield Hit(
+            line_no,
+            line,
+            [search.needles[i] for i in sorted(found)],
+            buf[stop : min(data_end, stop + FOLLOWING)],
+            {search.needles[i]: before[i] for i in sorted(before)},
+            buf[_kept_from(buf, start) : start],
+        )
     totals.add(buf, begin, search_end)
 
 
 class _Search:
     """One scan's needles, the engine that finds them, and the tallies of its `only_if` ones."""
 
-    def __init__(self, needles: tuple[bytes, ...], tallies: dict[bytes, Tally],
-                 only_if: dict[bytes, tuple[tuple[bytes, ...], int]]):
+    def __init__(
+        self,
+        needles: tuple[bytes, ...],
+        tallies: dict[bytes, Tally],
+        only_if: dict[bytes, tuple[tuple[bytes, ...], int]],
+    ):
         tallies.update({needle: Tally(words, reach) for needle, (words, reach) in only_if.items()})
         self.needles, self.find = needles, finder(needles)
         self.lengths = [len(needle) for needle in needles]
@@ -295,5 +313,5 @@ def _clean(raw: bytes) -> tuple[str, int | None]:
     while match := _PREFIX.match(text):
         found = match.group(1) or match.group(2)
         rank = int(found) if found else rank
-        text = text[match.end():]
+        text = text[match.end() :]
     return text.strip(), rank

@@ -30,15 +30,18 @@ def unreadable(head: bytes) -> str | None:
             return f"a {kind} file, not a text log: decompress it first ({cat} FILE | sftdoctor explain --log -)"
     wide = _utf16_or_32(head)
     if wide:  # PowerShell's Tee-Object and Out-File write UTF-16: the needles, in UTF-8, would never match
-        return (f"a {wide} text file, not UTF-8: convert it first (iconv -f {wide} -t UTF-8 FILE | "
-                "sftdoctor explain --log -)")
+        return (
+            f"a {wide} text file, not UTF-8: convert it first (iconv -f {wide} -t UTF-8 FILE | "
+            "sftdoctor explain --log -)"
+        )
     # NUL bytes do not count against a log: a file truncated in place under a writer (logrotate's
     # copytruncate) starts with a hole of them.
     rest = head.replace(b"\x00", b"")
     non_text = sum(1 for byte in rest if byte not in _TEXT)
     if not rest or non_text > MAX_NON_TEXT * len(rest):
-        return ("binary data, not a text log" + (" (only NUL bytes at its start: tr -d '\\000' < FILE | "
-                                                  "sftdoctor explain --log -)" if not rest else ""))
+        return "binary data, not a text log" + (
+            " (only NUL bytes at its start: tr -d '\\000' < FILE | sftdoctor explain --log -)" if not rest else ""
+        )
     return None
 
 
@@ -52,7 +55,7 @@ def _utf16_or_32(head: bytes) -> str | None:
     pairs = len(head) // 2
     if pairs < 16:
         return None
-    even, odd = head[0:2 * pairs:2].count(0), head[1:2 * pairs:2].count(0)
+    even, odd = head[0 : 2 * pairs : 2].count(0), head[1 : 2 * pairs : 2].count(0)
     if max(even, odd) > 0.4 * pairs and min(even, odd) < 0.05 * pairs:
         return "UTF-16LE" if odd > even else "UTF-16BE"  # ASCII's high byte, after it or before
     return None

@@ -98,14 +98,28 @@ class Generic(Summary):
         title = fill(sig.title, self.groups) if sig.title else first.text
         seen = f"; {self.count} times" if self.count > 1 else ""
         on = f" on {ranks_text(self.ranks)}" if len(self.ranks) > 1 else ""
-        finding = Finding(Severity(sig.severity), title, f"first at {where(first)}{seen}{on}: {clip(first.text)}", sig.fix,
-                          sig.topic, _evidence(sig, first, self.count, self.ranks, self.groups), sig.topic)
+        finding = Finding(
+            Severity(sig.severity),
+            title,
+            f"first at {where(first)}{seen}{on}: {clip(first.text)}",
+            sig.fix,
+            sig.topic,
+            _evidence(sig, first, self.count, self.ranks, self.groups),
+            sig.topic,
+        )
         return [Located(first.number, sig.role, finding)]
 
 
 def _evidence(sig: Signature, first: Line, count: int, ranks, specifics: dict[str, Any]) -> dict[str, Any]:
-    return {"signature": sig.id, "line": first.number, "rank": first.rank, "count": count, "ranks": sorted(ranks),
-            "text": clip(first.text), **{k: v for k, v in specifics.items() if v is not None}}
+    return {
+        "signature": sig.id,
+        "line": first.number,
+        "rank": first.rank,
+        "count": count,
+        "ranks": sorted(ranks),
+        "text": clip(first.text),
+        **{k: v for k, v in specifics.items() if v is not None},
+    }
 
 
 class NcclWatchdog(Summary):
@@ -135,8 +149,11 @@ class NcclWatchdog(Summary):
             self.first, self.sig = line, sig
         rank = _int(groups["rank"]) if groups.get("rank") is not None else line.rank  # "[3] is setting up NCCL ..."
         if rank not in self.by_rank and len(self.by_rank) < MAX_RANKS:
-            self.by_rank[rank] = {"op": groups.get("op") or STORE_WAITS.get(sig.id), "seq": _int(groups.get("seq")),
-                                  "timeout_ms": _int(groups.get("timeout_ms"))}
+            self.by_rank[rank] = {
+                "op": groups.get("op") or STORE_WAITS.get(sig.id),
+                "seq": _int(groups.get("seq")),
+                "timeout_ms": _int(groups.get("timeout_ms")),
+            }
 
     def results(self, ctx):
         if self.first is None:
@@ -154,27 +171,45 @@ class NcclWatchdog(Summary):
         if timed_out:
             title += f" on {ranks_text(timed_out)}"
         notes = []
-        odd = {r: e for r, e in entries.items() if r is not None and e["op"] not in STORE_WAITS.values()
-               and _differs(e, op, seq)}
+        odd = {
+            r: e
+            for r, e in entries.items()
+            if r is not None and e["op"] not in STORE_WAITS.values() and _differs(e, op, seq)
+        }
         if odd:
             where_odd = ", ".join(f"rank {r} at {e['op'] or '?'} SeqNum={e['seq']}" for r, e in sorted(odd.items()))
-            notes.append(f"desync: {where_odd} while the others are at {op} SeqNum={seq}; the ranks are not in the same "
-                         "collective (a rank-dependent branch, or a rank that skipped or repeated a step)")
+            notes.append(
+                f"desync: {where_odd} while the others are at {op} SeqNum={seq}; the ranks are not in the same "
+                "collective (a rank-dependent branch, or a rank that skipped or repeated a step)"
+            )
         silent = sorted(ctx.ranks_seen - timed_out) if timed_out else []
         if silent:
-            notes.append(f"{ranks_text(silent)} reported no timeout: the collective waits for "
-                         f"{'it' if len(silent) == 1 else 'them'} (stuck elsewhere, or dead: read its lines and stack first)")
+            notes.append(
+                f"{ranks_text(silent)} reported no timeout: the collective waits for "
+                f"{'it' if len(silent) == 1 else 'them'} (stuck elsewhere, or dead: read its lines and stack first)"
+            )
         if work := next(iter(self.work.values()), None):
             notes.append(f"last completed NCCL work {work['last_completed']}, last enqueued {work['last_enqueued']}")
         failed = ctx.first_failure
         if failed.get("exitcode") is not None:
-            who = next((f"{label} {failed[key]}" for key, label in (("rank", "rank"), ("local_rank", "local rank"))
-                        if failed.get(key) is not None), "a rank")
+            who = next(
+                (
+                    f"{label} {failed[key]}"
+                    for key, label in (("rank", "rank"), ("local_rank", "local rank"))
+                    if failed.get(key) is not None
+                ),
+                "a rank",
+            )
             notes.append(f"the launcher saw {who} fail first (exitcode {failed['exitcode']})")
         detail = "; ".join(notes + [f"first at {where(self.first)}: {clip(self.first.text)}"])
-        specifics = {"op": op, "seq": seq, "timeout_ms": timeout,
-                     "seq_by_rank": {str(r): e["seq"] for r, e in entries.items() if r is not None},
-                     "desync": sorted(odd) or None, "silent_ranks": silent or None}
+        specifics = {
+            "op": op,
+            "seq": seq,
+            "timeout_ms": timeout,
+            "seq_by_rank": {str(r): e["seq"] for r, e in entries.items() if r is not None},
+            "desync": sorted(odd) or None,
+            "silent_ranks": silent or None,
+        }
         fix, explain = self.sig.fix, self.sig.topic
         if waited := rank0_busy(self.prep, entries, seq, timeout, timed_out):
             title, fix, explain, extra = waited
@@ -192,8 +227,10 @@ def _majority(values):
 
 def _differs(entry: dict[str, Any], op, seq) -> bool:
     """Another collective than the majority's: a different sequence number, or a different op."""
-    return any(entry[key] is not None and common is not None and entry[key] != common
-               for key, common in (("seq", seq), ("op", op)))
+    return any(
+        entry[key] is not None and common is not None and entry[key] != common
+        for key, common in (("seq", seq), ("op", op))
+    )
 
 
 def _int(value):
@@ -268,13 +305,22 @@ class CudaOom(Summary):
         if unallocated is None and f.get("reserved") and f.get("allocated"):
             unallocated = size_bytes(f["reserved"]) - size_bytes(f["allocated"])
         if unallocated is not None and unallocated >= max(2**30, (size_bytes(f.get("tried")) or 0)):
-            notes.append(f"{unallocated / 2**30:.2f} GiB is reserved by PyTorch but unallocated: fragmentation; "
-                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True may be enough")
+            notes.append(
+                f"{unallocated / 2**30:.2f} GiB is reserved by PyTorch but unallocated: fragmentation; "
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True may be enough"
+            )
         if len(self.ranks) > 1:
             notes.append(f"seen on {ranks_text(self.ranks)}")
         detail = "; ".join(notes + [f"first at {where(self.first)}: {clip(self.first.text)}"])
-        finding = Finding(Severity.ERROR, title, detail, self.sig.fix, self.sig.topic,
-                          _evidence(self.sig, self.first, self.count, self.ranks, f), self.sig.topic)
+        finding = Finding(
+            Severity.ERROR,
+            title,
+            detail,
+            self.sig.fix,
+            self.sig.topic,
+            _evidence(self.sig, self.first, self.count, self.ranks, f),
+            self.sig.topic,
+        )
         return [Located(self.first.number, "root", finding)]
 
 
@@ -344,21 +390,35 @@ class LossLog(Summary):
             if key in fields:
                 at.update({kind: (fields[key].split() or [""])[0], f"{kind}_key": key})
         if nans:
-            return {**at, "loss": "nan", "loss_key": (losses or self.megatron_losses or ["the loss"])[0],
-                    "note": f"Megatron counted {nans} iteration{'s' if nans > 1 else ''} with a non-finite loss in "
-                            "this logging interval (number of nan iterations)"}
+            return {
+                **at,
+                "loss": "nan",
+                "loss_key": (losses or self.megatron_losses or ["the loss"])[0],
+                "note": f"Megatron counted {nans} iteration{'s' if nans > 1 else ''} with a non-finite loss in "
+                "this logging interval (number of nan iterations)",
+            }
         if losses:
             self.megatron_losses = losses
             return at
         if skipped == 0:  # iterations advanced, yet no average to print: it was NaN (`if avg > 0.0` is false)
             key = self.megatron_losses[0] if self.megatron_losses else "the loss"
-            return {**at, "loss": "nan", "loss_key": key, "note": f"{key} vanished from the iteration line with 0 "
-                    "skipped iterations: Megatron prints a loss only when its average is > 0, so it was NaN"}
+            return {
+                **at,
+                "loss": "nan",
+                "loss_key": key,
+                "note": f"{key} vanished from the iteration line with 0 "
+                "skipped iterations: Megatron prints a loss only when its average is > 0, so it was NaN",
+            }
         if skipped is None and self.megatron_losses:  # a fork that prints no counters: the field it printed is gone
             key = self.megatron_losses[0]
-            return {**at, "loss": "nan", "loss_key": key, "note": f"{key}, printed on the iteration lines before, "
-                    "vanished from this one: Megatron prints a loss only when its average is > 0, so it was NaN (the "
-                    "line has no skipped-iterations counter to tell an fp16 skip apart)"}
+            return {
+                **at,
+                "loss": "nan",
+                "loss_key": key,
+                "note": f"{key}, printed on the iteration lines before, "
+                "vanished from this one: Megatron prints a loss only when its average is > 0, so it was NaN (the "
+                "line has no skipped-iterations counter to tell an fp16 skip apart)",
+            }
         return at
 
     def _skipped(self, sig, line: Line, skipped: int | None) -> None:
@@ -376,8 +436,13 @@ class LossLog(Summary):
         line, values, trend, entry = self.first_bad
         kinds = _non_finite(values)
         which = " and ".join(values.get(f"{kind}_key", kind) for kind in kinds)
-        at = (f"{values.get('step_label', 'step')} {values['step']}" if "step" in values
-              else f"line {line.number}" if self.sig.id == "trainer-dict-fragment" else f"logged entry {entry}")
+        at = (
+            f"{values.get('step_label', 'step')} {values['step']}"
+            if "step" in values
+            else f"line {line.number}"
+            if self.sig.id == "trainer-dict-fragment"
+            else f"logged entry {entry}"
+        )
         if "epoch" in values:
             at += f" (epoch {values['epoch']})"
         title = f"{which} went {values['grad_norm'] if kinds == ['grad_norm'] else values['loss']} at {at}"
@@ -385,36 +450,68 @@ class LossLog(Summary):
         if "note" in values:
             notes.append(values["note"])
         if kinds == ["grad_norm"] and "loss" in values:
-            notes.append(f"the loss still reads {values['loss']}: transformers' logging_nan_inf_filter hides a "
-                         "non-finite loss in the log, the weights are already being corrupted" if self.sig.id in _HF
-                         else f"the loss still reads {values['loss']}: the gradients are already non-finite, and "
-                              "unless the optimizer skips the step the weights are being corrupted")
+            notes.append(
+                f"the loss still reads {values['loss']}: transformers' logging_nan_inf_filter hides a "
+                "non-finite loss in the log, the weights are already being corrupted"
+                if self.sig.id in _HF
+                else f"the loss still reads {values['loss']}: the gradients are already non-finite, and "
+                "unless the optimizer skips the step the weights are being corrupted"
+            )
         if trend:
-            notes.append("the entries before it: " + ", ".join(
-                f"loss {t.get('loss', '?')}" + (f" grad_norm {t['grad_norm']}" if "grad_norm" in t else "") for t in trend))
+            notes.append(
+                "the entries before it: "
+                + ", ".join(
+                    f"loss {t.get('loss', '?')}" + (f" grad_norm {t['grad_norm']}" if "grad_norm" in t else "")
+                    for t in trend
+                )
+            )
         detail = "; ".join(notes) + f"; first at {where(line)}: {clip(line.text)}"
-        specifics = {"first_bad_entry": entry, "step": _int(values.get("step")), "epoch": values.get("epoch"),
-                     "last_finite_loss": trend[-1].get("loss") if trend else None, "non_finite_entries": self.bad,
-                     "grad_norms_before": [t.get("grad_norm") for t in trend] or None,
-                     "key": values.get(f"{kinds[0]}_key"), "step_label": values.get("step_label")}
+        specifics = {
+            "first_bad_entry": entry,
+            "step": _int(values.get("step")),
+            "epoch": values.get("epoch"),
+            "last_finite_loss": trend[-1].get("loss") if trend else None,
+            "non_finite_entries": self.bad,
+            "grad_norms_before": [t.get("grad_norm") for t in trend] or None,
+            "key": values.get(f"{kinds[0]}_key"),
+            "step_label": values.get("step_label"),
+        }
         fix = nan_fix(trend, self.settings, self.sig.id.startswith("megatron"))
         specifics["settings"] = self.settings.shown() or None
-        finding = Finding(Severity.ERROR, title, detail, fix, self.sig.topic,
-                          _evidence(self.sig, line, self.bad, set(), specifics), self.sig.topic)
+        finding = Finding(
+            Severity.ERROR,
+            title,
+            detail,
+            fix,
+            self.sig.topic,
+            _evidence(self.sig, line, self.bad, set(), specifics),
+            self.sig.topic,
+        )
         return [Located(line.number, "root", finding)]
 
     def _skipping(self) -> list[Located]:
         if not self.skipping or self.skipping[1] < self.SKIPPING:
             return []
         line, intervals, iterations, sig = self.skipping
-        title = (f"skipped iterations in {intervals} logged intervals in a row ({iterations} iterations), "
-                 f"from line {line.number}")
-        detail = ("Megatron skips an update whose gradients overflowed or went NaN. After iterations that advanced, "
-                  f"a run of skips that does not end means the run no longer learns; first at {where(line)}: "
-                  f"{clip(line.text)}")
+        title = (
+            f"skipped iterations in {intervals} logged intervals in a row ({iterations} iterations), "
+            f"from line {line.number}"
+        )
+        detail = (
+            "Megatron skips an update whose gradients overflowed or went NaN. After iterations that advanced, "
+            f"a run of skips that does not end means the run no longer learns; first at {where(line)}: "
+            f"{clip(line.text)}"
+        )
         specifics = {"intervals": intervals, "skipped_iterations": iterations}
-        finding = Finding(Severity.WARNING, title, detail, sig.fix, sig.topic,
-                          _evidence(sig, line, intervals, set(), specifics), sig.topic)
+        finding = Finding(
+            Severity.WARNING,
+            title,
+            detail,
+            sig.fix,
+            sig.topic,
+            _evidence(sig, line, intervals, set(), specifics),
+            sig.topic,
+        )
         return [Located(line.number, "root", finding)]
 
 
@@ -440,8 +537,15 @@ class RunSettings:
             self.overlap = (groups["overlap"] in ("True", "true"), _int(groups.get("stage")))
 
     def shown(self) -> dict[str, Any]:
-        return {k: v for k, v in {"precision": sorted(self.precision) or None, "deepspeed": self.deepspeed,
-                                  "overlap_comm": self.overlap and self.overlap[0]}.items() if v is not None}
+        return {
+            k: v
+            for k, v in {
+                "precision": sorted(self.precision) or None,
+                "deepspeed": self.deepspeed,
+                "overlap_comm": self.overlap and self.overlap[0],
+            }.items()
+            if v is not None
+        }
 
 
 def nan_fix(trend: list[dict[str, str]], settings: RunSettings, megatron: bool) -> str:
@@ -451,17 +555,24 @@ def nan_fix(trend: list[dict[str, str]], settings: RunSettings, megatron: bool) 
     parts = []
     norms = [v for v in (_float(t.get("grad_norm")) for t in trend) if v is not None]
     if len(norms) >= 2 and norms[-1] > 4 * max(norms[0], 1e-12) and norms[-1] > 1:
-        parts.append(f"the gradient norm grew from {norms[0]:g} to {norms[-1]:g} over the entries before it: a lower "
-                     f"learning rate with a longer warmup, and {clip}")
+        parts.append(
+            f"the gradient norm grew from {norms[0]:g} to {norms[-1]:g} over the entries before it: a lower "
+            f"learning rate with a longer warmup, and {clip}"
+        )
     else:
         parts.append(f"a lower learning rate with warmup, {clip}")
     precision = settings.precision
     if set(precision) == {"fp16"}:
-        parts.insert(0, f"the log shows fp16 ({where(precision['fp16'])}): train in bf16 where the GPU has it (Ampere "
-                        "or newer), whose range is fp32's")
+        parts.insert(
+            0,
+            f"the log shows fp16 ({where(precision['fp16'])}): train in bf16 where the GPU has it (Ampere "
+            "or newer), whose range is fp32's",
+        )
     elif set(precision) == {"bf16"}:
-        parts.append(f"the run is already bf16 ({where(precision['bf16'])}): not an fp16 overflow; trace the step's "
-                     "rows (`sftdoctor train` names them) and check the data")
+        parts.append(
+            f"the run is already bf16 ({where(precision['bf16'])}): not an fp16 overflow; trace the step's "
+            "rows (`sftdoctor train` names them) and check the data"
+        )
     elif not precision:
         parts.append("the log does not show the precision: if it is fp16, bf16 instead")
     if advisory := _overlap_advisory(settings):
@@ -488,8 +599,10 @@ def _overlap_advisory(settings: RunSettings) -> str | None:
     fixed = advisory.affected[1]
     if version_tuple(settings.deepspeed) >= version_tuple(fixed):
         return None
-    return (f"DeepSpeed {settings.deepspeed} with overlap_comm on has a known gradient race that gives NaN losses "
-            f"(fixed in {fixed}): {advisory.fix}")
+    return (
+        f"DeepSpeed {settings.deepspeed} with overlap_comm on has a known gradient race that gives NaN losses "
+        f"(fixed in {fixed}): {advisory.fix}"
+    )
 
 
 _HF = ("trainer-loss-dict", "sftdoctor-step-line")  # transformers' own logging, with its NaN filter
@@ -592,17 +705,47 @@ class LossScale(Summary):
         if self.floor:
             line, sig = self.floor
             title = "fp16 loss scale at its minimum: DeepSpeed stopped the run"
-            history = f"{self.overflows} overflow steps before it, loss scale {self.trajectory()}; " if self.overflows else ""
+            history = (
+                f"{self.overflows} overflow steps before it, loss scale {self.trajectory()}; " if self.overflows else ""
+            )
             detail = f"{history}at {where(line)}: {clip(line.text)}"
-            out.append(Located(line.number, "root", Finding(Severity.ERROR, title, detail, sig.fix, sig.topic,
-                                                            _evidence(sig, line, 1, set(), specifics), sig.topic)))
+            out.append(
+                Located(
+                    line.number,
+                    "root",
+                    Finding(
+                        Severity.ERROR,
+                        title,
+                        detail,
+                        sig.fix,
+                        sig.topic,
+                        _evidence(sig, line, 1, set(), specifics),
+                        sig.topic,
+                    ),
+                )
+            )
         elif self.first and self.lowest is not None and self.lowest < WARN_SCALE:
             severity = Severity.ERROR if self.lowest <= 1 else Severity.WARNING
             title = f"fp16 loss scale fell to {self.lowest:g} after {self.overflows} overflow steps"
-            detail = (f"loss scale {self.trajectory()}; below {WARN_SCALE} nearly every step overflows (the early fall "
-                      f"from 2^16 or 2^32 to a few thousand is normal); first at {where(self.first)}")
-            out.append(Located(self.first.number, "root", Finding(severity, title, detail, self.sig.fix, self.sig.topic,
-                                                                  _evidence(self.sig, self.first, self.overflows, set(), specifics), self.sig.topic)))
+            detail = (
+                f"loss scale {self.trajectory()}; below {WARN_SCALE} nearly every step overflows (the early fall "
+                f"from 2^16 or 2^32 to a few thousand is normal); first at {where(self.first)}"
+            )
+            out.append(
+                Located(
+                    self.first.number,
+                    "root",
+                    Finding(
+                        severity,
+                        title,
+                        detail,
+                        self.sig.fix,
+                        self.sig.topic,
+                        _evidence(self.sig, self.first, self.overflows, set(), specifics),
+                        self.sig.topic,
+                    ),
+                )
+            )
         return out
 
 
@@ -644,16 +787,27 @@ class NcclError(Summary):
         if self.warn is not None:
             notes.append(f"NCCL's own reason ({where(self.warn[0])}): {clip(self.warn[1])}")
         else:
-            notes.append("no NCCL WARN line in the log: rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET to see why")
+            notes.append(
+                "no NCCL WARN line in the log: rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET to see why"
+            )
         detail = "; ".join(notes) + f"; first error at {where(self.first)}: {clip(self.first.text)}"
         specifics = {"kind": kind, "nccl": self.groups.get("nccl"), "reason": clip(self.warn[1]) if self.warn else None}
         fix = self.sig.fix
         if self.warn is not None and _SHM.search(self.warn[1]):  # NCCL's shm transport (transport/shm.cc, shmutils.cc)
             title += ": /dev/shm is too small for NCCL's shared-memory segments"
-            fix = ("give the container more shared memory (docker --shm-size=16g or --ipc=host; Kubernetes: an emptyDir "
-                   "with medium: Memory on /dev/shm), or NCCL_SHM_DISABLE=1 (slower); `sftdoctor explain nccl-error`")
-        finding = Finding(Severity.ERROR, title, detail, fix, self.sig.topic,
-                          _evidence(self.sig, self.first, self.count, self.ranks, specifics), self.sig.topic)
+            fix = (
+                "give the container more shared memory (docker --shm-size=16g or --ipc=host; Kubernetes: an emptyDir "
+                "with medium: Memory on /dev/shm), or NCCL_SHM_DISABLE=1 (slower); `sftdoctor explain nccl-error`"
+            )
+        finding = Finding(
+            Severity.ERROR,
+            title,
+            detail,
+            fix,
+            self.sig.topic,
+            _evidence(self.sig, self.first, self.count, self.ranks, specifics),
+            self.sig.topic,
+        )
         return [Located(self.first.number, self.sig.role, finding)]
 
 
@@ -706,16 +860,36 @@ class Failures(Summary):
             who = "a rank"
         if code == -9:
             title = f"{who} was killed with SIGKILL (exitcode -9): most often the host's OOM killer"
-            fix = ("check `dmesg -T | grep -i 'killed process'`; load the model once per node (low_cpu_mem_usage), "
-                   "turn off ZeRO CPU offload or lower dataloader/map workers")
+            fix = (
+                "check `dmesg -T | grep -i 'killed process'`; load the model once per node (low_cpu_mem_usage), "
+                "turn off ZeRO CPU offload or lower dataloader/map workers"
+            )
         else:
             title = f"{who} died of SIGBUS (exitcode -7): shared memory (/dev/shm) exhausted"
-            fix = "give the container more shared memory (docker --shm-size=16g / --ipc=host) or fewer dataloader workers"
+            fix = (
+                "give the container more shared memory (docker --shm-size=16g / --ipc=host) or fewer dataloader workers"
+            )
         detail = f"the first failure torchrun or DeepSpeed reported, at {where(self.line)}: {clip(self.line.text)}"
-        finding = Finding(Severity.ERROR, title, detail, fix, "host-oom",
-                          _evidence(self.sig, self.line, 1, set(), {"failed_rank": self.first.get("rank"),
-                                                                    "failed_local_rank": self.first.get("local_rank"), "exitcode": code,
-                                                                    "signal": SIGNALS.get(code)}), "host-oom")
+        finding = Finding(
+            Severity.ERROR,
+            title,
+            detail,
+            fix,
+            "host-oom",
+            _evidence(
+                self.sig,
+                self.line,
+                1,
+                set(),
+                {
+                    "failed_rank": self.first.get("rank"),
+                    "failed_local_rank": self.first.get("local_rank"),
+                    "exitcode": code,
+                    "signal": SIGNALS.get(code),
+                },
+            ),
+            "host-oom",
+        )
         return [Located(self.line.number, "root", finding)]
 
 
@@ -751,8 +925,15 @@ class CudaBuild(Summary):
         seen = f"; {self.count} times" if self.count > 1 else ""
         detail = f"first at {where(line)}{seen}: {clip(line.text)}"
         specifics = {"torch": torch_cuda, **groups} if sig.id != "xformers-built-for" else groups
-        finding = Finding(Severity.ERROR, title, detail, fill(sig.fix, groups), sig.topic,
-                          _evidence(sig, line, self.count, set(), specifics), sig.topic)
+        finding = Finding(
+            Severity.ERROR,
+            title,
+            detail,
+            fill(sig.fix, groups),
+            sig.topic,
+            _evidence(sig, line, self.count, set(), specifics),
+            sig.topic,
+        )
         return [Located(line.number, "root", finding)]
 
 
@@ -761,10 +942,14 @@ def _refusal(sig_id: str, g: dict[str, Any], torch_cuda: str | None) -> str:
     if sig_id == "apex-cuda-mismatch":
         return f"nvcc is CUDA {g['installed'] or '?'}, torch was built with CUDA {g['torch']}: apex refuses to build"
     if sig_id == "xformers-built-for":
-        return (f"xformers was built for torch {g['built_torch']}+{g['built_cu']} (CUDA {_xformers_cuda(g['built'])}), "
-                f"this torch is {g['have_torch']}+{g['have_cu']}: its kernels will not load")
+        return (
+            f"xformers was built for torch {g['built_torch']}+{g['built_cu']} (CUDA {_xformers_cuda(g['built'])}), "
+            f"this torch is {g['have_torch']}+{g['have_cu']}: its kernels will not load"
+        )
     if sig_id == "companion-cuda-mismatch":
-        return f"{g['ext']} was built for CUDA {g['installed']}, torch for CUDA {g['torch']}: {g['ext']} refuses to load"
+        return (
+            f"{g['ext']} was built for CUDA {g['installed']}, torch for CUDA {g['torch']}: {g['ext']} refuses to load"
+        )
     if sig_id == "bitsandbytes-cuda-library":
         built = f" (it was built with CUDA {g['installed']})" if g["installed"] else ""
         return f"bitsandbytes has no library for torch's CUDA {g['torch']}{built}"
@@ -829,15 +1014,20 @@ class Crash(Summary):
         failed = ctx.first_failure
         rank = failed.get("rank") if failed.get("rank") in self.exceptions else None
         line = self.exceptions.get(rank) if rank is not None else self.first
-        launcher = (f"; the launcher saw rank {failed['rank']} fail first (exitcode {failed['exitcode']})"
-                    if failed.get("rank") is not None and failed.get("exitcode") else "")
+        launcher = (
+            f"; the launcher saw rank {failed['rank']} fail first (exitcode {failed['exitcode']})"
+            if failed.get("rank") is not None and failed.get("exitcode")
+            else ""
+        )
         if line is not None:
             quote = clip(line.joined(1) if line.text.rstrip().endswith(":") else line.text)
             who = f"rank {line.rank}, " if line.rank is not None else ""
             title = f"the run failed: {quote} ({who}line {line.number}; cause not recognised)"
-            detail = ("the innermost exception of the first rank to fail, where no known failure signature matched"
-                      + (f"; {ranks} ranks raised one" if (ranks := sum(r is not None for r in self.exceptions)) > 1
-                         else "") + launcher)
+            detail = (
+                "the innermost exception of the first rank to fail, where no known failure signature matched"
+                + (f"; {ranks} ranks raised one" if (ranks := sum(r is not None for r in self.exceptions)) > 1 else "")
+                + launcher
+            )
             evidence = {"line": line.number, "rank": line.rank, "text": quote}
         else:
             line = min(self.tracebacks.values(), key=lambda found: found.number, default=None) or self.other
@@ -846,21 +1036,50 @@ class Crash(Summary):
             elif line is not None:
                 sign = self.what
             elif (line := failed.get("at")) is not None:
-                who = next((f"{label} {failed[key]}" for key, label in (("rank", "rank"), ("local_rank", "local rank"))
-                            if failed.get(key) is not None), "a rank")
-                sign, launcher = f"the launcher saw {who} fail (exitcode {failed['exitcode']}) and the log holds no traceback", ""
+                who = next(
+                    (
+                        f"{label} {failed[key]}"
+                        for key, label in (("rank", "rank"), ("local_rank", "local rank"))
+                        if failed.get(key) is not None
+                    ),
+                    "a rank",
+                )
+                sign, launcher = (
+                    f"the launcher saw {who} fail (exitcode {failed['exitcode']}) and the log holds no traceback",
+                    "",
+                )
             else:
                 sign = "the launcher tore the job down and the log holds no traceback"
             title = f"the run failed: {sign}; cause not recognised"
-            detail = (f"first at {where(line)}: {clip(line.text)}" if line is not None else
-                      f"{cascade} cascade line{'s' if cascade != 1 else ''} (the launcher tearing the job down)") + launcher
-            evidence = {"line": line.number if line else None, "rank": line.rank if line else None,
-                        "text": clip(line.text) if line else None}
-        fix = ("read the lines above that one, under the same rank's prefix; with no traceback, rerun with "
-               "`torchrun --tee 3 --log-dir logs/` (one file per rank) or @record on main, which puts the failing rank's "
-               "traceback in torchrun's Root Cause block; `sftdoctor explain crash-log`")
-        finding = Finding(Severity.ERROR, title, detail, fix, "crash-log", {"signature": "crash-log", **evidence,
-                          "failed_rank": failed.get("rank"), "exitcode": failed.get("exitcode")}, "crash-log")
+            detail = (
+                f"first at {where(line)}: {clip(line.text)}"
+                if line is not None
+                else f"{cascade} cascade line{'s' if cascade != 1 else ''} (the launcher tearing the job down)"
+            ) + launcher
+            evidence = {
+                "line": line.number if line else None,
+                "rank": line.rank if line else None,
+                "text": clip(line.text) if line else None,
+            }
+        fix = (
+            "read the lines above that one, under the same rank's prefix; with no traceback, rerun with "
+            "`torchrun --tee 3 --log-dir logs/` (one file per rank) or @record on main, which puts the failing rank's "
+            "traceback in torchrun's Root Cause block; `sftdoctor explain crash-log`"
+        )
+        finding = Finding(
+            Severity.ERROR,
+            title,
+            detail,
+            fix,
+            "crash-log",
+            {
+                "signature": "crash-log",
+                **evidence,
+                "failed_rank": failed.get("rank"),
+                "exitcode": failed.get("exitcode"),
+            },
+            "crash-log",
+        )
         return Located(line.number if line else 0, "root", finding)
 
 
@@ -878,8 +1097,6 @@ def _failure_sign(sig_id: str, groups: dict[str, Any]) -> str | None:
     if sig_id == "torch-cpp-error":
         return "torch's C++ side logged an error"
     return None
-
-
 
 
 # ---------------------------------------------------------------- rank 0's store lost (kb topic store-lost)
@@ -908,8 +1125,12 @@ class StoreLost(Summary):
     def add(self, sig, line, groups):
         if sig.id == "store-lost-exception":
             self.raised = True
-            if line.rank == 0 and self.rank0 is None and not _STORE_WORDS.search(line.text) and \
-                    not line.text.startswith("Traceback"):
+            if (
+                line.rank == 0
+                and self.rank0 is None
+                and not _STORE_WORDS.search(line.text)
+                and not line.text.startswith("Traceback")
+            ):
                 self.rank0 = line
             return
         rank = _int(groups["rank"]) if groups.get("rank") is not None else line.rank
@@ -927,40 +1148,71 @@ class StoreLost(Summary):
         ranks = sorted(r for r in seen if r is not None)
         remote = next((g["remote"] for _, g in self.client.values() if g.get("remote")), None)
         error = next((g.get("error") for _, g in [*self.lost.values(), *self.client.values()] if g.get("error")), None)
-        specifics = {"dead_rank": 0, "store": remote, "error": error, "unique_id_ranks": sorted(
-            r for r in self.lost if r is not None) or None}
+        specifics = {
+            "dead_rank": 0,
+            "store": remote,
+            "error": error,
+            "unique_id_ranks": sorted(r for r in self.lost if r is not None) or None,
+        }
         who = ranks_text(ranks) if ranks else "the other ranks"
         failed = ctx.first_failure
         died_of_it = bool(self.lost) or any(g.get("exc") for _, g in self.client.values())  # raised, not warned
         if not (died_of_it or self.raised or failed.get("exitcode")):
-            title = (f"{who} found rank 0's TCPStore gone ({error or 'closed'}) and this log shows no failure: at the "
-                     "end of a run, rank 0 exiting first (harmless); else rank 0's own lines say why it stopped")
-            finding = Finding(Severity.INFO, title, f"first at {where(first)}: {clip(first.text)}",
-                              "nothing to do; a dist.barrier() before destroy_process_group() quiets it", "store-lost",
-                              _evidence(self._sig(), first, len(seen), ranks, specifics), "store-lost")
+            title = (
+                f"{who} found rank 0's TCPStore gone ({error or 'closed'}) and this log shows no failure: at the "
+                "end of a run, rank 0 exiting first (harmless); else rank 0's own lines say why it stopped"
+            )
+            finding = Finding(
+                Severity.INFO,
+                title,
+                f"first at {where(first)}: {clip(first.text)}",
+                "nothing to do; a dist.barrier() before destroy_process_group() quiets it",
+                "store-lost",
+                _evidence(self._sig(), first, len(seen), ranks, specifics),
+                "store-lost",
+            )
             return [Located(first.number, "context", finding)]
         cause, named, at = self._cause(failed)
         if not died_of_it and at is None and not cause:
             # only the heartbeat's and the client's warnings, in a run that failed elsewhere: the store went away as
             # the job was torn down, which says nothing of who failed first
-            title = (f"{who} found rank 0's TCPStore gone ({error or 'closed'}) as the failed job was torn down: "
-                     "rank 0 (or node 0's torchrun agent) exited; the failure itself is elsewhere")
-            finding = Finding(Severity.INFO, title, f"first at {where(first)}: {clip(first.text)}", self._sig().fix,
-                              "store-lost", _evidence(self._sig(), first, len(seen), ranks, specifics), "store-lost")
+            title = (
+                f"{who} found rank 0's TCPStore gone ({error or 'closed'}) as the failed job was torn down: "
+                "rank 0 (or node 0's torchrun agent) exited; the failure itself is elsewhere"
+            )
+            finding = Finding(
+                Severity.INFO,
+                title,
+                f"first at {where(first)}: {clip(first.text)}",
+                self._sig().fix,
+                "store-lost",
+                _evidence(self._sig(), first, len(seen), ranks, specifics),
+                "store-lost",
+            )
             return [Located(first.number, "context", finding)]
-        title = (f"{who} lost rank 0's TCPStore ({error or 'its socket closed'}): rank 0 died first"
-                 + (f": {cause}" if cause else "; its own lines (or node 0's) say why"))
+        title = f"{who} lost rank 0's TCPStore ({error or 'its socket closed'}): rank 0 died first" + (
+            f": {cause}" if cause else "; its own lines (or node 0's) say why"
+        )
         at_store = f" at {remote}" if remote else ""
-        notes = [f"the c10d store lives in rank 0's process (or node 0's torchrun agent){at_store}; when it dies"
-                 " every other rank's next store call fails with these words: not a network fault"]
+        notes = [
+            f"the c10d store lives in rank 0's process (or node 0's torchrun agent){at_store}; when it dies"
+            " every other rank's next store call fails with these words: not a network fault"
+        ]
         if cause:
             notes.append(f"rank 0: {cause}" + (f" (line {at.number})" if at is not None else ""))
         detail = "; ".join(notes + [f"first at {where(first)}: {clip(first.text)}"])
         sig = self._sig()
         specifics["rank0_cause"] = cause
         shown = at if at is not None and not named else first  # rank 0's own exception, when it is the cause shown
-        finding = Finding(Severity.ERROR, title, detail, sig.fix, "store-lost",
-                          _evidence(sig, shown, len(seen), ranks, specifics), "store-lost")
+        finding = Finding(
+            Severity.ERROR,
+            title,
+            detail,
+            sig.fix,
+            "store-lost",
+            _evidence(sig, shown, len(seen), ranks, specifics),
+            "store-lost",
+        )
         return [Located(shown.number, "symptom" if named else "root", finding)]
 
     def _cause(self, failed: dict[str, Any]) -> tuple[str | None, bool, Line | None]:
@@ -983,10 +1235,13 @@ def _named_elsewhere(text: str) -> bool:
     """Whether a cause signature of another topic (a CUDA OOM, a version mismatch) explains this exception line."""
     from sftdoctor.triage.signatures import signatures
 
-    return any(s.role == "root" and s.topic not in ("store-lost", "crash-log")
-               and any(n in text for n in ([s.needle] if isinstance(s.needle, str) else s.needle))
-               and s.regex.search(text) for s in signatures())
-
+    return any(
+        s.role == "root"
+        and s.topic not in ("store-lost", "crash-log")
+        and any(n in text for n in ([s.needle] if isinstance(s.needle, str) else s.needle))
+        and s.regex.search(text)
+        for s in signatures()
+    )
 
 
 # ---------------------------------------------------------------- the others waited for rank 0 (data-prep-timeout)
@@ -995,9 +1250,11 @@ def _named_elsewhere(text: str) -> bool:
 STORE_WAITS = {"store-wait-timeout": "c10d store wait", "nccl-unique-id-timeout": "ncclUniqueId get from rank 0"}
 # A datasets map/filter bar (tqdm, unit " examples"; "ex" and "ba" in datasets 1.x): "Tokenizing Prompts (num_proc=64):
 #  92%|█████████▏| 328986/359152 [29:58<12:05, 41.59 examples/s]". The last one drawn on the line is read.
-DATA_BAR = re.compile(r"^(?:.*[\r\]])?[^\r\]]*?(?<![\w,.-])(?P<desc>[A-Z][\w ,.-]{1,80}?)"
-                      r"(?: \(num_proc=(?P<num_proc>\d+)\))?: +(?P<pct>\d+)%\|[^|]*\| *(?P<done>\d+)/(?P<total>\d+) "
-                      r"\[(?P<elapsed>[\d:]+)<[^\]]*?(?:examples|ex|ba)/s\]")
+DATA_BAR = re.compile(
+    r"^(?:.*[\r\]])?[^\r\]]*?(?<![\w,.-])(?P<desc>[A-Z][\w ,.-]{1,80}?)"
+    r"(?: \(num_proc=(?P<num_proc>\d+)\))?: +(?P<pct>\d+)%\|[^|]*\| *(?P<done>\d+)/(?P<total>\d+) "
+    r"\[(?P<elapsed>[\d:]+)<[^\]]*?(?:examples|ex|ba)/s\]"
+)
 STARTUP_SEQ = 8  # a timed-out collective this early (main_process_first's barrier is among the first) is at start-up
 
 
@@ -1006,7 +1263,7 @@ def whole_watchdog(line: Line) -> bool:
     return bool(_signature_regex("nccl-watchdog-timeout").search(line.text))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _signature_regex(sig_id: str) -> re.Pattern:
     from sftdoctor.triage.signatures import signatures
 
@@ -1029,17 +1286,30 @@ def rank0_busy(prep: dict[str, Any] | None, entries: dict, seq, timeout_ms, rank
     after = f" after {timeout_ms / 1000:g} s" if timeout_ms else ""
     if prep:
         done = f"{prep['done']}/{prep['total']} rows ({prep['pct']}%) after {prep['elapsed']}"
-        title = (f"{who} gave up{after} waiting for rank 0, which was still preparing the data "
-                 f"({prep['desc'].strip()}: {done}): the process-group timeout is shorter than the data preparation")
-        fix = ("prepare the data once before the launch (tokenize and save_to_disk, or keep the datasets cache) or "
-               "raise ddp_timeout above its measured time (`sftdoctor check --config RUN.toml` measures it: "
-               "data-prep-timeout); more dataset_num_proc shortens it")
-        specifics = {"data_prep": prep["desc"].strip(), "rows_done": _int(prep["done"]),
-                     "rows_total": _int(prep["total"]), "elapsed": prep["elapsed"],
-                     "num_proc": _int(prep.get("num_proc")), "waiting_in": store_wait or "barrier"}
+        title = (
+            f"{who} gave up{after} waiting for rank 0, which was still preparing the data "
+            f"({prep['desc'].strip()}: {done}): the process-group timeout is shorter than the data preparation"
+        )
+        fix = (
+            "prepare the data once before the launch (tokenize and save_to_disk, or keep the datasets cache) or "
+            "raise ddp_timeout above its measured time (`sftdoctor check --config RUN.toml` measures it: "
+            "data-prep-timeout); more dataset_num_proc shortens it"
+        )
+        specifics = {
+            "data_prep": prep["desc"].strip(),
+            "rows_done": _int(prep["done"]),
+            "rows_total": _int(prep["total"]),
+            "elapsed": prep["elapsed"],
+            "num_proc": _int(prep.get("num_proc")),
+            "waiting_in": store_wait or "barrier",
+        }
         return title, fix, "data-prep-timeout", specifics
-    title = (f"{who} gave up{after} waiting for rank 0 to reach its first collective ({store_wait}): rank 0 was still "
-             "busy (preparing the data, downloading, a prompt waiting for input) or stuck")
-    fix = ("read what rank 0 printed last; data preparation on rank 0 first (main_process_first) must end within "
-           "ddp_timeout: prepare it before the launch or raise ddp_timeout (`sftdoctor explain data-prep-timeout`)")
+    title = (
+        f"{who} gave up{after} waiting for rank 0 to reach its first collective ({store_wait}): rank 0 was still "
+        "busy (preparing the data, downloading, a prompt waiting for input) or stuck"
+    )
+    fix = (
+        "read what rank 0 printed last; data preparation on rank 0 first (main_process_first) must end within "
+        "ddp_timeout: prepare it before the launch or raise ddp_timeout (`sftdoctor explain data-prep-timeout`)"
+    )
     return title, fix, "data-prep-timeout", {"waiting_in": store_wait}

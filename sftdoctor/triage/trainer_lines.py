@@ -29,13 +29,16 @@ from typing import NamedTuple
 NON_FINITE = {"nan", "-nan", "+nan", "inf", "-inf", "+inf", "infinity", "-infinity", "+infinity"}
 
 # A word that may name which loss: "lm loss", "train loss", "Val Loss" (not "with loss", "the loss").
-_QUALIFIER = r"(?:(?:lm|train|training|val|valid|validation|eval|test|total|avg|mean|batch|running|smoothed|ce|nll|aux)\s)?"
+_QUALIFIER = (
+    r"(?:(?:lm|train|training|val|valid|validation|eval|test|total|avg|mean|batch|running|smoothed|ce|nll|aux)\s)?"
+)
 _KEY_VALUE = re.compile(
     rf"""(?<![\w.])(?P<key>{_QUALIFIER}(?:[A-Za-z_][\w/.\[\]-]*?)?loss[\w/.-]*(?:\s(?:train|val|valid|eval|avg|mean)\b)?
          |(?:[A-Za-z_][\w/.-]*?)?(?:grad[\s_-]?norm|gnorm)[\w/.-]*)
          ['"]?\s*(?:[:=]\s*|\s+(?:is\s+|was\s+)?)['"]?(?:tensor\(\[?|np\.float\d+\()?
          (?P<value>-inf\.(?!\d)|[-+]?(?:(?:nan|inf(?:inity)?)(?:\.0)?|\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?))(?!\w|\.\d)""",
-    re.IGNORECASE | re.VERBOSE)
+    re.IGNORECASE | re.VERBOSE,
+)
 
 # Where a line says which step it is at, most specific first.
 _STEPS = (
@@ -102,7 +105,7 @@ def megatron(text: str) -> dict[str, str] | None:
     """A Megatron iteration line's fields ({"iteration": "9", "lm loss": "2.5E+00", ...}), else None."""
     if not (at := _MEGATRON_ITERATION.search(text)):
         return None
-    fields = ((" ".join(key.split()), value) for key, value in _MEGATRON_FIELD.findall(text[at.end():]))
+    fields = ((" ".join(key.split()), value) for key, value in _MEGATRON_FIELD.findall(text[at.end() :]))
     return {"iteration": at.group(1), **dict(fields)}
 
 
@@ -147,9 +150,11 @@ def starts_entry(text: str) -> bool:
     return bool(_RECORD_START.match(text))
 
 
-_RECORD_START = re.compile(r"\s*(?:\d{2,4}[-/]\d\d(?:[-/]\d\d)?[ T]\d\d:\d\d|\d\d:\d\d:\d\d|\[(?!\d+:\d\d(?::\d\d)?<)"
-                           r"|iteration\s+\d+\s*/"
-                           r"|(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\b|Traceback)")
+_RECORD_START = re.compile(
+    r"\s*(?:\d{2,4}[-/]\d\d(?:[-/]\d\d)?[ T]\d\d:\d\d|\d\d:\d\d:\d\d|\[(?!\d+:\d\d(?::\d\d)?<)"
+    r"|iteration\s+\d+\s*/"
+    r"|(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\b|Traceback)"
+)
 
 
 def megatron_losses(line: dict[str, str]) -> list[str]:

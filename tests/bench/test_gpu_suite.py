@@ -15,11 +15,13 @@ STEPS = ["machine", "packing_probe", "throughput", "watch_overhead", "memory_pla
 
 def test_help_needs_no_torch():
     """--help (and the whole suite's own process) imports neither torch nor transformers."""
-    code = ("import runpy, sys\n"
-            f"sys.argv = [{str(SUITE)!r}, '--help']\n"
-            "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
-            "except SystemExit:\n    pass\n"
-            "print('HEAVY', sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'trl')))")
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = [{str(SUITE)!r}, '--help']\n"
+        "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "print('HEAVY', sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'trl')))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "--cpu-rehearsal" in done.stdout
@@ -30,8 +32,23 @@ def test_help_needs_no_torch():
 def test_cpu_rehearsal_runs_every_step(tmp_path):
     out = tmp_path / "results.json"
     fixture = tmp_path / "fixture"
-    done = subprocess.run([sys.executable, str(SUITE), "--cpu-rehearsal", "--out", str(out), "--fixture-dir", str(fixture),
-                           "--budget-s", "420"], capture_output=True, text=True, timeout=540, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SUITE),
+            "--cpu-rehearsal",
+            "--out",
+            str(out),
+            "--fixture-dir",
+            str(fixture),
+            "--budget-s",
+            "420",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads(out.read_text())
     assert results["mode"] == "cpu-rehearsal"

@@ -17,8 +17,10 @@ from sftdoctor.cli import main
 
 CURRENT = {"deepspeed": "0.19.8", "transformers": "5.24.0", "liger-kernel": "0.8.5", "flash-attn": None}
 TORCH = {"version": "2.13.0+cu128", "cuda": "12.8"}
-ZERO2 = {"path": "ds.json", "config": {"zero_optimization": {"stage": 2, "overlap_comm": True},
-                                        "gradient_accumulation_steps": 4}}
+ZERO2 = {
+    "path": "ds.json",
+    "config": {"zero_optimization": {"stage": 2, "overlap_comm": True}, "gradient_accumulation_steps": 4},
+}
 
 
 def flagged(findings):
@@ -27,8 +29,9 @@ def flagged(findings):
 
 @pytest.mark.parametrize("version", UNPARSEABLE_VERSIONS)
 def test_a_version_pep440_cannot_read_is_not_judged_and_never_passes(run, version):
-    findings = run("known-bad-versions", packages={**CURRENT, "deepspeed": version}, torch_build=TORCH,
-                   deepspeed_config=ZERO2)
+    findings = run(
+        "known-bad-versions", packages={**CURRENT, "deepspeed": version}, torch_build=TORCH, deepspeed_config=ZERO2
+    )
     try:
         Version(version)
     except InvalidVersion:
@@ -43,45 +46,80 @@ def test_a_version_pep440_cannot_read_is_not_judged_and_never_passes(run, versio
 def test_every_version_unreadable_is_a_warning_not_a_pass(run):
     findings = run("known-bad-versions", packages={"deepspeed": "banana", "transformers": "latest"}, torch_build=TORCH)
     assert severities(findings) == ["warning", "warning"]
-    assert [f.title for f in findings] == ["cannot judge deepspeed 'banana': not a version PEP 440 reads",
-                                           "cannot judge transformers 'latest': not a version PEP 440 reads"]
+    assert [f.title for f in findings] == [
+        "cannot judge deepspeed 'banana': not a version PEP 440 reads",
+        "cannot judge transformers 'latest': not a version PEP 440 reads",
+    ]
 
 
-@pytest.mark.parametrize("version, expected", [
-    ("v0.14.0", ["deepspeed-overlap-comm-zero12"]),  # a leading v: 0.14.0, before the fix
-    ("0.18.3+cpu", ["deepspeed-0.18.3-accumulation", "deepspeed-overlap-comm-zero12"]),  # local: still 0.18.3
-    ("0.18.3rc1", ["deepspeed-overlap-comm-zero12"]),  # before 0.18.3: not in [0.18.3, 0.18.4)
-    ("0.18.3.dev0", ["deepspeed-overlap-comm-zero12"]),
-    ("0.18.3.post1", ["deepspeed-0.18.3-accumulation", "deepspeed-overlap-comm-zero12"]),
-    ("0.18.4.dev0", ["deepspeed-0.18.3-accumulation", "deepspeed-overlap-comm-zero12"]),  # before 0.18.4
-    ("0.19.0rc1", ["deepspeed-overlap-comm-zero12"]),  # before the fixed 0.19.0
-    ("0.19.0.dev0", ["deepspeed-overlap-comm-zero12"]),
-    ("0.19.0+cpu", []), ("0.19.0.post1", []),
-    ("1!0.1", []),  # an epoch outranks every 0.x
-])
+@pytest.mark.parametrize(
+    "version, expected",
+    [
+        ("v0.14.0", ["deepspeed-overlap-comm-zero12"]),  # a leading v: 0.14.0, before the fix
+        ("0.18.3+cpu", ["deepspeed-0.18.3-accumulation", "deepspeed-overlap-comm-zero12"]),  # local: still 0.18.3
+        ("0.18.3rc1", ["deepspeed-overlap-comm-zero12"]),  # before 0.18.3: not in [0.18.3, 0.18.4)
+        ("0.18.3.dev0", ["deepspeed-overlap-comm-zero12"]),
+        ("0.18.3.post1", ["deepspeed-0.18.3-accumulation", "deepspeed-overlap-comm-zero12"]),
+        ("0.18.4.dev0", ["deepspeed-0.18.3-accumulation", "deepspeed-overlap-comm-zero12"]),  # before 0.18.4
+        ("0.19.0rc1", ["deepspeed-overlap-comm-zero12"]),  # before the fixed 0.19.0
+        ("0.19.0.dev0", ["deepspeed-overlap-comm-zero12"]),
+        ("0.19.0+cpu", []),
+        ("0.19.0.post1", []),
+        ("1!0.1", []),  # an epoch outranks every 0.x
+    ],
+)
 def test_deepspeed_releases_fall_where_pep440_puts_them(run, version, expected):
-    findings = run("known-bad-versions", packages={**CURRENT, "deepspeed": version}, torch_build=TORCH,
-                   deepspeed_config=ZERO2)
+    findings = run(
+        "known-bad-versions", packages={**CURRENT, "deepspeed": version}, torch_build=TORCH, deepspeed_config=ZERO2
+    )
     assert flagged(findings) == expected
 
 
-@pytest.mark.parametrize("version, expected", [
-    ("1!4.45.0", []),  # epoch 1: after every 4.x, so after both fixes (read as 1 > 4.46 before)
-    ("4.46.0.dev0", ["transformers-accumulation-loss"]),  # a dev release of 4.46.0 comes before it
-    ("4.48.1rc1", ["transformers-accumulation-kwargs"]), ("4.48.1+local", []),
-    ("V4.47.1", ["transformers-accumulation-kwargs"]),
-])
+@pytest.mark.parametrize(
+    "version, expected",
+    [
+        ("1!4.45.0", []),  # epoch 1: after every 4.x, so after both fixes (read as 1 > 4.46 before)
+        ("4.46.0.dev0", ["transformers-accumulation-loss"]),  # a dev release of 4.46.0 comes before it
+        ("4.48.1rc1", ["transformers-accumulation-kwargs"]),
+        ("4.48.1+local", []),
+        ("V4.47.1", ["transformers-accumulation-kwargs"]),
+    ],
+)
 def test_transformers_releases_fall_where_pep440_puts_them(run, version, expected):
-    findings = run("known-bad-versions", packages={**CURRENT, "transformers": version}, torch_build=TORCH,
-                   deepspeed_config=ZERO2)
+    findings = run(
+        "known-bad-versions", packages={**CURRENT, "transformers": version}, torch_build=TORCH, deepspeed_config=ZERO2
+    )
     assert flagged(findings) == expected
 
 
 # ---------------------------------------------------------------- the CLI on replayed snapshots
 
-ODD_VALID = ["v0.14.0", "V0.18.3", "0.18.3+cpu", "0.18.3rc1", "0.18.3.dev0", "0.18.3.post1", "0.18.3-1", "1!0.1",
-             "0.19.0rc1", "0.19.0.dev0", "0.18.4", "0.12.6", "4.46.0.dev0", "4.45.2+local", "4.48.1", "4.48.1rc1",
-             "4.47.1", " 4.47.1 ", "5.24.0", "0.4.1.dev0", "0.3.0", "0.4.1", "0.8.5", "2.3.4+cu122"]
+ODD_VALID = [
+    "v0.14.0",
+    "V0.18.3",
+    "0.18.3+cpu",
+    "0.18.3rc1",
+    "0.18.3.dev0",
+    "0.18.3.post1",
+    "0.18.3-1",
+    "1!0.1",
+    "0.19.0rc1",
+    "0.19.0.dev0",
+    "0.18.4",
+    "0.12.6",
+    "4.46.0.dev0",
+    "4.45.2+local",
+    "4.48.1",
+    "4.48.1rc1",
+    "4.47.1",
+    " 4.47.1 ",
+    "5.24.0",
+    "0.4.1.dev0",
+    "0.3.0",
+    "0.4.1",
+    "0.8.5",
+    "2.3.4+cu122",
+]
 VERSION = st.sampled_from(UNPARSEABLE_VERSIONS + ODD_VALID) | st.none()
 PACKAGES = ("deepspeed", "transformers", "liger-kernel", "flash-attn")
 
@@ -128,8 +166,11 @@ def test_check_on_a_snapshot_never_passes_a_version_it_cannot_read(tmp_path_fact
     snap["facts"]["torch_build"] = {**TORCH, "version": "2.13.0+cpu"}
     (root / "snap.json").write_text(json.dumps(snap))
     with no_hang(30):
-        result = sftdoctor(["check", "--json", "--facts", root / "snap.json", "--select", "known-bad-versions"],
-                           root, [root / "snap.json"])
+        result = sftdoctor(
+            ["check", "--json", "--facts", root / "snap.json", "--select", "known-bad-versions"],
+            root,
+            [root / "snap.json"],
+        )
     assert result.exit_code == 0, result.stdout
     findings = json.loads(result.stdout)["findings"]
     unreadable = {n: v for n, v in versions.items() if v is not None and pep440(v) is None}

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import install_plugin
+
 from sftdoctor.checks import NotApplicable, Registry, builtin_modules, check, load_checks, run_check
 from sftdoctor.facts import Facts
 from sftdoctor.findings import ok
@@ -108,7 +108,7 @@ def test_declaring_a_check_has_no_side_effect():
     assert set(load_checks(plugins=False).checks) == before
 
 
-PLUGIN = '''
+PLUGIN = """
 from sftdoctor.checks import check
 from sftdoctor.findings import warning
 
@@ -119,7 +119,7 @@ def site_quota(env):
 @check("site-broken", "a plugin check that raises")
 def site_broken(env):
     raise RuntimeError("plugin bug")
-'''
+"""
 
 
 def check_json(env, *args):
@@ -128,8 +128,12 @@ def check_json(env, *args):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--json", "--select", *args],
-                          capture_output=True, text=True, env={**env, "MASTER_PORT": str(port)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "check", "--json", "--select", *args],
+        capture_output=True,
+        text=True,
+        env={**env, "MASTER_PORT": str(port)},
+    )
     return proc.returncode, json.loads(proc.stdout) if proc.stdout else proc.stderr
 
 
@@ -145,20 +149,23 @@ def test_an_installed_plugin_runs_and_a_raising_plugin_check_does_not_sink_the_s
 
 def test_no_plugins_turns_them_off(tmp_path):
     env = install_plugin(tmp_path, PLUGIN)
-    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--list", "--no-plugins"],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "check", "--list", "--no-plugins"], capture_output=True, text=True, env=env
+    )
     assert "site-quota" not in proc.stdout and "torch-cuda-match" in proc.stdout
-    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--list"], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "check", "--list"], capture_output=True, text=True, env=env
+    )
     assert "site-quota" in proc.stdout and "[plugin site (mysite_checks)]" in proc.stdout
 
 
-STRINGLY = '''
+STRINGLY = """
 from sftdoctor.checks import check
 
 @check("site-text", "a plugin check that returns a string")
 def site_text(env):
     return "all fine"
-'''
+"""
 
 
 def test_a_plugin_returning_a_string_is_an_error_finding_and_the_rest_still_run(tmp_path):
@@ -171,7 +178,9 @@ def test_a_plugin_returning_a_string_is_an_error_finding_and_the_rest_still_run(
 
 def test_the_environment_switch_turns_plugins_off_for_every_command(tmp_path):
     env = {**install_plugin(tmp_path, PLUGIN), "SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    listed = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--list"], capture_output=True, text=True, env=env)
+    listed = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "check", "--list"], capture_output=True, text=True, env=env
+    )
     assert "site-quota" not in listed.stdout and "torch-cuda-match" in listed.stdout
     code, doc = check_json(env, "site-quota")
     assert code == 2 and "no check 'site-quota'" in doc
@@ -205,19 +214,24 @@ def test_every_module_of_the_package_is_scanned_without_being_listed(tmp_path, m
     """A new check module needs no registration: it is found, and its checks shown after the known ones."""
     import sftdoctor.checks as package
 
-    (tmp_path / "zz_site.py").write_text("from sftdoctor.checks import check\nfrom sftdoctor.findings import ok\n\n"
-                                         "@check('zz-site', 'found without a list')\ndef zz(env):\n    return ok('x')\n")
+    (tmp_path / "zz_site.py").write_text(
+        "from sftdoctor.checks import check\nfrom sftdoctor.findings import ok\n\n"
+        "@check('zz-site', 'found without a list')\ndef zz(env):\n    return ok('x')\n"
+    )
     monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
     monkeypatch.syspath_prepend(str(tmp_path))
     modules = builtin_modules()
     assert modules[0] == "sftdoctor.checks.torch_cuda" and modules[-1] == "sftdoctor.checks.zz_site"
-    assert "sftdoctor.checks.common" in modules  # helpers are scanned too: they simply declare nothing
+    assert "sftdoctor.checks._common" not in modules  # helpers (a leading _) hold no checks: not scanned
 
 
-@pytest.mark.parametrize("source, says", [
-    ("def c(step_stat):", "asks for the fact 'step_stat', which does not exist (did you mean 'step_stats'?)"),
-    ("def c(gpus, hang):", "asks for the fact 'hang', which only runtime checks receive, not preflight ones"),
-])
+@pytest.mark.parametrize(
+    "source, says",
+    [
+        ("def c(step_stat):", "asks for the fact 'step_stat', which does not exist (did you mean 'step_stats'?)"),
+        ("def c(gpus, hang):", "asks for the fact 'hang', which only runtime checks receive, not preflight ones"),
+    ],
+)
 def test_a_check_asking_for_a_fact_that_never_comes_is_refused_at_load(source, says):
     """It would never run (a runtime check whose fact name is misspelt) or always be skipped: said at load."""
     namespace: dict = {}

@@ -10,8 +10,13 @@ from sftdoctor.checks import load_checks, run_check
 from sftdoctor.facts.flight_recorder import read
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"
-ALL_RANKS = ("every rank", "none completed", "collective itself is stuck", "collectives match",
-             "no rank is inside a collective")
+ALL_RANKS = (
+    "every rank",
+    "none completed",
+    "collective itself is stuck",
+    "collectives match",
+    "no rank is inside a collective",
+)
 
 
 class Moment:
@@ -44,22 +49,34 @@ def rank_0_only(tmp_path_factory):
 
 def frozen(fr, process=None):
     report = {"step": 3, "phase": "forward/backward", "stalled_s": 9.0, "where": "graph.py:829 _engine_run_backward"}
-    return {"timeout_s": 8, "behind": [1], "world": 2, "stacks": "run/stacks", "flight_recorder": fr,
-            "ranks": {"0": report},
-            "arrived": {"0": {"report": True, "stacks": "run/stacks/rank-0.txt", "dump": "run/flight-recorder/rank-0"},
-                        "1": {"report": False, "stacks": None, "dump": None, "process": process}}}
+    return {
+        "timeout_s": 8,
+        "behind": [1],
+        "world": 2,
+        "stacks": "run/stacks",
+        "flight_recorder": fr,
+        "ranks": {"0": report},
+        "arrived": {
+            "0": {"report": True, "stacks": "run/stacks/rank-0.txt", "dump": "run/flight-recorder/rank-0"},
+            "1": {"report": False, "stacks": None, "dump": None, "process": process},
+        },
+    }
 
 
 def test_a_rank_that_sent_nothing_is_named_first_and_nothing_is_said_for_it(rank_0_only):
     finding = nccl_timeout(frozen(rank_0_only))
-    assert finding.title == ("hang: no progress for 8 s; behind: rank 1 (sent nothing: no report, no stacks, no dump); "
-                             "rank 0 is inside broadcast #31 on default_pg [[16]] Float")
-    assert finding.detail.startswith("Rank 1 sent nothing: its process is unresponsive (stopped, in uninterruptible "
-                                     "sleep (D) on a stuck NFS read or a wedged GPU, or the host is gone), the first "
-                                     "suspect. What arrived, per rank: rank 0: step 3, forward/backward, 9 s without "
-                                     "progress; at graph.py:829 _engine_run_backward; stacks run/stacks/rank-0.txt; "
-                                     "dump run/flight-recorder/rank-0 | rank 1: nothing (no report, no stacks, "
-                                     "no dump).")
+    assert finding.title == (
+        "hang: no progress for 8 s; behind: rank 1 (sent nothing: no report, no stacks, no dump); "
+        "rank 0 is inside broadcast #31 on default_pg [[16]] Float"
+    )
+    assert finding.detail.startswith(
+        "Rank 1 sent nothing: its process is unresponsive (stopped, in uninterruptible "
+        "sleep (D) on a stuck NFS read or a wedged GPU, or the host is gone), the first "
+        "suspect. What arrived, per rank: rank 0: step 3, forward/backward, 9 s without "
+        "progress; at graph.py:829 _engine_run_backward; stacks run/stacks/rank-0.txt; "
+        "dump run/flight-recorder/rank-0 | rank 1: nothing (no report, no stacks, "
+        "no dump)."
+    )
     assert "Rank 1 sent no dump: nothing is known of rank 1" in finding.detail
     assert not any(words in finding.title + finding.detail for words in ALL_RANKS)
     for what in ("ps -o stat= -p PID", "cat /proc/PID/stack", "py-spy dump --pid PID", "dmesg", "NFS", "nvidia-smi"):
@@ -70,8 +87,17 @@ def test_the_state_of_a_silent_rank_seen_on_this_host_leads_the_fix(rank_0_only)
     stopped = nccl_timeout(frozen(rank_0_only, {"host": "node-a", "pid": 4242, "state": "T (stopped (SIGSTOP))"}))
     assert "no dump; process 4242 on node-a: T (stopped (SIGSTOP)))" in stopped.title
     assert stopped.fix.startswith("rank 1's process 4242 was stopped") and "kill -CONT 4242" in stopped.fix
-    blocked = nccl_timeout(frozen(rank_0_only, {"host": "node-a", "pid": 4242, "wchan": "rpc_wait_bit_killable",
-                                                "state": "D (blocked in the kernel (uninterruptible sleep))"}))
+    blocked = nccl_timeout(
+        frozen(
+            rank_0_only,
+            {
+                "host": "node-a",
+                "pid": 4242,
+                "wchan": "rpc_wait_bit_killable",
+                "state": "D (blocked in the kernel (uninterruptible sleep))",
+            },
+        )
+    )
     assert "waiting in rpc_wait_bit_killable" in blocked.title and "cat /proc/4242/stack" in blocked.fix
 
 

@@ -19,14 +19,21 @@ from hypothesis import strategies as st
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny"
 LINES = (EXAMPLE / "data" / "train.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
-MISSING_BACKEND = next((b for b in ("wandb", "tensorboard") if __import__("importlib.util").util.find_spec(b) is None),
-                       None)
+MISSING_BACKEND = next(
+    (b for b in ("wandb", "tensorboard") if __import__("importlib.util").util.find_spec(b) is None), None
+)
 # As the bundled examples/tiny.toml, packing off (the packing probe is a child process of seconds).
 BASE = {
     "model": {"path": "model", "weights": "random"},
     "data": {"train": "d.jsonl", "eval": "e.jsonl", "max_length": 256},
-    "training": {"global_batch_size": 16, "per_device_batch_size": 8, "max_steps": 60, "gradient_checkpointing": False,
-                 "packing": False, "output_dir": "out"},
+    "training": {
+        "global_batch_size": 16,
+        "per_device_batch_size": 8,
+        "max_steps": 60,
+        "gradient_checkpointing": False,
+        "packing": False,
+        "output_dir": "out",
+    },
     "launch": {"master_port": "auto"},
     "report": {"to": "none"},
 }
@@ -71,8 +78,9 @@ def example(root: Path, model: Path, sections: dict | None = None, rows: int = 2
                 doc[name].pop(key, None)
             else:
                 doc.setdefault(name, {})[key] = value
-    text = "".join(f"[{name}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items())
-                   for name, values in doc.items())
+    text = "".join(
+        f"[{name}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in values.items()) for name, values in doc.items()
+    )
     (root / "run.toml").write_text(text, encoding="utf-8")
     return root / "run.toml"
 
@@ -89,8 +97,10 @@ def same_verdict(config: Path, launch: bool = True) -> tuple[int, list[str], set
         checked = sftdoctor(["check", "--config", config], root, names)
         dry = sftdoctor(["train", "--dry-run", "--no-rehearse", config], root, names)
     said = checked.stderr.splitlines()
-    assert (checked.exit_code, said) == (dry.exit_code, dry.stderr.splitlines()), \
-        (checked.stdout[-2000:], dry.stdout[-2000:])
+    assert (checked.exit_code, said) == (dry.exit_code, dry.stderr.splitlines()), (
+        checked.stdout[-2000:],
+        dry.stdout[-2000:],
+    )
     if checked.exit_code == 2 and launch:
         with no_hang(60):
             trained = sftdoctor(["train", "--no-rehearse", config], root, names)
@@ -115,8 +125,11 @@ def test_an_output_dir_that_is_not_a_folder(tmp_path, model, kind):
 def test_an_output_dir_under_a_file(tmp_path, model):
     config = example(tmp_path, model, {"training": {"output_dir": "notes.txt/run"}})
     (tmp_path / "notes.txt").write_text("x")
-    refused(config, "[training].output_dir",
-            f"{tmp_path / 'notes.txt'} is not a folder, so {tmp_path / 'notes.txt' / 'run'} cannot be made in it")
+    refused(
+        config,
+        "[training].output_dir",
+        f"{tmp_path / 'notes.txt'} is not a folder, so {tmp_path / 'notes.txt' / 'run'} cannot be made in it",
+    )
 
 
 @pytest.mark.skipif(MISSING_BACKEND is None, reason="wandb and tensorboard are both installed here")
@@ -128,23 +141,31 @@ def test_a_report_backend_that_is_not_installed(tmp_path, model):
 def test_a_hub_model_neither_cached_nor_reachable_offline(tmp_path, model, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path.parent / f"{tmp_path.name}-hub"))
     config = example(tmp_path, model, {"model": {"path": "sftdoctor-tests/not-cached", "tokenizer": "model"}})
-    refused(config, "[model].path",
-            "sftdoctor-tests/not-cached is not in the local Hugging Face cache and HF_HUB_OFFLINE=1")
+    refused(
+        config, "[model].path", "sftdoctor-tests/not-cached is not in the local Hugging Face cache and HF_HUB_OFFLINE=1"
+    )
 
 
 def test_a_local_model_without_weights_to_fine_tune_from(tmp_path, bare_model):
     config = example(tmp_path, bare_model, {"model": {"weights": "pretrained"}})
-    refused(config, "[model].path",
-            f"{tmp_path / 'model'} holds no weights (model.safetensors, model.safetensors.index.json, "
-            "pytorch_model.bin, pytorch_model.bin.index.json) for [model] weights = \"pretrained\": give the folder "
-            "with the checkpoint, or weights = \"random\" to start from config.json alone")
+    refused(
+        config,
+        "[model].path",
+        f"{tmp_path / 'model'} holds no weights (model.safetensors, model.safetensors.index.json, "
+        'pytorch_model.bin, pytorch_model.bin.index.json) for [model] weights = "pretrained": give the folder '
+        'with the checkpoint, or weights = "random" to start from config.json alone',
+    )
 
 
 def test_an_eval_fraction_that_leaves_no_training_row(tmp_path, model):
     config = example(tmp_path, model, {"data": {"eval": None, "eval_fraction": 0.01}}, rows=1)
-    refused(config, "[data].eval_fraction", "0.01 of 1 training row holds out 1 for eval and leaves 0 to train on "
-                                            "(datasets' train_test_split holds out ceil(0.01 x 1)): give more rows, or "
-                                            "an eval file ([data] eval)")
+    refused(
+        config,
+        "[data].eval_fraction",
+        "0.01 of 1 training row holds out 1 for eval and leaves 0 to train on "
+        "(datasets' train_test_split holds out ceil(0.01 x 1)): give more rows, or "
+        "an eval file ([data] eval)",
+    )
 
 
 @pytest.mark.slow  # the whole gate, twice: 2 s
@@ -153,8 +174,10 @@ def test_a_run_directory_of_another_run_is_refused_by_the_dry_run_as_by_train(tm
     --resume to know)."""
     config = example(tmp_path, bare_model)
     (tmp_path / "out" / "checkpoint-2").mkdir(parents=True)
-    line = (f"sftdoctor: error: {tmp_path / 'out'}: [training].output_dir: already holds checkpoints; add --resume to "
-            "continue, or set another [training] output_dir")
+    line = (
+        f"sftdoctor: error: {tmp_path / 'out'}: [training].output_dir: already holds checkpoints; add --resume to "
+        "continue, or set another [training] output_dir"
+    )
     with no_hang(60):
         dry = sftdoctor(["train", "--dry-run", "--no-rehearse", config], tmp_path, [tmp_path])
         assert (dry.exit_code, dry.stderr.splitlines()) == (2, [line])
@@ -168,10 +191,12 @@ def test_one_object_and_fewer_rows_than_a_batch_are_the_same_warnings_in_check_a
     config = example(tmp_path, bare_model, data=json.dumps(row, indent=2))
     code, _, warned = same_verdict(config)
     assert code == 1  # chat-template: no tokenizer here, in both
-    assert warned == {f"!  data-rows               {tmp_path / 'd.json'} is one JSON object: the datasets library "
-                      "reads it as one row",
-                      "!  data-rows               1 training row (4 eval), fewer than one global batch of 16 (8 per "
-                      "device x 2 accumulation x 1): each epoch is one optimizer step on a partial batch of 1"}
+    assert warned == {
+        f"!  data-rows               {tmp_path / 'd.json'} is one JSON object: the datasets library "
+        "reads it as one row",
+        "!  data-rows               1 training row (4 eval), fewer than one global batch of 16 (8 per "
+        "device x 2 accumulation x 1): each epoch is one optimizer step on a partial batch of 1",
+    }
 
 
 # ---------------------------------------------------------------- the classes drawn together
@@ -185,21 +210,37 @@ DATA = st.sampled_from(["rows", "one-object", "one-line-object", "wrapped", "arr
 
 def _data(kind: str) -> str | None:
     row = json.loads(LINES[0])
-    return {"rows": None, "one-object": json.dumps(row, indent=2), "one-line-object": json.dumps(row),
-            "wrapped": json.dumps({"data": [row, row]}, indent=2), "array": json.dumps([row, row, row])}[kind]
+    return {
+        "rows": None,
+        "one-object": json.dumps(row, indent=2),
+        "one-line-object": json.dumps(row),
+        "wrapped": json.dumps({"data": [row, row]}, indent=2),
+        "array": json.dumps([row, row, row]),
+    }[kind]
 
 
 @pytest.mark.slow
-@given(out=OUTPUT_DIRS, to=BACKENDS, model_id=MODELS, weights=st.sampled_from(["random"] * 4 + ["pretrained"]),
-       fraction=SPLITS, data=DATA, rows=st.sampled_from([1, 2, 20]))
+@given(
+    out=OUTPUT_DIRS,
+    to=BACKENDS,
+    model_id=MODELS,
+    weights=st.sampled_from(["random"] * 4 + ["pretrained"]),
+    fraction=SPLITS,
+    data=DATA,
+    rows=st.sampled_from([1, 2, 20]),
+)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_check_and_train_agree_on_hostile_configs(tmp_path_factory, bare_model, out, to, model_id, weights, fraction,
-                                                 data, rows):
+def test_check_and_train_agree_on_hostile_configs(
+    tmp_path_factory, bare_model, out, to, model_id, weights, fraction, data, rows
+):
     """A config mutated with several of the classes above at once: `check --config` and `train --dry-run` give the
     same exit code, the same refusal lines and the same data-rows warnings."""
     root = tmp_path_factory.mktemp("parity")
-    sections = {"report": {"to": to}, "model": {"path": model_id, "tokenizer": "model", "weights": weights},
-                "training": {"output_dir": "notes.txt/run" if out == "under-a-file" else "out"}}
+    sections = {
+        "report": {"to": to},
+        "model": {"path": model_id, "tokenizer": "model", "weights": weights},
+        "training": {"output_dir": "notes.txt/run" if out == "under-a-file" else "out"},
+    }
     if fraction is not None:
         sections["data"] = {"eval": None, "eval_fraction": fraction}
     config = example(root, bare_model, sections, rows=rows, data=_data(data))
@@ -210,6 +251,12 @@ def test_check_and_train_agree_on_hostile_configs(tmp_path_factory, bare_model, 
     code, said, _ = same_verdict(config, launch=False)
     event(f"exit {code}")
     train_rows = {"rows": rows, "array": 3}.get(data, 1)
-    expect_refusal = out not in ("fine", "folder") or model_id != "model" or (to != "none" and to == MISSING_BACKEND) \
-        or data == "wrapped" or weights == "pretrained" or (fraction and train_rows == 1)
+    expect_refusal = (
+        out not in ("fine", "folder")
+        or model_id != "model"
+        or (to != "none" and to == MISSING_BACKEND)
+        or data == "wrapped"
+        or weights == "pretrained"
+        or (fraction and train_rows == 1)
+    )
     assert (code == 2) == bool(expect_refusal), said

@@ -23,10 +23,13 @@ def recorded(name: str, schedule: bool = False) -> dict:
     config = entry.get("config") or {}
     curves["max_grad_norm"] = config.get("max_grad_norm")
     if schedule:
-        curves["schedule"] = {"name": config["lr_scheduler_type"].split()[0], "learning_rate": config["learning_rate"],
-                              "total_steps": config.get("max_steps") or curves["planned_steps"],
-                              "warmup_steps": int(config.get("warmup_steps_resolved", config.get("warmup_steps"))),
-                              "min_lr_rate": 0.0}
+        curves["schedule"] = {
+            "name": config["lr_scheduler_type"].split()[0],
+            "learning_rate": config["learning_rate"],
+            "total_steps": config.get("max_steps") or curves["planned_steps"],
+            "warmup_steps": int(config.get("warmup_steps_resolved", config.get("warmup_steps"))),
+            "min_lr_rate": 0.0,
+        }
     return curves
 
 
@@ -39,19 +42,35 @@ def said(curves: dict) -> dict[str, str]:
 def synthetic(**series) -> dict:
     """A run logged every 10 steps; each keyword is a series' values."""
     length = max(len(v) for v in series.values())
-    return {"name": "synthetic", "path": "runs/synthetic", "source": "metrics.jsonl", "schedule": None,
-            "max_grad_norm": 1.0, "precision": "bf16", "planned_steps": 10 * length, "last_step": 10 * length,
-            "save_steps": None, "eval_steps": None, "checkpoints": [], "best_checkpoint": None, "stopped": None,
-            "finished": True,
-            "series": {name: {"steps": [10 * (i + 1) for i in range(len(values))], "values": list(values)}
-                       for name, values in series.items()}}
+    return {
+        "name": "synthetic",
+        "path": "runs/synthetic",
+        "source": "metrics.jsonl",
+        "schedule": None,
+        "max_grad_norm": 1.0,
+        "precision": "bf16",
+        "planned_steps": 10 * length,
+        "last_step": 10 * length,
+        "save_steps": None,
+        "eval_steps": None,
+        "checkpoints": [],
+        "best_checkpoint": None,
+        "stopped": None,
+        "finished": True,
+        "series": {
+            name: {"steps": [10 * (i + 1) for i in range(len(values))], "values": list(values)}
+            for name, values in series.items()
+        },
+    }
 
 
 def healthy(n: int = 60) -> dict:
-    return synthetic(loss=[2.0 * math.exp(-i / 20) + 0.5 + 0.02 * math.sin(i) for i in range(n)],
-                     grad_norm=[0.6 + 0.1 * math.sin(i / 3) for i in range(n)],
-                     tokens_per_second=[12000 + 300 * math.sin(i) for i in range(n)],
-                     memory_allocated_gib=[30.0 + 0.01 * math.sin(i) for i in range(n)])
+    return synthetic(
+        loss=[2.0 * math.exp(-i / 20) + 0.5 + 0.02 * math.sin(i) for i in range(n)],
+        grad_norm=[0.6 + 0.1 * math.sin(i / 3) for i in range(n)],
+        tokens_per_second=[12000 + 300 * math.sin(i) for i in range(n)],
+        memory_allocated_gib=[30.0 + 0.01 * math.sin(i) for i in range(n)],
+    )
 
 
 def test_the_six_readers_are_post_run_checks_with_topics():
@@ -92,14 +111,18 @@ def test_real_overfitting_is_named_with_the_step_of_the_best_eval_loss(name):
     curves = recorded(name)
     best = min(zip(curves["series"]["eval_loss"]["values"], curves["series"]["eval_loss"]["steps"]))[1]
     title = said(curves)["overfitting"]
-    assert title == f"overfitting: the eval loss stayed above its best for 4 evaluations after step {best} while the " \
-                    "train loss fell"
+    assert (
+        title == f"overfitting: the eval loss stayed above its best for 4 evaluations after step {best} while the "
+        "train loss fell"
+    )
 
 
 def test_a_trainer_state_alone_is_judged_against_the_trainers_default_threshold():
     curves = read_run(FIXTURES / "grad_clipped_mistral7b_medbot_lora.json")  # no training arguments at hand
-    assert said(curves)["grad-norm-curve"] == ("the gradient norm was clipped on 83% of the logged steps: above 1.1x the "
-                                               "threshold 1 (the Trainer's default; the log does not say)")
+    assert said(curves)["grad-norm-curve"] == (
+        "the gradient norm was clipped on 83% of the logged steps: above 1.1x the "
+        "threshold 1 (the Trainer's default; the log does not say)"
+    )
 
 
 def test_a_cosine_that_turns_back_up_against_its_configured_schedule():
@@ -114,9 +137,15 @@ def test_a_real_dpo_tail_that_only_wobbles_is_not_overfitting():
     assert "overfitting" not in said(recorded("healthy_zephyr7b_dpo"))
 
 
-@pytest.mark.parametrize("name, share", [("grad_clipped_tinyllama_lora", "100%"), ("grad_clipped_mistral7b_medbot_lora", "83%"),
-                                         ("grad_rising_yandexgpt8b_lora", "65%"),
-                                         ("lr_cosine_warmup_mistral7b_translator", "83%")])  # LLaMA-Factory's default 1.0
+@pytest.mark.parametrize(
+    "name, share",
+    [
+        ("grad_clipped_tinyllama_lora", "100%"),
+        ("grad_clipped_mistral7b_medbot_lora", "83%"),
+        ("grad_rising_yandexgpt8b_lora", "65%"),
+        ("lr_cosine_warmup_mistral7b_translator", "83%"),
+    ],
+)  # LLaMA-Factory's default 1.0
 def test_real_runs_clipped_on_most_steps(name, share):
     assert said(recorded(name))["grad-norm-curve"].startswith(f"the gradient norm was clipped on {share}")
 
@@ -126,8 +155,17 @@ def test_real_runs_that_never_learned_are_a_plateau(name):
     assert said(recorded(name))["loss-plateau"].startswith("the train loss stayed flat from the start")
 
 
-@pytest.mark.parametrize("name", ["healthy_qwen3_8b_unsloth_tcm", "healthy_lora_linear_warmup_250", "healthy_nsllm_full_ft",
-                                  "healthy_zephyr7b_dpo", "lr_linear_stopped_early", "lr_linear_chatglm6b_ptuning"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "healthy_qwen3_8b_unsloth_tcm",
+        "healthy_lora_linear_warmup_250",
+        "healthy_nsllm_full_ft",
+        "healthy_zephyr7b_dpo",
+        "lr_linear_stopped_early",
+        "lr_linear_chatglm6b_ptuning",
+    ],
+)
 def test_real_healthy_runs_are_quiet(name):
     assert said(recorded(name, schedule=True)) == {}
 
@@ -157,9 +195,13 @@ def test_a_schedule_built_for_another_length_never_reaches_its_end():
 
 # ---------------------------------------------------------------- synthetic shapes
 
+
 def test_a_healthy_synthetic_run_is_quiet():
     curves = healthy()
-    curves["series"]["eval_loss"] = {"steps": [100, 200, 300, 400, 500, 600], "values": [2.0, 1.5, 1.2, 1.1, 1.05, 1.04]}
+    curves["series"]["eval_loss"] = {
+        "steps": [100, 200, 300, 400, 500, 600],
+        "values": [2.0, 1.5, 1.2, 1.1, 1.05, 1.04],
+    }
     assert said(curves) == {}
 
 
@@ -170,7 +212,7 @@ def test_an_oscillating_learning_rate():
 
 
 def test_a_gradient_norm_rising_over_the_last_third():
-    norms = [0.5] * 40 + [0.5 * 1.06 ** i for i in range(20)]
+    norms = [0.5] * 40 + [0.5 * 1.06**i for i in range(20)]
     assert said(synthetic(grad_norm=norms))["grad-norm-curve"].startswith("the gradient norm rose over the last third")
 
 
@@ -209,8 +251,10 @@ def test_throughput_that_halves_after_a_checkpoint_and_stays_down():
     speeds = [12000.0] * 30 + [6000.0] * 30
     curves = synthetic(tokens_per_second=speeds)
     curves["checkpoints"] = [300]
-    title, detail = said(curves)["throughput-drop"], next(
-        f.detail for f in judge(curves, plugins=False)[0] if f.id == "throughput-drop")
+    title, detail = (
+        said(curves)["throughput-drop"],
+        next(f.detail for f in judge(curves, plugins=False)[0] if f.id == "throughput-drop"),
+    )
     assert title == "throughput fell by 50% at step 310 and did not recover: 12,000 to 6,000 tokens/s"
     assert detail == "It coincides with a checkpoint save at step 300."
 
@@ -256,8 +300,9 @@ def test_a_non_finite_point_is_a_finding_and_never_judged_over():
     assert by_id["loss-plateau"].severity.value == "error"
     assert by_id["loss-plateau"].title == "the train loss is non-finite from step 580 (NaN): 3 of 60 logged points"
     assert by_id["loss-plateau"].evidence["step"] == 580 and by_id["loss-plateau"].explain == "nan-loss"
-    assert by_id["grad-norm-curve"].title == ("the gradient norm is non-finite at 1 of 60 logged points, first at step "
-                                              "60 (inf)")
+    assert by_id["grad-norm-curve"].title == (
+        "the gradient norm is non-finite at 1 of 60 logged points, first at step 60 (inf)"
+    )
     assert not any(word in f.title for f in findings for word in ("fell", "stayed level"))
 
 
@@ -272,8 +317,10 @@ def test_a_reader_whose_second_series_is_non_finite_is_skipped_saying_why():
     curves = synthetic(eval_loss=[1.0, 0.9, 1.0, 1.1, 1.2, 1.3], loss=[1.0, 0.8, float("inf"), 0.5, 0.4, 0.3])
     findings, skipped = judge(curves, plugins=False)
     reasons = {s.id: s.reason for s in skipped}
-    assert reasons["overfitting"] == "the train loss is non-finite at 1 of 6 logged points, first at step 30 (inf): " \
-                                     "not judged over those"
+    assert (
+        reasons["overfitting"] == "the train loss is non-finite at 1 of 6 logged points, first at step 30 (inf): "
+        "not judged over those"
+    )
     assert {f.id: f.severity.value for f in findings}["loss-plateau"] == "error"
 
 

@@ -4,14 +4,16 @@ example (tests/fixtures/data_prep/README.md) extrapolated to datasets of other s
 import json
 
 import pytest
-
 from conftest import FIXTURES, plan_of, run_of, severities
+
 from sftdoctor.facts.data_prep import extrapolate
 from sftdoctor.run.resolve import ddp_timeout
 
 TINY = json.loads((FIXTURES / "data_prep" / "tiny-packed-2proc.json").read_text())
-MEASURED = {k: TINY[k] for k in ("sample_rows", "sample_bytes", "baseline_rows", "baseline_bytes", "prep_s", "fixed_s",
-                                 "num_proc")}
+MEASURED = {
+    k: TINY[k]
+    for k in ("sample_rows", "sample_bytes", "baseline_rows", "baseline_bytes", "prep_s", "fixed_s", "num_proc")
+}
 PER_BYTE = TINY["prep_s"] / (TINY["sample_bytes"] - TINY["baseline_bytes"])
 
 
@@ -55,8 +57,9 @@ def test_above_half_the_timeout_is_a_warning_below_it_ok(run):
     assert severities(run("data-prep-timeout", data_prep=prep_of(bytes_for(700), 1), plan=plan())) == ["warning"]
     assert severities(run("data-prep-timeout", data_prep=prep_of(bytes_for(640), 1), plan=plan())) == ["ok"]
     # the same data against a longer timeout: [watch] hang_timeout_s = 900 gives 3720 s
-    assert severities(run("data-prep-timeout", data_prep=prep_of(bytes_for(2000), 1), plan=plan(hang_timeout_s=900))) \
-        == ["warning"]
+    assert severities(
+        run("data-prep-timeout", data_prep=prep_of(bytes_for(2000), 1), plan=plan(hang_timeout_s=900))
+    ) == ["warning"]
 
 
 def test_more_processes_divide_the_preparation():
@@ -80,15 +83,24 @@ def test_one_process_waits_for_nobody(run):
 
 
 def test_a_probe_that_failed_is_a_warning_that_says_so_never_ok(run):
-    [finding] = run("data-prep-timeout", data_prep={"estimate_s": None, "error": "the data preparation probe took "
-                                                                                 "over 600 s"}, plan=plan())
+    [finding] = run(
+        "data-prep-timeout",
+        data_prep={"estimate_s": None, "error": "the data preparation probe took over 600 s"},
+        plan=plan(),
+    )
     assert finding.severity.value == "warning" and "could not be measured" in finding.title
     assert "took over 600 s" in finding.detail
 
 
 def test_a_bound_says_at_most_and_that_it_was_not_measured(run):
-    prep = {"estimate_s": 5.04, "basis": "bound", "bytes_total": 252_000, "floor_bytes_s": 50_000, "packing": True,
-            "max_length": 256}
+    prep = {
+        "estimate_s": 5.04,
+        "basis": "bound",
+        "bytes_total": 252_000,
+        "floor_bytes_s": 50_000,
+        "packing": True,
+        "max_length": 256,
+    }
     [finding] = run("data-prep-timeout", data_prep=prep, plan=plan())
     assert finding.severity.value == "ok"
     assert finding.title.startswith("rank 0 prepares the data in at most 5 s, 0% of ddp_timeout 1320 s")

@@ -4,8 +4,8 @@ bad input), on the rows the data probe counted; and the probe's own refusals (th
 import json
 
 import pytest
-
 from conftest import make_run, plan_of, severities
+
 from sftdoctor.errors import InputError
 from sftdoctor.facts import Facts, Inputs
 from sftdoctor.facts.data import describe, eval_split
@@ -14,8 +14,15 @@ ROW = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "co
 
 
 def data(rows, one_object=(), split=None, eval_rows=None):
-    out = {"train": {"files": ["d.jsonl"], "rows": rows, "format": "text", "shape": "text",
-                     **({"one_object": list(one_object)} if one_object else {})}}
+    out = {
+        "train": {
+            "files": ["d.jsonl"],
+            "rows": rows,
+            "format": "text",
+            "shape": "text",
+            **({"one_object": list(one_object)} if one_object else {}),
+        }
+    }
     if split:
         out["split"] = split
     if eval_rows:
@@ -27,8 +34,10 @@ def test_fewer_rows_than_one_global_batch_is_a_warning_saying_what_the_trainer_d
     plan = plan_of(make_run(tmp_path, training={"global_batch_size": 16, "per_device_batch_size": 8, "max_steps": 60}))
     [few] = run("data-rows", data=data(5), plan=plan)
     assert few.severity.value == "warning"
-    assert few.title == ("5 training rows, fewer than one global batch of 16 (8 per device x 2 accumulation x 1): each "
-                         "epoch is one optimizer step on a partial batch of 5")
+    assert few.title == (
+        "5 training rows, fewer than one global batch of 16 (8 per device x 2 accumulation x 1): each "
+        "epoch is one optimizer step on a partial batch of 5"
+    )
     assert "60 steps pass over the same 5 rows 60 times" in few.detail
     [enough] = run("data-rows", data=data(40, eval_rows=4), plan=plan)
     assert enough.severity.value == "ok"
@@ -62,8 +71,11 @@ def test_a_file_of_one_object_is_one_row_as_datasets_reads_it(tmp_path, text):
 
 def test_an_object_that_wraps_rows_is_bad_input_saying_where_they_are(tmp_path):
     (tmp_path / "d.json").write_text(json.dumps({"data": [ROW, ROW]}, indent=2))
-    with pytest.raises(InputError, match=r"its one JSON object: no known format; found \['data'\].*its 'data' holds a "
-                                         r"list of 2 objects: write that list as the file"):
+    with pytest.raises(
+        InputError,
+        match=r"its one JSON object: no known format; found \['data'\].*its 'data' holds a "
+        r"list of 2 objects: write that list as the file",
+    ):
         describe([str(tmp_path / "d.json")])
 
 
@@ -72,8 +84,10 @@ def test_a_jsonl_file_that_is_a_json_array_is_read_as_datasets_reads_it(tmp_path
     assert describe([str(tmp_path / "d.jsonl")])["rows"] == 2
 
 
-@pytest.mark.parametrize("rows, fraction, split", [(20, 0.01, (19, 1)), (20, 0.5, (10, 10)), (3, 0.5, (1, 2)),
-                                                   (1, 0.5, (0, 1)), (1, 1e-9, (0, 1)), (7, 0.0, (7, 0))])
+@pytest.mark.parametrize(
+    "rows, fraction, split",
+    [(20, 0.01, (19, 1)), (20, 0.5, (10, 10)), (3, 0.5, (1, 2)), (1, 0.5, (0, 1)), (1, 1e-9, (0, 1)), (7, 0.0, (7, 0))],
+)
 def test_the_eval_split_counts(rows, fraction, split):
     assert eval_split(rows, fraction) == split
 
@@ -100,11 +114,16 @@ def test_an_eval_fraction_that_leaves_no_training_row_is_refused_with_the_counts
     facts = _config(tmp_path, '{"text": "a"}\n', eval_fraction=0.01)
     with pytest.raises(InputError) as refused:
         facts.get("data")
-    assert str(refused.value) == (f"{tmp_path / 'run.toml'}: [data].eval_fraction: 0.01 of 1 training row holds out 1 "
-                                  "for eval and leaves 0 to train on (datasets' train_test_split holds out ceil(0.01 x "
-                                  "1)): give more rows, or an eval file ([data] eval)")
-    assert _config(tmp_path, '{"text": "a"}\n{"text": "b"}\n', eval_fraction=0.01).get("data")["split"] == \
-        {"fraction": 0.01, "train": 1, "eval": 1}
+    assert str(refused.value) == (
+        f"{tmp_path / 'run.toml'}: [data].eval_fraction: 0.01 of 1 training row holds out 1 "
+        "for eval and leaves 0 to train on (datasets' train_test_split holds out ceil(0.01 x "
+        "1)): give more rows, or an eval file ([data] eval)"
+    )
+    assert _config(tmp_path, '{"text": "a"}\n{"text": "b"}\n', eval_fraction=0.01).get("data")["split"] == {
+        "fraction": 0.01,
+        "train": 1,
+        "eval": 1,
+    }
 
 
 def test_parquet_and_json_in_one_split_are_refused(tmp_path):

@@ -6,8 +6,8 @@ import dataclasses
 import json
 
 import pytest
-
 from conftest import FIXTURES, make_run, plan_of, severities
+
 from sftdoctor.checks import Skipped
 
 RECORDED = FIXTURES / "unused_parameters"
@@ -79,10 +79,13 @@ def test_a_plan_that_left_the_search_off_over_unused_tensors_is_an_error(run, tm
     assert "Expected to have finished reduction" in unused.detail
 
 
-@pytest.mark.parametrize("launch, deepspeed, why", [
-    ({"nproc_per_node": 1}, None, "one process"),
-    ({"nproc_per_node": 2}, {"zero_stage": 2}, "DeepSpeed's engine"),
-])
+@pytest.mark.parametrize(
+    "launch, deepspeed, why",
+    [
+        ({"nproc_per_node": 1}, None, "one process"),
+        ({"nproc_per_node": 2}, {"zero_stage": 2}, "DeepSpeed's engine"),
+    ],
+)
 def test_no_ddp_reducer_no_verdict(run, tmp_path, launch, deepspeed, why):
     sections = {"launch": launch, **({"deepspeed": deepspeed} if deepspeed else {})}
     plan = plan_of(make_run(tmp_path, **sections), unused_parameters=probed("gemma-3-4b-it_full"))

@@ -9,8 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, make_run, plan_of
+
 from sftdoctor.run.saves import GIB, OTHER_FILES, budget, bytes_per_param
 from sftdoctor.run.shape import closed_form
 from sftdoctor.triage import diagnose
@@ -92,10 +92,10 @@ def test_the_predicted_checkpoint_matches_a_real_save_of_the_tiny_example(tmp_pa
     tiny = Path(__file__).parents[2] / "examples" / "tiny"
     (tmp_path / "run.toml").write_text(f"""
 [model]
-path = "{tiny / 'model'}"
+path = "{tiny / "model"}"
 weights = "random"
 [data]
-train = "{tiny / 'data' / 'train.jsonl'}"
+train = "{tiny / "data" / "train.jsonl"}"
 max_length = 128
 [training]
 global_batch_size = 4
@@ -103,12 +103,16 @@ per_device_batch_size = 4
 max_steps = 2
 save_steps = 2
 packing = false
-output_dir = "{tmp_path / 'run'}"
+output_dir = "{tmp_path / "run"}"
 [launch]
 nproc_per_node = 1
 """)
-    done = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(tmp_path / "run.toml")], capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "train", str(tmp_path / "run.toml")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     ckpt = tmp_path / "run" / "checkpoint-2"
     params = 123_456  # the tiny Qwen2, tied embeddings (facts.model_shape counts the same)
@@ -136,12 +140,12 @@ def test_the_gate_refuses_a_run_whose_checkpoints_cannot_fit_on_a_real_small_dis
     config = tmp_path / "run.toml"
     config.write_text(f"""
 [model]
-path = "{tiny / 'model'}"
+path = "{tiny / "model"}"
 weights = "random"
 [data]
-train = "{tiny / 'data' / 'train.jsonl'}"
+train = "{tiny / "data" / "train.jsonl"}"
 [training]
-output_dir = "{small_disk / 'runs' / 'r'}"
+output_dir = "{small_disk / "runs" / "r"}"
 """)
     command = [sys.executable, "-m", "sftdoctor", "check", "--config", str(config), "--select", "disk-full"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
@@ -152,7 +156,7 @@ output_dir = "{small_disk / 'runs' / 'r'}"
 @pytest.mark.slow
 def test_the_installed_torch_failing_to_save_on_a_full_disk_is_diagnosed_as_disk_full(small_disk):
     """torch 2.13's own message on a real ENOSPC, read back by `explain --log`'s engine."""
-    save = "import torch; torch.save({'w': torch.zeros(4 * 2**20)}, %r)" % str(small_disk / "optimizer.pt")
+    save = "import torch; torch.save({{'w': torch.zeros(4 * 2**20)}}, {!r})".format(str(small_disk / "optimizer.pt"))
     done = subprocess.run([sys.executable, "-c", save], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     root = diagnose(io.BytesIO(done.stderr.encode())).root

@@ -13,7 +13,11 @@ def test_lm_eval_missing_is_an_error_before_the_run_trains(run):
 
 
 def test_unknown_tasks_are_named_each_with_its_nearest_known_one(run):
-    fact = {"installed": True, "unknown": {"mmlu_abstract_algebr": "mmlu_abstract_algebra", "zzz": None}, "indexed": 14687}
+    fact = {
+        "installed": True,
+        "unknown": {"mmlu_abstract_algebr": "mmlu_abstract_algebra", "zzz": None},
+        "indexed": 14687,
+    }
     [finding] = run("eval-tasks", eval_tasks=fact, plan=plan())
     assert finding.severity.value == "error"
     assert "'mmlu_abstract_algebr' (did you mean 'mmlu_abstract_algebra'?); 'zzz'" in finding.title

@@ -4,8 +4,8 @@ own tags and fixes), and the GPUs Triton compiles for; on recorded GPUs and vers
 from importlib.metadata import version
 
 import pytest
-
 from conftest import plan_of, recorded_gpus, run_of, severities
+
 from sftdoctor.checks import Skipped
 from sftdoctor.checks.liger import PAIRS
 
@@ -28,14 +28,22 @@ def test_the_installed_stack_is_no_broken_pair(run):
     assert "use_liger_kernel pairs do not apply" in findings[0].title
 
 
-@pytest.mark.parametrize("stack, pair", [
-    ({"liger-kernel": "0.3.1", "triton": "2.2.0", "transformers": "4.44.2"}, ["liger-0.3.1-triton-cast", "liger-triton-floor"]),
-    ({"liger-kernel": "0.3.1", "triton": "2.3.1", "transformers": "4.44.2"}, ["liger-0.3.1-triton-cast"]),
-    ({"liger-kernel": "0.5.0", "triton": "2.3.0", "transformers": "4.46.3"}, ["liger-triton-floor"]),
-    ({"liger-kernel": "0.8.5", "transformers": "4.48.2"}, ["liger-transformers-floor"]),
-    ({"liger-kernel": "0.6.4", "transformers": "5.0.0"}, ["liger-transformers-v5"]),
-])
-def test_a_pair_that_breaks_liger_anywhere_is_an_error_for_a_run_with_liger_and_a_warning_without_a_run(run, stack, pair):
+@pytest.mark.parametrize(
+    "stack, pair",
+    [
+        (
+            {"liger-kernel": "0.3.1", "triton": "2.2.0", "transformers": "4.44.2"},
+            ["liger-0.3.1-triton-cast", "liger-triton-floor"],
+        ),
+        ({"liger-kernel": "0.3.1", "triton": "2.3.1", "transformers": "4.44.2"}, ["liger-0.3.1-triton-cast"]),
+        ({"liger-kernel": "0.5.0", "triton": "2.3.0", "transformers": "4.46.3"}, ["liger-triton-floor"]),
+        ({"liger-kernel": "0.8.5", "transformers": "4.48.2"}, ["liger-transformers-floor"]),
+        ({"liger-kernel": "0.6.4", "transformers": "5.0.0"}, ["liger-transformers-v5"]),
+    ],
+)
+def test_a_pair_that_breaks_liger_anywhere_is_an_error_for_a_run_with_liger_and_a_warning_without_a_run(
+    run, stack, pair
+):
     packages = {**CURRENT, **stack}
     with_run = run("liger-kernel", packages=packages, plan=LIGER_ON, gpus=RTX3090)
     assert pairs(with_run) == pair and set(severities(with_run)) == {"error"}
@@ -45,18 +53,31 @@ def test_a_pair_that_breaks_liger_anywhere_is_an_error_for_a_run_with_liger_and_
 
 
 def test_the_cast_pair_names_the_versions_and_its_fix(run):
-    [finding] = run("liger-kernel", packages={**CURRENT, "liger-kernel": "0.3.1", "triton": "2.3.1",
-                                                      "transformers": "4.44.2"}, plan=LIGER_ON)
-    assert finding.title.startswith("liger-kernel 0.3.1 with triton 2.3.1") and finding.fix == 'pip install "liger-kernel>=0.4.0"'
+    [finding] = run(
+        "liger-kernel",
+        packages={**CURRENT, "liger-kernel": "0.3.1", "triton": "2.3.1", "transformers": "4.44.2"},
+        plan=LIGER_ON,
+    )
+    assert (
+        finding.title.startswith("liger-kernel 0.3.1 with triton 2.3.1")
+        and finding.fix == 'pip install "liger-kernel>=0.4.0"'
+    )
 
 
-@pytest.mark.parametrize("stack, pair", [
-    ({"trl": "0.15.1"}, ["trl-0.15-liger-logits"]),
-    ({"trl": "0.26.2", "liger-kernel": "0.6.4", "triton": "3.5.0", "transformers": "4.57.1"},
-     ["trl-0.26-liger-token-accuracy"]),
-    ({"trl": "0.27.0", "liger-kernel": "0.6.4", "triton": "3.2.0", "transformers": "4.57.1"},
-     ["liger-0.6.4-token-accuracy-triton"]),
-])
+@pytest.mark.parametrize(
+    "stack, pair",
+    [
+        ({"trl": "0.15.1"}, ["trl-0.15-liger-logits"]),
+        (
+            {"trl": "0.26.2", "liger-kernel": "0.6.4", "triton": "3.5.0", "transformers": "4.57.1"},
+            ["trl-0.26-liger-token-accuracy"],
+        ),
+        (
+            {"trl": "0.27.0", "liger-kernel": "0.6.4", "triton": "3.2.0", "transformers": "4.57.1"},
+            ["liger-0.6.4-token-accuracy-triton"],
+        ),
+    ],
+)
 def test_a_pair_of_trls_own_switch_warns_without_a_run_and_spares_sftdoctors_trainer(run, stack, pair):
     packages = {**CURRENT, **stack}
     alone = run("liger-kernel", packages=packages)
@@ -66,10 +87,13 @@ def test_a_pair_of_trls_own_switch_warns_without_a_run_and_spares_sftdoctors_tra
 
 
 def test_the_fixed_releases_are_not_flagged(run):
-    for stack in ({"trl": "0.16.0"}, {"trl": "0.26.2", "liger-kernel": "0.6.5", "transformers": "4.57.1"},
-                  {"liger-kernel": "0.4.0", "triton": "2.3.1", "transformers": "4.46.3"},
-                  {"liger-kernel": "0.7.0", "transformers": "4.52.0"}, {"liger-kernel": "0.6.5", "triton": "3.2.0",
-                                                                       "transformers": "4.57.1"}):
+    for stack in (
+        {"trl": "0.16.0"},
+        {"trl": "0.26.2", "liger-kernel": "0.6.5", "transformers": "4.57.1"},
+        {"liger-kernel": "0.4.0", "triton": "2.3.1", "transformers": "4.46.3"},
+        {"liger-kernel": "0.7.0", "transformers": "4.52.0"},
+        {"liger-kernel": "0.6.5", "triton": "3.2.0", "transformers": "4.57.1"},
+    ):
         assert severities(run("liger-kernel", packages={**CURRENT, **stack})) == ["ok"], stack
 
 

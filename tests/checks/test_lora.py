@@ -5,8 +5,8 @@ machines (GPU facts recorded from nvidia-smi outputs) and layer listings recorde
 import json
 
 import pytest
-
 from conftest import FIXTURES, NO_GPU, index, plan_of, recorded_gpus, run_of, severities
+
 from sftdoctor.checks import Skipped
 from sftdoctor.facts.configs import read_json_object, summarize_model_config
 
@@ -46,6 +46,7 @@ def targets(run, lora=None, modules="tiny_qwen2.json", packages=PACKAGES, **sect
 
 # ---------------------------------------------------------------- lora-targets
 
+
 def test_a_full_fine_tune_skips_the_adapter_checks(run):
     plan = lora_plan(None)
     for check in ("lora-targets", "qlora"):
@@ -57,28 +58,38 @@ def test_all_linear_on_the_tiny_model_says_what_the_adapters_train(run):
     assert finding.severity.value == "ok"
     # rank 16 on q/o (64->64), k/v (64->32), gate/up (64->192), down (192->64), in each of 2 layers
     assert finding.title == "adapters of rank 16 on 14 layers train 38,912 parameters (31.52% of 123,456)"
-    assert finding.detail == ("Wrapped: down_proj x2, gate_proj x2, up_proj x2, k_proj x2, o_proj x2, q_proj x2, "
-                              "v_proj x2.")
+    assert finding.detail == (
+        "Wrapped: down_proj x2, gate_proj x2, up_proj x2, k_proj x2, o_proj x2, q_proj x2, v_proj x2."
+    )
     assert "lm_head" not in finding.detail  # the output head is not a target of all-linear
     assert finding.evidence["trainable_params"] == 38_912 and finding.evidence["missing"] == []
 
 
 def test_llama2_7b_q_v_adapters_are_the_numbers_peft_prints(run):
-    [finding] = targets(run, {"r": 8, "target_modules": ["q_proj", "v_proj"], "modules_to_save": ["lm_head"]},
-                        modules="Llama-2-7b-chat-hf.json")
+    [finding] = targets(
+        run,
+        {"r": 8, "target_modules": ["q_proj", "v_proj"], "modules_to_save": ["lm_head"]},
+        modules="Llama-2-7b-chat-hf.json",
+    )
     assert finding.severity.value == "ok"
     trainable = 4_194_304 + 32000 * 4096
-    assert finding.title == (f"adapters of rank 8 on 64 layers train {trainable:,} parameters "
-                             f"({trainable / 6_738_415_616:.2%} of 6,738,415,616)")
+    assert finding.title == (
+        f"adapters of rank 8 on 64 layers train {trainable:,} parameters "
+        f"({trainable / 6_738_415_616:.2%} of 6,738,415,616)"
+    )
     assert finding.detail == "Wrapped: q_proj x32, v_proj x32; trained in full: lm_head."
 
 
 def test_a_misspelt_name_beside_good_ones_is_an_error_saying_peft_would_skip_it(run):
     [finding] = targets(run, {"target_modules": ["q_proj", "v_porj"]})
     assert finding.severity.value == "error"
-    assert finding.title == "[lora] target_modules names 1 layer this qwen2 does not have: v_porj (did you mean 'v_proj'?)"
+    assert (
+        finding.title == "[lora] target_modules names 1 layer this qwen2 does not have: v_porj (did you mean 'v_proj'?)"
+    )
     assert "peft silently skips" in finding.detail and "Wrapped: q_proj x2." in finding.detail
-    assert "Its linear layers: down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj." in finding.detail
+    assert (
+        "Its linear layers: down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj." in finding.detail
+    )
     assert finding.evidence["missing"] == ["v_porj"] and "all-linear" in finding.fix
 
 
@@ -121,8 +132,9 @@ def test_unknown_packages_do_not_claim_peft_is_missing(run):
     assert severities(targets(run, {}, packages=None)) == ["ok"]
 
 
-@pytest.mark.parametrize("key, old, new, since", [("use_dora", "0.8.2", "0.9.0", "0.9"),
-                                                   ("use_rslora", "0.6.2", "0.7.1", "0.7")])
+@pytest.mark.parametrize(
+    "key, old, new, since", [("use_dora", "0.8.2", "0.9.0", "0.9"), ("use_rslora", "0.6.2", "0.7.1", "0.7")]
+)
 def test_dora_and_rslora_need_a_peft_that_has_them(run, key, old, new, since):
     findings = targets(run, {key: True}, packages={**PACKAGES, "peft": old})
     assert severities(findings) == ["error"]
@@ -148,8 +160,17 @@ def test_a_model_whose_layers_could_not_be_listed_is_a_warning_not_a_verdict(run
 
 # ---------------------------------------------------------------- qlora
 
-def qlora(run, quantize="4bit", gpus=H100x8, bitsandbytes=BNB_OK, model_config=None, modules="Llama-2-7b-chat-hf.json",
-          lora=None, **sections):
+
+def qlora(
+    run,
+    quantize="4bit",
+    gpus=H100x8,
+    bitsandbytes=BNB_OK,
+    model_config=None,
+    modules="Llama-2-7b-chat-hf.json",
+    lora=None,
+    **sections,
+):
     gpu_facts = NO_GPU if gpus is None else recorded_gpus(gpus)
     plan = lora_plan({"quantize": quantize, **(lora or {})}, gpus=gpu_facts, modules=modules, **sections)
     facts = {"plan": plan, "gpus": gpu_facts}
@@ -179,17 +200,25 @@ def test_qlora_without_bitsandbytes_is_an_error(run):
 
 
 def test_a_bitsandbytes_that_does_not_import_is_an_error_quoting_why(run):
-    broken = {"installed": True, "version": "0.41.1", "import_ok": False,
-              "import_error": "RuntimeError: CUDA Setup failed despite GPU being available."}
+    broken = {
+        "installed": True,
+        "version": "0.41.1",
+        "import_ok": False,
+        "import_error": "RuntimeError: CUDA Setup failed despite GPU being available.",
+    }
     findings = qlora(run, bitsandbytes=broken)
     assert severities(findings) == ["error"]
-    assert findings[0].title == ("bitsandbytes 0.41.1 does not import against this torch: "
-                                 "RuntimeError: CUDA Setup failed despite GPU being available.")
+    assert findings[0].title == (
+        "bitsandbytes 0.41.1 does not import against this torch: "
+        "RuntimeError: CUDA Setup failed despite GPU being available."
+    )
 
 
 # bitsandbytes' installation guide (0.48-0.50): NF4/FP4 on compute capability 6.0+, LLM.int8() on 7.5+.
-EIGHT_BIT_TOO_OLD = {P100x4: "4x Tesla P100-PCIE... (compute capability 6.0)",
-                     V100x4: "4x Tesla V100-PCIE... (compute capability 7.0)"}
+EIGHT_BIT_TOO_OLD = {
+    P100x4: "4x Tesla P100-PCIE... (compute capability 6.0)",
+    V100x4: "4x Tesla V100-PCIE... (compute capability 7.0)",
+}
 MACHINES = [e["file"] for e in index("nvidia_smi") if recorded_gpus(e["file"])["devices"]]
 
 
@@ -211,15 +240,18 @@ def test_8bit_needs_turing_or_newer(run, gpus):
     findings = qlora(run, "8bit", gpus=gpus)
     if gpus in EIGHT_BIT_TOO_OLD:
         assert severities(findings) == ["error"]
-        assert findings[0].title == (f"{EIGHT_BIT_TOO_OLD[gpus]} are below compute capability 7.5, which "
-                                     "bitsandbytes' 8bit layers need")
+        assert findings[0].title == (
+            f"{EIGHT_BIT_TOO_OLD[gpus]} are below compute capability 7.5, which bitsandbytes' 8bit layers need"
+        )
         assert findings[0].fix == '[lora] quantize = "4bit"'
     else:
         assert severities(findings) == ["ok"] and findings[0].title.startswith("LLM.int8() base computing in ")
 
 
 def test_a_gpu_too_old_even_for_4bit_is_told_to_drop_quantization(run):
-    maxwell = {"devices": [{"index": 0, "name": "Tesla M40 24GB", "compute_capability": "5.2", "memory_total_mib": 24576}]}
+    maxwell = {
+        "devices": [{"index": 0, "name": "Tesla M40 24GB", "compute_capability": "5.2", "memory_total_mib": 24576}]
+    }
     plan = lora_plan({"quantize": "4bit"}, gpus=maxwell, modules="Llama-2-7b-chat-hf.json")
     findings = run("qlora", plan=plan, gpus=maxwell, bitsandbytes=BNB_OK)
     assert severities(findings) == ["error"] and "below compute capability 6.0" in findings[0].title
@@ -229,8 +261,10 @@ def test_a_gpu_too_old_even_for_4bit_is_told_to_drop_quantization(run):
 def test_qlora_under_zero3_says_the_quant_storage(run):
     findings = qlora(run, "4bit", deepspeed={"zero_stage": 3})
     assert severities(findings) == ["ok"]
-    assert findings[0].title == ("4-bit NF4 with double quantization base computing in bfloat16 on 8x NVIDIA H100 80GB "
-                                 "HBM3 (compute capability 9.0); stored as bfloat16 so ZeRO-3 can partition it")
+    assert findings[0].title == (
+        "4-bit NF4 with double quantization base computing in bfloat16 on 8x NVIDIA H100 80GB "
+        "HBM3 (compute capability 9.0); stored as bfloat16 so ZeRO-3 can partition it"
+    )
     assert findings[0].evidence["quant_storage"] == "bfloat16" and findings[0].evidence["bitsandbytes"] == "0.49.1"
     on_v100 = qlora(run, "4bit", gpus=V100x4, deepspeed={"zero_stage": 3})
     assert on_v100[0].title.endswith("; stored as float16 so ZeRO-3 can partition it")
@@ -253,7 +287,9 @@ def test_optimizer_offload_with_qlora_is_advice_sized_by_the_adapters(run):
     findings = qlora(run, "4bit", deepspeed={"zero_stage": 2, "offload_optimizer": True})
     assert severities(findings) == ["ok", "info"]
     assert "moves only the adapters' optimizer states" in findings[1].title
-    assert f"They are {16 * 39_976_960 / 2**20:,.0f} MiB" in findings[1].detail  # r=16 all-linear on Llama-2-7B: 610 MiB
+    assert (
+        f"They are {16 * 39_976_960 / 2**20:,.0f} MiB" in findings[1].detail
+    )  # r=16 all-linear on Llama-2-7B: 610 MiB
     assert "610 MiB" in findings[1].detail
 
 
@@ -269,20 +305,26 @@ def test_fp16_compute_over_a_bf16_saved_model_is_a_warning(run):
 
 @pytest.mark.parametrize("precision, saved", [("bf16", BF16_SAVED), ("fp16", "Llama-2-7b-chat-hf.json")])
 def test_compute_dtype_that_matches_the_saved_one_is_fine(run, precision, saved):
-    assert severities(qlora(run, "4bit", gpus=A100x4, model_config=model(saved), model={"precision": precision})) == ["ok"]
+    assert severities(qlora(run, "4bit", gpus=A100x4, model_config=model(saved), model={"precision": precision})) == [
+        "ok"
+    ]
 
 
 def test_every_qlora_problem_is_said_at_once(run):
-    findings = qlora(run, "8bit", gpus=None, bitsandbytes={"installed": False},
-                     deepspeed={"zero_stage": 3, "offload_params": True})
+    findings = qlora(
+        run, "8bit", gpus=None, bitsandbytes={"installed": False}, deepspeed={"zero_stage": 3, "offload_params": True}
+    )
     assert severities(findings) == ["error", "error", "error"]
 
 
 # ---------------------------------------------------------------- learning-rate
 
+
 def rate_plan(rate, lora=True, **model):
-    return plan_of(run_of(training={"learning_rate": rate}, model=model, **({"lora": {}} if lora else {})),
-                   gpus=recorded_gpus(H100x8))
+    return plan_of(
+        run_of(training={"learning_rate": rate}, model=model, **({"lora": {}} if lora else {})),
+        gpus=recorded_gpus(H100x8),
+    )
 
 
 def test_a_full_fine_tunes_rate_with_lora_is_advice_to_raise_it(run):
@@ -295,12 +337,25 @@ def test_a_full_fine_tunes_rate_with_lora_is_advice_to_raise_it(run):
 def test_a_lora_rate_for_a_full_fine_tune_is_advice_to_lower_it(run):
     [finding] = run("learning-rate", plan=rate_plan(2e-4, lora=False))
     assert finding.severity.value == "info"
-    assert finding.title == "learning rate 0.0002 for a full fine-tune is a LoRA rate: expect loss spikes and forgetting"
+    assert (
+        finding.title == "learning rate 0.0002 for a full fine-tune is a LoRA rate: expect loss spikes and forgetting"
+    )
     assert finding.fix.startswith("[training] learning_rate = 2e-5") and "Tulu 2" in finding.detail
 
 
-@pytest.mark.parametrize("rate, lora", [(1e-4, True), (2e-4, True), (3e-4, True), (5e-5, True),
-                                        (1e-5, False), (2e-5, False), (5e-5, False), (9e-5, False)])
+@pytest.mark.parametrize(
+    "rate, lora",
+    [
+        (1e-4, True),
+        (2e-4, True),
+        (3e-4, True),
+        (5e-5, True),
+        (1e-5, False),
+        (2e-5, False),
+        (5e-5, False),
+        (9e-5, False),
+    ],
+)
 def test_usual_rates_are_fine(run, rate, lora):
     [finding] = run("learning-rate", plan=rate_plan(rate, lora=lora))
     assert finding.severity.value == "ok"
@@ -319,11 +374,14 @@ def test_random_weights_are_not_fine_tuned_so_the_rate_is_not_judged(run, lora):
 
 # ---------------------------------------------------------------- gradient-checkpointing with adapters
 
+
 def test_checkpointing_with_lora_says_gradients_reach_the_adapters(run):
     [finding] = run("gradient-checkpointing", plan=lora_plan({}))
     assert finding.severity.value == "ok"
-    assert finding.title == ("on, non-reentrant (use_reentrant=False), passed as TrainingArguments.gradient_checkpointing; "
-                             "gradients reach the adapters (enable_input_require_grads)")
+    assert finding.title == (
+        "on, non-reentrant (use_reentrant=False), passed as TrainingArguments.gradient_checkpointing; "
+        "gradients reach the adapters (enable_input_require_grads)"
+    )
     assert "None of the inputs have requires_grad=True" in finding.detail
     assert "enable_input_require_grads()" in finding.detail and "ZeRO-3" not in finding.detail
     assert finding.evidence["use_reentrant"] is False
@@ -345,6 +403,8 @@ def test_a_full_fine_tune_has_no_adapter_advice(run, stage):
 
 
 def test_lora_without_checkpointing_needs_no_input_grads(run):
-    [finding] = run("gradient-checkpointing", plan=lora_plan({}, training={"gradient_checkpointing": False},
-                                                             deepspeed={"zero_stage": 3}))
+    [finding] = run(
+        "gradient-checkpointing",
+        plan=lora_plan({}, training={"gradient_checkpointing": False}, deepspeed={"zero_stage": 3}),
+    )
     assert finding.severity.value == "info" and "enable_input_require_grads" not in finding.title + finding.detail

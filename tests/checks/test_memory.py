@@ -5,8 +5,8 @@ import json
 from dataclasses import asdict
 
 import pytest
-
 from conftest import FIXTURES, make_run, plan_of, recorded_gpus, severities
+
 from sftdoctor.checks import Skipped
 from sftdoctor.run.resolve import memory_fit
 from sftdoctor.run.shape import closed_form
@@ -28,13 +28,24 @@ def llama_run(tmp_path, **sections):
 
 
 def check(run, tmp_path, shape, gpus, **sections):
-    return run("memory-fit", plan=plan_of(llama_run(tmp_path, **sections), gpus=recorded_gpus(gpus)),
-               model_shape=asdict(shape), gpus=recorded_gpus(gpus))
+    return run(
+        "memory-fit",
+        plan=plan_of(llama_run(tmp_path, **sections), gpus=recorded_gpus(gpus)),
+        model_shape=asdict(shape),
+        gpus=recorded_gpus(gpus),
+    )
 
 
 def test_the_recommended_setting_is_the_fastest_that_fits_and_keeps_the_global_batch(tmp_path, llama8b):
-    plan = plan_of(llama_run(tmp_path, training={"per_device_batch_size": 8, "gradient_checkpointing": False},
-                             deepspeed={"zero_stage": 2}), gpus=recorded_gpus(H100x8), packages={"liger-kernel": "0.8.5"})
+    plan = plan_of(
+        llama_run(
+            tmp_path,
+            training={"per_device_batch_size": 8, "gradient_checkpointing": False},
+            deepspeed={"zero_stage": 2},
+        ),
+        gpus=recorded_gpus(H100x8),
+        packages={"liger-kernel": "0.8.5"},
+    )
     found = memory_fit(plan, llama8b, 80 * 2**30)
     assert not found.current.fits  # 8 x 4,096 tokens of activations without checkpointing
     best = found.recommended
@@ -50,14 +61,23 @@ def test_more_gpus_partition_more_and_checkpointing_cuts_activations(tmp_path, l
     four = memory_fit(plan_of(zero3, gpus=recorded_gpus(V100x4)), llama8b, 32 * 2**30)
     terms = lambda c: {t.name: t.bytes for t in c.estimate.gpu}  # noqa: E731
     assert terms(four.current)["optimizer states"] == 2 * terms(eight.current)["optimizer states"]
-    off = memory_fit(plan_of(llama_run(tmp_path, training={"gradient_checkpointing": False}), gpus=recorded_gpus(H100x8)),
-                     llama8b, 80 * 2**30)
+    off = memory_fit(
+        plan_of(llama_run(tmp_path, training={"gradient_checkpointing": False}), gpus=recorded_gpus(H100x8)),
+        llama8b,
+        80 * 2**30,
+    )
     assert terms(off.current)["activations"] > 10 * terms(eight.current)["activations"]
 
 
 def test_memory_fit_errs_with_the_change_that_fits(run, tmp_path, llama8b):
-    [big] = check(run, tmp_path, llama8b, H100x8, training={"per_device_batch_size": 8, "gradient_checkpointing": False},
-                  deepspeed={"zero_stage": 2})
+    [big] = check(
+        run,
+        tmp_path,
+        llama8b,
+        H100x8,
+        training={"per_device_batch_size": 8, "gradient_checkpointing": False},
+        deepspeed={"zero_stage": 2},
+    )
     assert big.severity.value == "error" and "more than the GPU has" in big.title
     assert "per_device_batch_size = 1" in big.fix or "gradient_checkpointing = true" in big.fix
     ok = check(run, tmp_path, llama8b, H100x8, deepspeed={"zero_stage": 2})
@@ -91,8 +111,9 @@ def llama2_7b():
 def test_a_lora_plan_is_judged_on_its_adapters_and_keeps_them_in_every_candidate(run, tmp_path, llama8b):
     sections = {"deepspeed": {"zero_stage": 2}}
     full = memory_fit(plan_of(llama_run(tmp_path, **sections), gpus=recorded_gpus(H100x8)), llama8b, 80 * 2**30)
-    lora = memory_fit(plan_of(llama_run(tmp_path, lora={"r": 16}, **sections), gpus=recorded_gpus(H100x8)), llama8b,
-                      80 * 2**30)
+    lora = memory_fit(
+        plan_of(llama_run(tmp_path, lora={"r": 16}, **sections), gpus=recorded_gpus(H100x8)), llama8b, 80 * 2**30
+    )
     names = {t.name for t in lora.current.estimate.gpu}
     assert {"frozen base", "adapter weights", "adapter optimizer states"} <= names and "weights" not in names
     assert lora.run.lora.trainable == 41_943_040  # r 16 on Llama-3-8B's 7 projections x 32 layers

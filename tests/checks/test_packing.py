@@ -4,7 +4,13 @@ from conftest import make_run, plan_of, severities
 
 
 def test_packing_check_verdicts(run, tmp_path):
-    isolated = {"isolated": True, "max_abs_diff": 2e-7, "tolerance": 1e-4, "attn_implementation": "sdpa", "model_type": "qwen2"}
+    isolated = {
+        "isolated": True,
+        "max_abs_diff": 2e-7,
+        "tolerance": 1e-4,
+        "attn_implementation": "sdpa",
+        "model_type": "qwen2",
+    }
     leaky = {**isolated, "isolated": False, "max_abs_diff": 0.8}
     auto = make_run(tmp_path)
     forced = make_run(tmp_path, training={"packing": True})
@@ -16,7 +22,13 @@ def test_packing_check_verdicts(run, tmp_path):
 
 
 def test_auto_packing_under_sdpa_says_the_plan_left_it_off_and_why(run, tmp_path):
-    isolated = {"isolated": True, "max_abs_diff": 2e-7, "tolerance": 1e-4, "attn_implementation": "sdpa", "model_type": "qwen2"}
+    isolated = {
+        "isolated": True,
+        "max_abs_diff": 2e-7,
+        "tolerance": 1e-4,
+        "attn_implementation": "sdpa",
+        "model_type": "qwen2",
+    }
     auto = make_run(tmp_path)
     [finding] = run("packing", run=auto, packing_probe=isolated, plan=plan_of(auto, packing_probe=isolated))
     assert finding.severity.value == "info" and finding.title.startswith("off (auto: sdpa has no varlen kernel")

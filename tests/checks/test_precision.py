@@ -1,8 +1,8 @@
 """bf16-support and model-dtype on recorded GPUs and real model configs."""
 
 import pytest
-
 from conftest import FIXTURES, NO_GPU, index, plan_of, recorded_gpus, run_of, severities
+
 from sftdoctor.checks import Skipped
 from sftdoctor.facts.configs import read_json_object, summarize_model_config
 
@@ -65,8 +65,9 @@ def test_bf16_pretrained_model_in_fp16_warns_of_overflow(run, name):
 
 
 def test_bf16_model_in_bf16_is_ok(run):
-    findings = run("model-dtype", model_config=model("SmolLM2-135M_merged_transformers5_bfloat16.json"),
-                   plan=plan("bf16"))
+    findings = run(
+        "model-dtype", model_config=model("SmolLM2-135M_merged_transformers5_bfloat16.json"), plan=plan("bf16")
+    )
     assert severities(findings) == ["ok"] and '"dtype"' in findings[0].title
 
 
@@ -81,8 +82,7 @@ def test_float32_weights_are_flagged_for_their_memory(run):
 
 
 def test_fp16_model_trained_in_bf16_is_fine(run):
-    assert severities(run("model-dtype", model_config=model("Llama-2-7b-chat-hf.json"),
-                          plan=plan("bf16"))) == ["ok"]
+    assert severities(run("model-dtype", model_config=model("Llama-2-7b-chat-hf.json"), plan=plan("bf16"))) == ["ok"]
 
 
 def test_config_without_dtype_is_information(run):
@@ -91,7 +91,9 @@ def test_config_without_dtype_is_information(run):
 
 def test_auto_precision_follows_the_gpus(run):
     bf16_model = model("Qwen2-0.5B.json")
-    assert severities(run("model-dtype", model_config=bf16_model, plan=plan("auto", V100),
-                          gpus=recorded_gpus(V100))) == ["warning"]
-    assert severities(run("model-dtype", model_config=bf16_model, plan=plan("auto", A100),
-                          gpus=recorded_gpus(A100))) == ["ok"]
+    assert severities(
+        run("model-dtype", model_config=bf16_model, plan=plan("auto", V100), gpus=recorded_gpus(V100))
+    ) == ["warning"]
+    assert severities(
+        run("model-dtype", model_config=bf16_model, plan=plan("auto", A100), gpus=recorded_gpus(A100))
+    ) == ["ok"]

@@ -4,8 +4,8 @@ ZeRO stage; on checkpoint layouts recorded from real runs (tests/fixtures/checkp
 import dataclasses
 
 import pytest
-
 from conftest import index, plan_of, run_of, severities
+
 from sftdoctor.checks import Skipped
 from sftdoctor.facts import Facts, Inputs
 from sftdoctor.facts.resume_checkpoint import describe, layout
@@ -67,11 +67,15 @@ def test_another_world_size_is_an_error_naming_both_and_the_universal_conversion
     checkpoint = saved(tmp_path, ZERO2)
     [finding] = run("zero-resume", resume_checkpoint=describe(checkpoint), plan=launch(tmp_path, 1, 2))
     assert severities([finding]) == ["error"]
-    assert finding.title == (f"{checkpoint} was saved by ZeRO-1/2 on 2 ranks; this launch is ZeRO-2 on 1 rank: "
-                             "DeepSpeed cannot resume it on another world size")
+    assert finding.title == (
+        f"{checkpoint} was saved by ZeRO-1/2 on 2 ranks; this launch is ZeRO-2 on 1 rank: "
+        "DeepSpeed cannot resume it on another world size"
+    )
     assert "used a DP world size of 2 but the current world size is 1" in finding.detail
-    assert (f"python -m deepspeed.checkpoint.ds_to_universal --input_folder {checkpoint}/global_step2 "
-            f"--output_folder {checkpoint}/global_step2_universal") in finding.fix
+    assert (
+        f"python -m deepspeed.checkpoint.ds_to_universal --input_folder {checkpoint}/global_step2 "
+        f"--output_folder {checkpoint}/global_step2_universal"
+    ) in finding.fix
     assert '"load_universal": true' in finding.fix and "launch on 2 ranks" in finding.fix
     assert finding.evidence["launch"] == {"world_size": 1, "zero_stage": 2, "deepspeed": True}
 

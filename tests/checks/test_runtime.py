@@ -1,7 +1,6 @@
 """Runtime checks: the findings the watchers publish, from the facts the trainer streams."""
 
 import math
-
 from pathlib import Path
 
 import pytest
@@ -19,10 +18,22 @@ def runtime():
 
 def test_nan_loss_says_step_values_lr_precision_and_checkpoint(runtime):
     assert runtime("nan-loss", step_stats={"step": 3, "finite": True}) == []
-    [finding] = runtime("nan-loss", step_stats={
-        "step": 812, "finite": False, "grad_norm": math.nan, "loss_finite": False, "ranks": "all",
-        "last_finite": {"loss": 1.92, "grad_norm": 0.81}, "lr": 1.9e-5, "precision": "bf16",
-        "checkpoint": "runs/x/checkpoint-800", "action": "stopped", "attribution": "first: model.layers.3.mlp"})
+    [finding] = runtime(
+        "nan-loss",
+        step_stats={
+            "step": 812,
+            "finite": False,
+            "grad_norm": math.nan,
+            "loss_finite": False,
+            "ranks": "all",
+            "last_finite": {"loss": 1.92, "grad_norm": 0.81},
+            "lr": 1.9e-5,
+            "precision": "bf16",
+            "checkpoint": "runs/x/checkpoint-800",
+            "action": "stopped",
+            "attribution": "first: model.layers.3.mlp",
+        },
+    )
     assert finding.severity.value == "error" and finding.title == "non-finite loss at step 812: stopped"
     for said in ("step 812", "loss 1.92", "grad_norm 0.81", "1.9e-05", "bf16", "checkpoint-800", "model.layers.3.mlp"):
         assert said in finding.detail
@@ -57,8 +68,15 @@ def report(step, phase=TRAINING_PHASE, where="graph.py:829 _engine_run_backward"
 
 
 def test_hang_finding_names_the_rank_and_where_each_rank_is(runtime):
-    [finding] = runtime("nccl-timeout", hang={"timeout_s": 300, "behind": [1], "stacks": "runs/x/stacks",
-                                              "ranks": {"0": report(7), "1": report(6, where="io.py:5 read")}})
+    [finding] = runtime(
+        "nccl-timeout",
+        hang={
+            "timeout_s": 300,
+            "behind": [1],
+            "stacks": "runs/x/stacks",
+            "ranks": {"0": report(7), "1": report(6, where="io.py:5 read")},
+        },
+    )
     assert finding.title == "hang: no progress for 300 s; behind: rank 1"
     assert "rank 1: step 6" in finding.detail and "io.py:5 read" in finding.detail and "runs/x/stacks" in finding.detail
 
@@ -66,12 +84,24 @@ def test_hang_finding_names_the_rank_and_where_each_rank_is(runtime):
 def test_hang_finding_says_which_collective_from_the_flight_recorder(runtime):
     from sftdoctor.facts.flight_recorder import read
 
-    fr = read(Path(__file__).parents[1] / "fixtures" / "flight_recorder" / "gloo-hang-drill", 2, {"0": [0, 1], "1": [0, 1]})
-    [finding] = runtime("nccl-timeout", hang={"timeout_s": 8, "behind": [1], "stacks": "s", "flight_recorder": fr,
-                                              "ranks": {"0": report(3), "1": report(3, "drill")}})
-    assert finding.title == "hang: no progress for 8 s; behind: rank 1; rank 1 never entered broadcast #31 on default_pg [[16]] Float"
+    fr = read(
+        Path(__file__).parents[1] / "fixtures" / "flight_recorder" / "gloo-hang-drill", 2, {"0": [0, 1], "1": [0, 1]}
+    )
+    [finding] = runtime(
+        "nccl-timeout",
+        hang={
+            "timeout_s": 8,
+            "behind": [1],
+            "stacks": "s",
+            "flight_recorder": fr,
+            "ranks": {"0": report(3), "1": report(3, "drill")},
+        },
+    )
+    assert (
+        finding.title
+        == "hang: no progress for 8 s; behind: rank 1; rank 1 never entered broadcast #31 on default_pg [[16]] Float"
+    )
     assert "rank 0 is in broadcast #31" in finding.detail and "rank-dependent branch" in finding.fix
-
 
 
 def test_a_zero_or_tiny_history_is_not_a_crash(runtime):

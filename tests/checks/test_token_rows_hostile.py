@@ -46,16 +46,18 @@ def example(root: Path, weight=None, repair=False) -> Path:
     (root / "d.jsonl").write_text("".join(lines[:8]), encoding="utf-8")
     if weight is not None:
         save_file({NAME: weight}, str(root / "model" / "model.safetensors"))
-    (root / "run.toml").write_text('[model]\npath = "model"\nweights = "pretrained"\n'
-                                   f'repair_untrained_tokens = {str(repair).lower()}\n[data]\ntrain = "d.jsonl"\n'
-                                   "[training]\npacking = false\n")  # no packing probe: it builds the model (seconds)
+    (root / "run.toml").write_text(
+        '[model]\npath = "model"\nweights = "pretrained"\n'
+        f'repair_untrained_tokens = {str(repair).lower()}\n[data]\ntrain = "d.jsonl"\n'
+        "[training]\npacking = false\n"
+    )  # no packing probe: it builds the model (seconds)
     return root / "run.toml"
 
 
 def header(path: Path) -> tuple[dict, bytes]:
     data = path.read_bytes()
     size = struct.unpack("<Q", data[:8])[0]
-    return json.loads(data[8:8 + size]), data[8 + size:]
+    return json.loads(data[8 : 8 + size]), data[8 + size :]
 
 
 def rewrite(path: Path, head: dict, body: bytes) -> None:
@@ -70,12 +72,16 @@ def lie(path: Path, how: str, cut: int) -> None:
     entry = head[NAME]
     rows, width = entry["shape"]
     if how == "truncated":
-        path.write_bytes(path.read_bytes()[:max(0, path.stat().st_size - 1 - cut)])
+        path.write_bytes(path.read_bytes()[: max(0, path.stat().st_size - 1 - cut)])
         return
-    changed = {"offsets": {"data_offsets": [0, entry["data_offsets"][1] + 4 * (cut + 1)]},
-               "shape": {"shape": [rows + cut + 1, width]},
-               "dtype-unknown": {"dtype": "X9"}, "dtype-int": {"dtype": "I32"}, "dtype-f16": {"dtype": "F16"},
-               "flat": {"shape": [rows * width]}}[how]
+    changed = {
+        "offsets": {"data_offsets": [0, entry["data_offsets"][1] + 4 * (cut + 1)]},
+        "shape": {"shape": [rows + cut + 1, width]},
+        "dtype-unknown": {"dtype": "X9"},
+        "dtype-int": {"dtype": "I32"},
+        "dtype-f16": {"dtype": "F16"},
+        "flat": {"shape": [rows * width]},
+    }[how]
     rewrite(path, {**head, NAME: {**entry, **changed}}, body)
 
 
@@ -87,18 +93,27 @@ def judged_lines(result) -> tuple[list[str], list[str]]:
 
 def check(root: Path, cfg: Path):
     with no_hang(120):
-        return sftdoctor(["check", "--config", cfg, "--select", "untrained-tokens"], root,
-                         [cfg, *sorted(root.rglob("*"), key=lambda p: -len(str(p)))])
+        return sftdoctor(
+            ["check", "--config", cfg, "--select", "untrained-tokens"],
+            root,
+            [cfg, *sorted(root.rglob("*"), key=lambda p: -len(str(p)))],
+        )
 
 
 # ---------------------------------------------------------------- the reader, in this process
 
-@given(rows=st.sampled_from([384, 3, 2, 1, 0]), width=st.sampled_from([1, 16]),
-       nonfinite=st.lists(st.tuples(st.integers(0, 383), st.sampled_from(NON_FINITE)), max_size=4),
-       zeros=st.lists(st.integers(0, 383), max_size=2), dtype=st.sampled_from([np.float32, np.float16, np.float64]))
+
+@given(
+    rows=st.sampled_from([384, 3, 2, 1, 0]),
+    width=st.sampled_from([1, 16]),
+    nonfinite=st.lists(st.tuples(st.integers(0, 383), st.sampled_from(NON_FINITE)), max_size=4),
+    zeros=st.lists(st.integers(0, 383), max_size=2),
+    dtype=st.sampled_from([np.float32, np.float16, np.float64]),
+)
 @settings(max_examples=150, **FUZZ)
-def test_the_reader_and_the_check_never_call_a_non_finite_or_absent_row_trained(tmp_path_factory, registry, rows,
-                                                                                width, nonfinite, zeros, dtype):
+def test_the_reader_and_the_check_never_call_a_non_finite_or_absent_row_trained(
+    tmp_path_factory, registry, rows, width, nonfinite, zeros, dtype
+):
     path = tmp_path_factory.mktemp("rows") / "model.safetensors"
     nonfinite = [(i % rows, v) for i, v in nonfinite] if rows else []
     weight = matrix(rows, width, nonfinite, [i % rows for i in zeros] if rows else []).astype(dtype)
@@ -121,10 +136,15 @@ def test_the_reader_and_the_check_never_call_a_non_finite_or_absent_row_trained(
         assert not any(i in read for i in broken), said
 
 
-LIES = {"truncated": "incomplete metadata", "offsets": "invalid shape, data type, or offset",
-        "shape": "invalid shape, data type, or offset", "dtype-unknown": "unknown variant `X9`",
-        "dtype-int": "model.embed_tokens.weight is I32, not a floating-point type",
-        "dtype-f16": "invalid shape, data type, or offset", "flat": "has shape [6144], not a (rows, width) matrix"}
+LIES = {
+    "truncated": "incomplete metadata",
+    "offsets": "invalid shape, data type, or offset",
+    "shape": "invalid shape, data type, or offset",
+    "dtype-unknown": "unknown variant `X9`",
+    "dtype-int": "model.embed_tokens.weight is I32, not a floating-point type",
+    "dtype-f16": "invalid shape, data type, or offset",
+    "flat": "has shape [6144], not a (rows, width) matrix",
+}
 
 
 @pytest.mark.parametrize("how", LIES)
@@ -140,6 +160,7 @@ def test_a_file_that_lies_is_named_with_why_and_its_rows_are_not_read(tmp_path, 
 
 # ---------------------------------------------------------------- the CLI on files that lie or are not files
 
+
 @pytest.mark.parametrize("kind", SPECIAL)
 def test_a_file_that_is_not_a_file_in_place_of_the_checkpoint_is_not_judged(tmp_path, kind):
     cfg = example(tmp_path)
@@ -148,12 +169,15 @@ def test_a_file_that_is_not_a_file_in_place_of_the_checkpoint_is_not_judged(tmp_
     passed, lines = judged_lines(result)
     assert not passed, result.stdout
     if result.exit_code == 2:  # refused with the run config: a file that cannot be read, or no safetensors at all
-        assert "model.safetensors cannot be read as a file" in result.stderr \
-            or "[model].path: model.safetensors: " in result.stderr, result.stderr
+        assert (
+            "model.safetensors cannot be read as a file" in result.stderr
+            or "[model].path: model.safetensors: " in result.stderr
+        ), result.stderr
     else:  # a file that can be opened but holds no safetensors: the probe says so
         assert result.exit_code == 0 and any(
             f"not judged: the embedding rows could not be read ({tmp_path}/model/model.safetensors: " in line
-            for line in lines), result.stdout
+            for line in lines
+        ), result.stdout
 
 
 def test_a_shard_the_index_names_that_is_missing_is_refused_before_the_rows_are_judged(tmp_path):
@@ -161,19 +185,35 @@ def test_a_shard_the_index_names_that_is_missing_is_refused_before_the_rows_are_
     probe that reads the rows says the same when asked on its own."""
     cfg = example(tmp_path, matrix())
     (tmp_path / "model" / "model.safetensors").rename(tmp_path / "model" / "model-00002-of-00002.safetensors")
-    (tmp_path / "model" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
-        NAME: "model-00001-of-00002.safetensors", "lm_head.weight": "model-00002-of-00002.safetensors"}}))
+    (tmp_path / "model" / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {
+                "weight_map": {
+                    NAME: "model-00001-of-00002.safetensors",
+                    "lm_head.weight": "model-00002-of-00002.safetensors",
+                }
+            }
+        )
+    )
     result = check(tmp_path, cfg)
-    assert result.exit_code == 2 and ("[model].path: model-00001-of-00002.safetensors: safetensors file not found"
-                                      in result.stderr), result.stderr
+    assert result.exit_code == 2 and (
+        "[model].path: model-00001-of-00002.safetensors: safetensors file not found" in result.stderr
+    ), result.stderr
     assert weight_files(tmp_path / "model") == {
-        "error": "safetensors shard not found", "file": f"{tmp_path}/model/model-00001-of-00002.safetensors"}
+        "error": "safetensors shard not found",
+        "file": f"{tmp_path}/model/model-00001-of-00002.safetensors",
+    }
 
 
-@given(how=st.sampled_from(["none", "truncated", "offsets", "shape", "dtype-unknown", "dtype-int", "dtype-f16",
-                            "flat", "special"]), cut=st.integers(0, 300),
-       nonfinite=st.lists(st.tuples(st.integers(0, 383), st.sampled_from(NON_FINITE)), max_size=3),
-       rows=st.sampled_from([384, 2]), kind=st.sampled_from(SPECIAL))
+@given(
+    how=st.sampled_from(
+        ["none", "truncated", "offsets", "shape", "dtype-unknown", "dtype-int", "dtype-f16", "flat", "special"]
+    ),
+    cut=st.integers(0, 300),
+    nonfinite=st.lists(st.tuples(st.integers(0, 383), st.sampled_from(NON_FINITE)), max_size=3),
+    rows=st.sampled_from([384, 2]),
+    kind=st.sampled_from(SPECIAL),
+)
 @settings(max_examples=6, **FUZZ)
 def test_check_never_passes_rows_it_could_not_read(tmp_path_factory, how, cut, nonfinite, rows, kind):
     root = tmp_path_factory.mktemp("lie")
@@ -198,9 +238,11 @@ def test_check_never_passes_rows_it_could_not_read(tmp_path_factory, how, cut, n
 
 # ---------------------------------------------------------------- a repair of rows that cannot be read
 
-REFUSAL = ("[model] repair_untrained_tokens cannot repair the embedding rows: they cannot be read "
-           "({}/model/model.safetensors: ValueError: model.embed_tokens.weight has shape [6144], not a (rows, width) "
-           "matrix)")
+REFUSAL = (
+    "[model] repair_untrained_tokens cannot repair the embedding rows: they cannot be read "
+    "({}/model/model.safetensors: ValueError: model.embed_tokens.weight has shape [6144], not a (rows, width) "
+    "matrix)"
+)
 
 
 def test_a_repair_of_rows_that_cannot_be_read_is_refused_by_check_and_by_the_gate(tmp_path):

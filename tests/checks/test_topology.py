@@ -1,6 +1,7 @@
 """gpu-topology on real `nvidia-smi topo -m` outputs."""
 
 from conftest import recorded_gpus, recorded_topology, severities
+
 from sftdoctor.checks import Skipped
 
 
@@ -44,8 +45,9 @@ def test_cuda_visible_devices_narrows_to_the_gpus_in_use(run):
 
 
 def test_p2p_disabled_is_flagged_even_on_nvlink(run):
-    findings = run("gpu-topology", topology=recorded_topology("dgx_a100_8x_mlx5_gengwg.txt"),
-                   env={"NCCL_P2P_DISABLE": "1"})
+    findings = run(
+        "gpu-topology", topology=recorded_topology("dgx_a100_8x_mlx5_gengwg.txt"), env={"NCCL_P2P_DISABLE": "1"}
+    )
     assert severities(findings) == ["ok", "warning"]
     assert "NCCL_P2P_DISABLE" in findings[1].title
 
@@ -66,15 +68,17 @@ def _pasted(text):
     return {"source": "paste", **parse_topology(text, "paste")}
 
 
-FOUR = ("\tGPU0\tGPU1\tGPU2\tGPU3\n"
-        "GPU0\t X \tNV4\tNV4\tNV4\n"
-        "GPU1\tNV4\t X \tNV4\tNV4\n"
-        "GPU2\tNV4\tNV4\t X \tNV4\n"
-        "GPU3\tNV4\tNV4\tNV4\t X \n")
+FOUR = (
+    "\tGPU0\tGPU1\tGPU2\tGPU3\n"
+    "GPU0\t X \tNV4\tNV4\tNV4\n"
+    "GPU1\tNV4\t X \tNV4\tNV4\n"
+    "GPU2\tNV4\tNV4\t X \tNV4\n"
+    "GPU3\tNV4\tNV4\tNV4\t X \n"
+)
 
 
 def test_a_cut_off_last_row_is_judged_from_its_column_and_the_verdict_says_so(run):
-    findings = run("gpu-topology", topology=_pasted(FOUR[:FOUR.index("GPU3\tNV4\tNV4") + 9]))
+    findings = run("gpu-topology", topology=_pasted(FOUR[: FOUR.index("GPU3\tNV4\tNV4") + 9]))
     assert severities(findings) == ["ok"] and "all 6 pairs" in findings[0].title
     assert "GPU3: row cut after 1 of 4 link codes" in findings[0].detail
     assert findings[0].evidence["incomplete"] == {"GPU3": "row cut after 1 of 4 link codes"}
@@ -82,7 +86,7 @@ def test_a_cut_off_last_row_is_judged_from_its_column_and_the_verdict_says_so(ru
 
 def test_pairs_the_matrix_does_not_show_are_not_passed(run):
     """GPU2 and GPU3 have no rows: their own pair is shown nowhere, so no ✓ for all pairs."""
-    findings = run("gpu-topology", topology=_pasted(FOUR[:FOUR.index("GPU2\tNV4")]))
+    findings = run("gpu-topology", topology=_pasted(FOUR[: FOUR.index("GPU2\tNV4")]))
     assert severities(findings) == ["info"]
     assert findings[0].title == "cannot judge 1 of 6 GPU pairs: the matrix does not show them"
     assert "Not shown: GPU2-GPU3" in findings[0].detail
@@ -91,15 +95,14 @@ def test_pairs_the_matrix_does_not_show_are_not_passed(run):
 
 def test_pcie_islands_are_still_a_warning_when_some_pairs_are_not_shown(run):
     split = FOUR.replace("GPU0\t X \tNV4\tNV4\tNV4", "GPU0\t X \tNV4\tSYS\tSYS").replace(
-        "GPU1\tNV4\t X \tNV4\tNV4", "GPU1\tNV4\t X \tSYS\tSYS")
-    findings = run("gpu-topology", topology=_pasted(split[:split.index("\nGPU2\t") + 1]))
+        "GPU1\tNV4\t X \tNV4\tNV4", "GPU1\tNV4\t X \tSYS\tSYS"
+    )
+    findings = run("gpu-topology", topology=_pasted(split[: split.index("\nGPU2\t") + 1]))
     assert severities(findings) == ["warning"] and "islands" in findings[0].title
 
 
 def test_islands_that_a_pair_the_matrix_does_not_show_could_join_are_not_called_islands(run):
     """GPU0-GPU2 and GPU1-GPU3 are NVLink pairs; GPU2-GPU3, both rows missing, may be NVLink too."""
-    text = ("\tGPU0\tGPU1\tGPU2\tGPU3\n"
-            "GPU0\t X \tSYS\tNV4\tSYS\n"
-            "GPU1\tSYS\t X \tSYS\tNV4\n")
+    text = "\tGPU0\tGPU1\tGPU2\tGPU3\nGPU0\t X \tSYS\tNV4\tSYS\nGPU1\tSYS\t X \tSYS\tNV4\n"
     findings = run("gpu-topology", topology=_pasted(text))
     assert severities(findings) == ["info"] and findings[0].title.startswith("cannot judge 1 of 6 GPU pairs")

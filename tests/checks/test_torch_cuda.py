@@ -14,15 +14,23 @@ def torch(version, cuda=None, hip=None):
 
 
 def test_matching_build_is_ok_and_names_the_numbers(run):
-    findings = run("torch-cuda-match", gpus=recorded_gpus(H100_CUDA124), packages=PACKAGES,
-                   torch_build=torch("2.5.1+cu124", "12.4"))
+    findings = run(
+        "torch-cuda-match",
+        gpus=recorded_gpus(H100_CUDA124),
+        packages=PACKAGES,
+        torch_build=torch("2.5.1+cu124", "12.4"),
+    )
     assert severities(findings) == ["ok"]
     assert "550.90.07" in findings[0].title and "12.4" in findings[0].title
 
 
 def test_torch_for_a_newer_cuda_major_than_the_driver_is_an_error(run):
-    findings = run("torch-cuda-match", gpus=recorded_gpus(V100_CUDA114), packages=PACKAGES,
-                   torch_build=torch("2.6.0+cu124", "12.4"))
+    findings = run(
+        "torch-cuda-match",
+        gpus=recorded_gpus(V100_CUDA114),
+        packages=PACKAGES,
+        torch_build=torch("2.6.0+cu124", "12.4"),
+    )
     assert "error" in severities(findings)
     problem = next(f for f in findings if f.severity.value == "error")
     assert "11.4" in problem.title and "driver" in problem.title
@@ -30,22 +38,31 @@ def test_torch_for_a_newer_cuda_major_than_the_driver_is_an_error(run):
 
 
 def test_newer_minor_than_the_driver_runs_but_warns(run):
-    findings = run("torch-cuda-match", gpus=recorded_gpus(A100_CUDA120), packages=PACKAGES,
-                   torch_build=torch("2.5.1+cu124", "12.4"))
+    findings = run(
+        "torch-cuda-match",
+        gpus=recorded_gpus(A100_CUDA120),
+        packages=PACKAGES,
+        torch_build=torch("2.5.1+cu124", "12.4"),
+    )
     assert severities(findings) == ["warning"]
     assert "minor-version compatibility" in findings[0].detail
 
 
 def test_cpu_only_torch_on_a_gpu_machine_is_an_error(run):
-    findings = run("torch-cuda-match", gpus=recorded_gpus(H100_CUDA124), packages=PACKAGES,
-                   torch_build=torch("2.13.0+cpu"))
+    findings = run(
+        "torch-cuda-match", gpus=recorded_gpus(H100_CUDA124), packages=PACKAGES, torch_build=torch("2.13.0+cpu")
+    )
     assert severities(findings) == ["error"]
     assert "CPU-only" in findings[0].title and "whl/cu124" in findings[0].fix
 
 
 def test_rocm_torch_on_nvidia_is_an_error(run):
-    findings = run("torch-cuda-match", gpus=recorded_gpus(H100_CUDA124), packages=PACKAGES,
-                   torch_build=torch("2.5.1+rocm6.2", hip="6.2.41133"))
+    findings = run(
+        "torch-cuda-match",
+        gpus=recorded_gpus(H100_CUDA124),
+        packages=PACKAGES,
+        torch_build=torch("2.5.1+rocm6.2", hip="6.2.41133"),
+    )
     assert severities(findings) == ["error"] and "ROCm" in findings[0].title
 
 
@@ -61,8 +78,12 @@ def test_torch_missing_on_a_gpu_box_says_which_build_to_install(run):
 
 
 def test_blackwell_needs_a_torch_built_with_cuda_12_8(run):
-    findings = run("torch-cuda-match", gpus=recorded_gpus(B200_CUDA130), packages=PACKAGES,
-                   torch_build=torch("2.5.1+cu124", "12.4"))
+    findings = run(
+        "torch-cuda-match",
+        gpus=recorded_gpus(B200_CUDA130),
+        packages=PACKAGES,
+        torch_build=torch("2.5.1+cu124", "12.4"),
+    )
     assert severities(findings) == ["error"]
     assert "sm_100" in findings[0].title and "no kernel image" in findings[0].detail
 
@@ -74,20 +95,38 @@ def test_cuda_13_builds_drop_volta(run):
 
 
 def test_nvcc_of_another_major_breaks_deepspeed_builds(run):
-    toolkit = {"cuda_home": "/usr/local/cuda-11.8", "found_by": "CUDA_HOME", "nvcc": "/usr/local/cuda-11.8/bin/nvcc",
-               "nvcc_version": "11.8"}
-    findings = run("torch-cuda-match", gpus=recorded_gpus(H100_CUDA124), packages=PACKAGES,
-                   torch_build=torch("2.5.1+cu124", "12.4"), toolkit=toolkit)
+    toolkit = {
+        "cuda_home": "/usr/local/cuda-11.8",
+        "found_by": "CUDA_HOME",
+        "nvcc": "/usr/local/cuda-11.8/bin/nvcc",
+        "nvcc_version": "11.8",
+    }
+    findings = run(
+        "torch-cuda-match",
+        gpus=recorded_gpus(H100_CUDA124),
+        packages=PACKAGES,
+        torch_build=torch("2.5.1+cu124", "12.4"),
+        toolkit=toolkit,
+    )
     assert severities(findings) == ["error"]
     assert "mismatches the version that was used to compile PyTorch" in findings[0].detail
     # Without anything to build, the same mismatch is only a warning.
-    findings = run("torch-cuda-match", gpus=recorded_gpus(H100_CUDA124), packages={},
-                   torch_build=torch("2.5.1+cu124", "12.4"), toolkit=toolkit)
+    findings = run(
+        "torch-cuda-match",
+        gpus=recorded_gpus(H100_CUDA124),
+        packages={},
+        torch_build=torch("2.5.1+cu124", "12.4"),
+        toolkit=toolkit,
+    )
     assert severities(findings) == ["warning"]
 
 
 def test_missing_nvcc_with_deepspeed_warns_about_jit_ops(run):
-    findings = run("torch-cuda-match", gpus=recorded_gpus(H100_CUDA124), packages=PACKAGES,
-                   torch_build=torch("2.5.1+cu124", "12.4"),
-                   toolkit={"cuda_home": None, "found_by": None, "nvcc": None, "nvcc_version": None})
+    findings = run(
+        "torch-cuda-match",
+        gpus=recorded_gpus(H100_CUDA124),
+        packages=PACKAGES,
+        torch_build=torch("2.5.1+cu124", "12.4"),
+        toolkit={"cuda_home": None, "found_by": None, "nvcc": None, "nvcc_version": None},
+    )
     assert severities(findings) == ["warning"] and "CUDA_HOME" in findings[0].detail

@@ -18,20 +18,28 @@ def table(vocab=384, **rows):
             made[token] = {"id": row[0], "non_finite": 64}
         else:
             made[token] = {"id": row[0], "max_abs": row[1], "norm": row[2]}
-    return {"rows": made, "median_norm": 8.0, "vocab": vocab, "non_finite_rows": [],
-            "tensor": "model.embed_tokens.weight", "file": "m/model.safetensors"}
+    return {
+        "rows": made,
+        "median_norm": 8.0,
+        "vocab": vocab,
+        "non_finite_rows": [],
+        "tensor": "model.embed_tokens.weight",
+        "file": "m/model.safetensors",
+    }
 
 
 def test_trained_rows_pass_and_name_each_token(run):
-    [finding] = run("untrained-tokens", token_rows={"input": table(**{"<|im_start|>": (1, 0.9, 7.0),
-                                                                       "<|im_end|>": (2, 0.8, 7.5)})})
+    [finding] = run(
+        "untrained-tokens", token_rows={"input": table(**{"<|im_start|>": (1, 0.9, 7.0), "<|im_end|>": (2, 0.8, 7.5)})}
+    )
     assert finding.severity.value == "ok"
     assert finding.title == "2 template token(s) have trained embedding rows: <|im_start|>, <|im_end|>"
 
 
 def test_a_row_holding_nan_or_inf_is_a_broken_checkpoint_not_a_trained_row(run):
-    findings = run("untrained-tokens", token_rows={"input": table(**{"<|im_start|>": (1, "nan"),
-                                                                      "<|im_end|>": (2, 0.8, 7.5)})})
+    findings = run(
+        "untrained-tokens", token_rows={"input": table(**{"<|im_start|>": (1, "nan"), "<|im_end|>": (2, 0.8, 7.5)})}
+    )
     assert severities(findings) == ["error"]
     assert findings[0].title == "input embedding row 1 (token '<|im_start|>') holds NaN/inf: the checkpoint is broken"
     assert "re-download" in findings[0].fix and "m/model.safetensors" in findings[0].detail
@@ -52,19 +60,24 @@ def test_ordinary_rows_holding_nan_break_the_checkpoint_too(run):
 
 
 def test_a_token_id_beyond_the_table_is_a_disagreement_not_a_trained_row(run):
-    findings = run("untrained-tokens", token_rows={"input": table(**{"<|im_start|>": "outside",
-                                                                      "<|im_end|>": (2, 0.8, 7.5)})})
+    findings = run(
+        "untrained-tokens", token_rows={"input": table(**{"<|im_start|>": "outside", "<|im_end|>": (2, 0.8, 7.5)})}
+    )
     assert severities(findings) == ["error"]
-    assert findings[0].title == ("1 template token(s) have no row in the input embedding, which has 384 rows: "
-                                 "'<|im_start|>' (id 391)")
+    assert findings[0].title == (
+        "1 template token(s) have no row in the input embedding, which has 384 rows: '<|im_start|>' (id 391)"
+    )
     assert "resize_token_embeddings" in findings[0].fix and "[model] tokenizer" in findings[0].fix
 
 
 def test_an_untied_head_is_judged_the_same_way(run):
-    findings = run("untrained-tokens", token_rows={"input": table(**{"<|im_end|>": (2, 0.8, 7.5)}),
-                                                   "output": table(**{"<|im_end|>": (2, "nan")})})
+    findings = run(
+        "untrained-tokens",
+        token_rows={"input": table(**{"<|im_end|>": (2, 0.8, 7.5)}), "output": table(**{"<|im_end|>": (2, "nan")})},
+    )
     assert [f.title for f in findings] == [
-        "output head row 2 (token '<|im_end|>') holds NaN/inf: the checkpoint is broken"]
+        "output head row 2 (token '<|im_end|>') holds NaN/inf: the checkpoint is broken"
+    ]
 
 
 def test_rows_that_were_not_read_are_not_judged(run):
@@ -76,21 +89,27 @@ def test_rows_that_were_not_read_are_not_judged(run):
     assert empty.severity.value == "warning" and empty.title.startswith("not judged")
 
 
-UNREADABLE = {"error": "SafetensorError: Error while deserializing header: incomplete metadata, file not fully covered",
-              "file": "m/model.safetensors"}
+UNREADABLE = {
+    "error": "SafetensorError: Error while deserializing header: incomplete metadata, file not fully covered",
+    "file": "m/model.safetensors",
+}
 
 
 def test_a_checkpoint_whose_rows_cannot_be_read_is_not_judged(run):
     [finding] = run("untrained-tokens", token_rows=UNREADABLE)
     assert finding.severity.value == "warning"
-    assert finding.title == ("not judged: the embedding rows could not be read (m/model.safetensors: SafetensorError: "
-                             "Error while deserializing header: incomplete metadata, file not fully covered)")
+    assert finding.title == (
+        "not judged: the embedding rows could not be read (m/model.safetensors: SafetensorError: "
+        "Error while deserializing header: incomplete metadata, file not fully covered)"
+    )
 
 
 def test_a_repair_of_rows_that_cannot_be_read_stops_the_run(run, tmp_path):
     config = make_run(tmp_path, model={"weights": "pretrained", "repair_untrained_tokens": True})
     [finding] = run("untrained-tokens", token_rows=UNREADABLE, run=config)
     assert finding.severity.value == "error"
-    assert finding.title.startswith("[model] repair_untrained_tokens cannot repair the embedding rows: they cannot be "
-                                    "read (m/model.safetensors: SafetensorError")
+    assert finding.title.startswith(
+        "[model] repair_untrained_tokens cannot repair the embedding rows: they cannot be "
+        "read (m/model.safetensors: SafetensorError"
+    )
     assert "repair_untrained_tokens = false" in finding.fix and "m/model.safetensors" in finding.fix

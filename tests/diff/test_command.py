@@ -7,15 +7,15 @@ import subprocess
 import sys
 
 import pytest
-
 from trainrun import config, train
 
 pytestmark = pytest.mark.slow  # two short trainings
 
 
 def sftdoctor(*args):
-    return subprocess.run([sys.executable, "-m", "sftdoctor", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "sftdoctor", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_two_runs_that_part_are_told_apart_cause_first(tmp_path, tiny_data):
@@ -40,9 +40,12 @@ def test_two_runs_that_part_are_told_apart_cause_first(tmp_path, tiny_data):
     assert same.returncode == 0 and json.loads(same.stdout)["differences"] == []
 
     with open(data / "data" / "train.jsonl", "a") as f:  # the data changed under the same name
-        f.write(json.dumps({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}) + "\n")
-    cfg = config(tmp_path / "a", data, training={"learning_rate": 3e-3, "max_steps": 6, "save_steps": 6,
-                                                  "output_dir": "again"})
+        f.write(
+            json.dumps({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}) + "\n"
+        )
+    cfg = config(
+        tmp_path / "a", data, training={"learning_rate": 3e-3, "max_steps": 6, "save_steps": 6, "output_dir": "again"}
+    )
     assert train(cfg, "--no-rehearse").returncode == 0
     doc = json.loads(sftdoctor("diff", runs[0], tmp_path / "a" / "again", "--json").stdout)
     assert [d["area"] for d in doc["differences"]][:1] == ["data"]
@@ -52,4 +55,6 @@ def test_bad_input_is_one_line(tmp_path):
     proc = sftdoctor("diff", tmp_path, tmp_path / "nope")
     assert proc.returncode == 2
     [line] = proc.stderr.splitlines()
-    assert line == f"sftdoctor: error: {tmp_path}: holds no resolved.json; expected a run directory of `sftdoctor train`"
+    assert (
+        line == f"sftdoctor: error: {tmp_path}: holds no resolved.json; expected a run directory of `sftdoctor train`"
+    )

@@ -7,13 +7,25 @@ import pytest
 from sftdoctor.diff.compare import differences, recorded, where_they_part
 from sftdoctor.errors import InputError
 
-PLAN = {"version": 8, "learning_rate": 3e-3, "precision": "bf16", "output_dir": "runs/a", "master_port": 29500,
-        "train_files": ["a/train.jsonl"], "reasons": {"precision": "auto"}}
-FACTS = {"packages": {"torch": "2.13.0", "transformers": "5.25.0", "requests": "2.32"},
-         "torch_build": {"version": "2.13.0+cu128", "cuda": "12.8"},
-         "gpus": {"driver_version": "570.86", "cuda_version": "12.8",
-                  "devices": [{"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559}] * 8},
-         "env": {"NCCL_IB_DISABLE": "0", "MASTER_PORT": "29500"}}
+PLAN = {
+    "version": 8,
+    "learning_rate": 3e-3,
+    "precision": "bf16",
+    "output_dir": "runs/a",
+    "master_port": 29500,
+    "train_files": ["a/train.jsonl"],
+    "reasons": {"precision": "auto"},
+}
+FACTS = {
+    "packages": {"torch": "2.13.0", "transformers": "5.25.0", "requests": "2.32"},
+    "torch_build": {"version": "2.13.0+cu128", "cuda": "12.8"},
+    "gpus": {
+        "driver_version": "570.86",
+        "cuda_version": "12.8",
+        "devices": [{"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559}] * 8,
+    },
+    "env": {"NCCL_IB_DISABLE": "0", "MASTER_PORT": "29500"},
+}
 DATA = {"a/train.jsonl": {"sha256": "ab" * 32, "bytes": 1000}}
 
 
@@ -21,8 +33,9 @@ def run(folder, plan=None, facts=None, data=None, losses=None):
     folder.mkdir(parents=True)
     (folder / "resolved.json").write_text(json.dumps({**PLAN, **(plan or {})}))
     if facts is not False:
-        (folder / "facts.json").write_text(json.dumps({"schema": 2, "facts": {**FACTS, **(facts or {})},
-                                                       "data_files": data or DATA}))
+        (folder / "facts.json").write_text(
+            json.dumps({"schema": 2, "facts": {**FACTS, **(facts or {})}, "data_files": data or DATA})
+        )
     if losses:
         (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": v}) + "\n" for s, v in losses))
     return folder
@@ -34,20 +47,34 @@ def found(a, b):
 
 def test_two_runs_that_differ_only_where_they_ran_differ_in_nothing(tmp_path):
     a = run(tmp_path / "a")
-    b = run(tmp_path / "b", plan={"output_dir": "runs/b", "master_port": 40001, "train_files": ["b/train.jsonl"]},
-            facts={"env": {"NCCL_IB_DISABLE": "0", "MASTER_PORT": "40001"}},
-            data={"b/train.jsonl": DATA["a/train.jsonl"]})  # the same bytes elsewhere
+    b = run(
+        tmp_path / "b",
+        plan={"output_dir": "runs/b", "master_port": 40001, "train_files": ["b/train.jsonl"]},
+        facts={"env": {"NCCL_IB_DISABLE": "0", "MASTER_PORT": "40001"}},
+        data={"b/train.jsonl": DATA["a/train.jsonl"]},
+    )  # the same bytes elsewhere
     assert found(a, b) == []
 
 
 def test_the_likely_causes_come_first(tmp_path):
     a = run(tmp_path / "a")
-    b = run(tmp_path / "b", plan={"learning_rate": 3e-4},
-            facts={"packages": {**FACTS["packages"], "transformers": "5.24.0"}, "env": {"NCCL_IB_DISABLE": "1"},
-                   "gpus": {**FACTS["gpus"], "driver_version": "550.54"}},
-            data={"a/train.jsonl": {"sha256": "cd" * 32, "bytes": 990}})
+    b = run(
+        tmp_path / "b",
+        plan={"learning_rate": 3e-4},
+        facts={
+            "packages": {**FACTS["packages"], "transformers": "5.24.0"},
+            "env": {"NCCL_IB_DISABLE": "1"},
+            "gpus": {**FACTS["gpus"], "driver_version": "550.54"},
+        },
+        data={"a/train.jsonl": {"sha256": "cd" * 32, "bytes": 990}},
+    )
     assert found(a, b) == [
-        ("data", "data files (sha256)", [f"train.jsonl {'ab' * 6} (1000 bytes)"], [f"train.jsonl {'cd' * 6} (990 bytes)"]),
+        (
+            "data",
+            "data files (sha256)",
+            [f"train.jsonl {'ab' * 6} (1000 bytes)"],
+            [f"train.jsonl {'cd' * 6} (990 bytes)"],
+        ),
         ("plan", "learning_rate", 3e-3, 3e-4),
         ("stack", "transformers", "5.25.0", "5.24.0"),
         ("gpus", "driver_version", "570.86", "550.54"),
@@ -64,17 +91,27 @@ def test_a_run_without_facts_is_compared_on_its_plan_alone(tmp_path):
 def test_the_step_where_the_losses_part(tmp_path):
     a = run(tmp_path / "a", losses=[(1, 5.0), (2, 4.0), (3, 3.0), (4, 2.5)])
     b = run(tmp_path / "b", losses=[(1, 5.0), (2, 4.02), (3, 3.5), (4, 3.1), (5, 3.0)])
-    assert where_they_part(a, b) == {"step": 3, "a": 3.0, "b": 3.5, "common_steps": 4, "both_non_finite": None,
-                                     "non_finite": {"a": None, "b": None}, "last": {"a": [4, 2.5], "b": [5, 3.0]}}
+    assert where_they_part(a, b) == {
+        "step": 3,
+        "a": 3.0,
+        "b": 3.5,
+        "common_steps": 4,
+        "both_non_finite": None,
+        "non_finite": {"a": None, "b": None},
+        "last": {"a": [4, 2.5], "b": [5, 3.0]},
+    }
     assert where_they_part(a, a)["step"] is None  # a 0.5% wobble (step 2) is not a parting; equal runs never part
 
 
-@pytest.mark.parametrize("resolved, says", [
-    (None, "not a folder; expected a run directory of `sftdoctor train`"),
-    ("", "holds no resolved.json"),
-    ("[1]", "expected a JSON object"),
-    ("{", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "resolved, says",
+    [
+        (None, "not a folder; expected a run directory of `sftdoctor train`"),
+        ("", "holds no resolved.json"),
+        ("[1]", "expected a JSON object"),
+        ("{", "not valid JSON"),
+    ],
+)
 def test_what_is_not_a_run_is_named(tmp_path, resolved, says):
     folder = tmp_path / "x"
     if resolved is not None:
@@ -85,13 +122,19 @@ def test_what_is_not_a_run_is_named(tmp_path, resolved, says):
         recorded(folder)
 
 
-@pytest.mark.parametrize("kept, areas, says", [
-    ('{"facts": [], "data_files": {}}', ("stack", "gpus", "env"), "facts: expected an object of facts, got list"),
-    ('{"facts": {"packages": "x"}}', ("stack",), "facts.packages: expected an object, got str"),
-    ('{"facts": {"gpus": {"devices": "y"}}}', ("gpus",), "facts.gpus.devices: "),
-    ('{"facts": {}, "data_files": {"a": "b"}}', ("data",),
-     "data_files: expected an object of file name -> {sha256, bytes}"),
-])
+@pytest.mark.parametrize(
+    "kept, areas, says",
+    [
+        ('{"facts": [], "data_files": {}}', ("stack", "gpus", "env"), "facts: expected an object of facts, got list"),
+        ('{"facts": {"packages": "x"}}', ("stack",), "facts.packages: expected an object, got str"),
+        ('{"facts": {"gpus": {"devices": "y"}}}', ("gpus",), "facts.gpus.devices: "),
+        (
+            '{"facts": {}, "data_files": {"a": "b"}}',
+            ("data",),
+            "data_files: expected an object of file name -> {sha256, bytes}",
+        ),
+    ],
+)
 def test_a_broken_facts_json_is_named_and_its_areas_not_compared(tmp_path, kept, areas, says):
     """facts.json is optional (older runs have none): a damaged one costs its areas, named with why, not the diff."""
     folder = run(tmp_path / "a", facts=False)
@@ -119,10 +162,13 @@ def test_runs_logged_at_no_common_step_are_not_said_to_agree(tmp_path):
 NAN, INF = float("nan"), float("inf")
 
 
-@pytest.mark.parametrize("losses_b, step, both, b_from", [
-    ([(1, 5.0), (2, 4.0), (3, NAN), (4, NAN)], 3, None, 3),  # one a number, the other not: they part there
-    ([(1, 5.0), (2, INF), (3, 3.0), (4, 2.5)], 2, None, 2),  # an inf spike that came back
-])
+@pytest.mark.parametrize(
+    "losses_b, step, both, b_from",
+    [
+        ([(1, 5.0), (2, 4.0), (3, NAN), (4, NAN)], 3, None, 3),  # one a number, the other not: they part there
+        ([(1, 5.0), (2, INF), (3, 3.0), (4, 2.5)], 2, None, 2),  # an inf spike that came back
+    ],
+)
 def test_a_loss_that_stops_being_a_number_is_where_they_part(tmp_path, losses_b, step, both, b_from):
     """Every comparison with NaN is false: compared as numbers, a NaN run "agreed at every common step"."""
     a = run(tmp_path / "a", losses=[(1, 5.0), (2, 4.0), (3, 3.0), (4, 2.5)])
@@ -170,11 +216,17 @@ def test_a_setting_that_is_not_a_number_is_never_the_same(tmp_path):
 
 def test_a_gpu_probe_that_failed_is_not_compared_as_no_gpus(tmp_path):
     """NVML and nvidia-smi both failing at two launches read as "no GPUs" in both: an agreement on nothing."""
-    failed = {"source": None, "driver_version": None, "cuda_version": None, "devices": [],
-              "error": "NVML: Driver Not Loaded"}
+    failed = {
+        "source": None,
+        "driver_version": None,
+        "cuda_version": None,
+        "devices": [],
+        "error": "NVML: Driver Not Loaded",
+    }
     a, b = run(tmp_path / "a", facts={"gpus": failed}), run(tmp_path / "b", facts={"gpus": failed})
     assert found(a, b) == []
     assert [(g.areas, g.why) for g in recorded(a).gaps] == [
-        (("gpus",), f"has facts.gpus from a GPU probe that failed in {a / 'facts.json'}: NVML: Driver Not Loaded")]
+        (("gpus",), f"has facts.gpus from a GPU probe that failed in {a / 'facts.json'}: NVML: Driver Not Loaded")
+    ]
     none = {**failed, "error": "no NVIDIA kernel driver loaded (/proc/driver/nvidia/version is absent)"}
     assert recorded(run(tmp_path / "c", facts={"gpus": none})).gaps == ()  # a machine without GPUs: a fact

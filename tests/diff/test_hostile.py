@@ -39,8 +39,13 @@ def test_a_facts_json_that_is_not_a_file_costs_its_areas_named_never_agreement(t
     result = diff(a, b, tmp_path)
     lines = result.stdout.splitlines()
     assert result.exit_code == 1
-    assert any(line.startswith("note    not compared: data, stack, gpus, env: B has a facts.json that cannot be used: "
-                               f"{b / 'facts.json'}: ") for line in lines), lines
+    assert any(
+        line.startswith(
+            "note    not compared: data, stack, gpus, env: B has a facts.json that cannot be used: "
+            f"{b / 'facts.json'}: "
+        )
+        for line in lines
+    ), lines
     assert lines[-1] == "no difference in plan; not compared: data, stack, gpus, env"
 
 
@@ -63,7 +68,10 @@ def test_a_run_without_facts_says_what_was_not_compared_never_0_differences(tmp_
     assert result.exit_code == 1
     assert result.stdout.splitlines()[-3:] == [
         "note    not compared: data, stack, gpus, env: B has no facts.json (trained elsewhere, or before sftdoctor "
-        "kept it)", "", "no difference in plan; not compared: data, stack, gpus, env"]
+        "kept it)",
+        "",
+        "no difference in plan; not compared: data, stack, gpus, env",
+    ]
 
 
 def test_nan_losses_are_said_where_they_went_never_agreement(tmp_path):
@@ -74,8 +82,10 @@ def test_nan_losses_are_said_where_they_went_never_agreement(tmp_path):
             mutate(run, ("non_finite", "metrics.jsonl", row(step), "loss", math.nan))
     lines = diff(a, b, tmp_path).stdout.splitlines()
     assert lines[3].startswith("curves  both train losses are non-finite at step 23: nothing from there on is compared")
-    assert lines[4:6] == ["curves  A: the train loss is non-finite from step 23 (NaN): 2 of 24 logged points",
-                          "curves  B: the train loss is non-finite from step 23 (NaN): 2 of 24 logged points"]
+    assert lines[4:6] == [
+        "curves  A: the train loss is non-finite from step 23 (NaN): 2 of 24 logged points",
+        "curves  B: the train loss is non-finite from step 23 (NaN): 2 of 24 logged points",
+    ]
     assert lines[-1] == "no difference in data, plan, stack, gpus, env; non-finite train loss in A and B"
     mutate(a, ("non_finite", "metrics.jsonl", row(22), "loss", math.inf))  # step 22 in A only: they part there
     result = diff(a, b, tmp_path, "--json")
@@ -99,7 +109,8 @@ def _facts_gap(changes: list[tuple]) -> bool:
         if change[0] in ("absent", "special"):
             return True
         if change[0] in ("absent_key", "wrong_type") and (
-                change[2] == () or change[2][0] in ("facts", "data_files") and len(change[2]) <= 2):
+            change[2] == () or change[2][0] in ("facts", "data_files") and len(change[2]) <= 2
+        ):
             return True
     return False
 
@@ -107,8 +118,11 @@ def _facts_gap(changes: list[tuple]) -> bool:
 def _nan_loss(changes: list[tuple]) -> bool:
     """A NaN or infinite train loss, in metrics.jsonl changed in no other way, beside an untouched plan."""
     metrics = _touched(changes, "metrics.jsonl")
-    return ("loss" in not_numbers(metrics) and all(c[0] == "non_finite" for c in metrics)
-            and not _touched(changes, "resolved.json"))
+    return (
+        "loss" in not_numbers(metrics)
+        and all(c[0] == "non_finite" for c in metrics)
+        and not _touched(changes, "resolved.json")
+    )
 
 
 @pytest.mark.slow  # about 150 diffs in-process: about 10 s
@@ -125,7 +139,11 @@ def test_fuzzed_run_directories_keep_the_contract_and_claim_nothing_unearned(tmp
     result = diff(a, b, root, *(["--json"] if as_json else []))
     every = applied["a"] + applied["b"]
     # resolved.json is what makes a run directory: gone, not a file or not an object, it is refused; nothing else is
-    core = [c for c in _touched(every, "resolved.json") if c[0] in ("absent", "special") or c[0] == "wrong_type" and c[2] == ()]
+    core = [
+        c
+        for c in _touched(every, "resolved.json")
+        if c[0] in ("absent", "special") or c[0] == "wrong_type" and c[2] == ()
+    ]
     assert result.exit_code == 2 if core else result.exit_code != 2 or _touched(every, "resolved.json"), result.stderr
     if result.exit_code == 2:
         return

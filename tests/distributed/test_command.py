@@ -15,7 +15,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import recorded_gpus
 
 from sftdoctor.distributed.command import Launcher, absent_rank, launcher, snapshot_path
@@ -31,11 +30,37 @@ def free_port():
 
 
 def torchrun(nproc, *args, env=None, node=None, nnodes=1, port=None, node_rank=0):
-    launch = ["--standalone"] if nnodes == 1 else ["--nnodes", str(nnodes), "--node-rank", str(node_rank),
-                                                   "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                                                   "--rdzv-id", "sftdoctor-test"]
-    command = [sys.executable, "-m", "torch.distributed.run", *launch, "--nproc-per-node", str(nproc),
-               "-m", "sftdoctor", "check", "--distributed", "--seconds", "2", *args]
+    launch = (
+        ["--standalone"]
+        if nnodes == 1
+        else [
+            "--nnodes",
+            str(nnodes),
+            "--node-rank",
+            str(node_rank),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--rdzv-id",
+            "sftdoctor-test",
+        ]
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *launch,
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "sftdoctor",
+        "check",
+        "--distributed",
+        "--seconds",
+        "2",
+        *args,
+    ]
     full_env = {**os.environ, **(env or {}), **({"SFTDOCTOR_NODE": node} if node else {})}
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
 
@@ -46,10 +71,17 @@ def finish(proc, timeout=240):
 
 
 def snapshot(path, torch_version="2.13.0+cpu", gpus=None):
-    facts = {"packages": {"torch": torch_version.split("+")[0], "transformers": "5.24.0", "trl": "1.16.0",
-                          "deepspeed": "0.19.8", "accelerate": "1.15.0"},
-             "torch_build": {"version": torch_version, "cuda": None, "hip": None},
-             "gpus": gpus or {"source": None, "driver_version": None, "cuda_version": None, "devices": []}}
+    facts = {
+        "packages": {
+            "torch": torch_version.split("+")[0],
+            "transformers": "5.24.0",
+            "trl": "1.16.0",
+            "deepspeed": "0.19.8",
+            "accelerate": "1.15.0",
+        },
+        "torch_build": {"version": torch_version, "cuda": None, "hip": None},
+        "gpus": gpus or {"source": None, "driver_version": None, "cuda_version": None, "devices": []},
+    }
     path.write_text(json.dumps({"schema": 2, "facts": facts}))
 
 
@@ -60,7 +92,10 @@ def test_two_ranks_agree_measure_gloo_bandwidth_and_verify_every_sum(tmp_path):
     doc = json.loads(out)
     by_id = {f["id"]: f for f in doc["findings"]}
     assert by_id["cluster-consistency"]["severity"] == "ok"
-    assert by_id["collective-correctness"]["severity"] == "ok" and "exact on every rank" in by_id["collective-correctness"]["title"]
+    assert (
+        by_id["collective-correctness"]["severity"] == "ok"
+        and "exact on every rank" in by_id["collective-correctness"]["title"]
+    )
     sizes = by_id["collective-bandwidth"]["evidence"]["sizes"]
     assert sizes and all(0 < s["busbw_gbps"] < 1e4 and s["busbw_gbps"] == pytest.approx(s["algbw_gbps"]) for s in sizes)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["findings.json", "rank-0.json", "rank-1.json"]
@@ -72,8 +107,12 @@ def test_a_node_with_another_torch_is_named_and_the_sweep_runs_across_nodes(tmp_
     snapshot(tmp_path / "b.json", torch_version="2.4.1+cu121")
     port = free_port()
     template = str(tmp_path / "{node}.json")
-    procs = [torchrun(2, "--facts", template, "--json", "--out", str(tmp_path / node), node=node, nnodes=2,
-                      port=port, node_rank=i) for i, node in enumerate("ab")]
+    procs = [
+        torchrun(
+            2, "--facts", template, "--json", "--out", str(tmp_path / node), node=node, nnodes=2, port=port, node_rank=i
+        )
+        for i, node in enumerate("ab")
+    ]
     results = [finish(p) for p in procs]
     assert all(code == 1 for code, _, _ in results), [r[2][-2000:] for r in results]
     doc = json.loads(next(out for _, out, _ in results if out.strip()))
@@ -88,8 +127,11 @@ def test_a_node_with_another_torch_is_named_and_the_sweep_runs_across_nodes(tmp_
 @pytest.mark.slow  # end-to-end: sftdoctor under torchrun
 def test_two_ranks_on_one_gpu_is_the_duplicate_gpu_error_before_nccl_says_it(tmp_path):
     snapshot(tmp_path / "snap.json", gpus=recorded_gpus(A100x4))
-    code, out, err = finish(torchrun(2, "--facts", str(tmp_path / "snap.json"), "--out", str(tmp_path / "out"),
-                                     env={"CUDA_VISIBLE_DEVICES": "0"}))
+    code, out, err = finish(
+        torchrun(
+            2, "--facts", str(tmp_path / "snap.json"), "--out", str(tmp_path / "out"), env={"CUDA_VISIBLE_DEVICES": "0"}
+        )
+    )
     assert code == 1, err[-3000:]
     assert "ranks 0 and 1 would share one GPU" in out and "sftdoctor explain nccl-error" in out
 
@@ -102,7 +144,9 @@ def test_a_rank_that_never_joins_is_named_within_the_bound_and_nothing_is_left_r
     assert code != 0
     assert "rank 1 did not join within 5 s" in out
     assert time.monotonic() - began < 90
-    leftover = [p for p in psutil.process_iter(["cmdline"]) if str(tmp_path / "out") in " ".join(p.info["cmdline"] or [])]
+    leftover = [
+        p for p in psutil.process_iter(["cmdline"]) if str(tmp_path / "out") in " ".join(p.info["cmdline"] or [])
+    ]
     assert leftover == []
 
 
@@ -118,18 +162,21 @@ def test_the_launchers_variables_place_the_rank():
     assert launcher(no_local).local_rank == 0
 
 
-@pytest.mark.parametrize("change, says", [
-    ({"RANK": "2"}, "RANK: expected an integer 0..1, got '2'"),
-    ({"RANK": "-1"}, "RANK: expected an integer 0..1, got '-1'"),
-    ({"RANK": None}, "RANK: not set; expected an integer 0..1 from the launcher"),
-    ({"WORLD_SIZE": "abc"}, "WORLD_SIZE: expected an integer >= 1, got 'abc'"),
-    ({"WORLD_SIZE": "0"}, "WORLD_SIZE: expected an integer >= 1, got '0'"),
-    ({"LOCAL_RANK": "x"}, "LOCAL_RANK: expected an integer 0..1, got 'x'"),
-    ({"MASTER_ADDR": None}, "MASTER_ADDR: not set; expected the host of rank 0"),
-    ({"MASTER_ADDR": " "}, "MASTER_ADDR: not set; expected the host of rank 0"),
-    ({"MASTER_PORT": "99999"}, "MASTER_PORT: expected an integer 1..65535, got '99999'"),
-    ({"MASTER_PORT": "http"}, "MASTER_PORT: expected an integer 1..65535, got 'http'"),
-])
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"RANK": "2"}, "RANK: expected an integer 0..1, got '2'"),
+        ({"RANK": "-1"}, "RANK: expected an integer 0..1, got '-1'"),
+        ({"RANK": None}, "RANK: not set; expected an integer 0..1 from the launcher"),
+        ({"WORLD_SIZE": "abc"}, "WORLD_SIZE: expected an integer >= 1, got 'abc'"),
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE: expected an integer >= 1, got '0'"),
+        ({"LOCAL_RANK": "x"}, "LOCAL_RANK: expected an integer 0..1, got 'x'"),
+        ({"MASTER_ADDR": None}, "MASTER_ADDR: not set; expected the host of rank 0"),
+        ({"MASTER_ADDR": " "}, "MASTER_ADDR: not set; expected the host of rank 0"),
+        ({"MASTER_PORT": "99999"}, "MASTER_PORT: expected an integer 1..65535, got '99999'"),
+        ({"MASTER_PORT": "http"}, "MASTER_PORT: expected an integer 1..65535, got 'http'"),
+    ],
+)
 def test_a_bad_launcher_variable_is_named(change, says):
     environ = {k: v for k, v in {**TORCHRUN, **change}.items() if v is not None}
     with pytest.raises(InputError) as caught:
@@ -152,18 +199,35 @@ def test_a_per_rank_facts_template_is_filled_or_refused():
             snapshot_path(template, 0, 0, "n")
 
 
-@pytest.mark.parametrize("env, args, says", [
-    ({"RANK": "0", "WORLD_SIZE": "1"}, [], "environment: MASTER_ADDR: not set"),
-    ({**TORCHRUN, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}, ["--drill", "absent:3"], "--drill: expected absent:RANK"),
-    ({**TORCHRUN, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}, ["--out", "FILE"], "exists and is not a folder"),
-])
+@pytest.mark.parametrize(
+    "env, args, says",
+    [
+        ({"RANK": "0", "WORLD_SIZE": "1"}, [], "environment: MASTER_ADDR: not set"),
+        (
+            {**TORCHRUN, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"},
+            ["--drill", "absent:3"],
+            "--drill: expected absent:RANK",
+        ),
+        (
+            {**TORCHRUN, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"},
+            ["--out", "FILE"],
+            "exists and is not a folder",
+        ),
+    ],
+)
 def test_a_rank_with_bad_input_says_so_in_one_line(tmp_path, env, args, says):
     """No KeyError traceback from each rank: one line, exit 2, before any store or process group."""
     (tmp_path / "FILE").write_text("x")
     args = [str(tmp_path / a) if a == "FILE" else a for a in args]
     clean = {k: v for k, v in os.environ.items() if k not in TORCHRUN}
-    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--distributed", *args], env={**clean, **env},
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "check", "--distributed", *args],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("sftdoctor: error: ") and says in line

@@ -1,17 +1,20 @@
 """What recorded real topologies promise for an all-reduce (tests/fixtures/topology cites each)."""
 
 import pytest
-
 from conftest import recorded_topology
+
 from sftdoctor.distributed.expect import EFFICIENCY, intra_node, pcie_generation
 
 
-@pytest.mark.parametrize("name, cc, links, per_link", [
-    ("dgx_a100_8x_mlx5_gengwg.txt", "8.0", 12, 25),  # NVSwitch: every pair shows the GPU's 12 links
-    ("h100_8x_nic_legend_princeton_pli.txt", "9.0", 18, 25),
-    ("a800_8x_nv8_nic_legend_llm_action.txt", "8.0", 8, 25),  # the China-market A100 with 8 NVLinks
-    ("dgx1_8xv100_sxm2_oneflow_dlperf.txt", "7.0", 6, 25),  # hybrid cube mesh: 2 x NV1 + 2 x NV2 per GPU
-])
+@pytest.mark.parametrize(
+    "name, cc, links, per_link",
+    [
+        ("dgx_a100_8x_mlx5_gengwg.txt", "8.0", 12, 25),  # NVSwitch: every pair shows the GPU's 12 links
+        ("h100_8x_nic_legend_princeton_pli.txt", "9.0", 18, 25),
+        ("a800_8x_nv8_nic_legend_llm_action.txt", "8.0", 8, 25),  # the China-market A100 with 8 NVLinks
+        ("dgx1_8xv100_sxm2_oneflow_dlperf.txt", "7.0", 6, 25),  # hybrid cube mesh: 2 x NV1 + 2 x NV2 per GPU
+    ],
+)
 def test_nvlink_nodes_promise_their_links_over_a_ring(name, cc, links, per_link):
     expected = intra_node(recorded_topology(name), cc)
     assert expected["via"] == "nvlink"
@@ -24,15 +27,20 @@ def test_nvlink_pairs_that_do_not_join_every_gpu_leave_the_ring_on_pcie():
     assert expected["via"] == "pcie" and "PCIe 4" in expected["why"]
 
 
-@pytest.mark.parametrize("name, cc, worst, generation", [
-    ("rtx4090_8x_pcie_2nic_go_gpuallocator17.txt", "8.9", "SYS", 4),
-    ("l40s_4x_pcie_nic_legend_missalignment106.txt", "8.9", "SYS", 4),
-    ("titanx_4x_single_root_horovod969.txt", "6.1", "PHB", 3),
-    ("k40m_4x_soc_mlx4_tensorflow_gdr.txt", "3.5", "SYS", 3),  # the old SOC name of SYS
-])
+@pytest.mark.parametrize(
+    "name, cc, worst, generation",
+    [
+        ("rtx4090_8x_pcie_2nic_go_gpuallocator17.txt", "8.9", "SYS", 4),
+        ("l40s_4x_pcie_nic_legend_missalignment106.txt", "8.9", "SYS", 4),
+        ("titanx_4x_single_root_horovod969.txt", "6.1", "PHB", 3),
+        ("k40m_4x_soc_mlx4_tensorflow_gdr.txt", "3.5", "SYS", 3),  # the old SOC name of SYS
+    ],
+)
 def test_pcie_nodes_are_paced_by_their_slowest_hop(name, cc, worst, generation):
     expected = intra_node(recorded_topology(name), cc)
-    assert expected["via"] == "pcie" and f"through {worst}" in expected["why"] and f"PCIe {generation}" in expected["why"]
+    assert (
+        expected["via"] == "pcie" and f"through {worst}" in expected["why"] and f"PCIe {generation}" in expected["why"]
+    )
 
 
 def test_a_cross_socket_hop_halves_what_a_single_root_promises():
@@ -46,9 +54,10 @@ def test_pcie_generation_follows_the_gpu_generation():
 
 
 def test_ibstat_ports_of_recorded_nodes_and_what_they_promise_across_nodes():
-    from hypothesis import given, settings, strategies as st
-
     from conftest import FIXTURES, index
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
     from sftdoctor.distributed.expect import inter_node
     from sftdoctor.facts.nics import active_gbps, parse_ibstat
 

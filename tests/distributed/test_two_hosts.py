@@ -2,16 +2,16 @@
 tests/hosts.py): `check --distributed` and `sftdoctor train` run the same command on both, as on a cluster."""
 
 import json
-import time
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-
 from conftest import install_plugin
 from hosts import two_hosts
 from trainrun import metrics
+
 from sftdoctor.facts.system import free_port
 
 pytestmark = pytest.mark.slow
@@ -27,16 +27,33 @@ def hosts():
 def torchrun(host, port, *argv):
     """The same torchrun command on each host: c10d rendezvous at node0 (torchrun hosts the store on the host
     whose name matches the endpoint)."""
-    return host.popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-                       "--rdzv-backend=c10d", f"--rdzv-endpoint=node0:{port}", "--rdzv-id=two-hosts",
-                       "-m", "sftdoctor", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                      cwd=ROOT)
+    return host.popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=node0:{port}",
+            "--rdzv-id=two-hosts",
+            "-m",
+            "sftdoctor",
+            *argv,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
 
 
 def test_check_distributed_names_both_hosts_and_measures_across_them(hosts, tmp_path):
     port = free_port()
-    procs = [torchrun(host, port, "check", "--distributed", "--seconds", "2", "--out", str(tmp_path / host.name))
-             for host in hosts]
+    procs = [
+        torchrun(host, port, "check", "--distributed", "--seconds", "2", "--out", str(tmp_path / host.name))
+        for host in hosts
+    ]
     outs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     text = outs[0][0]  # rank 0, on node0, prints the verdict
@@ -49,14 +66,24 @@ def test_check_distributed_names_both_hosts_and_measures_across_them(hosts, tmp_
 def run_config(folder: Path, data: Path, port: int, **launch) -> Path:
     from trainrun import config
 
-    return config(folder, data, training={"max_steps": 6, "save_steps": 3},
-                  launch={"nnodes": 2, "nproc_per_node": 1, "master_addr": "node0", "master_port": port, **launch})
+    return config(
+        folder,
+        data,
+        training={"max_steps": 6, "save_steps": 3},
+        launch={"nnodes": 2, "nproc_per_node": 1, "master_addr": "node0", "master_port": port, **launch},
+    )
 
 
 def train_on(host, cfg: Path, *flags, env=None):
     """`sftdoctor train` on a host, as a user runs it there."""
-    return host.popen([sys.executable, "-m", "sftdoctor", "train", str(cfg), *flags], stdout=subprocess.PIPE,
-                      stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    return host.popen(
+        [sys.executable, "-m", "sftdoctor", "train", str(cfg), *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
 
 
 @pytest.mark.parametrize("deepspeed", [None, {"zero_stage": 2}], ids=["ddp", "zero2"])
@@ -74,9 +101,11 @@ def test_the_same_train_command_on_both_hosts_trains_together(hosts, tmp_path, t
     assert "node rank       1 (master_addr node0 is another host" in node1
     assert "world size      2 (1 per node x 2 nodes)" in node0
     # both nodes say the same of the run: the summary is read from the one metrics.jsonl rank 0 wrote
-    ends = [o[o.index("sftdoctor: run complete"):].splitlines()[:3] for o in (node0, node1)]
+    ends = [o[o.index("sftdoctor: run complete") :].splitlines()[:3] for o in (node0, node1)]
     assert ends[0][1:] == ends[1][1:], ends
-    assert (run_dir / "final").is_dir() and (run_dir / "train.log").is_file() and (run_dir / "train-node1.log").is_file()
+    assert (
+        (run_dir / "final").is_dir() and (run_dir / "train.log").is_file() and (run_dir / "train-node1.log").is_file()
+    )
     plan = json.loads((run_dir / "resolved.json").read_text())
     assert plan["node_rank"] == 0 and plan["world_size"] == 2
     assert [h.pids() for h in hosts] == [[], []]  # nothing left running on either host
@@ -95,8 +124,10 @@ def test_a_node_that_dies_mid_run_stops_the_other_and_leaves_nothing_running(hos
     """Every process of node1 killed at once after the first checkpoint: node0's workers stop well within the
     hang timeout, its launcher says why, and no process of the run is left on either host."""
     cfg = run_config(tmp_path, tiny_data["text"], free_port(), rehearse=False)
-    cfg.write_text(cfg.read_text().replace("max_steps = 6", "max_steps = 400").replace("save_steps = 3", "save_steps = 2")
-                   + "[watch]\nhang_timeout_s = 60\n")
+    cfg.write_text(
+        cfg.read_text().replace("max_steps = 6", "max_steps = 400").replace("save_steps = 3", "save_steps = 2")
+        + "[watch]\nhang_timeout_s = 60\n"
+    )
     node0, node1 = (train_on(host, cfg) for host in hosts)
     run_dir = tmp_path / "out"
     saved(run_dir, 2, node0)
@@ -122,14 +153,14 @@ def test_a_node_that_never_comes_is_named_after_the_join_timeout(hosts, tmp_path
     assert hosts[0].pids() == []
 
 
-SITE_CHECK = '''
+SITE_CHECK = """
 from sftdoctor.checks import check
 from sftdoctor.findings import error
 
 @check("site-scratch", "this node's scratch disk")
 def site_scratch(env):
     return error("/scratch is full on this node", fix="clean /scratch")
-'''
+"""
 
 
 def test_a_node_whose_checks_fail_stops_every_node_before_any_starts(hosts, tmp_path, tiny_data):
@@ -153,8 +184,10 @@ def test_a_node_that_comes_back_rejoins_and_the_run_resumes_from_the_newest_chec
     an orchestrator does): it finds the run in progress and joins torchrun's restart round on node0, and both
     go on from the newest complete checkpoint to the end."""
     cfg = run_config(tmp_path, tiny_data["text"], free_port(), rehearse=False, max_restarts=1, join_timeout_s=180)
-    cfg.write_text(cfg.read_text().replace("max_steps = 6", "max_steps = 60").replace("save_steps = 3", "save_steps = 4")
-                   + "[watch]\nhang_timeout_s = 60\n")
+    cfg.write_text(
+        cfg.read_text().replace("max_steps = 6", "max_steps = 60").replace("save_steps = 3", "save_steps = 4")
+        + "[watch]\nhang_timeout_s = 60\n"
+    )
     node0, node1 = (train_on(host, cfg) for host in hosts)
     run_dir = tmp_path / "out"
     saved(run_dir, 8, node0)

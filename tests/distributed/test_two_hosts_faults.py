@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from hosts import two_hosts
+from trainrun import config
+
 from sftdoctor.facts.system import free_port
 from sftdoctor.triage import diagnose
-from trainrun import config
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,29 +30,57 @@ def hosts():
 
 def torchrun(host, port, *argv):
     """The same torchrun command on each host, c10d rendezvous at node0 (as in test_two_hosts.py)."""
-    return host.popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-                       "--rdzv-backend=c10d", f"--rdzv-endpoint=node0:{port}", "--rdzv-id=two-hosts",
-                       "-m", "sftdoctor", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                      cwd=ROOT)
+    return host.popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=node0:{port}",
+            "--rdzv-id=two-hosts",
+            "-m",
+            "sftdoctor",
+            *argv,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
 
 
 def run_config(folder: Path, data: Path, port: int, **launch) -> Path:
     """A two-node run at node0:port (as in test_two_hosts.py)."""
-    return config(folder, data, training={"max_steps": 6, "save_steps": 3},
-                  launch={"nnodes": 2, "nproc_per_node": 1, "master_addr": "node0", "master_port": port, **launch})
+    return config(
+        folder,
+        data,
+        training={"max_steps": 6, "save_steps": 3},
+        launch={"nnodes": 2, "nproc_per_node": 1, "master_addr": "node0", "master_port": port, **launch},
+    )
 
 
 def train_on(host, cfg: Path, *flags):
     """`sftdoctor train` on a host, as a user runs it there."""
-    return host.popen([sys.executable, "-m", "sftdoctor", "train", str(cfg), *flags], stdout=subprocess.PIPE,
-                      stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    return host.popen(
+        [sys.executable, "-m", "sftdoctor", "train", str(cfg), *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
 
 
 def torch_version_file() -> tuple[Path, str]:
     """torch/version.py (what sftdoctor's torch_build fact reads, and `torch.__version__` comes from) and
     the version it holds."""
-    found = subprocess.run([sys.executable, "-c", "import torch.version as v; print(v.__file__); print(v.__version__)"],
-                           capture_output=True, text=True, check=True).stdout.split()
+    found = subprocess.run(
+        [sys.executable, "-c", "import torch.version as v; print(v.__file__); print(v.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return Path(found[0]), found[1]
 
 
@@ -70,8 +98,10 @@ def test_a_node_with_another_torch_is_named_with_both_versions(hosts, tmp_path):
     assert seen.stdout.strip() == OTHER_TORCH, seen  # node1 alone: the shared file is untouched
     assert real.read_text() == text
     port = free_port()
-    procs = [torchrun(host, port, "check", "--distributed", "--seconds", "2", "--out", str(tmp_path / host.name))
-             for host in (node0, node1)]
+    procs = [
+        torchrun(host, port, "check", "--distributed", "--seconds", "2", "--out", str(tmp_path / host.name))
+        for host in (node0, node1)
+    ]
     outs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [1, 1], outs
     lines = outs[0][0].splitlines()  # rank 0, on node0, prints the verdict
@@ -132,7 +162,6 @@ def drop_inbound(host, *ports: int) -> None:
     iptables(host, "-A", "INPUT", "-p", "tcp", "-j", "DROP")
 
 
-
 def train_everywhere(hosts, cfg: Path):
     """`sftdoctor train` of one config on every host at once: the exit codes, then (seconds, stdout) per host."""
     began = time.monotonic()
@@ -142,7 +171,10 @@ def train_everywhere(hosts, cfg: Path):
     print(", ".join(f"node{i} stopped after {t:.1f} s" for i, (t, _, _) in enumerate(ends)) + f" (exit {codes})")
     return codes, *((t, out) for t, out, _ in ends)
 
-def test_a_firewall_on_the_rendezvous_port_stops_both_nodes_at_the_gate_each_naming_its_side(hosts, tmp_path, tiny_data):
+
+def test_a_firewall_on_the_rendezvous_port_stops_both_nodes_at_the_gate_each_naming_its_side(
+    hosts, tmp_path, tiny_data
+):
     """node0 drops inbound TCP from node1 (the rendezvous port with the rest). Both run `sftdoctor train`:
     node0 hosts the gate's store on master_port and names who came after join_timeout_s; node1's connect gets no
     answer and it gives up after the same timeout. Neither launches torchrun."""
@@ -154,11 +186,13 @@ def test_a_firewall_on_the_rendezvous_port_stops_both_nodes_at_the_gate_each_nam
     assert codes == [1, 1] and t0 < 240 and t1 < 240, (codes, t0, t1, out0[-2000:], out1[-2000:])
     assert line_of(out0, "sftdoctor: not starting: ") == (
         "sftdoctor: not starting: 1 of 2 nodes reached the gate within 10 s (node0); the others never came: not "
-        f"started, failed before their checks, or cannot reach node0:{port}"), out0[-2000:]
+        f"started, failed before their checks, or cannot reach node0:{port}"
+    ), out0[-2000:]
     assert line_of(out1, "sftdoctor: not starting: ") == (
         f"sftdoctor: not starting: could not reach node 0 at node0:{port} within 10 s (The client socket has timed "
         f"out after 10000ms while trying to connect to (node0, {port})): it is not started yet, or a firewall or a "
-        "wrong master_addr is in the way"), out1[-2000:]
+        "wrong master_addr is in the way"
+    ), out1[-2000:]
     assert not (tmp_path / "out" / "train.log").exists()  # torchrun never started
     assert [h.pids() for h in hosts] == [[], []]
 
@@ -178,11 +212,14 @@ def test_a_firewall_open_only_on_the_rendezvous_port_stops_both_nodes_at_the_wor
     for out in (out0, out1):
         assert "sftdoctor: every node passed its checks: node0, node1" in out, out[-2000:]
     failed0 = line_of(out0, "sftdoctor: the run failed")
-    assert failed0.startswith("sftdoctor: the run failed (exit 1, before its first step): rank(s) 1 never reached "
-                              "rank 0's store in the distributed check (30 s)"), out0[-3000:]
+    assert failed0.startswith(
+        "sftdoctor: the run failed (exit 1, before its first step): rank(s) 1 never reached "
+        "rank 0's store in the distributed check (30 s)"
+    ), out0[-3000:]
     failed1 = line_of(out1, "sftdoctor: the run failed")
-    store = re.search(r"before its first step\): could not reach the store at node0:(\d+) \(gave up after 30000ms\)",
-                      failed1)
+    store = re.search(
+        r"before its first step\): could not reach the store at node0:(\d+) \(gave up after 30000ms\)", failed1
+    )
     assert store and int(store[1]) != port, out1[-3000:]  # the workers' store: another port than master_port
     assert "train-node1.log" in failed1
     # node0's log, as `sftdoctor explain --log` reads it: rank 0's own table line is the root cause

@@ -31,9 +31,17 @@ def tree(tmp_path: Path, mountinfo: str, dirs: dict[str, str]) -> list:
 def test_the_hybrid_machine_takes_memory_and_cpu_time_from_v1_where_joining_is_cheap(tmp_path, monkeypatch):
     own = cgroup._own((FIXTURES / "hybrid_sftdoctor_ci.cgroup").read_text())
     memory_own = own["memory"]
-    mounts = tree(tmp_path, "hybrid_sftdoctor_ci.mountinfo", {
-        f"sys/fs/cgroup/memory{memory_own}": None, "sys/fs/cgroup/pids": None, "sys/fs/cgroup/cpu": None,
-        "sys/fs/cgroup/cpuacct": None, "sys/fs/cgroup/unified": ""})
+    mounts = tree(
+        tmp_path,
+        "hybrid_sftdoctor_ci.mountinfo",
+        {
+            f"sys/fs/cgroup/memory{memory_own}": None,
+            "sys/fs/cgroup/pids": None,
+            "sys/fs/cgroup/cpu": None,
+            "sys/fs/cgroup/cpuacct": None,
+            "sys/fs/cgroup/unified": "",
+        },
+    )
     monkeypatch.setattr(cgroup, "_kernel", lambda: (6, 18))
     found = cgroup._choose(mounts, own)
     base = tmp_path / "sys/fs/cgroup"
@@ -49,8 +57,11 @@ def test_the_hybrid_machine_takes_memory_and_cpu_time_from_v1_where_joining_is_c
 
 def test_pure_v2_with_a_busy_own_cgroup_goes_under_the_root(tmp_path):
     own = {"": "/system.slice/sftdoctor.service"}
-    mounts = tree(tmp_path, "talos_v2.mountinfo", {"sys/fs/cgroup": "cpuset cpu io memory pids",
-                                                   "sys/fs/cgroup/system.slice/sftdoctor.service": ""})
+    mounts = tree(
+        tmp_path,
+        "talos_v2.mountinfo",
+        {"sys/fs/cgroup": "cpuset cpu io memory pids", "sys/fs/cgroup/system.slice/sftdoctor.service": ""},
+    )
     found = cgroup._choose(mounts, own)
     root = tmp_path / "sys/fs/cgroup"
     assert found.memory == found.pids == found.cpu == found.usage == (2, root)
@@ -66,8 +77,11 @@ def test_a_read_only_or_controllerless_mount_falls_back_with_the_reason(tmp_path
     assert not ro.usable and "no memory or usage controller" in ro.why_not
     assert ro.describe().startswith("per process (rlimits): ")
     v1 = cgroup._mounts((FIXTURES / "centos7_v1_excerpt.mountinfo").read_text())
-    assert [(kind, str(point), controllers - {"rw"}) for kind, point, _, controllers in v1][-1] == \
-        ("cgroup", "/sys/fs/cgroup/cpu,cpuacct", {"cpu", "cpuacct"})
+    assert [(kind, str(point), controllers - {"rw"}) for kind, point, _, controllers in v1][-1] == (
+        "cgroup",
+        "/sys/fs/cgroup/cpu,cpuacct",
+        {"cpu", "cpuacct"},
+    )
     found = cgroup._choose(v1, {"cpu": "/", "cpuacct": "/"})
     assert not found.usable and "no memory or usage controller" in found.why_not
 
@@ -78,11 +92,16 @@ def test_mountinfo_escapes_and_foreign_roots():
     assert (kind, str(point), root) == ("cgroup2", "/sys/fs/cgroup/my unified", "/ctr")
     assert cgroup._directory(point, root, "/ctr/a/b") == Path("/sys/fs/cgroup/my unified/a/b")
     assert cgroup._directory(point, root, "/other") is None  # our cgroup is not under this mount
-    assert cgroup._own("0::/\n4:memory:/x/y\n1:cpu,cpuacct:/z\n") == {"": "/", "memory": "/x/y", "cpu": "/z",
-                                                                       "cpuacct": "/z"}
+    assert cgroup._own("0::/\n4:memory:/x/y\n1:cpu,cpuacct:/z\n") == {
+        "": "/",
+        "memory": "/x/y",
+        "cpu": "/z",
+        "cpuacct": "/z",
+    }
 
 
 # --- this machine ------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def here():
@@ -134,8 +153,11 @@ def test_a_sample_cgroup_limits_counts_kills_and_goes(here):
 def test_a_v2_cgroup_counts_cpu_time_and_kills_the_tree_at_once(here):
     """This machine's v2 hierarchy has no memory controller, but its core files work as on a v2 host: the
     CPU time from cpu.stat, the tree killed by cgroup.kill, joined through cgroup.procs."""
-    unified = [(point, root) for kind, point, root, _ in cgroup._mounts(Path(cgroup.MOUNTINFO).read_text())
-               if kind == "cgroup2"]
+    unified = [
+        (point, root)
+        for kind, point, root, _ in cgroup._mounts(Path(cgroup.MOUNTINFO).read_text())
+        if kind == "cgroup2"
+    ]
     if not unified:
         assert not ROOT, "as root on this kind of machine, a cgroup2 mount is expected"
         pytest.skip("no cgroup2 mount here")

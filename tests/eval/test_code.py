@@ -39,9 +39,22 @@ needs_bwrap = pytest.mark.usefixtures("bwrap")
 
 # --- pass@k ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("n, c, k, expected", [(5, 2, 1, 0.4), (5, 2, 2, 0.7), (5, 0, 1, 0.0), (5, 0, 3, 0.0),
-                                               (5, 5, 1, 1.0), (5, 5, 5, 1.0), (5, 4, 2, 1.0), (1, 1, 1, 1.0),
-                                               (10, 1, 10, 1.0), (4, 1, 2, 0.5)])
+
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [
+        (5, 2, 1, 0.4),
+        (5, 2, 2, 0.7),
+        (5, 0, 1, 0.0),
+        (5, 0, 3, 0.0),
+        (5, 5, 1, 1.0),
+        (5, 5, 5, 1.0),
+        (5, 4, 2, 1.0),
+        (1, 1, 1, 1.0),
+        (10, 1, 10, 1.0),
+        (4, 1, 2, 0.5),
+    ],
+)
 def test_pass_at_k_by_hand(n, c, k, expected):
     assert code.pass_at_k(n, c, k) == pytest.approx(expected)
 
@@ -53,8 +66,10 @@ def test_pass_at_k_is_the_binomial_formula_and_stable_for_large_n():
                 exact = 1 - math.comb(n - c, k) / math.comb(n, k)
                 assert code.pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12)
     assert code.pass_at_k(10_000, 37, 100) == pytest.approx(1 - math.comb(9963, 100) / math.comb(10_000, 100))
-    assert code.pass_at_ks({"a": (5, 2), "b": (5, 0)}, (1, 2)) == {"pass@1": pytest.approx(0.2),
-                                                                    "pass@2": pytest.approx(0.35)}
+    assert code.pass_at_ks({"a": (5, 2), "b": (5, 0)}, (1, 2)) == {
+        "pass@1": pytest.approx(0.2),
+        "pass@2": pytest.approx(0.35),
+    }
     with pytest.raises(ValueError):
         code.pass_at_k(3, 1, 4)
 
@@ -76,29 +91,58 @@ def jsonl(path: Path, *lines) -> Path:
 
 
 def evaluate(tmp_path, problems, completions, **options):
-    settings = {"out": tmp_path / "results.jsonl", "ks": (), "sandbox": "bubblewrap", "workers": 2,
-                "timeout_s": 5.0, "json_out": False, **options}
+    settings = {
+        "out": tmp_path / "results.jsonl",
+        "ks": (),
+        "sandbox": "bubblewrap",
+        "workers": 2,
+        "timeout_s": 5.0,
+        "json_out": False,
+        **options,
+    }
     return code.evaluate_code(problems, completions, **settings)
 
 
-@pytest.mark.parametrize("problems, completions, message", [
-    ([PROBLEM, "{not json"], [], "problems.jsonl: line 2: not valid JSON"),
-    ([{k: v for k, v in PROBLEM.items() if k != "entry_point"}], [], "problems.jsonl: line 1: missing 'entry_point'; expected"),
-    ([{**PROBLEM, "prompt": 3}], [], "problems.jsonl: line 1: 'prompt' is a JSON int; expected a string"),
-    (["[1, 2]"], [], "problems.jsonl: line 1: a JSON list; expected one JSON object per line"),
-    ([PROBLEM, PROBLEM], [], "problems.jsonl: line 2: task_id 't/0' again (first on line 1); expected"),
-    ([], [], "problems.jsonl: no problems; expected"),
-    ([PROBLEM], [{"task_id": "t/0", "completion": "    return 1"}, "", "oops"], "completions.jsonl: line 3: not valid JSON"),
-    ([PROBLEM], [{"task_id": "t/0"}], "completions.jsonl: line 1: missing 'completion'; expected task_id and completion"),
-    ([PROBLEM], [{"task_id": "t/0", "completion": "x"}, {"task_id": "t/1", "completion": "x"}],
-     "completions.jsonl: line 2: task_id 't/1' is not in the problems (did you mean 't/0'?); expected"),
-    ([PROBLEM, {**PROBLEM, "task_id": "t/1"}], [{"task_id": "t/0", "completion": "x"}],
-     "completions.jsonl: no completion for task_id 't/1'; expected at least one sample"),
-])
+@pytest.mark.parametrize(
+    "problems, completions, message",
+    [
+        ([PROBLEM, "{not json"], [], "problems.jsonl: line 2: not valid JSON"),
+        (
+            [{k: v for k, v in PROBLEM.items() if k != "entry_point"}],
+            [],
+            "problems.jsonl: line 1: missing 'entry_point'; expected",
+        ),
+        ([{**PROBLEM, "prompt": 3}], [], "problems.jsonl: line 1: 'prompt' is a JSON int; expected a string"),
+        (["[1, 2]"], [], "problems.jsonl: line 1: a JSON list; expected one JSON object per line"),
+        ([PROBLEM, PROBLEM], [], "problems.jsonl: line 2: task_id 't/0' again (first on line 1); expected"),
+        ([], [], "problems.jsonl: no problems; expected"),
+        (
+            [PROBLEM],
+            [{"task_id": "t/0", "completion": "    return 1"}, "", "oops"],
+            "completions.jsonl: line 3: not valid JSON",
+        ),
+        (
+            [PROBLEM],
+            [{"task_id": "t/0"}],
+            "completions.jsonl: line 1: missing 'completion'; expected task_id and completion",
+        ),
+        (
+            [PROBLEM],
+            [{"task_id": "t/0", "completion": "x"}, {"task_id": "t/1", "completion": "x"}],
+            "completions.jsonl: line 2: task_id 't/1' is not in the problems (did you mean 't/0'?); expected",
+        ),
+        (
+            [PROBLEM, {**PROBLEM, "task_id": "t/1"}],
+            [{"task_id": "t/0", "completion": "x"}],
+            "completions.jsonl: no completion for task_id 't/1'; expected at least one sample",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_naming_file_and_line(tmp_path, problems, completions, message):
     with pytest.raises(InputError) as caught:
-        evaluate(tmp_path, jsonl(tmp_path / "problems.jsonl", *problems),
-                 jsonl(tmp_path / "completions.jsonl", *completions))
+        evaluate(
+            tmp_path, jsonl(tmp_path / "problems.jsonl", *problems), jsonl(tmp_path / "completions.jsonl", *completions)
+        )
     text = str(caught.value)
     assert "\n" not in text and "expected" in text
     assert text.startswith(str(tmp_path / message.split(":")[0])) and message.split(": ", 1)[1] in text
@@ -108,8 +152,11 @@ def test_bad_input_is_one_line_naming_file_and_line(tmp_path, problems, completi
 def test_k_larger_than_the_samples_is_bad_input(tmp_path):
     problems = jsonl(tmp_path / "problems.jsonl", PROBLEM)
     completions = jsonl(tmp_path / "completions.jsonl", *[{"task_id": "t/0", "completion": "    return 1"}] * 2)
-    with pytest.raises(InputError, match=r"completions.jsonl: k=5 but task_id 't/0' has 2 samples; expected at "
-                                         r"least k samples per task"):
+    with pytest.raises(
+        InputError,
+        match=r"completions.jsonl: k=5 but task_id 't/0' has 2 samples; expected at "
+        r"least k samples per task",
+    ):
         evaluate(tmp_path, problems, completions, ks=(1, 5))
     with pytest.raises(InputError, match="--k: k=0; expected a positive"):
         evaluate(tmp_path, problems, completions, ks=(0,))
@@ -130,22 +177,26 @@ def test_missing_files_and_options(tmp_path):
 
 # --- no sandbox, no run ------------------------------------------------------------------------------------
 
+
 def test_without_bwrap_on_path_it_refuses_and_names_the_package(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap, no docker
     why = sandbox.available("bubblewrap")
     assert "apt-get install bubblewrap" in why
     with pytest.raises(InputError) as caught:
         evaluate(tmp_path, FIXTURES / "problems.jsonl", FIXTURES / "completions.jsonl")
-    assert str(caught.value).startswith("--sandbox: bubblewrap (bwrap) not found on PATH: install it: apt-get install "
-                                        "bubblewrap") and "no unsandboxed mode" in str(caught.value)
+    assert str(caught.value).startswith(
+        "--sandbox: bubblewrap (bwrap) not found on PATH: install it: apt-get install bubblewrap"
+    ) and "no unsandboxed mode" in str(caught.value)
     assert "\n" not in str(caught.value) and not (tmp_path / "results.jsonl").exists()
     assert "docker not found on PATH" in sandbox.available("docker")
 
 
 def test_docker_without_a_reachable_daemon_refuses(tmp_path, monkeypatch):
     fake = tmp_path / "docker"
-    fake.write_text("#!/bin/sh\necho 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
-                    "Is the docker daemon running?' >&2\nexit 1\n")
+    fake.write_text(
+        "#!/bin/sh\necho 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
+        "Is the docker daemon running?' >&2\nexit 1\n"
+    )
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     assert sandbox.available("docker").startswith("no Docker daemon reachable (docker info: Cannot connect")
@@ -173,6 +224,7 @@ def test_nothing_half_written_on_ctrl_c(tmp_path, monkeypatch):
 
 # --- end to end --------------------------------------------------------------------------------------------
 
+
 @needs_bwrap
 def test_evaluate_code_on_the_fixtures(tmp_path, capsys):
     out = tmp_path / "results.jsonl"
@@ -181,8 +233,13 @@ def test_evaluate_code_on_the_fixtures(tmp_path, capsys):
     assert "pass@1     0.500" in printed and "pass@2     1.000" in printed and f"results: {out}" in printed
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["task_id"], r["sample"], r["status"]) for r in rows] == [
-        ("sftdoctor/0", 0, "passed"), ("sftdoctor/0", 1, "failed"), ("sftdoctor/1", 0, "passed"),
-        ("sftdoctor/1", 1, "failed"), ("sftdoctor/2", 0, "passed"), ("sftdoctor/2", 1, "failed")]
+        ("sftdoctor/0", 0, "passed"),
+        ("sftdoctor/0", 1, "failed"),
+        ("sftdoctor/1", 0, "passed"),
+        ("sftdoctor/1", 1, "failed"),
+        ("sftdoctor/2", 0, "passed"),
+        ("sftdoctor/2", 1, "failed"),
+    ]
     assert rows[5]["error"] == "OSError: [Errno 101] Network is unreachable"
     assert [p.name for p in tmp_path.iterdir()] == ["results.jsonl"]
 
@@ -194,11 +251,17 @@ def test_evaluate_code_with_hostile_completions(tmp_path, capsys):
     completions = [
         ("sftdoctor/0", "    return max(lo, min(x, hi))\n"),
         ("sftdoctor/0", "    while True:\n        pass\n"),
-        ("sftdoctor/0", "    import os\n    while True:\n        try:\n            os.fork()\n        except OSError:\n            pass\n"),
+        (
+            "sftdoctor/0",
+            "    import os\n    while True:\n        try:\n            os.fork()\n        except OSError:\n            pass\n",
+        ),
         ("sftdoctor/1", "    return sum(c in 'aeiouAEIOU' for c in text)\n"),
         ("sftdoctor/1", "    import os, signal\n    os.killpg(0, signal.SIGKILL)\n"),
         ("sftdoctor/1", f"    open('{REPO}/owned-{tag}', 'w').write('x')\n    return 0\n"),
-        ("sftdoctor/2", "    out = []\n    for n in numbers:\n        out.append(max(out[-1:] + [n]))\n    return out\n"),
+        (
+            "sftdoctor/2",
+            "    out = []\n    for n in numbers:\n        out.append(max(out[-1:] + [n]))\n    return out\n",
+        ),
         ("sftdoctor/2", "    x = bytearray(2 << 30)\n    return numbers\n"),
         ("sftdoctor/2", "    return numbers\n"),
     ]
@@ -215,16 +278,27 @@ def test_evaluate_code_with_hostile_completions(tmp_path, capsys):
     assert statuses["timeout"] + statuses["killed"] == 2, statuses
     assert summary["pass@1"] == pytest.approx(1 / 3) and summary["pass@3"] == pytest.approx(1.0)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["status"] for r in rows[:1] + rows[3:]] == ["passed", "passed", "failed", "failed", "passed", "failed", "failed"]
+    assert [r["status"] for r in rows[:1] + rows[3:]] == [
+        "passed",
+        "passed",
+        "failed",
+        "failed",
+        "passed",
+        "failed",
+        "failed",
+    ]
     for row in rows[1:3]:
-        assert (row["status"], row["error"].split(" reached")[0]) in {("timeout", "wall-clock limit of 2 s"),
-                                                                     ("killed", "CPU-time limit of 2 s")}, row
+        assert (row["status"], row["error"].split(" reached")[0]) in {
+            ("timeout", "wall-clock limit of 2 s"),
+            ("killed", "CPU-time limit of 2 s"),
+        }, row
     assert rows[4]["error"].startswith("exit code 137: killed by SIGKILL, or an exit code of its own")
     assert rows[5]["error"].startswith("FileNotFoundError") and not (REPO / f"owned-{tag}").exists()
     assert rows[7]["error"].startswith("MemoryError")
 
 
 # --- generation and the CLI --------------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_generate_completions_with_a_tiny_random_model():
@@ -262,8 +336,20 @@ def test_the_cli_scores_the_fixture_completions_in_the_sandbox(tmp_path):
     from sftdoctor import cli
 
     out = tmp_path / "results.jsonl"
-    result = CliRunner().invoke(cli.main, ["eval", "--code", str(FIXTURES / "problems.jsonl"), "--completions",
-                                           str(FIXTURES / "completions.jsonl"), "--out", str(out), "--timeout", "5"])
+    result = CliRunner().invoke(
+        cli.main,
+        [
+            "eval",
+            "--code",
+            str(FIXTURES / "problems.jsonl"),
+            "--completions",
+            str(FIXTURES / "completions.jsonl"),
+            "--out",
+            str(out),
+            "--timeout",
+            "5",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "pass@1" in result.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -272,10 +358,15 @@ def test_the_cli_scores_the_fixture_completions_in_the_sandbox(tmp_path):
 
 # --- forged passes, rows, readers and memory at the scale of a benchmark -------------------------------------
 
+
 @needs_bwrap
 def test_exiting_everywhere_scores_zero(tmp_path, capsys):
-    exits = ["    exit()\n", "    import os\n    os._exit(0)\n", "    raise SystemExit(0)\n",
-             "    import sys\n    sys.exit(0)\n"]
+    exits = [
+        "    exit()\n",
+        "    import os\n    os._exit(0)\n",
+        "    raise SystemExit(0)\n",
+        "    import sys\n    sys.exit(0)\n",
+    ]
     tasks = list(code.read_problems(FIXTURES / "problems.jsonl"))
     path = jsonl(tmp_path / "completions.jsonl", *[{"task_id": t, "completion": e} for t in tasks for e in exits])
     assert evaluate(tmp_path, FIXTURES / "problems.jsonl", path, ks=(1, 4), json_out=True) == 0
@@ -289,21 +380,27 @@ def test_result_rows_are_one_line_each_for_every_reader(tmp_path):
     problem = {**PROBLEM, "task_id": f"t/{odd}"}
     completion = f"    print({odd!r})\n    import sys\n    print({odd!r}, file=sys.stderr)\n    return 1\n"
     out = tmp_path / "results.jsonl"
-    evaluate(tmp_path, jsonl(tmp_path / "problems.jsonl", problem),
-             jsonl(tmp_path / "completions.jsonl", *[{"task_id": problem["task_id"], "completion": completion}] * 3),
-             out=out)
+    evaluate(
+        tmp_path,
+        jsonl(tmp_path / "problems.jsonl", problem),
+        jsonl(tmp_path / "completions.jsonl", *[{"task_id": problem["task_id"], "completion": completion}] * 3),
+        out=out,
+    )
     text = out.read_text(encoding="utf-8")
     assert text.isascii() and len(text.splitlines()) == 3  # str.splitlines breaks at U+2028, U+0085, \x1c...
     rows = [json.loads(line) for line in text.splitlines()]
-    assert all(r["status"] == "passed" and r["stdout"] == odd + "\n" and r["task_id"] == problem["task_id"]
-               for r in rows)
+    assert all(
+        r["status"] == "passed" and r["stdout"] == odd + "\n" and r["task_id"] == problem["task_id"] for r in rows
+    )
 
 
 @needs_bwrap
 def test_a_completions_file_with_raw_line_separators_in_its_strings_is_read(tmp_path):
     completions = tmp_path / "completions.jsonl"
-    lines = [json.dumps({"task_id": "t/0", "completion": f"    return 1  # {c}\n"}, ensure_ascii=False)
-             for c in ("\u2028", "\u0085", "\x1c")]
+    lines = [
+        json.dumps({"task_id": "t/0", "completion": f"    return 1  # {c}\n"}, ensure_ascii=False)
+        for c in ("\u2028", "\u0085", "\x1c")
+    ]
     completions.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "results.jsonl"
     assert evaluate(tmp_path, jsonl(tmp_path / "problems.jsonl", PROBLEM), completions, out=out) == 0
@@ -314,8 +411,11 @@ def test_a_lone_surrogate_is_one_error_before_any_sample_runs(tmp_path, monkeypa
     monkeypatch.setattr(sandbox, "sandbox", lambda kind: pytest.fail("a sample ran"))
     problems = tmp_path / "problems.jsonl"
     problems.write_text('{"task_id": "t/\\ud800", "prompt": "def f():\\n", "test": "", "entry_point": "f"}\n')
-    with pytest.raises(InputError, match=r"problems.jsonl: line 1: 'task_id' holds '\\ud800', half of a "
-                                         r"surrogate pair; expected text that is valid UTF-8$"):
+    with pytest.raises(
+        InputError,
+        match=r"problems.jsonl: line 1: 'task_id' holds '\\ud800', half of a "
+        r"surrogate pair; expected text that is valid UTF-8$",
+    ):
         evaluate(tmp_path, problems, jsonl(tmp_path / "completions.jsonl", {"task_id": "t/0", "completion": ""}))
     completions = tmp_path / "completions.jsonl"
     completions.write_text('{"task_id": "t/0", "completion": "x"}\n{"task_id": "t/0\\udfff", "completion": "x"}\n')
@@ -327,8 +427,14 @@ def test_a_lone_surrogate_is_one_error_before_any_sample_runs(tmp_path, monkeypa
 def peak_rss(script: str, *args) -> tuple[int, str]:
     """(peak RSS in bytes, stderr) of a child Python running `script`: its VmHWM, the high-water mark of its own
     memory (ru_maxrss would count the parent's pages it shared until exec)."""
-    done = subprocess.run([sys.executable, "-c", script + PEAK, *map(str, args)], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, cwd=REPO, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", script + PEAK, *map(str, args)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
     peak = [line for line in done.stderr.splitlines() if line.startswith("VmHWM:")]
     assert peak, done.stderr
     return int(peak[-1].split()[1]) * 1024, done.stderr
@@ -368,9 +474,11 @@ def test_a_gzip_bomb_is_refused_at_its_long_line_without_inflating_it(tmp_path):
 @needs_bwrap
 @pytest.mark.slow
 def test_the_evaluators_memory_does_not_grow_with_samples_or_their_output(tmp_path):
-    loud = ("    import sys\n    sys.stdout.write('o' * (1 << 20))\n    sys.stderr.write('e' * (1 << 20))\n"
-            "    return 1\n"
-            f"# {'c' * (256 << 10)}\n")  # a long completion: samples started far ahead would all be held
+    loud = (
+        "    import sys\n    sys.stdout.write('o' * (1 << 20))\n    sys.stderr.write('e' * (1 << 20))\n"
+        "    return 1\n"
+        f"# {'c' * (256 << 10)}\n"
+    )  # a long completion: samples started far ahead would all be held
     problems = jsonl(tmp_path / "problems.jsonl", PROBLEM)
     peaks = {}
     for n in (10, 160):
@@ -385,10 +493,15 @@ def test_the_evaluators_memory_does_not_grow_with_samples_or_their_output(tmp_pa
 @needs_bwrap
 def test_nothing_a_completion_starts_is_running_after_the_command(tmp_path):
     marker = f"sftdoctor-daemon-{uuid.uuid4().hex}"
-    daemon = ("    import os\n    if os.fork() == 0:\n        os.setsid()\n"
-              f"        os.execv('/bin/sh', ['sh', '-c', 'sleep 1000; : {marker}'])\n    return 1\n")
-    evaluate(tmp_path, jsonl(tmp_path / "problems.jsonl", PROBLEM),
-             jsonl(tmp_path / "completions.jsonl", *[{"task_id": "t/0", "completion": daemon}] * 4))
+    daemon = (
+        "    import os\n    if os.fork() == 0:\n        os.setsid()\n"
+        f"        os.execv('/bin/sh', ['sh', '-c', 'sleep 1000; : {marker}'])\n    return 1\n"
+    )
+    evaluate(
+        tmp_path,
+        jsonl(tmp_path / "problems.jsonl", PROBLEM),
+        jsonl(tmp_path / "completions.jsonl", *[{"task_id": "t/0", "completion": daemon}] * 4),
+    )
     assert not [p for p in os.listdir("/proc") if p.isdigit() and marker.encode() in _cmdline(p)]
 
 
@@ -408,10 +521,28 @@ def test_ctrl_c_or_sigterm_kills_the_running_samples_and_writes_nothing(tmp_path
     busy = f"    import os\n    os.execv('/bin/sh', ['sh', '-c', 'while :; do :; done; : {marker}'])\n"
     completions = jsonl(tmp_path / "completions.jsonl", *[{"task_id": "t/0", "completion": busy}] * 6)
     out = tmp_path / "results.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "sftdoctor", "eval", "--code",
-                             jsonl(tmp_path / "problems.jsonl", PROBLEM), "--completions", completions, "--out", out,
-                             "--timeout", "60", "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sftdoctor",
+            "eval",
+            "--code",
+            jsonl(tmp_path / "problems.jsonl", PROBLEM),
+            "--completions",
+            completions,
+            "--out",
+            out,
+            "--timeout",
+            "60",
+            "--workers",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     deadline = time.monotonic() + 20
     while not [p for p in os.listdir("/proc") if p.isdigit() and marker.encode() in _cmdline(p)]:
         assert time.monotonic() < deadline and proc.poll() is None, "no sample started"
@@ -429,11 +560,14 @@ def test_ctrl_c_or_sigterm_kills_the_running_samples_and_writes_nothing(tmp_path
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 ANY_TEXT = st.text(st.characters(blacklist_categories=()), max_size=12)  # surrogates and controls included
-JSON_VALUE = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | ANY_TEXT,
-                          lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ANY_TEXT, inner, max_size=3),
-                          max_leaves=8)
-RECORD = st.dictionaries(st.sampled_from(["task_id", "prompt", "test", "entry_point", "completion", "x"]),
-                         JSON_VALUE | ANY_TEXT, max_size=6)
+JSON_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | ANY_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ANY_TEXT, inner, max_size=3),
+    max_leaves=8,
+)
+RECORD = st.dictionaries(
+    st.sampled_from(["task_id", "prompt", "test", "entry_point", "completion", "x"]), JSON_VALUE | ANY_TEXT, max_size=6
+)
 
 
 def read_both(path: Path) -> None:
@@ -457,6 +591,7 @@ def test_any_bytes_are_records_or_one_line_errors(tmp_path, data, compressed):
 @given(records=st.lists(RECORD | JSON_VALUE, min_size=1, max_size=4), raw=st.booleans())
 def test_any_json_lines_are_records_or_one_line_errors(tmp_path, records, raw):
     path = tmp_path / "fuzz.jsonl"
-    path.write_text("".join(json.dumps(r, ensure_ascii=not raw) + "\n" for r in records), encoding="utf-8",
-                    errors="surrogatepass")
+    path.write_text(
+        "".join(json.dumps(r, ensure_ascii=not raw) + "\n" for r in records), encoding="utf-8", errors="surrogatepass"
+    )
     read_both(path)

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import EXAMPLES
+
 from sftdoctor.cli import main
 from sftdoctor.eval.command import table
 from sftdoctor.eval.harness import differences
@@ -41,8 +41,17 @@ def models(tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_model_and_its_base_side_by_side_with_settings_recorded_next_to_the_model(models):
-    result = invoke(models / "adapter", "--tasks", "tiny_count_choice,tiny_count_gen", "--include", TASKS,
-                    "--base", models / "base", "--limit", 8)
+    result = invoke(
+        models / "adapter",
+        "--tasks",
+        "tiny_count_choice,tiny_count_gen",
+        "--include",
+        TASKS,
+        "--base",
+        models / "base",
+        "--limit",
+        8,
+    )
     assert result.exit_code == 0, result.output
     assert "task" in result.output and "difference" in result.output and "tiny_count_gen" in result.output
     doc = json.loads((models / "adapter" / "eval.json").read_text())
@@ -58,15 +67,42 @@ def test_a_model_and_its_base_side_by_side_with_settings_recorded_next_to_the_mo
 @pytest.mark.slow
 def test_a_result_compares_only_with_one_of_the_same_settings(models, tmp_path):
     first = tmp_path / "a.json"
-    assert invoke(models / "base", "--tasks", "tiny_count_choice", "--include", TASKS, "--limit", 5,
-                  "--out", first).exit_code == 0
-    same = invoke(models / "adapter", "--tasks", "tiny_count_choice", "--include", TASKS, "--limit", 5,
-                  "--out", tmp_path / "b.json", "--compare", first, "--json")
+    assert (
+        invoke(
+            models / "base", "--tasks", "tiny_count_choice", "--include", TASKS, "--limit", 5, "--out", first
+        ).exit_code
+        == 0
+    )
+    same = invoke(
+        models / "adapter",
+        "--tasks",
+        "tiny_count_choice",
+        "--include",
+        TASKS,
+        "--limit",
+        5,
+        "--out",
+        tmp_path / "b.json",
+        "--compare",
+        first,
+        "--json",
+    )
     assert same.exit_code == 0, same.output
-    doc = json.loads(same.output[same.output.index("{"):])
+    doc = json.loads(same.output[same.output.index("{") :])
     assert doc["compared"]["file"] == str(first) and "tiny_count_choice" in doc["compared"]["metrics"]
-    other = invoke(models / "adapter", "--tasks", "tiny_count_choice", "--include", TASKS, "--limit", 6,
-                   "--out", tmp_path / "c.json", "--compare", first)
+    other = invoke(
+        models / "adapter",
+        "--tasks",
+        "tiny_count_choice",
+        "--include",
+        TASKS,
+        "--limit",
+        6,
+        "--out",
+        tmp_path / "c.json",
+        "--compare",
+        first,
+    )
     assert other.exit_code == 2
     assert "evaluated with other settings" in other.output and "limit: 5 vs 6" in other.output
     assert not (tmp_path / "c.json").exists()  # refused before anything was written
@@ -94,8 +130,14 @@ def test_a_model_or_option_that_cannot_be_used_is_one_line_and_nothing_written(m
     whole evaluation had run."""
     target, extra, says = models / "base", [], None
     if case == "weights cut":
-        target = broken_copy(models, tmp_path, "cut", lambda f: (f / "model.safetensors").write_bytes(
-            (models / "base" / "model.safetensors").read_bytes()[:1000]))
+        target = broken_copy(
+            models,
+            tmp_path,
+            "cut",
+            lambda f: (f / "model.safetensors").write_bytes(
+                (models / "base" / "model.safetensors").read_bytes()[:1000]
+            ),
+        )
         says = f"{target}: cannot be loaded (SafetensorError: "
     elif case == "config not JSON":
         target = broken_copy(models, tmp_path, "cfg", lambda f: (f / "config.json").write_bytes(b"\x00\x01"))
@@ -113,12 +155,15 @@ def test_a_model_or_option_that_cannot_be_used_is_one_line_and_nothing_written(m
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no eval.json, no temporary file
 
 
-@pytest.mark.parametrize("args, message", [
-    ([], "give TARGET"),
-    (["m"], "give --tasks NAMES"),
-    (["m", "--tasks", "x", "--batch-size", "0"], "expected a positive integer or auto"),
-    (["nothing/here/at/all", "--tasks", "x"], "no such model folder, run directory or cached hub id"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "give TARGET"),
+        (["m"], "give --tasks NAMES"),
+        (["m", "--tasks", "x", "--batch-size", "0"], "expected a positive integer or auto"),
+        (["nothing/here/at/all", "--tasks", "x"], "no such model folder, run directory or cached hub id"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, message):
     result = invoke(*args)
     assert result.exit_code == 2 and message in result.output
@@ -135,9 +180,11 @@ def test_a_compare_file_that_is_not_a_result_is_refused(tmp_path):
 
 
 def test_the_table_shows_values_with_standard_errors_and_the_difference():
-    doc = {"metrics": {"t": {"acc": {"value": 0.75, "stderr": 0.044}}},
-           "base": {"metrics": {"t": {"acc": {"value": 0.64, "stderr": 0.048}}}},
-           "settings": {"num_fewshot": None, "limit": 100, "lm_eval": "0.4.13"}}
+    doc = {
+        "metrics": {"t": {"acc": {"value": 0.75, "stderr": 0.044}}},
+        "base": {"metrics": {"t": {"acc": {"value": 0.64, "stderr": 0.048}}}},
+        "settings": {"num_fewshot": None, "limit": 100, "lm_eval": "0.4.13"},
+    }
     lines = table(doc).splitlines()
     assert lines[0].split() == ["task", "metric", "base", "model", "difference"]
     assert lines[1].split() == ["t", "acc", "0.640", "±0.048", "0.750", "±0.044", "+0.110"]
@@ -147,7 +194,9 @@ def test_settings_that_differ_are_named():
     a = {"num_fewshot": 5, "limit": None, "apply_chat_template": False, "generation": {}, "task_versions": {"t": 1}}
     assert differences(a, dict(a)) == []
     assert differences(a, {**a, "num_fewshot": 0, "task_versions": {"t": 2}}) == [
-        "num_fewshot: 5 vs 0", "task_versions: {'t': 1} vs {'t': 2}"]
+        "num_fewshot: 5 vs 0",
+        "task_versions: {'t': 1} vs {'t': 2}",
+    ]
 
 
 def test_the_command_leaves_the_environment_as_it_found_it(tmp_path, monkeypatch):

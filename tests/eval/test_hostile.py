@@ -25,10 +25,16 @@ from sftdoctor.errors import InputError, one_line
 from sftdoctor.eval.command import code_outputs, read_result, table
 
 TASKS = EXAMPLES / "tiny" / "tasks"
-PROBLEM = {"task_id": "t/0", "prompt": "def f():\n", "test": "def check(f):\n    assert f() == 1\n",
-           "entry_point": "f"}
-SETTINGS = {"num_fewshot": None, "limit": 2, "apply_chat_template": False, "generation": {},
-            "task_versions": {"mine": 1.0}, "lm_eval": "0.4.13", "tasks": ["mine"]}
+PROBLEM = {"task_id": "t/0", "prompt": "def f():\n", "test": "def check(f):\n    assert f() == 1\n", "entry_point": "f"}
+SETTINGS = {
+    "num_fewshot": None,
+    "limit": 2,
+    "apply_chat_template": False,
+    "generation": {},
+    "task_versions": {"mine": 1.0},
+    "lm_eval": "0.4.13",
+    "tasks": ["mine"],
+}
 
 
 def result_doc(value=0.5, stderr=0.1) -> dict:
@@ -61,6 +67,7 @@ def task_folder(root: Path, data: str = "count.jsonl") -> Path:
 
 # ---- completions that are not a file --------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "dev-null", "folder"])
 def test_completions_that_are_not_a_file_are_refused_in_one_line_before_any_sample(tmp_path, kind):
     """They are read twice (checked and counted, then run): a pipe gave its lines to the first pass and
@@ -74,6 +81,7 @@ def test_completions_that_are_not_a_file_are_refused_in_one_line_before_any_samp
 
 
 # ---- outputs that destroy inputs ------------------------------------------------------------------------
+
 
 def aliases(root: Path, target: Path) -> dict[str, Path]:
     """Other names of `target`: itself, a symbolic link, a hard link, a relative path through a folder."""
@@ -96,8 +104,9 @@ def test_code_out_naming_an_input_is_refused_and_the_input_kept(tmp_path, how, w
     assert target.read_bytes() == before
 
 
-@pytest.mark.parametrize("kind, says", [("folder", "is a folder"), ("fifo", "is a named pipe"),
-                                        ("dev-null", "is a character device")])
+@pytest.mark.parametrize(
+    "kind, says", [("folder", "is a folder"), ("fifo", "is a named pipe"), ("dev-null", "is a character device")]
+)
 def test_code_out_that_cannot_be_a_results_file_is_refused_before_any_sample(tmp_path, kind, says):
     """A folder failed after every sample had run, leaving its temporary file."""
     problems, completions = code_inputs(tmp_path)
@@ -127,6 +136,7 @@ def test_generated_completions_never_land_on_the_results_file(tmp_path):
 
 # ---- --compare, checked before any model loads ---------------------------------------------------------
 
+
 @given(bad=wrong_type(0.5))
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_a_score_of_another_type_is_one_line_naming_its_key(tmp_path, bad):
@@ -138,13 +148,16 @@ def test_a_score_of_another_type_is_one_line_naming_its_key(tmp_path, bad):
     assert str(caught.value).endswith("; expected a number")
 
 
-@pytest.mark.parametrize("doc, key", [
-    ({"settings": SETTINGS, "metrics": {"mine": [1]}}, "metrics.mine: a JSON list"),
-    ({"settings": SETTINGS, "metrics": {"mine": {"acc": 0.5}}}, "metrics.mine.acc: a JSON number"),
-    ({"settings": SETTINGS, "metrics": {"mine": {"acc": {"stderr": 0.1}}}}, "metrics.mine.acc.value: missing"),
-    (result_doc(stderr="0.1"), "metrics.mine.acc.stderr: a JSON string"),
-    ({"settings": [], "metrics": {}}, r"--compare: not a result written by sftdoctor eval \(no settings"),
-])
+@pytest.mark.parametrize(
+    "doc, key",
+    [
+        ({"settings": SETTINGS, "metrics": {"mine": [1]}}, "metrics.mine: a JSON list"),
+        ({"settings": SETTINGS, "metrics": {"mine": {"acc": 0.5}}}, "metrics.mine.acc: a JSON number"),
+        ({"settings": SETTINGS, "metrics": {"mine": {"acc": {"stderr": 0.1}}}}, "metrics.mine.acc.value: missing"),
+        (result_doc(stderr="0.1"), "metrics.mine.acc.stderr: a JSON string"),
+        ({"settings": [], "metrics": {}}, r"--compare: not a result written by sftdoctor eval \(no settings"),
+    ],
+)
 def test_a_compare_file_of_wrong_shape_is_named_at_its_key(tmp_path, doc, key):
     path = tmp_path / "cmp.json"
     path.write_text(json.dumps(doc))
@@ -152,19 +165,40 @@ def test_a_compare_file_of_wrong_shape_is_named_at_its_key(tmp_path, doc, key):
         read_result(path)
 
 
-@pytest.mark.parametrize("doc, says", [
-    (result_doc(value="0.5"), "metrics.mine.acc.value: a JSON string; expected a number"),
-    ({**result_doc(), "settings": {**SETTINGS, "limit": 5}}, "evaluated with other settings, so the numbers do not "
-                                                             "compare: limit: 5 vs 2"),
-])
+@pytest.mark.parametrize(
+    "doc, says",
+    [
+        (result_doc(value="0.5"), "metrics.mine.acc.value: a JSON string; expected a number"),
+        (
+            {**result_doc(), "settings": {**SETTINGS, "limit": 5}},
+            "evaluated with other settings, so the numbers do not compare: limit: 5 vs 2",
+        ),
+    ],
+)
 def test_a_compare_file_that_cannot_compare_is_refused_before_any_model_loads(tmp_path, doc, says):
     """Both were found after the evaluation: the string with a traceback in the table, the settings after
     minutes of work."""
     model, include = model_folder(tmp_path), task_folder(tmp_path)
     path = tmp_path / "cmp.json"
     path.write_text(json.dumps(doc))
-    result = sftdoctor(["eval", model, "--tasks", "mine", "--include", include, "--limit", 2, "--compare", path,
-                        "--out", tmp_path / "new.json"], tmp_path, [path])
+    result = sftdoctor(
+        [
+            "eval",
+            model,
+            "--tasks",
+            "mine",
+            "--include",
+            include,
+            "--limit",
+            2,
+            "--compare",
+            path,
+            "--out",
+            tmp_path / "new.json",
+        ],
+        tmp_path,
+        [path],
+    )
     assert result.exit_code == 2 and f"{path}: " in result.stderr and says in result.stderr
     assert "evaluating" not in result.stdout
 
@@ -187,28 +221,46 @@ def test_out_naming_an_input_of_lm_eval_is_refused_before_any_model_loads(tmp_pa
     model, include = model_folder(tmp_path), task_folder(tmp_path)
     compare = tmp_path / "cmp.json"
     compare.write_text(json.dumps(result_doc()))
-    out = {"compare": compare, "config.json": model / "config.json", "task yaml": include / "mine.yaml",
-           "task data": include / "count.jsonl"}[which]
+    out = {
+        "compare": compare,
+        "config.json": model / "config.json",
+        "task yaml": include / "mine.yaml",
+        "task data": include / "count.jsonl",
+    }[which]
     link = tmp_path / "out-link.json"
     link.symlink_to(out)
-    result = sftdoctor(["eval", model, "--tasks", "mine", "--include", include, "--limit", 2, "--compare", compare,
-                        "--out", link], tmp_path, [link])
+    result = sftdoctor(
+        ["eval", model, "--tasks", "mine", "--include", include, "--limit", 2, "--compare", compare, "--out", link],
+        tmp_path,
+        [link],
+    )
     assert result.exit_code == 2 and f"{link}: --out: is the " in result.stderr
 
 
 # ---- a local task whose data is not there ----------------------------------------------------------------
 
-@pytest.mark.parametrize("data, says", [("gone.jsonl", "no file {include}/gone.jsonl"),
-                                        ("pipe.jsonl", "{include}/pipe.jsonl is a named pipe, not a data file")])
+
+@pytest.mark.parametrize(
+    "data, says",
+    [
+        ("gone.jsonl", "no file {include}/gone.jsonl"),
+        ("pipe.jsonl", "{include}/pipe.jsonl is a named pipe, not a data file"),
+    ],
+)
 def test_eval_names_the_yaml_the_key_and_the_missing_file_before_any_model_loads(tmp_path, data, says):
     model, include = model_folder(tmp_path), task_folder(tmp_path, data)
     os.mkfifo(include / "pipe.jsonl")
     with no_hang(30):
-        result = sftdoctor(["eval", model, "--tasks", "mine", "--include", include, "--out", tmp_path / "r.json"],
-                           tmp_path, [include / "mine.yaml"])
+        result = sftdoctor(
+            ["eval", model, "--tasks", "mine", "--include", include, "--out", tmp_path / "r.json"],
+            tmp_path,
+            [include / "mine.yaml"],
+        )
     assert result.exit_code == 2
-    assert result.stderr.startswith(f"sftdoctor: error: {include / 'mine.yaml'}: dataset_kwargs.data_files.test: "
-                                    f"{says.format(include=include)} (task 'mine'")
+    assert result.stderr.startswith(
+        f"sftdoctor: error: {include / 'mine.yaml'}: dataset_kwargs.data_files.test: "
+        f"{says.format(include=include)} (task 'mine'"
+    )
 
 
 def test_the_preflight_names_a_missing_data_file_of_a_known_task(tmp_path):
@@ -221,15 +273,24 @@ def test_the_preflight_names_a_missing_data_file_of_a_known_task(tmp_path):
 
     include = task_folder(tmp_path, "sub/gone.jsonl")
     found = task_data(TaskManager(include_path=str(include), include_defaults=False), ["mine"], include)
-    assert found == [{"task": "mine", "yaml": "mine.yaml", "key": "dataset_kwargs.data_files.test",
-                      "pattern": "sub/gone.jsonl", "base": "."}]
+    assert found == [
+        {
+            "task": "mine",
+            "yaml": "mine.yaml",
+            "key": "dataset_kwargs.data_files.test",
+            "pattern": "sub/gone.jsonl",
+            "base": ".",
+        }
+    ]
     problems = data_problems(found, include)
     assert [p["problem"] for p in problems] == [f"no file {include}/sub/gone.jsonl"]
     fact = {"installed": True, "unknown": {}, "indexed": 2, "data_files": found, "data_problems": problems}
     finding = eval_tasks(fact)
     assert finding.severity.value == "error"
-    assert finding.title == (f"[eval] task 'mine' cannot read its data: {include}/mine.yaml: "
-                             f"dataset_kwargs.data_files.test: no file {include}/sub/gone.jsonl")
+    assert finding.title == (
+        f"[eval] task 'mine' cannot read its data: {include}/mine.yaml: "
+        f"dataset_kwargs.data_files.test: no file {include}/sub/gone.jsonl"
+    )
     assert eval_tasks({**fact, "data_problems": []}).severity.value == "ok"
 
 
@@ -248,12 +309,29 @@ def test_any_data_files_are_built_or_refused_in_one_line(tmp_path_factory, data)
     kind = data.draw(st.sampled_from(SPECIAL), label="kind")
     special_file(include / "special.jsonl", kind)
     key = data.draw(st.sampled_from(["data_files", "data_dir"]), label="key")
-    value = data.draw(st.sampled_from(["special.jsonl", "count.jsonl", {"test": "special.jsonl"}, ["special.jsonl"],
-                                       "*.jsonl", {"test": ["count.jsonl", "special.jsonl"]}, "."])
-                      | wrong_type({"test": "count.jsonl"}), label="value")
-    text = (include / "mine.yaml").read_text().replace("  data_files:\n    test: count.jsonl\n",
-                                                         pyyaml.safe_dump({key: value}, default_flow_style=True)
-                                                         .replace("{", "  ", 1).rsplit("}", 1)[0] + "\n")
+    value = data.draw(
+        st.sampled_from(
+            [
+                "special.jsonl",
+                "count.jsonl",
+                {"test": "special.jsonl"},
+                ["special.jsonl"],
+                "*.jsonl",
+                {"test": ["count.jsonl", "special.jsonl"]},
+                ".",
+            ]
+        )
+        | wrong_type({"test": "count.jsonl"}),
+        label="value",
+    )
+    text = (
+        (include / "mine.yaml")
+        .read_text()
+        .replace(
+            "  data_files:\n    test: count.jsonl\n",
+            pyyaml.safe_dump({key: value}, default_flow_style=True).replace("{", "  ", 1).rsplit("}", 1)[0] + "\n",
+        )
+    )
     (include / "mine.yaml").write_text(text)
     with no_hang(20):
         try:
@@ -268,8 +346,10 @@ def test_check_config_refuses_a_run_whose_eval_task_has_no_data(tmp_path, tmp_pa
     include = task_folder(tmp_path, "gone.jsonl")
     (tmp_path / "d.jsonl").write_text('{"text": "a"}\n')
     config = tmp_path / "run.toml"
-    config.write_text(f'[model]\npath = "{EXAMPLES / "tiny" / "model"}"\nweights = "random"\n[data]\ntrain = "d.jsonl"\n'
-                      f'[eval]\ntasks = ["mine"]\ninclude = "tasks"\n')
+    config.write_text(
+        f'[model]\npath = "{EXAMPLES / "tiny" / "model"}"\nweights = "random"\n[data]\ntrain = "d.jsonl"\n'
+        f'[eval]\ntasks = ["mine"]\ninclude = "tasks"\n'
+    )
     for _ in range(2):  # the second answer comes from the probe cache; the file is still looked for
         result = sftdoctor(["check", "--config", config, "--select", "eval-tasks"], tmp_path, [config])
         assert result.exit_code == 1 and "dataset_kwargs.data_files.test: no file" in result.stdout
@@ -282,8 +362,26 @@ def test_check_config_refuses_a_run_whose_eval_task_has_no_data(tmp_path, tmp_pa
 # ---- the fuzzer ------------------------------------------------------------------------------------------
 
 PATH_OPTIONS = {"--include", "--compare", "--out", "--code", "--completions"}
-TEXT = ["", " ", "0", "-1", "1", "2", "nan", "inf", "1e400", "abc", "a,,b", ",", "auto", "1,0", "x\ny", "mine",
-        "mine,mine", "nope"]
+TEXT = [
+    "",
+    " ",
+    "0",
+    "-1",
+    "1",
+    "2",
+    "nan",
+    "inf",
+    "1e400",
+    "abc",
+    "a,,b",
+    ",",
+    "auto",
+    "1,0",
+    "x\ny",
+    "mine",
+    "mine,mine",
+    "nope",
+]
 
 
 def files(root: Path) -> dict[str, Path]:
@@ -291,11 +389,23 @@ def files(root: Path) -> dict[str, Path]:
     results with wrong types and non-finite scores, a task whose data is missing."""
     model, include = model_folder(root), task_folder(root, "gone.jsonl")
     problems, completions = code_inputs(root)
-    found = {"model": model, "include": include, "problems": problems, "completions": completions,
-             "yaml": include / "mine.yaml", "config": model / "config.json"}
-    for name, doc in {"result": result_doc(), "string": result_doc(value="0.5"), "list": result_doc(value=[1]),
-                      "null": result_doc(value=None), "object": result_doc(value={}),
-                      "bool": result_doc(value=True), "shape": {"metrics": []}}.items():
+    found = {
+        "model": model,
+        "include": include,
+        "problems": problems,
+        "completions": completions,
+        "yaml": include / "mine.yaml",
+        "config": model / "config.json",
+    }
+    for name, doc in {
+        "result": result_doc(),
+        "string": result_doc(value="0.5"),
+        "list": result_doc(value=[1]),
+        "null": result_doc(value=None),
+        "object": result_doc(value={}),
+        "bool": result_doc(value=True),
+        "shape": {"metrics": []},
+    }.items():
         found[f"cmp-{name}"] = root / f"cmp-{name}.json"
         found[f"cmp-{name}"].write_text(json.dumps(doc))
     for literal in NON_FINITE_JSON:
@@ -312,9 +422,19 @@ def files(root: Path) -> dict[str, Path]:
     return found
 
 
-GOOD = {"--limit": ["1", "2"], "--num-fewshot": ["0", "1"], "--batch-size": ["1", "auto"], "--samples": ["1", "2"],
-        "--k": ["1", "1,2"], "--workers": ["1", "2"], "--timeout": ["0.5", "5"], "--max-new-tokens": ["4"],
-        "--temperature": ["0", "0.8"], "--tasks": ["mine"], "--base": ["model"]}
+GOOD = {
+    "--limit": ["1", "2"],
+    "--num-fewshot": ["0", "1"],
+    "--batch-size": ["1", "auto"],
+    "--samples": ["1", "2"],
+    "--k": ["1", "1,2"],
+    "--workers": ["1", "2"],
+    "--timeout": ["0.5", "5"],
+    "--max-new-tokens": ["4"],
+    "--temperature": ["0", "0.8"],
+    "--tasks": ["mine"],
+    "--base": ["model"],
+}
 LOCAL_TASKS = ["mine", "mine,mine", "", " ", ","]  # another name would index lm-eval's 14,000 tasks: seconds each
 
 
@@ -355,8 +475,9 @@ def eval_lines(draw, found: dict[str, Path]):
 
 @pytest.mark.slow  # about 15 s: 120 command lines in-process, each refused before any work
 @given(data=st.data())
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                  HealthCheck.too_slow])
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 def test_every_option_of_eval_on_hostile_files(tmp_path_factory, data):
     """Never a traceback, a block, a file left behind or a verdict on work not done: whatever the mix, `eval`
     is refused (exit 2, one line naming what is at fault) before any sample runs or any model loads."""
@@ -372,6 +493,7 @@ def test_every_option_of_eval_on_hostile_files(tmp_path_factory, data):
 
 
 # ---- SIGTERM ------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.slow  # a real model loaded and lm-eval started in a child: about 20 s
 def test_sigterm_stops_an_lm_eval_evaluation_promptly_and_leaves_nothing(tmp_path):
@@ -390,9 +512,24 @@ def test_sigterm_stops_an_lm_eval_evaluation_promptly_and_leaves_nothing(tmp_pat
         shutil.copy(EXAMPLES / "tiny" / "model" / name, model / name)
     assert torch  # the stack is here
     before = sorted(p.name for p in tmp_path.rglob("*"))
-    proc = subprocess.Popen([sys.executable, "-m", "sftdoctor", "eval", str(model), "--tasks", "tiny_count_gen",
-                             "--include", str(TASKS), "--out", str(tmp_path / "r.json")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sftdoctor",
+            "eval",
+            str(model),
+            "--tasks",
+            "tiny_count_gen",
+            "--include",
+            str(TASKS),
+            "--out",
+            str(tmp_path / "r.json"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert "sftdoctor: evaluating" in proc.stdout.readline()
         time.sleep(1.0)

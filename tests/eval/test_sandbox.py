@@ -7,11 +7,11 @@ docs/sandbox.md is the threat model these tests hold the sandbox to."""
 from __future__ import annotations
 
 import json
-import sys
 import os
 import resource
 import socket
 import stat
+import sys
 import textwrap
 import time
 import uuid
@@ -43,10 +43,12 @@ def marked(source: str, marker: str) -> str:
     process it leaves behind can be found on the host by its command line. The parent waits and exits with
     the child's code: it runs to its end (the harness's pass) only when the child exited 0."""
     body = f"# {marker}\n{source}"
-    return (f"import os, sys\npid = os.fork()\nif pid == 0:\n"
-            f"    os.execv({PYTHON!r}, [{PYTHON!r}, '-I', '-S', '-c', {body!r}])\n"
-            "code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])\n"
-            "if code:\n    sys.exit(code if code > 0 else 128 - code)\n")
+    return (
+        f"import os, sys\npid = os.fork()\nif pid == 0:\n"
+        f"    os.execv({PYTHON!r}, [{PYTHON!r}, '-I', '-S', '-c', {body!r}])\n"
+        "code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])\n"
+        "if code:\n    sys.exit(code if code > 0 else 128 - code)\n"
+    )
 
 
 def running(marker: str) -> list[int]:
@@ -77,13 +79,16 @@ def marker():
 
 # --- the hostile set ---------------------------------------------------------------------------------------
 
+
 def attempts(tries: dict[str, str]) -> str:
     """A program that evaluates each expression and prints {name: ["done", value] or [exception, strerror]}."""
-    return ("import json, os, socket\nseen = {}\n"
-            f"for name, expression in {tries!r}.items():\n"
-            "    try:\n        seen[name] = ['done', repr(eval(expression))[:200]]\n"
-            "    except OSError as e:\n        seen[name] = [type(e).__name__, e.strerror]\n"
-            "print(json.dumps(seen))\n")
+    return (
+        "import json, os, socket\nseen = {}\n"
+        f"for name, expression in {tries!r}.items():\n"
+        "    try:\n        seen[name] = ['done', repr(eval(expression))[:200]]\n"
+        "    except OSError as e:\n        seen[name] = [type(e).__name__, e.strerror]\n"
+        "print(json.dumps(seen))\n"
+    )
 
 
 def attempted(marker: str, tries: dict[str, str], limits: Limits = LIMITS) -> dict[str, list]:
@@ -107,10 +112,14 @@ def test_no_connection_to_a_socket_listening_on_the_host_loopback(marker):
 
 @needs_bwrap
 def test_no_connection_to_an_outside_address_nor_name_resolution(marker):
-    seen = attempted(marker, {
-        "tcp": "socket.create_connection(('1.1.1.1', 53), timeout=2)",
-        "udp": "socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('1.1.1.1', 53))",
-        "dns": "socket.getaddrinfo('example.com', 80)"})
+    seen = attempted(
+        marker,
+        {
+            "tcp": "socket.create_connection(('1.1.1.1', 53), timeout=2)",
+            "udp": "socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('1.1.1.1', 53))",
+            "dns": "socket.getaddrinfo('example.com', 80)",
+        },
+    )
     assert seen["tcp"] == seen["udp"] == ["OSError", "Network is unreachable"], seen
     assert seen["dns"][0] == "gaierror", seen
 
@@ -142,8 +151,16 @@ def test_no_home_no_root_no_shadow_no_environment(marker, tmp_path, monkeypatch)
 def test_nothing_written_outside_the_private_tmp(marker, tmp_path):
     tag = uuid.uuid4().hex
     inside = f"/tmp/owned-{tag}"
-    outside = [f"{REPO}/owned-{tag}", f"/root/owned-{tag}", f"{tmp_path}/owned-{tag}", f"/usr/owned-{tag}",
-               f"/owned-{tag}", f"/dev/shm/owned-{tag}", f"/etc/owned-{tag}", f"{Path.home()}/owned-{tag}"]
+    outside = [
+        f"{REPO}/owned-{tag}",
+        f"/root/owned-{tag}",
+        f"{tmp_path}/owned-{tag}",
+        f"/usr/owned-{tag}",
+        f"/owned-{tag}",
+        f"/dev/shm/owned-{tag}",
+        f"/etc/owned-{tag}",
+        f"{Path.home()}/owned-{tag}",
+    ]
     seen = attempted(marker, {path: f"open({path!r}, 'w').write('owned')" for path in [inside, *outside]})
     assert seen[inside] == ["done", "5"]  # its own /tmp, a tmpfs that goes with it
     assert not any(seen[path][0] == "done" for path in outside), seen
@@ -154,10 +171,14 @@ def test_nothing_written_outside_the_private_tmp(marker, tmp_path):
 
 @needs_bwrap
 def test_the_private_tmp_and_each_file_are_bounded(marker):
-    seen = attempted(marker, {
-        "big": "open('/tmp/big', 'wb').write(b'x' * (2 << 20))",
-        "many": "[open(f'/tmp/f{i}', 'wb').write(b'x' * ((1 << 20) - 1)) for i in range(8)]"},
-        Limits(wall_s=5, tmp_bytes=4 << 20, file_bytes=1 << 20))
+    seen = attempted(
+        marker,
+        {
+            "big": "open('/tmp/big', 'wb').write(b'x' * (2 << 20))",
+            "many": "[open(f'/tmp/f{i}', 'wb').write(b'x' * ((1 << 20) - 1)) for i in range(8)]",
+        },
+        Limits(wall_s=5, tmp_bytes=4 << 20, file_bytes=1 << 20),
+    )
     assert seen == {"big": ["OSError", "File too large"], "many": ["OSError", "No space left on device"]}
 
 
@@ -219,10 +240,12 @@ def test_printing_1_gb_is_capped_and_the_evaluator_stays_small(marker):
 
 @needs_bwrap
 def test_killing_its_parent_only_kills_itself_and_is_no_limit(marker):
-    source = ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"  # PID 1 of its namespace: ignored
-              "try:\n    os.kill(-1, signal.SIGKILL)\n"  # every process it may signal: none but itself and PID 1
-              "except ProcessLookupError:\n    print('nothing else to kill')\n"
-              "print('parent', os.getppid(), flush=True)\nos.killpg(0, signal.SIGKILL)\nprint('NOT REACHED')")
+    source = (
+        "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"  # PID 1 of its namespace: ignored
+        "try:\n    os.kill(-1, signal.SIGKILL)\n"  # every process it may signal: none but itself and PID 1
+        "except ProcessLookupError:\n    print('nothing else to kill')\n"
+        "print('parent', os.getppid(), flush=True)\nos.killpg(0, signal.SIGKILL)\nprint('NOT REACHED')"
+    )
     outcome = run(source)
     assert outcome.status == "failed" and outcome.signal is None  # its own doing: the evaluator killed nothing
     assert outcome.error.startswith("exit code 137: killed by SIGKILL, or an exit code of its own")
@@ -232,9 +255,11 @@ def test_killing_its_parent_only_kills_itself_and_is_no_limit(marker):
 
 @needs_bwrap
 def test_a_daemon_left_behind_is_gone_after_the_run(marker):
-    source = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-              f"        os.execv('/bin/sh', ['sh', '-c', 'echo daemon up; sleep 1000; : {marker}'])\n"
-              "    os._exit(0)\ntime.sleep(0.3)\nprint('leaving', flush=True)")
+    source = (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+        f"        os.execv('/bin/sh', ['sh', '-c', 'echo daemon up; sleep 1000; : {marker}'])\n"
+        "    os._exit(0)\ntime.sleep(0.3)\nprint('leaving', flush=True)"
+    )
     outcome = run(marked(source, marker))
     assert outcome.status == "passed" and "daemon up" in outcome.stdout
     assert outcome.wall_s < 3
@@ -242,6 +267,7 @@ def test_a_daemon_left_behind_is_gone_after_the_run(marker):
 
 
 # --- what the sandbox is ---------------------------------------------------------------------------------
+
 
 @needs_bwrap
 def test_inside_no_privileges_no_host_processes_no_proc():
@@ -273,8 +299,16 @@ def test_inside_no_privileges_no_host_processes_no_proc():
 def test_the_bwrap_command_binds_nothing_writable_no_home_no_proc_and_filters_calls():
     fds = {"source": 5, "test": 6, "seccomp": 7, "status": 8, "json": 9}
     argv = sandbox.Bubblewrap(python="/usr/bin/python3").command(Limits(), fds)
-    for flag in ("--unshare-user", "--unshare-pid", "--unshare-net", "--die-with-parent", "--new-session",
-                 "--clearenv", "--disable-userns", "--tmpfs"):
+    for flag in (
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-net",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        "--disable-userns",
+        "--tmpfs",
+    ):
         assert flag in argv
     assert argv[argv.index("--seccomp") + 1] == "7" and argv[argv.index("--json-status-fd") + 1] == "9"
     assert not {"--bind", "--bind-try", "--dev-bind", "--share-net", "--proc"} & set(argv)
@@ -302,8 +336,6 @@ def test_a_sandbox_that_cannot_start_is_an_error_not_a_failure():
     assert outcome.status == "error" and "no-such-python" in outcome.error
 
 
-
-
 # --- a pass cannot be forged ---------------------------------------------------------------------------------
 
 # The test's names (METADATA, check) are its own: a sample that could see them could also swap them.
@@ -316,18 +348,24 @@ FORGERIES = {
     "an exit at module level": "    return 2\nexit(0)\n",
     "sys.excepthook": "    return 2\nimport os, sys\nsys.excepthook = lambda *args: os._exit(0)\n",
     "atexit": "    return 2\nimport atexit, os\natexit.register(os._exit, 0)\n",
-    "a thread calling os._exit(0)": ("    import os, threading, time\n"
-                                     "    threading.Thread(target=lambda: (time.sleep(0.05), os._exit(0))).start()\n"
-                                     "    time.sleep(2)\n    return 2\n"),
-    "the harness's own audit event": ("    import os, sys\n    sys.audit('sftdoctor.start')\n"
-                                      "    sys.audit('sftdoctor.checked')\n    os._exit(0)\n"),
-    "patching exec": ("    return 2\nimport builtins\n"
-                      "builtins.exec = lambda code, names, *a: names.__setitem__('check', lambda candidate: None)\n"),
-    "a thread swapping check": ("    return 2\nimport threading\ndef swap(g=globals()):\n    while True:\n"
-                                "        g['check'] = lambda candidate: None\n"
-                                "threading.Thread(target=swap, daemon=True).start()\n"),
-    "reading the test's own names": (
-        "    return 2 if 'METADATA' not in globals() else 1\n"),
+    "a thread calling os._exit(0)": (
+        "    import os, threading, time\n"
+        "    threading.Thread(target=lambda: (time.sleep(0.05), os._exit(0))).start()\n"
+        "    time.sleep(2)\n    return 2\n"
+    ),
+    "the harness's own audit event": (
+        "    import os, sys\n    sys.audit('sftdoctor.start')\n    sys.audit('sftdoctor.checked')\n    os._exit(0)\n"
+    ),
+    "patching exec": (
+        "    return 2\nimport builtins\n"
+        "builtins.exec = lambda code, names, *a: names.__setitem__('check', lambda candidate: None)\n"
+    ),
+    "a thread swapping check": (
+        "    return 2\nimport threading\ndef swap(g=globals()):\n    while True:\n"
+        "        g['check'] = lambda candidate: None\n"
+        "threading.Thread(target=swap, daemon=True).start()\n"
+    ),
+    "reading the test's own names": ("    return 2 if 'METADATA' not in globals() else 1\n"),
     "printing what looks like a pass": "    print('passed', flush=True)\n    import os\n    os._exit(0)\n",
     "introspecting the harness": ("    import gc\n    [o for o in gc.get_objects() if callable(o)]\n"),
 }
@@ -354,8 +392,9 @@ def test_a_right_answer_passes_whatever_it_leaves_behind():
 
 
 @needs_bwrap
-@pytest.mark.parametrize("source, signal_name", [("import os\nos._exit(137)", "SIGKILL"),
-                                                 ("import os\nos._exit(152)", "SIGXCPU")])
+@pytest.mark.parametrize(
+    "source, signal_name", [("import os\nos._exit(137)", "SIGKILL"), ("import os\nos._exit(152)", "SIGXCPU")]
+)
 def test_an_exit_code_of_a_signal_is_not_reported_as_the_signal(source, signal_name):
     outcome = run(source)
     assert outcome.status == "failed" and outcome.signal is None
@@ -419,13 +458,24 @@ def test_no_other_process_no_keyring_no_memfd_even_for_code_without_the_harness(
     try:
         probe = PROBE.replace("KEY", repr(name))
         python = os.path.realpath(sandbox.Bubblewrap().python)
-        source = (f"import subprocess\nrun = subprocess.run([{python!r}, '-I', '-S', '-c', {probe!r}], "
-                  "capture_output=True, text=True)\nprint(run.stdout, end='')\nprint(run.stderr[-2000:], end='')")
+        source = (
+            f"import subprocess\nrun = subprocess.run([{python!r}, '-I', '-S', '-c', {probe!r}], "
+            "capture_output=True, text=True)\nprint(run.stdout, end='')\nprint(run.stderr[-2000:], end='')"
+        )
         outcome = run(source)
         assert outcome.status == "passed", outcome
         seen = json.loads(outcome.stdout)
-        for call in ("ptrace init", "ptrace harness", "process_vm_readv", "keyctl", "add_key", "request_key",
-                     "memfd_create", "io_uring_setup", "unshare"):
+        for call in (
+            "ptrace init",
+            "ptrace harness",
+            "process_vm_readv",
+            "keyctl",
+            "add_key",
+            "request_key",
+            "memfd_create",
+            "io_uring_setup",
+            "unshare",
+        ):
             assert seen[call] == "EPERM", (call, seen)
         assert set(seen["pidfd_getfd"].values()) == {"EPERM"}, seen  # bwrap's eventfd stays out of reach
         assert seen["/proc/1/mem"] == seen["/proc/self/mem"] == "ENOENT"  # no /proc at all
@@ -438,13 +488,16 @@ def test_no_other_process_no_keyring_no_memfd_even_for_code_without_the_harness(
 
 # --- bounded per sample, and nothing outlives it -------------------------------------------------------------
 
+
 @needs_bwrap
 @pytest.mark.slow
 def test_four_processes_share_one_memory_limit():
-    source = ("import os, time\nchildren = []\nfor _ in range(3):\n    pid = os.fork()\n    if pid == 0:\n"
-              "        x = bytearray(700 << 20)\n        time.sleep(2)\n        os._exit(0)\n"
-              "    children.append(pid)\nx = bytearray(700 << 20)\n"
-              "assert all(os.waitpid(pid, 0)[1] == 0 for pid in children)\nprint('held', flush=True)\n")
+    source = (
+        "import os, time\nchildren = []\nfor _ in range(3):\n    pid = os.fork()\n    if pid == 0:\n"
+        "        x = bytearray(700 << 20)\n        time.sleep(2)\n        os._exit(0)\n"
+        "    children.append(pid)\nx = bytearray(700 << 20)\n"
+        "assert all(os.waitpid(pid, 0)[1] == 0 for pid in children)\nprint('held', flush=True)\n"
+    )
     outcome = run(source, Limits(wall_s=20, cpu_s=20))
     assert sandbox.layout().usable, sandbox.layout().why_not
     assert outcome.status == "killed" and outcome.error.startswith("out of memory"), outcome
@@ -464,10 +517,12 @@ def test_busy_processes_share_one_cpu_time_limit():
 
 @needs_bwrap
 def test_a_process_holding_the_output_open_does_not_hold_the_evaluator(marker):
-    source = ("import os, signal, time\nif os.fork() == 0:\n    os.setsid()\n"
-              "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
-              f"    os.execv('/bin/sh', ['sh', '-c', 'trap \"\" TERM HUP; sleep 1000; : {marker}'])\n"
-              "time.sleep(0.3)\nprint('leaving', flush=True)")
+    source = (
+        "import os, signal, time\nif os.fork() == 0:\n    os.setsid()\n"
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+        f"    os.execv('/bin/sh', ['sh', '-c', 'trap \"\" TERM HUP; sleep 1000; : {marker}'])\n"
+        "time.sleep(0.3)\nprint('leaving', flush=True)"
+    )
     start = time.monotonic()
     outcome = run(source, Limits(wall_s=60))
     assert outcome.status == "passed" and time.monotonic() - start < 20  # not the wall clock: killed at the end
@@ -479,10 +534,13 @@ def test_the_evaluator_kills_what_bubblewraps_own_cleanup_would_leave(marker, mo
     """Without --die-with-parent, bwrap's PID 1 outlives bwrap while a daemon lives, and the daemon with it:
     the evaluator's kill at the end of the sample is what ends them (as it would a PID 1 kept alive)."""
     command = sandbox.Bubblewrap.command
-    monkeypatch.setattr(sandbox.Bubblewrap, "command",
-                        lambda self, *a: [arg for arg in command(self, *a) if arg != "--die-with-parent"])
-    source = ("import os\nif os.fork() == 0:\n    os.setsid()\n"
-              f"    os.execv('/bin/sh', ['sh', '-c', 'sleep 1000; : {marker}'])\nprint('leaving')")
+    monkeypatch.setattr(
+        sandbox.Bubblewrap, "command", lambda self, *a: [arg for arg in command(self, *a) if arg != "--die-with-parent"]
+    )
+    source = (
+        "import os\nif os.fork() == 0:\n    os.setsid()\n"
+        f"    os.execv('/bin/sh', ['sh', '-c', 'sleep 1000; : {marker}'])\nprint('leaving')"
+    )
     assert run(source).status == "passed"
     assert running(marker) == []
 
@@ -492,12 +550,15 @@ def test_without_a_cgroup_the_limits_are_per_process_and_the_tree_still_dies(mar
     """No cgroup (a read-only /sys/fs/cgroup, say): the summary says so, and PID 1's pidfd is the kill."""
     monkeypatch.setattr(sandbox, "layout", lambda: cgroup.Layout(why_not="a read-only cgroup mount"))
     command = sandbox.Bubblewrap.command
-    monkeypatch.setattr(sandbox.Bubblewrap, "command",
-                        lambda self, *a: [arg for arg in command(self, *a) if arg != "--die-with-parent"])
+    monkeypatch.setattr(
+        sandbox.Bubblewrap, "command", lambda self, *a: [arg for arg in command(self, *a) if arg != "--die-with-parent"]
+    )
     box = sandbox.Bubblewrap()
     assert box.isolation().startswith("limits per process (rlimits): a read-only cgroup mount")
-    source = ("import os\nif os.fork() == 0:\n    os.setsid()\n"
-              f"    os.execv('/bin/sh', ['sh', '-c', 'sleep 1000; : {marker}'])\nprint('leaving')")
+    source = (
+        "import os\nif os.fork() == 0:\n    os.setsid()\n"
+        f"    os.execv('/bin/sh', ['sh', '-c', 'sleep 1000; : {marker}'])\nprint('leaving')"
+    )
     outcome = box.run(source, LIMITS)
     assert outcome.status == "passed" and outcome.cpu_s is None and outcome.memory_peak_bytes is None
     assert running(marker) == []
@@ -512,8 +573,9 @@ def test_a_cancelled_run_is_killed_at_once(marker):
     try:
         threading.Timer(0.5, cancel.set).start()
         start = time.monotonic()
-        outcome = sandbox.Bubblewrap().run(marked("while True:\n    pass\n", marker), Limits(wall_s=60, cpu_s=60),
-                                           cancel)
+        outcome = sandbox.Bubblewrap().run(
+            marked("while True:\n    pass\n", marker), Limits(wall_s=60, cpu_s=60), cancel
+        )
         assert time.monotonic() - start < 20  # not the limits: the cancel
         assert outcome.status == "error" and outcome.error.startswith("cancelled")
         assert running(marker) == []
@@ -523,12 +585,24 @@ def test_a_cancelled_run_is_killed_at_once(marker):
 
 # --- Docker ------------------------------------------------------------------------------------------------
 
+
 def test_the_docker_command_has_the_limits_and_the_filter():
     argv = sandbox.Docker().command(Limits(processes=7, tmp_bytes=1 << 20), "name", "/tmp/profile.json")
     joined = " ".join(argv[:-1])
-    for part in ("--rm", "--network none", "--read-only", "--pids-limit 7", "--cap-drop ALL", "no-new-privileges",
-                 "--security-opt seccomp=/tmp/profile.json", "--cpus 1", "--memory 1073741824",
-                 "--memory-swap 1073741824", "--tmpfs /tmp:rw,nosuid,nodev,size=1048576", "--user 65534:65534"):
+    for part in (
+        "--rm",
+        "--network none",
+        "--read-only",
+        "--pids-limit 7",
+        "--cap-drop ALL",
+        "no-new-privileges",
+        "--security-opt seccomp=/tmp/profile.json",
+        "--cpus 1",
+        "--memory 1073741824",
+        "--memory-swap 1073741824",
+        "--tmpfs /tmp:rw,nosuid,nodev,size=1048576",
+        "--user 65534:65534",
+    ):
         assert part in joined
     assert "RLIMIT_NPROC" not in argv[-1]  # counted host-wide under Docker: the cgroup's PID limit instead
     assert argv[-1].startswith(sandbox.MARK) and ", 1, " in argv[-1]  # the token comes back on stdout
@@ -553,7 +627,10 @@ exit 0
     assert right.status == "passed" and right.stdout == "hi\n"  # the token is not left in the output
     forged = box.run(sandbox.Program(WRONG.source + FORGERIES["os._exit(0)"], WRONG.test, "f"), LIMITS)
     assert forged.status == "failed" and forged.exit_code == 0
-    runs = [line.split()[line.split().index("--name") + 1] for line in log.read_text().splitlines()
-            if line.startswith("run ")]
+    runs = [
+        line.split()[line.split().index("--name") + 1]
+        for line in log.read_text().splitlines()
+        if line.startswith("run ")
+    ]
     removed = [line.split()[-1] for line in log.read_text().splitlines() if line.startswith("rm -f ")]
     assert len(runs) == 2 and removed == runs

@@ -20,7 +20,7 @@ CLONE_NEWUSER, CLONE_NEWNET, SIGCHLD = 0x10000000, 0x40000000, 17
 def verdict(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
     """Run the filter on one struct seccomp_data (little-endian, as on x86_64 and aarch64)."""
     data = struct.pack("<iIQ6Q", nr, arch, 0, arg0 & 0xFFFFFFFFFFFFFFFF, 0, 0, 0, 0, 0)
-    code = [struct.unpack("=HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
+    code = [struct.unpack("=HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
     acc, pc = 0, 0
     while True:
         op, jt, jf, k = code[pc]
@@ -73,16 +73,21 @@ def test_another_architecture_is_killed_and_x32_refused():
 
 
 def test_the_numbers_are_the_kernel_headers():
-    headers = {"x86_64": Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
-               "aarch64": Path("/usr/include/asm-generic/unistd.h")}
+    headers = {
+        "x86_64": Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
+        "aarch64": Path("/usr/include/asm-generic/unistd.h"),
+    }
     checked = 0
     for arch, header in headers.items():
         if not header.exists():
             continue
         text = header.read_text()
         column = seccomp.ARCHES[arch][0]
-        names = {**{name: numbers[column] for name, numbers in seccomp.REFUSED.items()},
-                 "clone": seccomp.CLONE[column], "clone3": seccomp.CLONE3[column]}
+        names = {
+            **{name: numbers[column] for name, numbers in seccomp.REFUSED.items()},
+            "clone": seccomp.CLONE[column],
+            "clone3": seccomp.CLONE3[column],
+        }
         for name, number in names.items():
             found = re.search(rf"#define __NR(?:3264)?_{name}\s+(\d+)", text)
             assert found and int(found.group(1)) == number, (arch, name)

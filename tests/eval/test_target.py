@@ -47,17 +47,25 @@ def test_a_checkpoint_is_a_model_of_its_run(tmp_path):
     run = run_dir(tmp_path)
     checkpoint = model_folder(run / "checkpoint-30", tokenizer=False)
     target = resolve_target(str(checkpoint))
-    assert (target.kind, target.path, target.run_dir, target.tokenizer) == ("model", str(checkpoint), run, "/models/tok")
+    assert (target.kind, target.path, target.run_dir, target.tokenizer) == (
+        "model",
+        str(checkpoint),
+        run,
+        "/models/tok",
+    )
 
 
-@pytest.mark.parametrize("case, message", [
-    ("unfinished run", "a run directory without final/"),
-    ("empty folder", "neither config.json (a model) nor adapter_config.json"),
-    ("adapter without base", "names no base model"),
-    ("broken adapter config", "not valid JSON"),
-    ("missing", "no such model folder, run directory or cached hub id"),
-    ("uncached hub id", "not a folder here and not in the local Hugging Face cache"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("unfinished run", "a run directory without final/"),
+        ("empty folder", "neither config.json (a model) nor adapter_config.json"),
+        ("adapter without base", "names no base model"),
+        ("broken adapter config", "not valid JSON"),
+        ("missing", "no such model folder, run directory or cached hub id"),
+        ("uncached hub id", "not a folder here and not in the local Hugging Face cache"),
+    ],
+)
 def test_what_cannot_be_evaluated_is_a_one_line_error(tmp_path, monkeypatch, case, message):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     given = str(tmp_path / "x")

@@ -28,7 +28,10 @@ def test_the_probed_facts_are_the_preflight_facts_of_the_catalogue():
 
 def test_a_fact_of_another_phase_is_named_as_such():
     assert unavailable_to("gpus", "preflight") is None
-    assert unavailable_to("curves", "runtime") == "asks for the fact 'curves', which only postrun checks receive, not runtime ones"
+    assert (
+        unavailable_to("curves", "runtime")
+        == "asks for the fact 'curves', which only postrun checks receive, not runtime ones"
+    )
     assert unavailable_to("gpu", "preflight").endswith("does not exist (did you mean 'gpus'?)")
 
 
@@ -44,7 +47,9 @@ def test_a_probe_module_is_imported_only_when_its_fact_is_asked_for():
     import subprocess
     import sys
 
-    code = ("import sys; from sftdoctor.facts import Facts; facts = Facts(); facts.get('env'); "
-            "print('sftdoctor.facts.token_ids' in sys.modules, 'sftdoctor.facts.system' in sys.modules)")
+    code = (
+        "import sys; from sftdoctor.facts import Facts; facts = Facts(); facts.get('env'); "
+        "print('sftdoctor.facts.token_ids' in sys.modules, 'sftdoctor.facts.system' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True"]

@@ -12,10 +12,10 @@ import shutil
 
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 from cli_contract import sftdoctor
 from conftest import EXAMPLES
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from sftdoctor.facts.checkpoint_files import checkpoint_problem, shard_problem
 
@@ -28,7 +28,7 @@ def write(path, tensors):
 def loads(path) -> bool:
     try:
         with safe_open(str(path), "pt") as f:
-            [f.get_tensor(k) for k in f.keys()]
+            [f.get_tensor(k) for k in f.keys()]  # noqa: SIM118 (safe_open is not iterable)
         return True
     except Exception:
         return False
@@ -60,10 +60,10 @@ def rewrite(path, change):
     """The file with its header changed by `change(header)` and its data kept."""
     data = path.read_bytes()
     length = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + length])
+    header = json.loads(data[8 : 8 + length])
     change(header)
     text = json.dumps(header).encode()
-    path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + length:])
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + length :])
 
 
 LIES = {
@@ -71,10 +71,12 @@ LIES = {
     "dtype of another size": lambda h: h["a"].update(dtype="F16"),
     "shape of another size": lambda h: h["a"].update(shape=[3, 6]),
     "shape not a list": lambda h: h["a"].update(shape="3x5"),
-    "a gap between tensors": lambda h: h["b"].update(data_offsets=[h["b"]["data_offsets"][0] + 4,
-                                                                  h["b"]["data_offsets"][1] + 4]),
-    "overlapping tensors": lambda h: h["b"].update(data_offsets=[0, h["b"]["data_offsets"][1]
-                                                                 - h["b"]["data_offsets"][0]]),
+    "a gap between tensors": lambda h: h["b"].update(
+        data_offsets=[h["b"]["data_offsets"][0] + 4, h["b"]["data_offsets"][1] + 4]
+    ),
+    "overlapping tensors": lambda h: h["b"].update(
+        data_offsets=[0, h["b"]["data_offsets"][1] - h["b"]["data_offsets"][0]]
+    ),
 }
 
 
@@ -88,8 +90,9 @@ def test_a_header_that_lies_is_refused_where_safetensors_refuses_it(tmp_path, li
 
 def test_a_shard_the_index_names_but_the_folder_lacks_is_named(tmp_path):
     write(tmp_path / "model-00001-of-00002.safetensors", {"a": (2, 2)})
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
-        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}})
+    )
     assert checkpoint_problem(tmp_path).startswith("model-00002-of-00002.safetensors: safetensors file not found")
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from sftdoctor.facts.child import in_child
 
-CHILD = '''
+CHILD = """
 import json, os, subprocess, sys, time
 from sftdoctor.facts.child import serve
 
@@ -26,7 +26,7 @@ def answer(request):
     return {"echo": request}
 
 serve(answer)
-'''
+"""
 
 
 @pytest.fixture
@@ -59,7 +59,8 @@ def test_the_answer_comes_back(child):
 
 def test_a_crash_and_an_exception_are_errors_of_one_shape(child):
     assert in_child("probe_child", "crash", "the probe", 60) == {
-        "error": "the probe failed: Segmentation fault (core dumped)"}
+        "error": "the probe failed: Segmentation fault (core dumped)"
+    }
     assert in_child("probe_child", "raise", "the probe", 60) == {"error": "ValueError: bad request"}
 
 

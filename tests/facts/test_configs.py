@@ -3,11 +3,11 @@
 import json
 
 import pytest
+from conftest import EXAMPLES, FIXTURES, index
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import EXAMPLES, FIXTURES, index
-from sftdoctor.checks.common import ds_precision_flags
+from sftdoctor.checks._common import ds_precision_flags
 from sftdoctor.errors import InputError, InputErrors
 from sftdoctor.facts import Facts, Inputs
 from sftdoctor.facts.configs import LOADABLE_DTYPES, read_json_object, summarize_model_config
@@ -49,10 +49,20 @@ def test_both_config_generations_are_covered():
 
 def test_a_nested_multimodal_config_falls_back_to_its_text_config(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": "llava", "text_config": {"model_type": "llama", "torch_dtype": "float16",
-                                                                        "hidden_size": 4096}}))
+    path.write_text(
+        json.dumps(
+            {
+                "model_type": "llava",
+                "text_config": {"model_type": "llama", "torch_dtype": "float16", "hidden_size": 4096},
+            }
+        )
+    )
     summary = summarize_model_config(path, read_json_object(path, "model config.json"))
-    assert (summary["dtype"], summary["dtype_key"], summary["hidden_size"]) == ("float16", "text_config.torch_dtype", 4096)
+    assert (summary["dtype"], summary["dtype_key"], summary["hidden_size"]) == (
+        "float16",
+        "text_config.torch_dtype",
+        4096,
+    )
 
 
 def test_the_top_level_dtype_wins_over_a_legacy_key_as_in_transformers_5(tmp_path):
@@ -61,12 +71,15 @@ def test_the_top_level_dtype_wins_over_a_legacy_key_as_in_transformers_5(tmp_pat
     assert summarize_model_config(path, read_json_object(path, "x"))["dtype"] == "bfloat16"
 
 
-@pytest.mark.parametrize("text, message", [
-    ('{"fp16": {"enabled": true},}', "not valid JSON"),
-    ('{"fp16": {}, "fp16": {}}', "duplicate key"),
-    ("[1, 2]", "expected a JSON object"),
-    ("// comment\n{}", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"fp16": {"enabled": true},}', "not valid JSON"),
+        ('{"fp16": {}, "fp16": {}}', "duplicate key"),
+        ("[1, 2]", "expected a JSON object"),
+        ("// comment\n{}", "not valid JSON"),
+    ],
+)
 def test_bad_deepspeed_json_is_one_line_naming_file_and_problem(tmp_path, text, message):
     path = tmp_path / "ds.json"
     path.write_text(text)
@@ -81,9 +94,11 @@ def test_a_model_folder_means_its_config_json(tmp_path):
     assert facts.get("model_config")["dtype"] == "bfloat16"
 
 
-JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
-                       lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
-                       max_leaves=20)
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
 
 
 @given(st.binary(max_size=500) | st.text(max_size=500).map(str.encode) | JSONISH.map(lambda v: json.dumps(v).encode()))
@@ -99,8 +114,13 @@ def test_config_loaders_give_a_value_or_a_clean_input_error(tmp_path_factory, da
     for name, probe in (("ds.json", "deepspeed_config"), ("config.json", "model_config"), ("run.toml", "run")):
         path = folder / name
         path.write_bytes(data)
-        inputs = Inputs(**{"deepspeed_config": {"deepspeed": path}, "model_config": {"model_config": path},
-                           "run": {"config": path}}[probe])
+        inputs = Inputs(
+            **{
+                "deepspeed_config": {"deepspeed": path},
+                "model_config": {"model_config": path},
+                "run": {"config": path},
+            }[probe]
+        )
         try:
             with in_process:
                 Facts(inputs).get(probe)
@@ -108,8 +128,10 @@ def test_config_loaders_give_a_value_or_a_clean_input_error(tmp_path_factory, da
             assert str(name) in str(exc)
 
 
-@pytest.mark.parametrize("value,loads", [("auto", False), ("torch.bfloat16", False), ("bf16", False),
-                                         *((name, True) for name in LOADABLE_DTYPES)])
+@pytest.mark.parametrize(
+    "value,loads",
+    [("auto", False), ("torch.bfloat16", False), ("bf16", False), *((name, True) for name in LOADABLE_DTYPES)],
+)
 def test_the_dtype_names_refused_are_those_the_pinned_transformers_cannot_load(tmp_path, value, loads):
     """facts.configs.LOADABLE_DTYPES pinned against transformers 5.24-5.25's PretrainedConfig (getattr(torch, v))."""
     from transformers import AutoConfig

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 from cli_contract import ENV, sftdoctor
 from conftest import EXAMPLES
+from facts.test_contamination_scripts import CHINESE, ENGLISH, chat, write_rows
 from hostile import SPECIAL, no_hang, special_file
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-
-from facts.test_contamination_scripts import CHINESE, ENGLISH, chat, write_rows
 
 MODEL = EXAMPLES / "tiny" / "model"
 # Row contents that are readable files but odd rows: what the data probe refuses or the scan must survive.
@@ -40,16 +39,21 @@ def _offline_without_plugins(monkeypatch):
 def config(root, train, evals) -> object:
     quoted = lambda p: json.dumps(str(p))  # noqa: E731 - a TOML basic string is a JSON string
     path = root / "run.toml"
-    path.write_text(f"[model]\npath = {quoted(MODEL)}\nweights = \"random\"\n[data]\ntrain = {quoted(train)}\n"
-                    f"eval = [{', '.join(quoted(e) for e in evals)}]\nmax_length = 256\n[training]\n"
-                    "global_batch_size = 8\nper_device_batch_size = 8\nmax_steps = 2\npacking = false\n")
+    path.write_text(
+        f'[model]\npath = {quoted(MODEL)}\nweights = "random"\n[data]\ntrain = {quoted(train)}\n'
+        f"eval = [{', '.join(quoted(e) for e in evals)}]\nmax_length = 256\n[training]\n"
+        "global_batch_size = 8\nper_device_batch_size = 8\nmax_steps = 2\npacking = false\n"
+    )
     return path
 
 
 def check(root, names, *paths):
     with no_hang(60):
-        return sftdoctor(["check", "--config", root / "run.toml", "--select", "contamination", "-v"], root,
-                         [root / "run.toml", *names, *paths])
+        return sftdoctor(
+            ["check", "--config", root / "run.toml", "--select", "contamination", "-v"],
+            root,
+            [root / "run.toml", *names, *paths],
+        )
 
 
 def clean_lines(result) -> list[str]:
@@ -57,8 +61,10 @@ def clean_lines(result) -> list[str]:
 
 
 def good_train(root):
-    return write_rows(root / "train.jsonl", [chat(f"row {i} 一些普通的文字 and some words") for i in range(40)]
-                      + [chat("请看这道题：" + CHINESE[2])])
+    return write_rows(
+        root / "train.jsonl",
+        [chat(f"row {i} 一些普通的文字 and some words") for i in range(40)] + [chat("请看这道题：" + CHINESE[2])],
+    )
 
 
 def make(root, kind, where):
@@ -87,8 +93,9 @@ def test_an_eval_file_of_odd_rows_is_refused_or_not_judged_never_clean(tmp_path,
     hostile = make(tmp_path, kind, "eval")
     config(tmp_path, good_train(tmp_path), [hostile])
     result = check(tmp_path, [hostile])
-    assert not any("odd/test.jsonl" in line or "eval file test.jsonl" in line for line in clean_lines(result)), \
+    assert not any("odd/test.jsonl" in line or "eval file test.jsonl" in line for line in clean_lines(result)), (
         result.stdout
+    )
 
 
 def test_planted_chinese_is_found_through_the_cli_and_its_rule_named(tmp_path):
@@ -98,12 +105,16 @@ def test_planted_chinese_is_found_through_the_cli_and_its_rule_named(tmp_path):
     result = check(tmp_path, [])
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("!  contamination  eval file a/test.jsonl: 1 of 3 documents (33.3%) occur in the "
-                               f"training rows (word 13-grams for 1, CJK character 25-grams for 2), e.g. {tmp_path}/a/"
-                               f"test.jsonl line 1 in {tmp_path}/train.jsonl line 41")
-    assert "Shared 25 characters: \"长江是中国最长的河流全长约6300公里流经青海西藏四川重\"" in lines[1]
-    assert lines[4].startswith("✓  contamination  eval file b/test.jsonl: none of 2 documents occurs in the 41 "
-                               "training rows (word 13-grams for 1, CJK character 25-grams for 1)")
+    assert lines[0].startswith(
+        "!  contamination  eval file a/test.jsonl: 1 of 3 documents (33.3%) occur in the "
+        f"training rows (word 13-grams for 1, CJK character 25-grams for 2), e.g. {tmp_path}/a/"
+        f"test.jsonl line 1 in {tmp_path}/train.jsonl line 41"
+    )
+    assert 'Shared 25 characters: "长江是中国最长的河流全长约6300公里流经青海西藏四川重"' in lines[1]
+    assert lines[4].startswith(
+        "✓  contamination  eval file b/test.jsonl: none of 2 documents occurs in the 41 "
+        "training rows (word 13-grams for 1, CJK character 25-grams for 1)"
+    )
 
 
 @pytest.mark.slow  # a row of a million characters, read by the data probe and the scan (~4 s)
@@ -120,8 +131,11 @@ ROWS = st.sampled_from(sorted(ODD_ROWS) + ["good", "planted"])
 
 @pytest.mark.slow  # 40 examples, most scanned in a child process: ~25 s
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-@given(eval_kinds=st.lists(st.sampled_from(SPECIAL) | ROWS, min_size=1, max_size=3),
-       train_kind=st.sampled_from(SPECIAL) | ROWS, same_name=st.booleans())
+@given(
+    eval_kinds=st.lists(st.sampled_from(SPECIAL) | ROWS, min_size=1, max_size=3),
+    train_kind=st.sampled_from(SPECIAL) | ROWS,
+    same_name=st.booleans(),
+)
 @example(eval_kinds=["planted", "good", "empty"], train_kind="planted", same_name=True)  # one name, three folders
 def test_fuzz_contamination_over_hostile_eval_and_train_files(tmp_path_factory, eval_kinds, train_kind, same_name):
     """Whatever the files: the CLI's contract; a file that is not a file refused (exit 2); when judged, a source
@@ -129,10 +143,13 @@ def test_fuzz_contamination_over_hostile_eval_and_train_files(tmp_path_factory, 
     the training file holds its documents (the same kind), each named apart from another file of its name."""
     root = tmp_path_factory.mktemp("fuzz")
     # as the findings name them: by the folder too when another file has the name
-    endings = [f"d{i}/test.jsonl" if same_name and len(eval_kinds) > 1 else "test.jsonl" if same_name else f"e{i}.jsonl"
-               for i in range(len(eval_kinds))]
-    evals = [fuzz_file(root / f"d{i}" / Path(ending).name, kind)
-             for i, (ending, kind) in enumerate(zip(endings, eval_kinds))]
+    endings = [
+        f"d{i}/test.jsonl" if same_name and len(eval_kinds) > 1 else "test.jsonl" if same_name else f"e{i}.jsonl"
+        for i in range(len(eval_kinds))
+    ]
+    evals = [
+        fuzz_file(root / f"d{i}" / Path(ending).name, kind) for i, (ending, kind) in enumerate(zip(endings, eval_kinds))
+    ]
     train = fuzz_file(root / "t" / "train.jsonl", train_kind)
     config(root, train, evals)
     result = check(root, [train, *evals])
@@ -173,13 +190,16 @@ def test_the_scan_itself_never_opens_a_fifo_and_says_which_eval_file_it_could_no
     from sftdoctor.errors import InputError
     from sftdoctor.facts.contamination import scan
 
-    fifo, unreadable = special_file(tmp_path / "f" / "test.jsonl", "fifo"), special_file(tmp_path / "u.jsonl",
-                                                                                         "unreadable")
+    fifo, unreadable = (
+        special_file(tmp_path / "f" / "test.jsonl", "fifo"),
+        special_file(tmp_path / "u.jsonl", "unreadable"),
+    )
     good = write_rows(tmp_path / "g" / "test.jsonl", [chat(CHINESE[2])])
     train = write_rows(tmp_path / "train.jsonl", [chat(CHINESE[2])])
     with no_hang(10):
-        found = scan({"train": [str(train)], "eval_files": [str(fifo), str(unreadable), str(good)], "tasks": [],
-                      "include": None})
+        found = scan(
+            {"train": [str(train)], "eval_files": [str(fifo), str(unreadable), str(good)], "tasks": [], "include": None}
+        )
     assert found["sources"]["eval file f/test.jsonl"] == {"error": f"{fifo}: expected a data file, got a named pipe"}
     assert found["sources"]["eval file u.jsonl"]["error"].startswith(f"{unreadable}: cannot read")
     assert found["sources"]["eval file g/test.jsonl"]["touched"] == 1

@@ -34,13 +34,29 @@ THAI = [
     "ช้างเป็นสัตว์ประจำชาติของไทยและมีบทบาทสำคัญในประวัติศาสตร์และวัฒนธรรมไทย",
     "ฤดูฝนในประเทศไทยมักเริ่มต้นในเดือนพฤษภาคมและสิ้นสุดในเดือนตุลาคมของทุกปี",
 ]
-ENGLISH = ["The quick brown fox jumps over the lazy dog near the old river bank at dawn, then runs home.",
-           "A train leaves the station at nine and travels at sixty miles an hour; when does it arrive in the city?",
-           "Water boils at one hundred degrees Celsius at sea level, but at a lower temperature on a high mountain."]
+ENGLISH = [
+    "The quick brown fox jumps over the lazy dog near the old river bank at dawn, then runs home.",
+    "A train leaves the station at nine and travels at sixty miles an hour; when does it arrive in the city?",
+    "Water boils at one hundred degrees Celsius at sea level, but at a lower temperature on a high mountain.",
+]
 # What the unplanted documents share with the filler rows: the common short phrases of each language.
-PHRASES = ["请回答下面的问题", "谢谢你的帮助", "长江是中国最长的河流，全长约6300公里", "学而时习之，不亦说乎", "光合作用是",
-           "日本の首都", "よろしくお願いします", "富士山は日本で最も高い山で", "ประเทศไทย", "ขอบคุณมากครับ",
-           "กรุงเทพมหานครเป็นเมืองหลวงของประเทศไทย", "over the lazy dog", "thank you very much", "Python", "2024年"]
+PHRASES = [
+    "请回答下面的问题",
+    "谢谢你的帮助",
+    "长江是中国最长的河流，全长约6300公里",
+    "学而时习之，不亦说乎",
+    "光合作用是",
+    "日本の首都",
+    "よろしくお願いします",
+    "富士山は日本で最も高い山で",
+    "ประเทศไทย",
+    "ขอบคุณมากครับ",
+    "กรุงเทพมหานครเป็นเมืองหลวงของประเทศไทย",
+    "over the lazy dog",
+    "thank you very much",
+    "Python",
+    "2024年",
+]
 PLANTED = {"zh": [0, 1, 6], "ja": [0, 3], "th": [1, 4], "en": [2]}
 
 
@@ -62,10 +78,14 @@ def training_set(path, planted, rows=3000):
     filler = [chat(" ".join(rng.sample(PHRASES, 4)), rng.choice(PHRASES)) for _ in range(rows)]
     for number, doc in enumerate(planted):
         copy = doc.replace("，", ", ").replace("。", ". ") if number % 2 else doc
-        filler[(number + 1) * rows // (len(planted) + 1)] = {"messages": [
-            {"role": "system", "content": "You are a helpful assistant. Answer in the language of the question."},
-            *chat(f"Question {number}: {copy}")["messages"], {"role": "user", "content": "Thank you, and in English?"},
-            {"role": "assistant", "content": "Sure, here it is."}]}
+        filler[(number + 1) * rows // (len(planted) + 1)] = {
+            "messages": [
+                {"role": "system", "content": "You are a helpful assistant. Answer in the language of the question."},
+                *chat(f"Question {number}: {copy}")["messages"],
+                {"role": "user", "content": "Thank you, and in English?"},
+                {"role": "assistant", "content": "Sure, here it is."},
+            ]
+        }
     return write_rows(path, filler)
 
 
@@ -99,8 +119,14 @@ def test_each_document_takes_the_rule_of_the_script_most_of_it_is_in():
     assert rule_of(units(CHINESE[0])) is CJK  # Latin words and digits inside Chinese: characters still
     assert rule_of(units("the poem 静夜思 by Li Bai is read by every child in school")) is WORD
     assert rule_of(units(THAI[0])) is SOUTHEAST and rule_of(units(ENGLISH[0])) is WORD
-    assert units("Plain English, as before: \\w+ lowercased.") == ["plain", "english", "as", "before", "w",
-                                                                   "lowercased"]
+    assert units("Plain English, as before: \\w+ lowercased.") == [
+        "plain",
+        "english",
+        "as",
+        "before",
+        "w",
+        "lowercased",
+    ]
 
 
 def test_a_huge_row_is_read_in_pieces_and_a_document_across_a_cut_is_still_found(tmp_path, monkeypatch):
@@ -119,12 +145,17 @@ def test_two_eval_files_of_one_name_are_two_sources_named_by_their_folders(tmp_p
     clean = write_rows(tmp_path / "b" / "test.jsonl", [chat(CHINESE[4])])
     train = write_rows(tmp_path / "train.jsonl", [chat("x"), chat(CHINESE[3])])
     found = scan({"train": [str(train)], "eval_files": [str(dirty), str(clean)], "tasks": [], "include": None})
-    assert {name: s["touched"] for name, s in found["sources"].items()} == {"eval file a/test.jsonl": 1,
-                                                                          "eval file b/test.jsonl": 0}
+    assert {name: s["touched"] for name, s in found["sources"].items()} == {
+        "eval file a/test.jsonl": 1,
+        "eval file b/test.jsonl": 0,
+    }
 
 
 def test_the_shortest_ending_that_tells_a_path_from_the_others_names_it():
     assert distinct_names(["/r/eval.jsonl"]) == {"/r/eval.jsonl": "eval.jsonl"}
     assert distinct_names(["/x/a/t.jsonl", "/x/b/t.jsonl", "/y/a/t.jsonl", "/y/c/e.jsonl"]) == {
-        "/x/a/t.jsonl": "x/a/t.jsonl", "/x/b/t.jsonl": "b/t.jsonl", "/y/a/t.jsonl": "y/a/t.jsonl",
-        "/y/c/e.jsonl": "e.jsonl"}
+        "/x/a/t.jsonl": "x/a/t.jsonl",
+        "/x/b/t.jsonl": "b/t.jsonl",
+        "/y/a/t.jsonl": "y/a/t.jsonl",
+        "/y/c/e.jsonl": "e.jsonl",
+    }

@@ -95,6 +95,7 @@ def refused_naming(result, *words: str) -> str:
 
 # ---------------------------------------------------------------- non-finite numbers in the JSON the user gives
 
+
 def test_a_non_finite_literal_is_found_with_its_key_path():
     with pytest.raises(InputError) as caught:
         loads_finite('{"optimizer": {"params": {"lr": NaN, "betas": [0.9, 0.999]}}}', "ds.json")
@@ -142,9 +143,15 @@ def test_a_model_config_with_nan_or_infinity_is_refused_naming_the_key(tmp_path_
 @settings(max_examples=15, **FUZZ)
 def test_a_facts_snapshot_with_nan_or_infinity_is_refused_naming_the_key(tmp_path_factory, data):
     root = tmp_path_factory.mktemp("snap")
-    snapshot = {"sftdoctor": "0", "schema": SCHEMA, "host": "h",
-                "facts": {"deepspeed_defaults": {"version": "0.19.8", "gradient_clipping": 1.0},
-                          "topology": recorded_topology("rtx3090_4x_nvlink_pairs_aikitoria_pr18.txt")}}
+    snapshot = {
+        "sftdoctor": "0",
+        "schema": SCHEMA,
+        "host": "h",
+        "facts": {
+            "deepspeed_defaults": {"version": "0.19.8", "gradient_clipping": 1.0},
+            "topology": recorded_topology("rtx3090_4x_nvlink_pairs_aikitoria_pr18.txt"),
+        },
+    }
     text, key, literal = data.draw(with_non_finite(snapshot), label="text")
     path = root / "facts.json"
     path.write_text(text, encoding="utf-8")
@@ -164,8 +171,10 @@ def model_folder(root: Path, config: dict) -> Path:
     (root / "model").mkdir()
     (root / "model" / "config.json").write_text(json.dumps(config), encoding="utf-8")
     (root / "d.jsonl").write_text('{"text": "a b c"}\n', encoding="utf-8")
-    (root / "run.toml").write_text('[model]\npath = "model"\nweights = "random"\n[data]\ntrain = "d.jsonl"\n'
-                                   '[training]\npacking = false\n', encoding="utf-8")
+    (root / "run.toml").write_text(
+        '[model]\npath = "model"\nweights = "random"\n[data]\ntrain = "d.jsonl"\n[training]\npacking = false\n',
+        encoding="utf-8",
+    )
     return root / "model" / "config.json"
 
 
@@ -187,11 +196,16 @@ def test_a_dtype_no_plan_can_price_is_refused_naming_the_key(tmp_path_factory, d
     root = tmp_path_factory.mktemp("dtype")
     key, value = data.draw(DTYPE_KEYS, label="key"), data.draw(BAD_DTYPES, label="value")
     path = model_folder(root, with_dtype(key, value))
-    command = data.draw(st.sampled_from([
-        ["check", "--model-config", root / "model", "--select", "model-dtype"],
-        ["check", "--config", root / "run.toml"],
-        ["plan", root / "run.toml", "--gpu-memory", "80GiB"],
-    ]), label="command")
+    command = data.draw(
+        st.sampled_from(
+            [
+                ["check", "--model-config", root / "model", "--select", "model-dtype"],
+                ["check", "--config", root / "run.toml"],
+                ["plan", root / "run.toml", "--gpu-memory", "80GiB"],
+            ]
+        ),
+        label="command",
+    )
     line = refused_naming(sftdoctor(command, root, [path]), f"{path}: {key}: expected one of")
     assert ", ".join(LOADABLE_DTYPES) in line
     assert ("quantization_config" in line) == ("float8" in str(value)), line
@@ -213,24 +227,66 @@ def test_a_dtype_name_transformers_cannot_load_is_refused(tmp_path, value):
 # config.json of deepseek-ai/DeepSeek-R1 (the DeepSeek-V3 architecture, its fp8 weights as released): the dtype is
 # bfloat16 and the fp8 format is declared in quantization_config, with the scales stored beside each weight.
 DEEPSEEK_R1 = {
-    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
-    "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
-                 "AutoModel": "modeling_deepseek.DeepseekV3Model",
-                 "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
-    "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1, "first_k_dense_replace": 3, "hidden_act": "silu",
-    "hidden_size": 7168, "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512,
-    "max_position_embeddings": 163840, "model_type": "deepseek_v3", "moe_intermediate_size": 2048,
-    "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": True,
-    "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
-    "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                            "weight_block_size": [128, 128]},
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "auto_map": {
+        "AutoConfig": "configuration_deepseek.DeepseekV3Config",
+        "AutoModel": "modeling_deepseek.DeepseekV3Model",
+        "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM",
+    },
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "ep_size": 1,
+    "first_k_dense_replace": 3,
+    "hidden_act": "silu",
+    "hidden_size": 7168,
+    "initializer_range": 0.02,
+    "intermediate_size": 18432,
+    "kv_lora_rank": 512,
+    "max_position_embeddings": 163840,
+    "model_type": "deepseek_v3",
+    "moe_intermediate_size": 2048,
+    "moe_layer_freq": 1,
+    "n_group": 8,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "norm_topk_prob": True,
+    "num_attention_heads": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 61,
+    "num_key_value_heads": 128,
+    "num_nextn_predict_layers": 1,
+    "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "quantization_config": {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+    },
     "rms_norm_eps": 1e-06,
-    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
-                     "original_max_position_embeddings": 4096, "type": "yarn"},
-    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "tie_word_embeddings": False,
-    "topk_group": 4, "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "transformers_version": "4.46.3",
-    "use_cache": True, "v_head_dim": 128, "vocab_size": 129280,
+    "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
+    "rope_theta": 10000,
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "tie_word_embeddings": False,
+    "topk_group": 4,
+    "topk_method": "noaux_tc",
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.46.3",
+    "use_cache": True,
+    "v_head_dim": 128,
+    "vocab_size": 129280,
 }
 
 
@@ -255,7 +311,7 @@ def matrices(draw):
     codes = {}
     for i, a in enumerate(names):
         codes[(a, a)] = "X"
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             codes[(a, b)] = codes[(b, a)] = draw(st.sampled_from(CODES if b.startswith("GPU") else CODES[5:]))
     return names, codes
 
@@ -383,8 +439,13 @@ def test_a_probed_matrix_that_contradicts_itself_is_a_warning_and_no_verdict(tmp
 
 def test_a_recorded_inconsistent_matrix_replays_as_the_same_warning(tmp_path):
     """What the probe recorded on the machine (`sftdoctor facts` there) is judged the same here, nothing from NVML."""
-    topo = {"source": "nvidia-smi topo -m", "devices": [], "nics": {}, "links": {},
-            "inconsistent": "GPU1/GPU2: the matrix contradicts itself: GPU1->GPU2 is NV4 but GPU2->GPU1 is SYS"}
+    topo = {
+        "source": "nvidia-smi topo -m",
+        "devices": [],
+        "nics": {},
+        "links": {},
+        "inconsistent": "GPU1/GPU2: the matrix contradicts itself: GPU1->GPU2 is NV4 but GPU2->GPU1 is SYS",
+    }
     gpus = {"devices": [{"index": i, "nvlink_links_up": 4} for i in range(4)]}
     path = tmp_path / "facts.json"
     snapshot = {"sftdoctor": "0", "schema": SCHEMA, "host": "h", "facts": {"topology": topo, "gpus": gpus}}
@@ -396,10 +457,12 @@ def test_a_recorded_inconsistent_matrix_replays_as_the_same_warning(tmp_path):
 
 # ---------------------------------------------------------------- counts beyond any real machine
 
+
 def huge_size(limit: int):
     units = {"TiB": 2**40, "TB": 10**12, "GiB": 2**30}
     return st.sampled_from(sorted(units)).flatmap(
-        lambda unit: st.integers(limit // units[unit] + 1, 10**400).map(lambda n: f"{n}{unit}"))
+        lambda unit: st.integers(limit // units[unit] + 1, 10**400).map(lambda n: f"{n}{unit}")
+    )
 
 
 @given(option=st.sampled_from(["--gpus", "--nodes", "--gpu-memory"]), data=st.data())
@@ -416,8 +479,20 @@ def test_plan_counts_beyond_their_limit_are_refused_naming_the_option(tmp_path_f
 def test_plan_counts_at_their_limit_are_taken(tmp_path):
     """At the limits the options are read; the refusal that follows is the config's, not theirs."""
     path = model_folder(tmp_path, with_dtype("torch_dtype", 16))
-    result = sftdoctor(["plan", tmp_path / "run.toml", "--gpus", cli.MAX_GPUS_PER_NODE, "--nodes", cli.MAX_NODES,
-                        "--gpu-memory", "4TiB"], tmp_path, [path])
+    result = sftdoctor(
+        [
+            "plan",
+            tmp_path / "run.toml",
+            "--gpus",
+            cli.MAX_GPUS_PER_NODE,
+            "--nodes",
+            cli.MAX_NODES,
+            "--gpu-memory",
+            "4TiB",
+        ],
+        tmp_path,
+        [path],
+    )
     refused_naming(result, f"{path}: torch_dtype")
 
 
@@ -446,8 +521,20 @@ def test_a_plan_at_the_limits_finishes_without_memory_growing_with_the_counts(tm
 
     model_folder(tmp_path, QWEN2)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    result = sftdoctor(["plan", tmp_path / "run.toml", "--gpu-memory", "80GiB", "--gpus", cli.MAX_GPUS_PER_NODE,
-                        "--nodes", cli.MAX_NODES], tmp_path, [])
+    result = sftdoctor(
+        [
+            "plan",
+            tmp_path / "run.toml",
+            "--gpu-memory",
+            "80GiB",
+            "--gpus",
+            cli.MAX_GPUS_PER_NODE,
+            "--nodes",
+            cli.MAX_NODES,
+        ],
+        tmp_path,
+        [],
+    )
     assert result.exit_code in (0, 1), result.stderr
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mib < 512, grown_mib

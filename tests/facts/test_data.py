@@ -17,18 +17,28 @@ def test_jsonl_json_and_parquet_give_rows_and_shape(tmp_path):
 
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "c.parquet")
     for name in ("a.jsonl", "b.json", "c.parquet"):
-        assert describe([str(tmp_path / name)]) == {"files": [str(tmp_path / name)], "rows": 7,
-                                                     "format": "prompt_completion", "shape": "prompt_completion",
-                                                     "conversational_rows": 0}
+        assert describe([str(tmp_path / name)]) == {
+            "files": [str(tmp_path / name)],
+            "rows": 7,
+            "format": "prompt_completion",
+            "shape": "prompt_completion",
+            "conversational_rows": 0,
+        }
     both = describe([str(tmp_path / "a.jsonl"), str(tmp_path / "c.parquet")])
     assert both["rows"] == 14
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"text": "a"}\n{"messages": []}\n', r"line 2: text is NoneType, expected a string; the rows are text \(this row looks like messages\)"),
-    ('{"text": "a"\n', "line 1: not a JSON object"),
-    ('{"input": "a"}\n', r"line 1: no known format; found \['input'\]"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (
+            '{"text": "a"}\n{"messages": []}\n',
+            r"line 2: text is NoneType, expected a string; the rows are text \(this row looks like messages\)",
+        ),
+        ('{"text": "a"\n', "line 1: not a JSON object"),
+        ('{"input": "a"}\n', r"line 1: no known format; found \['input'\]"),
+    ],
+)
 def test_bad_data_files_are_input_errors(tmp_path, content, message):
     path = tmp_path / "d.jsonl"
     path.write_text(content)
@@ -39,8 +49,11 @@ def test_bad_data_files_are_input_errors(tmp_path, content, message):
 def test_a_format_that_disagrees_with_the_rows_is_named(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"text": "a"}\n')
-    with pytest.raises(InputError, match=r"line 1: expected a non-empty list of turns, got NoneType; the rows are "
-                                         r"messages \(this row looks like text\) \(\[data\].format\)"):
+    with pytest.raises(
+        InputError,
+        match=r"line 1: expected a non-empty list of turns, got NoneType; the rows are "
+        r"messages \(this row looks like text\) \(\[data\].format\)",
+    ):
         describe([str(path)], "messages")
 
 
@@ -52,13 +65,19 @@ def write_rows(path, rows):
 GOOD_CHAT = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
 
 
-@pytest.mark.parametrize("bad, says", [
-    ({"text": 5}, "line 51: text is int, expected a string"),
-    ({"text": None}, "line 51: text is NoneType, expected a string"),
-    ({"messages": "hi there"}, "line 51: expected a non-empty list of turns, got str"),
-    ({"messages": [{"role": "human", "content": "hi"}]}, "line 51: turn 0: role is 'human', expected one of system"),
-    ({"messages": [{"role": "user", "content": ["hi"]}]}, "line 51: turn 0: content is list, expected a string"),
-])
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ({"text": 5}, "line 51: text is int, expected a string"),
+        ({"text": None}, "line 51: text is NoneType, expected a string"),
+        ({"messages": "hi there"}, "line 51: expected a non-empty list of turns, got str"),
+        (
+            {"messages": [{"role": "human", "content": "hi"}]},
+            "line 51: turn 0: role is 'human', expected one of system",
+        ),
+        ({"messages": [{"role": "user", "content": ["hi"]}]}, "line 51: turn 0: content is list, expected a string"),
+    ],
+)
 def test_every_row_is_checked_not_only_the_first_ones(tmp_path, bad, says):
     first = {"text": "fine"} if "text" in bad else GOOD_CHAT
     path = write_rows(tmp_path / "d.jsonl", [first] * 50 + [bad] + [first] * 10)
@@ -70,17 +89,27 @@ def test_every_row_is_checked_not_only_the_first_ones(tmp_path, bad, says):
 def test_sharegpt_and_alpaca_are_recognised_and_become_messages(tmp_path):
     from sftdoctor.facts.data import to_messages
 
-    share = {"conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "2+2?"},
-                               {"from": "gpt", "value": "4"}]}
+    share = {
+        "conversations": [
+            {"from": "system", "value": "be brief"},
+            {"from": "human", "value": "2+2?"},
+            {"from": "gpt", "value": "4"},
+        ]
+    }
     alpaca = {"instruction": "Add the numbers.", "input": "2 and 2", "output": "4", "system": "be brief"}
     assert describe([write_rows(tmp_path / "s.jsonl", [share] * 3)])["format"] == "sharegpt"
     described = describe([write_rows(tmp_path / "a.jsonl", [alpaca, {**alpaca, "input": ""}])])
     assert (described["format"], described["shape"], described["rows"]) == ("alpaca", "messages", 2)
-    assert to_messages(share, "sharegpt") == [{"role": "system", "content": "be brief"},
-                                              {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
-    assert to_messages(alpaca, "alpaca") == [{"role": "system", "content": "be brief"},
-                                             {"role": "user", "content": "Add the numbers.\n\n2 and 2"},
-                                             {"role": "assistant", "content": "4"}]
+    assert to_messages(share, "sharegpt") == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+    ]
+    assert to_messages(alpaca, "alpaca") == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "Add the numbers.\n\n2 and 2"},
+        {"role": "assistant", "content": "4"},
+    ]
     with pytest.raises(InputError, match="line 2: turn 0: from is 'robot'"):
         describe([write_rows(tmp_path / "bad.jsonl", [share, {"conversations": [{"from": "robot", "value": "x"}]}])])
 
@@ -89,7 +118,11 @@ def test_an_unknown_format_names_the_formats_and_the_keys_found(tmp_path):
     with pytest.raises(InputError) as err:
         describe([write_rows(tmp_path / "d.jsonl", [{"question": "q", "answer": "a"}])])
     said = str(err.value)
-    assert "found ['answer', 'question']" in said and "sharegpt (conversations)" in said and "alpaca (instruction + output)" in said
+    assert (
+        "found ['answer', 'question']" in said
+        and "sharegpt (conversations)" in said
+        and "alpaca (instruction + output)" in said
+    )
 
 
 def test_an_empty_file_and_a_blank_text_are_bad_input(tmp_path):
@@ -104,9 +137,34 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 LEAF = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5)
-ROW = st.recursive(LEAF, lambda c: st.lists(c, max_size=3) | st.dictionaries(
-    st.sampled_from(["messages", "role", "content", "text", "prompt", "completion", "conversations", "from", "value",
-                     "instruction", "input", "output", "system"]), c, max_size=4), max_leaves=12)
+ROW = st.recursive(
+    LEAF,
+    lambda c: (
+        st.lists(c, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "messages",
+                    "role",
+                    "content",
+                    "text",
+                    "prompt",
+                    "completion",
+                    "conversations",
+                    "from",
+                    "value",
+                    "instruction",
+                    "input",
+                    "output",
+                    "system",
+                ]
+            ),
+            c,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
 
 
 @given(st.lists(ROW, min_size=1, max_size=6))
@@ -164,7 +222,12 @@ def test_locate_names_the_file_and_line_as_datasets_numbers_rows(tmp_path):
     (tmp_path / "b.json").write_text('[{"text": "d"}, {"text": "e"}]')
     pq.write_table(pa.table({"text": ["f", "g"]}), tmp_path / "c.parquet")
     files = [str(tmp_path / n) for n in ("a.jsonl", "b.json", "c.parquet")]
-    assert locate(files, {0, 2, 3, 6}) == {0: "a.jsonl line 1", 2: "a.jsonl line 5", 3: "b.json row 1", 6: "c.parquet row 2"}
+    assert locate(files, {0, 2, 3, 6}) == {
+        0: "a.jsonl line 1",
+        2: "a.jsonl line 5",
+        3: "b.json row 1",
+        6: "c.parquet row 2",
+    }
     from datasets import load_dataset  # the numbering the trainer's rows carry
 
     assert load_dataset("json", data_files=files[:1], split="train")["text"] == ["a", "b", "c"]

@@ -4,23 +4,27 @@ a child process (end-to-end, slow), then data-prep-timeout's verdict on what it 
 import dataclasses
 
 import pytest
-
 from conftest import EXAMPLES, plan_of, run_of
+from trainrun import write_config
+
 from sftdoctor.checks import load_checks, run_check
 from sftdoctor.facts import Facts, Inputs, Overlay
 from sftdoctor.facts.data_prep import _bound, probe_data_prep
 from sftdoctor.run import resolve
-from trainrun import write_config
-
 
 
 @pytest.mark.slow
 def test_the_tiny_examples_preparation_is_measured_and_fits_its_timeout(tmp_path, monkeypatch):
     monkeypatch.setattr("sftdoctor.facts.data_prep.FLOOR_BYTES_S", 1)  # no bound: measured
-    cfg = write_config(tmp_path, {"model": {"path": str(EXAMPLES / "tiny" / "model"), "weights": "random"},
-                                  "data": {"train": str(EXAMPLES / "tiny" / "data" / "train.jsonl"), "max_length": 256},
-                                  "training": {"packing": True, "max_steps": 4, "output_dir": "out"},
-                                  "launch": {"nproc_per_node": 2}})
+    cfg = write_config(
+        tmp_path,
+        {
+            "model": {"path": str(EXAMPLES / "tiny" / "model"), "weights": "random"},
+            "data": {"train": str(EXAMPLES / "tiny" / "data" / "train.jsonl"), "max_length": 256},
+            "training": {"packing": True, "max_steps": 4, "output_dir": "out"},
+            "launch": {"nproc_per_node": 2},
+        },
+    )
     facts = Facts(Inputs(config=cfg))
     # the plan without the probes it does not need here (the unused-parameters probe builds a model of its own)
     plan = resolve(facts.get("run"), Overlay(facts, unused_parameters=None))
@@ -31,8 +35,9 @@ def test_the_tiny_examples_preparation_is_measured_and_fits_its_timeout(tmp_path
     assert prep["bytes_total"] == (EXAMPLES / "tiny" / "data" / "train.jsonl").stat().st_size
     assert prep["num_proc"] is None  # sftdoctor's recipe leaves SFTConfig.dataset_num_proc unset: one process
     assert 0 < prep["prep_s"] < 10 and 0 < prep["estimate_s"] < 60
-    [finding] = run_check(load_checks(plugins=False).checks["data-prep-timeout"], Facts.replay({"data_prep": prep,
-                                                                                               "plan": plan}))
+    [finding] = run_check(
+        load_checks(plugins=False).checks["data-prep-timeout"], Facts.replay({"data_prep": prep, "plan": plan})
+    )
     assert finding.severity.value == "ok" and "of ddp_timeout 1320 s" in finding.title
 
 
@@ -42,8 +47,14 @@ def test_data_small_enough_to_fit_even_at_the_floor_rate_is_bounded_without_a_ch
     plan = plan_of(run_of(data={"train": (str(tiny),)}, launch={"nproc_per_node": 2}, watch={"hang_timeout_s": 5}))
     assert plan.ddp_timeout_s == 140
     size = tiny.stat().st_size
-    assert _bound(plan) == {"estimate_s": round(size / 50_000, 2), "basis": "bound", "bytes_total": size,
-                            "floor_bytes_s": 50_000, "packing": plan.packing, "max_length": plan.max_length}
+    assert _bound(plan) == {
+        "estimate_s": round(size / 50_000, 2),
+        "basis": "bound",
+        "bytes_total": size,
+        "floor_bytes_s": 50_000,
+        "packing": plan.packing,
+        "max_length": plan.max_length,
+    }
     big = tmp_path / "big.jsonl"  # 1.5 MB: 30 s at the floor, above a tenth of this run's 140 s: measured
     big.write_bytes(tiny.read_bytes() * 6)
     assert _bound(dataclasses.replace(plan, train_files=(str(big),))) is None

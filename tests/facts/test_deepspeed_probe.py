@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import FIXTURES, index
+
 from sftdoctor.facts.deepspeed_probe import main
 
 REAL = [e["file"] for e in index("deepspeed")]
@@ -31,21 +31,27 @@ def test_real_deepspeed_configs_are_judged_as_the_installed_deepspeed_judges_the
     assert [k for k, _ in problems] == [key] and says in problems[0][1]
 
 
-@pytest.mark.parametrize("config, key, says", [
-    ({"zero_optimization": {"stage": "two"}}, "zero_optimization.stage", 'got "two"'),
-    ({"zero_optimization": {"stage": 99}}, "zero_optimization.stage", "got 99"),
-    ({"zero_optimization": {"stage": -1}}, "zero_optimization.stage", "got -1"),
-    ({"zero_optimization": {"stage": 2.5}}, "zero_optimization.stage", "got 2.5"),
-    ({"zero_optimization": [2]}, "zero_optimization", "expected an object, got [2]"),
-    ({"fp16": True}, "fp16", "expected an object, got true"),
-    ({"bf16": {"enabled": "yes"}}, "bf16.enabled", 'expected true, false or "auto", got "yes"'),
-    ({"gradient_clipping": "high"}, "gradient_clipping", 'got "high"'),
-    ({"zero_optimisation": {"stage": 2}}, "zero_optimisation", "did you mean 'zero_optimization'?"),
-    ({"zero_optimization": {"stag": 2}}, "zero_optimization.stag", "did you mean 'stage'?"),
-    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}}, "zero_optimization.offload_param.device",
-     'got "gpu"'),
-    ({"train_micro_batch_size_per_gpu": 0}, "train_micro_batch_size_per_gpu", "expected a positive integer"),
-])
+@pytest.mark.parametrize(
+    "config, key, says",
+    [
+        ({"zero_optimization": {"stage": "two"}}, "zero_optimization.stage", 'got "two"'),
+        ({"zero_optimization": {"stage": 99}}, "zero_optimization.stage", "got 99"),
+        ({"zero_optimization": {"stage": -1}}, "zero_optimization.stage", "got -1"),
+        ({"zero_optimization": {"stage": 2.5}}, "zero_optimization.stage", "got 2.5"),
+        ({"zero_optimization": [2]}, "zero_optimization", "expected an object, got [2]"),
+        ({"fp16": True}, "fp16", "expected an object, got true"),
+        ({"bf16": {"enabled": "yes"}}, "bf16.enabled", 'expected true, false or "auto", got "yes"'),
+        ({"gradient_clipping": "high"}, "gradient_clipping", 'got "high"'),
+        ({"zero_optimisation": {"stage": 2}}, "zero_optimisation", "did you mean 'zero_optimization'?"),
+        ({"zero_optimization": {"stag": 2}}, "zero_optimization.stag", "did you mean 'stage'?"),
+        (
+            {"zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}},
+            "zero_optimization.offload_param.device",
+            'got "gpu"',
+        ),
+        ({"train_micro_batch_size_per_gpu": 0}, "train_micro_batch_size_per_gpu", "expected a positive integer"),
+    ],
+)
 def test_broken_deepspeed_configs_are_refused_naming_the_key(tmp_path, config, key, says):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(config))
@@ -56,8 +62,10 @@ def test_broken_deepspeed_configs_are_refused_naming_the_key(tmp_path, config, k
 def test_the_cli_refuses_a_broken_deepspeed_json_in_one_line_exit_2(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"zero_optimization": {"stage": "two"}}))
-    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--deepspeed", str(path)], capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "check", "--deepspeed", str(path)], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines() == [f'sftdoctor: error: {path}: zero_optimization.stage: Input should be '
-                                                f'0, 1, 2, 3 or 3, got "two"']
+    assert proc.stderr.strip().splitlines() == [
+        f'sftdoctor: error: {path}: zero_optimization.stage: Input should be 0, 1, 2, 3 or 3, got "two"'
+    ]

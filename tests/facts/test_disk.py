@@ -3,6 +3,7 @@
 import os
 
 from conftest import make_run
+
 from sftdoctor.facts import Facts
 from sftdoctor.facts.disk import nearest_existing, probe_disk_space
 

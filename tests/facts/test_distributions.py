@@ -35,8 +35,10 @@ def test_direct_urls_agree_with_importlib(tmp_path, monkeypatch):
 
     from sftdoctor.facts import distributions
 
-    url = ("https://github.com/Dao-AILab/flash-attention/releases/download/v2.3.4/"
-           "flash_attn-2.3.4%2Bcu122torch2.1cxx11abiFALSE-cp311-cp311-linux_x86_64.whl")
+    url = (
+        "https://github.com/Dao-AILab/flash-attention/releases/download/v2.3.4/"
+        "flash_attn-2.3.4%2Bcu122torch2.1cxx11abiFALSE-cp311-cp311-linux_x86_64.whl"
+    )
     info = tmp_path / "flash_attn-2.3.4.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash_attn\nVersion: 2.3.4\n\n")

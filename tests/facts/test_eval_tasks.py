@@ -4,8 +4,8 @@ run's include folder; its answer is kept in the probe cache."""
 import shutil
 
 import pytest
-
 from conftest import EXAMPLES
+
 from sftdoctor.facts import Facts, Inputs
 
 pytestmark = pytest.mark.slow
@@ -22,10 +22,14 @@ def config(tmp_path, tasks):
 
 def test_local_and_bundled_tasks_are_known_and_a_typo_gets_its_nearest(tmp_path, monkeypatch):
     monkeypatch.setenv("SFTDOCTOR_CACHE", str(tmp_path / "cache"))
-    fact = Facts(Inputs(config=config(tmp_path / "a", ["tiny_count_gen", "gsm8k", "tiny_cuont_choice"]))).get("eval_tasks")
+    fact = Facts(Inputs(config=config(tmp_path / "a", ["tiny_count_gen", "gsm8k", "tiny_cuont_choice"]))).get(
+        "eval_tasks"
+    )
     assert fact["installed"] and fact["unknown"] == {"tiny_cuont_choice": "tiny_count_choice"}
     assert fact["indexed"] > 10000  # lm-eval's own tasks were indexed too
-    again = Facts(Inputs(config=config(tmp_path / "b", ["tiny_count_gen", "gsm8k", "tiny_cuont_choice"]))).get("eval_tasks")
+    again = Facts(Inputs(config=config(tmp_path / "b", ["tiny_count_gen", "gsm8k", "tiny_cuont_choice"]))).get(
+        "eval_tasks"
+    )
     assert again == fact and len(list((tmp_path / "cache" / "probes").glob("eval-tasks-*.json"))) == 1
 
 

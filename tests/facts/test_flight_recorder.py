@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sftdoctor.checks.collectives import describe, dumps_finding, ranks_text
+from sftdoctor.checks._collectives import describe, dumps_finding, ranks_text
 from sftdoctor.facts.flight_recorder import dumps_in, read
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"
@@ -39,7 +39,11 @@ def test_a_rank_that_never_entered_the_collective_is_named_with_its_last_one():
     assert list(default["inside"]) == ["0"] and default["absent"]["1"]["seq"] == 30
     assert "compute_loss" in default["inside"]["0"]["where"]
     # the drill's own group: rank 1 inside, rank 0 never there
-    assert list(drill["inside"]) == ["1"] and list(drill["absent"]) == ["0"] and "on_step_begin" in drill["inside"]["1"]["where"]
+    assert (
+        list(drill["inside"]) == ["1"]
+        and list(drill["absent"]) == ["0"]
+        and "on_step_begin" in drill["inside"]["1"]["where"]
+    )
     headline, detail = describe(fr)
     assert headline == "rank 1 never entered broadcast #31 on default_pg [[16]] Float"
     assert "rank 1 never entered it (rank 1 last: all_gather #30 [[1]] Long" in detail
@@ -59,7 +63,10 @@ def test_a_rank_that_called_another_collective_is_named_against_the_others():
     [group] = fr["groups"]
     assert group["other"]["1"]["sizes"] == [[2**20]] and group["inside"]["0"]["sizes"] == [[16]]
     headline, _ = describe(fr)
-    assert headline == "rank 1 called broadcast #31 on default_pg [[1048576]] Float where rank 0 called broadcast #31 [[16]] Float"
+    assert (
+        headline
+        == "rank 1 called broadcast #31 on default_pg [[1048576]] Float where rank 0 called broadcast #31 [[16]] Float"
+    )
 
 
 def nccl_case(tmp_path: Path) -> Path:
@@ -89,8 +96,10 @@ def test_ranks_outside_a_group_are_not_said_to_have_stayed_out_of_it(tmp_path):
         dump = pickle.loads((folder / f"nccl_trace_rank_{rank}").read_bytes())
         for e in dump["entries"]:
             e["process_group"] = ("1", "tp")
-        dump["pg_config"] = {"1": {"name": "1", "desc": "tp", "ranks": "[0, 1]"},
-                             "2": {"name": "2", "desc": "tp", "ranks": "[2, 3]"}}
+        dump["pg_config"] = {
+            "1": {"name": "1", "desc": "tp", "ranks": "[0, 1]"},
+            "2": {"name": "2", "desc": "tp", "ranks": "[2, 3]"},
+        }
         (folder / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(dump))
     for rank in (2, 3):  # the other pair, in step on their own group
         dump = pickle.loads((folder / "nccl_trace_rank_0").read_bytes())
@@ -122,7 +131,10 @@ class Boom:
 def test_a_dump_is_never_unpickled_into_code(tmp_path):
     (tmp_path / "trace-0").write_bytes(pickle.dumps({"version": "2.10", "entries": [Boom()]}))
     fr = read(tmp_path)
-    assert "not a flight-recorder dump (it names posix.system)" in fr["error"] and not Path("/tmp/sftdoctor-pwned").exists()
+    assert (
+        "not a flight-recorder dump (it names posix.system)" in fr["error"]
+        and not Path("/tmp/sftdoctor-pwned").exists()
+    )
     finding = dumps_finding(fr)
     assert finding.severity.value == "warning" and "could not be analysed" in finding.title  # never a silent pass
 
@@ -144,9 +156,12 @@ def test_dumps_that_recorded_nothing_cannot_judge(tmp_path):
     for rank in (0, 1):
         (tmp_path / f"rank-{rank}").write_bytes(pickle.dumps({"version": "2.10", "pg_config": {}, "entries": []}))
     fr = read(tmp_path)
-    assert fr["groups"] == [] and describe(fr) == ("", f"Flight recorder (ranks 0-1, {tmp_path}): the dumps hold no "
-                                                       "collective (the recorder off, TORCH_FR_BUFFER_SIZE=0?): they "
-                                                       "cannot say which collective; read the stacks.")
+    assert fr["groups"] == [] and describe(fr) == (
+        "",
+        f"Flight recorder (ranks 0-1, {tmp_path}): the dumps hold no "
+        "collective (the recorder off, TORCH_FR_BUFFER_SIZE=0?): they "
+        "cannot say which collective; read the stacks.",
+    )
     finding = dumps_finding(fr)
     assert finding.severity.value == "warning" and "could not be analysed" in finding.title
 
@@ -172,17 +187,29 @@ def test_any_pickled_data_is_a_result_or_an_error_never_a_crash(tmp_path):
 
     scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=4), st.floats(allow_nan=True))
     names = st.sampled_from(["gloo:all_reduce", "nccl:broadcast", "nccl:send 0->1", "x", "gloo:bogus", ""])
-    entry = st.fixed_dictionaries({
-        "process_group": st.one_of(st.tuples(st.sampled_from(["0", "1"]), st.sampled_from(["default_pg", "undefined"])),
-                                   scalars),
-        "collective_seq_id": st.one_of(st.integers(0, 4), scalars), "profiling_name": st.one_of(names, scalars),
-        "record_id": st.integers(0, 8), "pg_id": st.integers(0, 2), "p2p_seq_id": st.integers(0, 2),
-        "input_sizes": st.one_of(st.just([[4]]), st.just([[5]]), scalars), "output_sizes": st.just([[4]]),
-        "state": st.sampled_from(["scheduled", "started", "completed"]), "frames": st.just([]),
-    })
-    dump = st.fixed_dictionaries({"version": st.sampled_from(["2.10", "2.4", "x"]),
-                                  "pg_config": st.one_of(st.just({}), st.just({"": {"ranks": "[]"}}), scalars),
-                                  "entries": st.lists(entry, max_size=5)})
+    entry = st.fixed_dictionaries(
+        {
+            "process_group": st.one_of(
+                st.tuples(st.sampled_from(["0", "1"]), st.sampled_from(["default_pg", "undefined"])), scalars
+            ),
+            "collective_seq_id": st.one_of(st.integers(0, 4), scalars),
+            "profiling_name": st.one_of(names, scalars),
+            "record_id": st.integers(0, 8),
+            "pg_id": st.integers(0, 2),
+            "p2p_seq_id": st.integers(0, 2),
+            "input_sizes": st.one_of(st.just([[4]]), st.just([[5]]), scalars),
+            "output_sizes": st.just([[4]]),
+            "state": st.sampled_from(["scheduled", "started", "completed"]),
+            "frames": st.just([]),
+        }
+    )
+    dump = st.fixed_dictionaries(
+        {
+            "version": st.sampled_from(["2.10", "2.4", "x"]),
+            "pg_config": st.one_of(st.just({}), st.just({"": {"ranks": "[]"}}), scalars),
+            "entries": st.lists(entry, max_size=5),
+        }
+    )
 
     @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(st.lists(dump, min_size=1, max_size=3))

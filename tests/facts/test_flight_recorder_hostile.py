@@ -8,16 +8,21 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from cli_contract import sftdoctor
 from hostile import SPECIAL, no_hang, special_file
-from sftdoctor.checks.collectives import describe, dumps_finding, whole
+
+from sftdoctor.checks._collectives import describe, dumps_finding, whole
 from sftdoctor.facts.flight_recorder import dumps_in, read
 from sftdoctor.triage.command import world_of
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"
-ALL_RANKS = ("every rank", "none completed", "collective itself is stuck", "collectives match",
-             "no rank is inside a collective")
+ALL_RANKS = (
+    "every rank",
+    "none completed",
+    "collective itself is stuck",
+    "collectives match",
+    "no rank is inside a collective",
+)
 
 
 def only_rank_0(tmp_path: Path) -> Path:
@@ -71,8 +76,9 @@ def nccl_pair(tmp_path: Path) -> Path:
 def test_every_rank_is_said_only_when_every_ranks_dump_is_read(tmp_path):
     folder = nccl_pair(tmp_path)
     assert describe(read(folder))[0].startswith("every rank is inside _all_gather_base #288710")
-    assert describe(read(folder, world=3))[0] == ("ranks 0-1 are inside _all_gather_base #288710 on default_pg "
-                                                  "[[18, 64640]] BFloat16; rank 2 sent no dump")
+    assert describe(read(folder, world=3))[0] == (
+        "ranks 0-1 are inside _all_gather_base #288710 on default_pg [[18, 64640]] BFloat16; rank 2 sent no dump"
+    )
     (folder / "nccl_trace_rank_1").unlink()
     headline, detail = describe(read(folder))
     assert headline.startswith("rank 0 is inside _all_gather_base #288710") and not claims_all(headline + detail)
@@ -149,12 +155,17 @@ def test_explain_log_beside_hostile_dumps_gives_its_verdict(tmp_path):
     assert result.exit_code == 1
     out = result.stdout
     assert "root cause: nccl-timeout in the flight-recorder dumps beside the log" in out
-    assert ("rank 0 is inside broadcast #31 on default_pg [[16]] Float; rank 7 sent no dump; ranks 1-6's dumps "
-            "unreadable") in out
-    for why in ("rank-1: cannot read flight-recorder dump: Input/output error", "rank-2: expected a flight-recorder "
-                "dump file, got a named pipe", "rank-3: expected a flight-recorder dump file, got a character device",
-                "rank-4: flight-recorder dump not found", "rank-5: expected a flight-recorder dump file, got a "
-                "directory", "rank-6: not a readable flight-recorder dump"):
+    assert (
+        "rank 0 is inside broadcast #31 on default_pg [[16]] Float; rank 7 sent no dump; ranks 1-6's dumps unreadable"
+    ) in out
+    for why in (
+        "rank-1: cannot read flight-recorder dump: Input/output error",
+        "rank-2: expected a flight-recorder dump file, got a named pipe",
+        "rank-3: expected a flight-recorder dump file, got a character device",
+        "rank-4: flight-recorder dump not found",
+        "rank-5: expected a flight-recorder dump file, got a directory",
+        "rank-6: not a readable flight-recorder dump",
+    ):
         assert why in out
     assert not claims_all(out) and "Flight recorder (rank 0 of 8," in out
 
@@ -234,8 +245,9 @@ def test_explain_log_over_any_folder_of_dumps_keeps_the_contract(tmp_path):
         assert result.exit_code in (0, 1)
         assert not claims_all(result.stdout) or speaks_for_all(kinds, resolved), result.stdout
         # what stands in a dump's place is named: in the watchdog's folder, or beside a real dump of that name
-        if any(k not in ("good", "missing", *([] if inside else ["empty", "binary"])) for k in kinds) and \
-                (inside or "good" in kinds):
+        if any(k not in ("good", "missing", *([] if inside else ["empty", "binary"])) for k in kinds) and (
+            inside or "good" in kinds
+        ):
             assert "could not be read" in result.stdout, result.stdout
 
     check()

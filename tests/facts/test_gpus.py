@@ -1,12 +1,18 @@
 """GPU facts from real `nvidia-smi` outputs recorded in public reports, and fuzzed."""
 
 import pytest
+from conftest import fixture_text, index
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import fixture_text, index
-from sftdoctor.facts.gpus import (compute_capability_from_name, cuda_version_from_int, parse_nvidia_smi,
-                                  parse_nvlink_status, parse_query_csv, probe_gpus)
+from sftdoctor.facts.gpus import (
+    compute_capability_from_name,
+    cuda_version_from_int,
+    parse_nvidia_smi,
+    parse_nvlink_status,
+    parse_query_csv,
+    probe_gpus,
+)
 
 TABLES = [e for e in index("nvidia_smi") if e["driver_version"]]
 
@@ -21,14 +27,27 @@ def test_real_nvidia_smi_outputs_give_driver_cuda_and_gpus(entry):
     assert all(d["compute_capability"] for d in facts["devices"])  # every recorded GPU model is known
 
 
-@pytest.mark.parametrize("name, cc", [
-    ("Tesla V100-SXM2-32GB", "7.0"), ("Tesla V100-SXM2...", "7.0"), ("Tesla T4", "7.5"),
-    ("NVIDIA A100-SXM4-80GB", "8.0"), ("NVIDIA A10G", "8.6"), ("NVIDIA GeForce RTX 3090", "8.6"),
-    ("NVIDIA RTX A6000", "8.6"), ("NVIDIA RTX 6000 Ada Generation", "8.9"), ("NVIDIA L40S", "8.9"),
-    ("NVIDIA H100 80GB HBM3", "9.0"), ("NVIDIA H200", "9.0"), ("NVIDIA B200", "10.0"),
-    ("NVIDIA GeForce RTX 5090", "12.0"), ("Tesla P100-PCIE-16GB", "6.0"), ("Quadro RTX 8000", "7.5"),
-    ("Some Future GPU", None),
-])
+@pytest.mark.parametrize(
+    "name, cc",
+    [
+        ("Tesla V100-SXM2-32GB", "7.0"),
+        ("Tesla V100-SXM2...", "7.0"),
+        ("Tesla T4", "7.5"),
+        ("NVIDIA A100-SXM4-80GB", "8.0"),
+        ("NVIDIA A10G", "8.6"),
+        ("NVIDIA GeForce RTX 3090", "8.6"),
+        ("NVIDIA RTX A6000", "8.6"),
+        ("NVIDIA RTX 6000 Ada Generation", "8.9"),
+        ("NVIDIA L40S", "8.9"),
+        ("NVIDIA H100 80GB HBM3", "9.0"),
+        ("NVIDIA H200", "9.0"),
+        ("NVIDIA B200", "10.0"),
+        ("NVIDIA GeForce RTX 5090", "12.0"),
+        ("Tesla P100-PCIE-16GB", "6.0"),
+        ("Quadro RTX 8000", "7.5"),
+        ("Some Future GPU", None),
+    ],
+)
 def test_compute_capability_by_name(name, cc):
     assert compute_capability_from_name(name) == cc
 
@@ -40,11 +59,15 @@ def test_nvlink_status_counts_active_links_per_gpu():
 
 
 def test_query_csv_rows():
-    csv = ("0, NVIDIA H100 80GB HBM3, GPU-1, 00000000:18:00.0, 81559, 9.0, 550.54.15\n"
-           "1, Tesla V100-SXM2-16GB, GPU-2, 00000000:19:00.0, 16160, [N/A], 450.80.02\n")
+    csv = (
+        "0, NVIDIA H100 80GB HBM3, GPU-1, 00000000:18:00.0, 81559, 9.0, 550.54.15\n"
+        "1, Tesla V100-SXM2-16GB, GPU-2, 00000000:19:00.0, 16160, [N/A], 450.80.02\n"
+    )
     devices = parse_query_csv(csv)
     assert [(d["name"], d["compute_capability"], d["memory_total_mib"]) for d in devices] == [
-        ("NVIDIA H100 80GB HBM3", "9.0", 81559), ("Tesla V100-SXM2-16GB", "7.0", 16160)]
+        ("NVIDIA H100 80GB HBM3", "9.0", 81559),
+        ("Tesla V100-SXM2-16GB", "7.0", 16160),
+    ]
 
 
 def test_cuda_versions_decode_like_nvml():

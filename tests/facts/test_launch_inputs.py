@@ -11,13 +11,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-from pathlib import Path
 from importlib.util import find_spec
+from pathlib import Path
 
 import pytest
+from conftest import make_run
 from hostile import SPECIAL, special_file
 
-from conftest import make_run
 from sftdoctor.errors import InputErrors
 from sftdoctor.facts import Facts, Inputs
 from sftdoctor.facts.launch_inputs import hub_model, problems, reporter_problem
@@ -34,8 +34,10 @@ def test_an_output_dir_that_is_not_a_folder_is_named(tmp_path, kind):
 
 def test_an_output_dir_under_a_file_cannot_be_made_and_a_new_or_existing_folder_can(tmp_path):
     (tmp_path / "f").write_text("x")
-    assert folder_problem(tmp_path / "f" / "a" / "b") == \
-        f"{tmp_path / 'f'} is not a folder, so {tmp_path / 'f' / 'a' / 'b'} cannot be made in it"
+    assert (
+        folder_problem(tmp_path / "f" / "a" / "b")
+        == f"{tmp_path / 'f'} is not a folder, so {tmp_path / 'f' / 'a' / 'b'} cannot be made in it"
+    )
     assert folder_problem(tmp_path / "new" / "deeper") is None
     assert folder_problem(tmp_path) is None
 
@@ -67,12 +69,15 @@ def test_an_output_dir_in_a_folder_this_user_cannot_write_or_enter_is_named(tmp_
         (shared / "locked").mkdir(mode=0o555)
         (shared / "private").mkdir(mode=0o700)
         said = _as_nobody(folder_problem, shared / "locked" / "run")
-        assert said.startswith(f"{shared / 'locked'} is not writable by this user (uid ") and \
-            said.endswith(f"so {shared / 'locked' / 'run'} cannot be made in it"), said
+        assert said.startswith(f"{shared / 'locked'} is not writable by this user (uid ") and said.endswith(
+            f"so {shared / 'locked' / 'run'} cannot be made in it"
+        ), said
         if os.geteuid() == 0:  # only root's child is another user than the owner
-            assert _as_nobody(folder_problem, shared / "private" / "run") == \
-                f"{shared / 'private' / 'run'} cannot be looked at (Permission denied), so " \
+            assert (
+                _as_nobody(folder_problem, shared / "private" / "run")
+                == f"{shared / 'private' / 'run'} cannot be looked at (Permission denied), so "
                 f"{shared / 'private' / 'run'} cannot be made"
+            )
     finally:
         shutil.rmtree(shared)
 
@@ -106,8 +111,10 @@ def test_a_cached_hub_model_is_found_by_huggingface_hubs_own_lookup(tmp_path, mo
     _cache(tmp_path, "org/cached", "config.json")
     _cache(tmp_path, "org/other-revision", "config.json", main=False)
     assert hub_model("org/cached") == ("cached", None)
-    assert hub_model("org/other-revision") == ("offline", "org/other-revision is not in the local Hugging Face cache "
-                                                          "and HF_HUB_OFFLINE=1")
+    assert hub_model("org/other-revision") == (
+        "offline",
+        "org/other-revision is not in the local Hugging Face cache and HF_HUB_OFFLINE=1",
+    )
 
 
 def test_a_hub_model_the_cache_records_as_absent_is_not_found(tmp_path, monkeypatch):
@@ -115,12 +122,15 @@ def test_a_hub_model_the_cache_records_as_absent_is_not_found(tmp_path, monkeypa
     repo = _cache(tmp_path, "org/gguf-only")
     (repo / ".no_exist" / "abc").mkdir(parents=True)
     (repo / ".no_exist" / "abc" / "config.json").write_text("")
-    assert hub_model("org/gguf-only") == ("missing", "org/gguf-only has no config.json on the hub (the local Hugging "
-                                                     "Face cache records it as absent)")
+    assert hub_model("org/gguf-only") == (
+        "missing",
+        "org/gguf-only has no config.json on the hub (the local Hugging Face cache records it as absent)",
+    )
 
 
-@pytest.mark.parametrize("name, value", [("HF_HUB_OFFLINE", "1"), ("HF_HUB_OFFLINE", "yes"),
-                                         ("TRANSFORMERS_OFFLINE", "1")])
+@pytest.mark.parametrize(
+    "name, value", [("HF_HUB_OFFLINE", "1"), ("HF_HUB_OFFLINE", "yes"), ("TRANSFORMERS_OFFLINE", "1")]
+)
 def test_offline_is_read_as_huggingface_hub_reads_it_and_asks_no_network(tmp_path, monkeypatch, name, value):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -139,8 +149,13 @@ def _online(model_id: str, cache, endpoint: str) -> tuple[str, str | None]:
     """hub_model in a fresh process, online (huggingface_hub reads HF_HUB_OFFLINE once, when it is imported)."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     code = "import sys; from sftdoctor.facts.launch_inputs import hub_model; print(repr(hub_model(sys.argv[1])))"
-    out = subprocess.run([sys.executable, "-c", code, model_id], capture_output=True, text=True, timeout=60,
-                         env={**env, "HF_HUB_CACHE": str(cache), "HF_ENDPOINT": endpoint})
+    out = subprocess.run(
+        [sys.executable, "-c", code, model_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "HF_HUB_CACHE": str(cache), "HF_ENDPOINT": endpoint},
+    )
     assert out.returncode == 0, out.stderr
     return ast.literal_eval(out.stdout.strip())
 
@@ -171,8 +186,10 @@ def test_an_uncached_hub_model_the_hub_does_not_have_says_so(tmp_path):
     try:
         endpoint = f"http://127.0.0.1:{server.server_address[1]}"
         assert _online("org/none", tmp_path, endpoint) == (
-            "unreachable", "org/none is not in the local Hugging Face cache, and the hub has no such model (or it is "
-                           "private: log in with hf auth login)")
+            "unreachable",
+            "org/none is not in the local Hugging Face cache, and the hub has no such model (or it is "
+            "private: log in with hf auth login)",
+        )
     finally:
         server.shutdown()
 
@@ -186,20 +203,27 @@ def test_every_problem_of_a_run_is_named_at_once_with_its_key(tmp_path, monkeypa
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     (tmp_path / "out").write_text("")
-    run = make_run(tmp_path, model={"path": "org/m", "tokenizer": "org/t"}, training={"output_dir": "out"},
-                   report={"to": MISSING_BACKEND or "none"})
+    run = make_run(
+        tmp_path,
+        model={"path": "org/m", "tokenizer": "org/t"},
+        training={"output_dir": "out"},
+        report={"to": MISSING_BACKEND or "none"},
+    )
     errors, models = problems(run, tmp_path / "run.toml")
     keys = [e.key for e in errors]
-    assert keys == ["[training].output_dir"] + (["[report].to"] if MISSING_BACKEND else []) + \
-        ["[model].path", "[model].tokenizer"]
+    assert keys == ["[training].output_dir"] + (["[report].to"] if MISSING_BACKEND else []) + [
+        "[model].path",
+        "[model].tokenizer",
+    ]
     assert models == {"org/m": "offline", "org/t": "offline"}
 
 
 def test_the_fact_raises_them_as_bad_input(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     (tmp_path / "d.jsonl").write_text('{"text": "a"}\n')
-    (tmp_path / "run.toml").write_text('[model]\npath = "m"\nweights = "random"\n[data]\ntrain = "d.jsonl"\n'
-                                       '[training]\noutput_dir = "d.jsonl"\n')
+    (tmp_path / "run.toml").write_text(
+        '[model]\npath = "m"\nweights = "random"\n[data]\ntrain = "d.jsonl"\n[training]\noutput_dir = "d.jsonl"\n'
+    )
     (tmp_path / "m").mkdir()
     with pytest.raises(InputErrors, match=r"\[training\]\.output_dir: .*d\.jsonl exists and is not a folder"):
         Facts(Inputs(config=tmp_path / "run.toml")).get("launch_inputs")

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, NO_GPU, index, recorded_gpus
+
 from sftdoctor.facts import Facts, Inputs
 from sftdoctor.facts.configs import summarize_model_config
 from sftdoctor.facts.model_shape import count_on_meta_device, probe_model_shape, shape_in_child
@@ -20,10 +20,14 @@ MODELS = FIXTURES / "model_config"
 H100X8 = "h100_sxm_8x_driver550_modal_glossary.txt"
 CLOSED_FORM = [e["file"] for e in index("model_config") if e["model_type"] in ("llama", "qwen2")]
 # Parameter counts as published on the models' cards / as transformers builds them.
-PUBLISHED = {"Meta-Llama-3-8B.json": 8_030_261_248, "Llama-2-7b-chat-hf.json": 6_738_415_616,
-             "Llama-3.2-1B.json": 1_235_814_400, "Qwen2-0.5B.json": 494_032_768,
-             "TinyLlama-1.1B-Chat-v1.0_resaved_dtype_float32.json": 1_100_048_384,
-             "SmolLM2-135M_merged_transformers5_bfloat16.json": 134_515_008}
+PUBLISHED = {
+    "Meta-Llama-3-8B.json": 8_030_261_248,
+    "Llama-2-7b-chat-hf.json": 6_738_415_616,
+    "Llama-3.2-1B.json": 1_235_814_400,
+    "Qwen2-0.5B.json": 494_032_768,
+    "TinyLlama-1.1B-Chat-v1.0_resaved_dtype_float32.json": 1_100_048_384,
+    "SmolLM2-135M_merged_transformers5_bfloat16.json": 134_515_008,
+}
 
 
 def summary(path: Path) -> dict:
@@ -39,11 +43,18 @@ def facts(path: Path, gpus: dict | None) -> Facts:
 
 def child_command(request: str) -> subprocess.CompletedProcess:
     """The child's side of facts/child.py: the config as JSON on stdin, one JSON object out."""
-    return subprocess.run([sys.executable, "-m", "sftdoctor.facts.model_shape"], input=request, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "sftdoctor.facts.model_shape"],
+        input=request,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 # ---------------------------------------------------------------- closed form, in process
+
 
 @pytest.mark.parametrize("name", CLOSED_FORM)
 @pytest.mark.parametrize("gpus", ["none", "8x H100"])
@@ -56,28 +67,45 @@ def test_llama_and_qwen_configs_are_counted_in_closed_form_with_or_without_gpus(
 
 
 def test_the_closed_form_needs_neither_torch_nor_a_child_process():
-    code = ("import json, sys, subprocess\n"
-            "from sftdoctor.facts import Facts\n"
-            "from sftdoctor.facts.model_shape import probe_model_shape\n"
-            "from sftdoctor.facts.configs import summarize_model_config\n"
-            "def no_child(*a, **k): raise AssertionError('a child process was started')\n"
-            "subprocess.Popen = subprocess.run = no_child\n"
-            "p = sys.argv[1]\n"
-            "gpus = {'devices': [{'name': 'NVIDIA H100', 'compute_capability': '9.0', 'memory_total_mib': 81559}]}\n"
-            "shape = probe_model_shape(Facts.replay({'gpus': gpus,"
-            " 'model_config': summarize_model_config(p, json.load(open(p)))}))\n"
-            "print(json.dumps({'parameters': shape['parameters'], 'torch': 'torch' in sys.modules,"
-            " 'transformers': 'transformers' in sys.modules}))\n")
-    proc = subprocess.run([sys.executable, "-c", code, str(MODELS / "Meta-Llama-3-8B.json")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    code = (
+        "import json, sys, subprocess\n"
+        "from sftdoctor.facts import Facts\n"
+        "from sftdoctor.facts.model_shape import probe_model_shape\n"
+        "from sftdoctor.facts.configs import summarize_model_config\n"
+        "def no_child(*a, **k): raise AssertionError('a child process was started')\n"
+        "subprocess.Popen = subprocess.run = no_child\n"
+        "p = sys.argv[1]\n"
+        "gpus = {'devices': [{'name': 'NVIDIA H100', 'compute_capability': '9.0', 'memory_total_mib': 81559}]}\n"
+        "shape = probe_model_shape(Facts.replay({'gpus': gpus,"
+        " 'model_config': summarize_model_config(p, json.load(open(p)))}))\n"
+        "print(json.dumps({'parameters': shape['parameters'], 'torch': 'torch' in sys.modules,"
+        " 'transformers': 'transformers' in sys.modules}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(MODELS / "Meta-Llama-3-8B.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"parameters": 8_030_261_248, "torch": False, "transformers": False}
 
 
 # ---------------------------------------------------------------- other families without GPUs
 
-@pytest.mark.parametrize("name", ["gpt2.json", "gpt2-large.json", "phi-2.json", "Phi-3-mini_merged_dtype_float16.json",
-                                  "llava-1.5-7b-hf.json", "clip_DeepSpeed-VisualChat_qwen_clip.json"])
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gpt2.json",
+        "gpt2-large.json",
+        "phi-2.json",
+        "Phi-3-mini_merged_dtype_float16.json",
+        "llava-1.5-7b-hf.json",
+        "clip_DeepSpeed-VisualChat_qwen_clip.json",
+    ],
+)
 @pytest.mark.parametrize("gpus", ["not probed", "no GPU"])
 def test_other_families_are_not_counted_without_gpus(name, gpus):
     shape = probe_model_shape(facts(MODELS / name, None if gpus == "not probed" else NO_GPU))
@@ -98,6 +126,7 @@ def test_no_model_config_means_no_shape():
 
 
 # ---------------------------------------------------------------- other families with GPUs: the child process
+
 
 @pytest.mark.slow
 def test_the_child_prints_the_meta_device_count_of_gpt2():
@@ -128,17 +157,21 @@ def test_gpt2_is_counted_in_a_child_where_there_are_gpus():
 
 # ---------------------------------------------------------------- broken configs: errors, not crashes
 
+
 def test_counting_a_config_without_model_type_is_a_value_error():
     with pytest.raises(ValueError, match="no model_type"):
         count_on_meta_device({"hidden_size": 16})
 
 
-@pytest.mark.parametrize("text, says", [
-    ('{"model_type": "gpt2", "n_embd": 768,', "not valid JSON"),  # fails before torch is imported: quick
-    ('{"model_type": "gpt2", "n_embd": NaN}', "n_embd: expected a finite number, got NaN"),
-    pytest.param('{"n_embd": 768}', "no model_type", marks=pytest.mark.slow),
-    pytest.param('{"model_type": "not-a-real-architecture"}', "not-a-real-architecture", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ('{"model_type": "gpt2", "n_embd": 768,', "not valid JSON"),  # fails before torch is imported: quick
+        ('{"model_type": "gpt2", "n_embd": NaN}', "n_embd: expected a finite number, got NaN"),
+        pytest.param('{"n_embd": 768}', "no model_type", marks=pytest.mark.slow),
+        pytest.param('{"model_type": "not-a-real-architecture"}', "not-a-real-architecture", marks=pytest.mark.slow),
+    ],
+)
 def test_a_broken_config_json_gives_an_error_string(tmp_path, text, says):
     path = tmp_path / "config.json"
     path.write_text(text)
@@ -152,8 +185,9 @@ def test_the_probe_reports_a_child_failure_as_an_error_fact(tmp_path):
     path = tmp_path / "config.json"
     config = {"model_type": "not-a-real-architecture", "hidden_size": 64}
     path.write_text(json.dumps(config))
-    shape = probe_model_shape(Facts.replay({"gpus": recorded_gpus(H100X8),
-                                            "model_config": summarize_model_config(path, config)}))
+    shape = probe_model_shape(
+        Facts.replay({"gpus": recorded_gpus(H100X8), "model_config": summarize_model_config(path, config)})
+    )
     assert set(shape) == {"error"} and "not-a-real-architecture" in shape["error"]
 
 
@@ -178,14 +212,21 @@ def test_ten_million_layers_are_counted_from_two_in_a_moment_and_exactly(monkeyp
     monkeypatch.setattr(model_shape, "_count", lambda config: counted.append(config["n_layer"]) or real(config))
     params, _ = count_on_meta_device({**gpt2, "n_layer": 10**7})
     assert counted == [1, 2]  # two small models built, not ten million layers
-    assert params == built[0] + (10**7 - 9) * (model_shape._count({**gpt2, "n_layer": 2})[0] -
-                                                model_shape._count({**gpt2, "n_layer": 1})[0])
+    assert params == built[0] + (10**7 - 9) * (
+        model_shape._count({**gpt2, "n_layer": 2})[0] - model_shape._count({**gpt2, "n_layer": 1})[0]
+    )
 
 
 def test_a_model_type_that_is_not_a_string_is_named():
     from sftdoctor.run.shape import closed_form, dimension_problem
 
-    config = {"model_type": ["llama"], "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100,
-              "num_attention_heads": 4, "intermediate_size": 128}
+    config = {
+        "model_type": ["llama"],
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "vocab_size": 100,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+    }
     assert dimension_problem(config) == "model_type is ['llama']; expected a string naming the architecture"
     assert closed_form(config) is None

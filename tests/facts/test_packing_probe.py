@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from conftest import FIXTURES
+
 from sftdoctor.facts.packing_probe import TOLERANCE, max_packed_diff, measure, shrink
 
 
@@ -30,8 +30,11 @@ def test_the_comparison_sees_leakage_when_a_mask_spans_the_packed_row():
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
     samples = [[5, 6, 7, 8], [9, 10, 11]]
     flat = torch.tensor([samples[0] + samples[1]])
-    batch = {"input_ids": flat, "attention_mask": torch.ones_like(flat),
-             "position_ids": torch.tensor([[0, 1, 2, 3, 0, 1, 2]])}
+    batch = {
+        "input_ids": flat,
+        "attention_mask": torch.ones_like(flat),
+        "position_ids": torch.tensor([[0, 1, 2, 3, 0, 1, 2]]),
+    }
     assert max_packed_diff(model, samples, batch, "cpu") > 100 * TOLERANCE
 
 
@@ -46,9 +49,19 @@ def test_flash_attention_cannot_be_probed_without_a_gpu(tmp_path):
 def test_trls_padding_free_collator_packs_as_the_probe_assumes():
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
-    assert sorted(batch) == ["cu_seq_lens_k", "cu_seq_lens_q", "input_ids", "labels", "max_length_k",
-                             "max_length_q", "position_ids", "seq_idx"]
+    batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(
+        [{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}]
+    )
+    assert sorted(batch) == [
+        "cu_seq_lens_k",
+        "cu_seq_lens_q",
+        "input_ids",
+        "labels",
+        "max_length_k",
+        "max_length_q",
+        "position_ids",
+        "seq_idx",
+    ]
     assert "attention_mask" not in batch  # with one, attention would ignore the restarting positions
     assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9]]
     assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1]]

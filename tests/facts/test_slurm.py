@@ -10,9 +10,9 @@ import subprocess
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from slurm import require_slurm
 
 from sftdoctor.facts.slurm import expand_nodelist, hostnames, probe_slurm
-from slurm import require_slurm
 
 
 @pytest.fixture(scope="module")
@@ -20,11 +20,18 @@ def scontrol(tmp_path_factory):
     """`scontrol show hostnames`, as a function of the list: Slurm's hosts, or None where it refuses the list."""
     require_slurm("scontrol")
     conf = tmp_path_factory.mktemp("slurm") / "slurm.conf"
-    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nNodeName=localhost CPUs=1\nPartitionName=p Nodes=localhost\n")
+    conf.write_text(
+        "ClusterName=t\nSlurmctldHost=localhost\nNodeName=localhost CPUs=1\nPartitionName=p Nodes=localhost\n"
+    )
 
     def expand(text):
-        out = subprocess.run(["scontrol", "show", "hostnames", text], capture_output=True, text=True, timeout=10,
-                             env={"SLURM_CONF": str(conf), "PATH": "/usr/bin:/bin"})
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", text],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            env={"SLURM_CONF": str(conf), "PATH": "/usr/bin:/bin"},
+        )
         assert "Could not establish a configuration source" not in out.stderr, out.stderr
         return out.stdout.split() or None
 
@@ -99,9 +106,19 @@ def test_outside_an_allocation_there_is_no_slurm_fact(monkeypatch):
 
 
 def test_inside_an_allocation_every_task_reads_its_node(monkeypatch):
-    for name, value in {"SLURM_JOB_ID": "812", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
-                        "SLURM_JOB_NODELIST": "cn[3-4]", "SLURM_GPUS_ON_NODE": "8"}.items():
+    for name, value in {
+        "SLURM_JOB_ID": "812",
+        "SLURM_NNODES": "2",
+        "SLURM_NODEID": "1",
+        "SLURM_JOB_NODELIST": "cn[3-4]",
+        "SLURM_GPUS_ON_NODE": "8",
+    }.items():
         monkeypatch.setenv(name, value)
     fact = probe_slurm(None)
-    assert (fact["job_id"], fact["nnodes"], fact["node_id"], fact["hosts"], fact["gpus_on_node"]) == \
-        ("812", 2, 1, ["cn3", "cn4"], 8)
+    assert (fact["job_id"], fact["nnodes"], fact["node_id"], fact["hosts"], fact["gpus_on_node"]) == (
+        "812",
+        2,
+        1,
+        ["cn3", "cn4"],
+        8,
+    )

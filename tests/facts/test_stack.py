@@ -17,9 +17,15 @@ from sftdoctor.facts import Facts
 from sftdoctor.facts.stack import probe_transformers_features
 
 ROOT = Path(__file__).resolve().parents[2]
-INSTALLED = {"cosine_with_min_lr": True, "min_lr_rate": True, "min_lr": True,
-             "checkpointing_arg": "activation_checkpointing", "warmup_ratio": False, "non_padding_token_count": True,
-             "length_grouping_arg": "train_sampling_strategy"}
+INSTALLED = {
+    "cosine_with_min_lr": True,
+    "min_lr_rate": True,
+    "min_lr": True,
+    "checkpointing_arg": "activation_checkpointing",
+    "warmup_ratio": False,
+    "non_padding_token_count": True,
+    "length_grouping_arg": "train_sampling_strategy",
+}
 
 
 VERIFIED = ("5.24.", "5.25.")  # the minors these features were read from (and pyproject's cap admits)
@@ -30,7 +36,8 @@ def test_the_installed_transformers_reads_as_its_features():
 
     assert transformers.__version__.startswith(VERIFIED), (
         f"transformers {transformers.__version__} was not read yet: check its source, then add it to VERIFIED "
-        "and to the cap in pyproject.toml")
+        "and to the cap in pyproject.toml"
+    )
     assert probe_transformers_features(Facts()) == INSTALLED
     assert Facts().get("transformers_features") == INSTALLED
 
@@ -66,9 +73,14 @@ def test_the_features_match_the_installed_training_arguments(tmp_path):
     assert features["warmup_ratio"] == ("warmup_ratio" in fields)
     with pytest.raises(TypeError):  # 5.x really rejects it: a warmup_ratio passed through would crash the run
         transformers.TrainingArguments(output_dir=str(tmp_path), warmup_ratio=0.1)
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True,
-                                          warmup_steps=0.1, include_num_input_tokens_seen="non_padding",
-                                          **{features["checkpointing_arg"]: True})
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        report_to="none",
+        use_cpu=True,
+        warmup_steps=0.1,
+        include_num_input_tokens_seen="non_padding",
+        **{features["checkpointing_arg"]: True},
+    )
     assert getattr(args, features["checkpointing_arg"]) is True
     assert args.include_num_input_tokens_seen == "non_padding"
 
@@ -76,8 +88,14 @@ def test_the_features_match_the_installed_training_arguments(tmp_path):
 def probe_in_child(path_entries: list[Path]) -> dict | None:
     """The probe in a fresh interpreter without site-packages, with these folders on its path."""
     code = "import json; from sftdoctor.facts.stack import probe_transformers_features as p; print(json.dumps(p(None)))"
-    proc = subprocess.run([sys.executable, "-S", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": ":".join(str(p) for p in path_entries)})
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": ":".join(str(p) for p in path_entries)},
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -86,7 +104,8 @@ def test_a_transformers_4_source_reads_as_the_older_features(tmp_path):
     package = tmp_path / "transformers"
     package.mkdir()
     (package / "__init__.py").write_text('__version__ = "4.46.3"\n')
-    (package / "optimization.py").write_text(textwrap.dedent('''
+    (package / "optimization.py").write_text(
+        textwrap.dedent('''
         def get_cosine_with_min_lr_schedule_with_warmup(
             optimizer: Optimizer,
             num_warmup_steps: int,
@@ -97,8 +116,10 @@ def test_a_transformers_4_source_reads_as_the_older_features(tmp_path):
             min_lr_rate: float = None,
         ):
             """Create a schedule ... to min_lr."""
-    '''))
-    (package / "training_args.py").write_text(textwrap.dedent('''
+    ''')
+    )
+    (package / "training_args.py").write_text(
+        textwrap.dedent("""
         @dataclass
         class TrainingArguments:
             warmup_ratio: float = field(
@@ -110,10 +131,17 @@ def test_a_transformers_4_source_reads_as_the_older_features(tmp_path):
             )
             include_num_input_tokens_seen: Optional[bool] = field(default=False)
             group_by_length: bool = field(default=False)
-    '''))
+    """)
+    )
     assert probe_in_child([ROOT, tmp_path]) == {
-        "cosine_with_min_lr": True, "min_lr_rate": True, "min_lr": True, "checkpointing_arg": "gradient_checkpointing",
-        "warmup_ratio": True, "non_padding_token_count": False, "length_grouping_arg": "group_by_length"}
+        "cosine_with_min_lr": True,
+        "min_lr_rate": True,
+        "min_lr": True,
+        "checkpointing_arg": "gradient_checkpointing",
+        "warmup_ratio": True,
+        "non_padding_token_count": False,
+        "length_grouping_arg": "group_by_length",
+    }
 
 
 def test_without_transformers_the_fact_is_unavailable():

@@ -7,19 +7,29 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLES
+from trainrun import write_config
+
 from sftdoctor.checks import load_checks, run_checks
 from sftdoctor.facts import Facts, Inputs
-from trainrun import write_config
 
 pytestmark = pytest.mark.slow
 
-GENERATION = ("{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}")
+GENERATION = "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
 
 
-def example(tmp_path, template=None, tokenizer_changes=None, text=None, max_length=256, packing=False,
-            post_processor=None, conversations=None, model_keys=None, training_keys=None):
+def example(
+    tmp_path,
+    template=None,
+    tokenizer_changes=None,
+    text=None,
+    max_length=256,
+    packing=False,
+    post_processor=None,
+    conversations=None,
+    model_keys=None,
+    training_keys=None,
+):
     """A copy of the tiny example with its tokenizer changed; the run's findings of training-targets."""
     model = tmp_path / "model"
     shutil.copytree(EXAMPLES / "tiny" / "model", model)
@@ -36,16 +46,26 @@ def example(tmp_path, template=None, tokenizer_changes=None, text=None, max_leng
     data = EXAMPLES / "tiny" / "data" / "train.jsonl"
     if text is not None:
         data = tmp_path / "text.jsonl"
-        rows = [json.loads(line)["messages"] for line in (EXAMPLES / "tiny" / "data" / "train.jsonl").read_text().splitlines()]
+        rows = [
+            json.loads(line)["messages"]
+            for line in (EXAMPLES / "tiny" / "data" / "train.jsonl").read_text().splitlines()
+        ]
         data.write_text("".join(json.dumps({"text": text(m)}) + "\n" for m in rows[:40]))
     if conversations is not None:
         data = tmp_path / "chats.jsonl"
-        rows = [json.loads(line)["messages"] for line in (EXAMPLES / "tiny" / "data" / "train.jsonl").read_text().splitlines()]
+        rows = [
+            json.loads(line)["messages"]
+            for line in (EXAMPLES / "tiny" / "data" / "train.jsonl").read_text().splitlines()
+        ]
         data.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations(rows)))
-    cfg = write_config(tmp_path, {"model": {"path": str(model), "weights": "random", **(model_keys or {})},
-                                  "data": {"train": str(data), "max_length": max_length},
-                                  "training": {"packing": packing, "max_steps": 4, "output_dir": "out",
-                                               **(training_keys or {})}})
+    cfg = write_config(
+        tmp_path,
+        {
+            "model": {"path": str(model), "weights": "random", **(model_keys or {})},
+            "data": {"train": str(data), "max_length": max_length},
+            "training": {"packing": packing, "max_steps": 4, "output_dir": "out", **(training_keys or {})},
+        },
+    )
     registry = load_checks(plugins=False)
     findings, _ = run_checks(registry.select(["training-targets"]), Facts(Inputs(config=cfg)))
     return findings
@@ -65,7 +85,10 @@ def test_the_tiny_example_trains_its_end_of_turn_token_packed_or_not(tmp_path, p
 
 
 def test_a_template_that_never_closes_the_answer_is_an_error(tmp_path):
-    findings = example(tmp_path, template=lambda t: t.replace(GENERATION, "{% generation %}{{ message['content'] }}{% endgeneration %}"))
+    findings = example(
+        tmp_path,
+        template=lambda t: t.replace(GENERATION, "{% generation %}{{ message['content'] }}{% endgeneration %}"),
+    )
     errors = by_severity(findings).get("error", [])
     assert any("end their targets without <|im_end|>" in t for t in errors), [f.title for f in findings]
 
@@ -85,13 +108,20 @@ def test_a_template_without_generation_markers_trains_with_sftdoctors_drop_in(tm
 
 def test_a_template_without_markers_and_no_drop_in_trains_every_turn(tmp_path):
     """No newline after the last turn (a real Qwen1.5 fine-tuning template): no bundled template renders it."""
+
     def no_last_newline(template):
-        return unmarked(template).replace("'<|im_end|>' }}{{ '\\n' }}", "'<|im_end|>' }}{% if not loop.last %}{{ '\\n' }}{% endif %}")
+        return unmarked(template).replace(
+            "'<|im_end|>' }}{{ '\\n' }}", "'<|im_end|>' }}{% if not loop.last %}{{ '\\n' }}{% endif %}"
+        )
 
     findings = example(tmp_path, template=no_last_newline)
     warnings = [f for f in findings if f.severity.value == "warning"]
-    assert any("the loss covers every turn" in f.title and "100% of the tokens are targets" in f.title
-               and f.fix.startswith("[model] chat_template = ") for f in warnings), [f.title for f in findings]
+    assert any(
+        "the loss covers every turn" in f.title
+        and "100% of the tokens are targets" in f.title
+        and f.fix.startswith("[model] chat_template = ")
+        for f in warnings
+    ), [f.title for f in findings]
 
 
 def test_trls_training_template_saved_as_the_tokenizers_own_is_named_and_its_fix_is_quiet(tmp_path):
@@ -104,12 +134,18 @@ def test_trls_training_template_saved_as_the_tokenizers_own_is_named_and_its_fix
     def pairs(rows):
         return [a + b for a, b in zip(rows[::2], rows[1::2])]
 
-    findings = example(tmp_path / "a", template=lambda _: (folder / "qwen3.jinja").read_text(), conversations=pairs,
-                       max_length=1024)
+    findings = example(
+        tmp_path / "a", template=lambda _: (folder / "qwen3.jinja").read_text(), conversations=pairs, max_length=1024
+    )
     [saved] = [f for f in findings if "saved with the model renders" in f.title]
     assert saved.severity.value == "warning" and str(folder / "qwen3_training.jinja") in saved.fix
-    fixed = example(tmp_path / "b", template=lambda _: (folder / "qwen3.jinja").read_text(), conversations=pairs,
-                    max_length=1024, model_keys={"chat_template": str(folder / "qwen3_training.jinja")})
+    fixed = example(
+        tmp_path / "b",
+        template=lambda _: (folder / "qwen3.jinja").read_text(),
+        conversations=pairs,
+        max_length=1024,
+        model_keys={"chat_template": str(folder / "qwen3_training.jinja")},
+    )
     assert [f.severity.value for f in fixed] == ["ok"], [f.title for f in fixed]
 
 
@@ -122,13 +158,16 @@ def test_pad_equal_to_eos_still_trains_eos_with_trls_collator(tmp_path):
 
 def test_a_bos_the_text_already_has_is_doubled_by_the_tokenizer(tmp_path):
     """Text rows rendered with a BOS, and a tokenizer that adds one: every sample starts with two."""
+
     def text(messages):
         return "<|im_start|>" + messages[0]["content"] + " " + messages[1]["content"] + "<|im_end|>"
 
-    adds_bos = {"type": "TemplateProcessing",
-                "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-                "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
-                "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}}}
+    adds_bos = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+        "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}},
+    }
     findings = example(tmp_path, text=text, tokenizer_changes={"bos_token": "<|im_start|>"}, post_processor=adds_bos)
     errors = by_severity(findings).get("error", [])
     assert any("start with 2 BOS tokens" in t for t in errors), [f.title for f in findings]
@@ -151,8 +190,16 @@ def test_the_end_of_turn_token_joins_what_generate_stops_at():
     from sftdoctor.train.sft import stop_at_end_of_turn
 
     tokenizer = AutoTokenizer.from_pretrained(EXAMPLES / "tiny" / "model")
-    model = AutoModelForCausalLM.from_config(Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32,
-                                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    model = AutoModelForCausalLM.from_config(
+        Qwen2Config(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
     model.generation_config.eos_token_id = 0  # <|endoftext|>
     assert end_of_turn(tokenizer) == 2
     stop_at_end_of_turn(model, tokenizer)
@@ -163,6 +210,7 @@ def test_the_end_of_turn_token_joins_what_generate_stops_at():
 
 def test_generation_markers_around_the_user_turn_too_train_text_outside_the_answers(tmp_path):
     """A template that marks every turn for the loss: the check names a target span that is in no answer."""
+
     def every_turn(template):
         user = "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
         assert user in template
@@ -178,8 +226,9 @@ def test_a_copy_of_the_same_run_reads_the_probe_back_and_a_changed_template_prob
     monkeypatch.setenv("SFTDOCTOR_CACHE", str(tmp_path / "cache"))
     first = example(tmp_path / "a")
     # another folder, the same files; another batch and optimizer, which the collated rows do not depend on
-    again = example(tmp_path / "b", training_keys={"per_device_batch_size": 2, "global_batch_size": 8,
-                                                   "learning_rate": 1e-5})
+    again = example(
+        tmp_path / "b", training_keys={"per_device_batch_size": 2, "global_batch_size": 8, "learning_rate": 1e-5}
+    )
     assert [f.title for f in again] == [f.title for f in first]
     assert len(list((tmp_path / "cache" / "probes").glob("targets-*.json"))) == 1
     changed = example(tmp_path / "c", max_length=24)
@@ -195,4 +244,4 @@ def test_the_fields_the_probe_is_not_keyed_by_are_the_plans_own():
     from sftdoctor.facts.targets_probe import UNSEEN
     from sftdoctor.run import Plan
 
-    assert UNSEEN <= {f.name for f in dataclasses.fields(Plan)}
+    assert {f.name for f in dataclasses.fields(Plan)} >= UNSEEN

@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLES
+
 from sftdoctor.facts import Facts, Inputs
 from sftdoctor.facts.token_ids import probe_token_ids, scan, scan_full
 
@@ -41,25 +41,33 @@ def make(tmp_path, rows, vocab=384, added=(), special=None, template=None, token
             tokenizer_edit(tokenizer)
         tokenizer.save_pretrained(model)
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    (tmp_path / "run.toml").write_text('[model]\npath = "model"\nweights = "random"\n[data]\ntrain = "train.jsonl"\n'
-                                       '[training]\nglobal_batch_size = 2\nper_device_batch_size = 2\n'
-                                       'packing = false\n')
+    (tmp_path / "run.toml").write_text(
+        '[model]\npath = "model"\nweights = "random"\n[data]\ntrain = "train.jsonl"\n'
+        "[training]\nglobal_batch_size = 2\nper_device_batch_size = 2\n"
+        "packing = false\n"
+    )
     return tmp_path / "run.toml"
 
 
 def request(config: Path) -> dict:
     facts = Facts(Inputs(config=config))
     plan = facts.get("plan")
-    return {"plan": plan.to_json(), "vocab_size": facts.get("model_config")["vocab_size"],
-            "files": [str(config.parent / "train.jsonl")]}
+    return {
+        "plan": plan.to_json(),
+        "vocab_size": facts.get("model_config")["vocab_size"],
+        "files": [str(config.parent / "train.jsonl")],
+    }
 
 
 def both(config: Path):
     """The scan as it runs, and the same rows tokenized one by one: the proof must agree with the tokenizer."""
     asked = request(config)
     fast, full = scan(asked), scan_full(asked, 0.0)
-    assert (fast["rows_out_of_range"], fast["found"], fast["largest_id"]) == \
-           (full["rows_out_of_range"], full["found"], full["largest_id"])
+    assert (fast["rows_out_of_range"], fast["found"], fast["largest_id"]) == (
+        full["rows_out_of_range"],
+        full["found"],
+        full["largest_id"],
+    )
     assert [e["where"] for e in fast["examples"]] == [e["where"] for e in full["examples"]]
     return fast
 
@@ -76,13 +84,17 @@ def test_an_added_token_past_the_embedding_is_found_in_the_rows_that_hold_it(tmp
     assert found["mode"] == "added" and found["tokenizer_size"] == 386
     assert (found["rows"], found["rows_out_of_range"], found["largest_id"]) == (4, 2, 385)
     assert found["found"] == {"<tool>": 2, "</tool>": 1} and found["largest_token"] == "</tool>"
-    assert [(e["where"], e["confirmed"]) for e in found["examples"]] == [("train.jsonl line 2", True),
-                                                                       ("train.jsonl line 3", True)]
+    assert [(e["where"], e["confirmed"]) for e in found["examples"]] == [
+        ("train.jsonl line 2", True),
+        ("train.jsonl line 3", True),
+    ]
 
 
 def test_a_token_the_chat_template_writes_is_in_every_row_of_that_shape(tmp_path):
-    template = ("{% for m in messages %}{% if m['role'] == 'system' %}<|sys|>{% endif %}<|im_start|>{{ m['role'] }}\n"
-                "{{ m['content'] }}<|im_end|>\n{% endfor %}")
+    template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}<|sys|>{% endif %}<|im_start|>{{ m['role'] }}\n"
+        "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    )
     rows = [chat("a"), chat("b", system="be brief"), chat("c"), chat("d", system="terse")]
     found = both(make(tmp_path, rows, special={"additional_special_tokens": ["<|sys|>"]}, template=template))
     assert found["mode"] == "added" and found["rows_out_of_range"] == 2
@@ -123,8 +135,10 @@ def test_a_config_smaller_than_the_tokenizer_tokenizes_every_row(tmp_path):
 
 
 def test_a_row_the_template_refuses_is_counted(tmp_path):
-    template = ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}{% endif %}"
-                "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+    template = (
+        "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}{% endif %}"
+        "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    )
     rows = [chat("a <x>"), {"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "r"}]}]
     found = scan(request(make(tmp_path, rows, added=["<x>"], template=template)))
     assert found["refused_rows"] == 1 and found["refused"][0]["where"] == "train.jsonl line 2"
@@ -161,6 +175,7 @@ def test_a_token_a_json_writer_escaped_is_still_found(tmp_path):
     (tmp_path / "train.jsonl").write_text(
         '{"messages": [{"role": "user", "content": "call \\u003ctool>"}, {"role": "assistant", "content": "ok"}]}\n'
         '{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "<\\/tool>"}]}\n'
-        '{"messages": [{"role": "user", "content": "tool"}, {"role": "assistant", "content": "no"}]}\n')
+        '{"messages": [{"role": "user", "content": "tool"}, {"role": "assistant", "content": "no"}]}\n'
+    )
     found = both(config)
     assert found["rows_out_of_range"] == 2 and found["found"] == {"<tool>": 1, "</tool>": 1}

@@ -52,6 +52,7 @@ def tiny_tokenizer():
 
 # ---------------------------------------------------------------- read_template
 
+
 def test_the_template_is_read_from_chat_template_jinja_before_tokenizer_config(tmp_path):
     folder = tokenizer_files(tmp_path, chat_template="FROM CONFIG", jinja="FROM JINJA {{ messages }}\n")
     assert read_template(folder) == "FROM JINJA {{ messages }}\n"
@@ -62,8 +63,9 @@ def test_the_template_is_read_from_a_string_in_tokenizer_config(tmp_path):
 
 
 def test_of_named_variants_the_default_one_is_read(tmp_path):
-    folder = tokenizer_files(tmp_path, chat_template=[{"name": "tool_use", "template": "TOOLS"},
-                                                      {"name": "default", "template": "DEFAULT"}])
+    folder = tokenizer_files(
+        tmp_path, chat_template=[{"name": "tool_use", "template": "TOOLS"}, {"name": "default", "template": "DEFAULT"}]
+    )
     assert read_template(folder) == "DEFAULT"
 
 
@@ -85,8 +87,10 @@ def test_the_template_read_is_the_one_transformers_loads(tmp_path, form):
 
     folder = {
         "string": lambda: tokenizer_files(tmp_path, chat_template="S {{ messages }}"),
-        "variants": lambda: tokenizer_files(tmp_path, chat_template=[{"name": "default", "template": "D {{ messages }}"},
-                                                                     {"name": "rag", "template": "R"}]),
+        "variants": lambda: tokenizer_files(
+            tmp_path,
+            chat_template=[{"name": "default", "template": "D {{ messages }}"}, {"name": "rag", "template": "R"}],
+        ),
         "jinja": lambda: tokenizer_files(tmp_path, chat_template="C", jinja="J {{ messages }}\n"),
         "none": lambda: tokenizer_files(tmp_path),
     }[form]()
@@ -98,8 +102,18 @@ def test_the_template_read_is_the_one_transformers_loads(tmp_path, form):
 
 # ---------------------------------------------------------------- markers and TRL patching
 
-@pytest.mark.parametrize("text", ["{% generation %}", "{%- generation -%}", "{%- generation %}", "{% generation -%}",
-                                  "{%generation%}", "{%  generation  %}"])
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{% generation %}",
+        "{%- generation -%}",
+        "{%- generation %}",
+        "{% generation -%}",
+        "{%generation%}",
+        "{%  generation  %}",
+    ],
+)
 def test_generation_markers_are_found_in_every_whitespace_form(text):
     assert GENERATION.search(f"{{{{ '<a>' }}}}{text}{{{{ m }}}}{{% endgeneration %}}")
 
@@ -137,6 +151,7 @@ def test_the_tiny_template_is_not_one_of_trls():
 
 # ---------------------------------------------------------------- the probe
 
+
 def test_the_probe_on_the_tiny_example(monkeypatch):
     monkeypatch.chdir(ROOT)
     fact = Facts(Inputs(config=Path("examples/tiny.toml"))).get("chat_template")
@@ -164,8 +179,11 @@ def test_the_probe_reads_the_separate_tokenizer_folder_when_one_is_given(tmp_pat
 def test_the_probe_says_so_when_the_tokenizer_has_no_template(tmp_path):
     tokenizer_files(tmp_path / "model")
     fact = Facts(Inputs(config=run_toml(tmp_path, "model"))).get("chat_template")
-    assert {k: fact[k] for k in ("has_template", "generation_markers", "trl_patchable")} == \
-        {"has_template": False, "generation_markers": False, "trl_patchable": False}
+    assert {k: fact[k] for k in ("has_template", "generation_markers", "trl_patchable")} == {
+        "has_template": False,
+        "generation_markers": False,
+        "trl_patchable": False,
+    }
 
 
 def test_a_hub_tokenizer_that_is_not_cached_is_unavailable(tmp_path, monkeypatch):
@@ -186,6 +204,7 @@ def test_the_probe_reads_a_hub_tokenizer_from_the_local_cache(tmp_path, monkeypa
 
 
 # ---------------------------------------------------------------- the verdict against TRL's decision
+
 
 def trl_trains_assistant_only(tokenizer) -> bool:
     """What TRL 1.16's SFTTrainer does with assistant_only_loss=True: a template with markers is used as it is;
@@ -241,7 +260,9 @@ def transformers_render(tokenizer, template: str, messages, prompt: bool) -> str
     from jinja2 import TemplateError
 
     try:
-        return tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=prompt)
+        return tokenizer.apply_chat_template(
+            messages, chat_template=template, tokenize=False, add_generation_prompt=prompt
+        )
     except (TemplateError, TypeError, KeyError, ValueError):
         return None
 
@@ -255,7 +276,9 @@ def test_a_recorded_template_gets_the_drop_in_that_renders_it(entry):
         marked = Path(found["path"]).read_text(encoding="utf-8")
         assert GENERATION.search(marked)
         for messages, prompt in CONVERSATIONS:
-            assert render(marked, entry["tokens"], messages, prompt) == render(template, entry["tokens"], messages, prompt)
+            assert render(marked, entry["tokens"], messages, prompt) == render(
+                template, entry["tokens"], messages, prompt
+            )
 
 
 @pytest.mark.parametrize("path", [p for _, _, p in marked_templates()] + bundled(), ids=lambda p: p.name)
@@ -265,15 +288,18 @@ def test_the_comparison_renders_exactly_as_transformers(tiny_tokenizer, path):
     template = path.read_text(encoding="utf-8")
     tokens = {k: v for k, v in tiny_tokenizer.special_tokens_map.items() if isinstance(v, str)}
     for messages, prompt in CONVERSATIONS:
-        assert render(template, tokens, messages, prompt) == transformers_render(tiny_tokenizer, template, messages, prompt)
+        assert render(template, tokens, messages, prompt) == transformers_render(
+            tiny_tokenizer, template, messages, prompt
+        )
 
 
 def test_a_drop_in_with_the_generation_prompt_trains_only_the_answer(tiny_tokenizer):
     """transformers' own assistant mask over sftdoctor's chatml drop-in: the answer and its <|im_end|>."""
     template = next(p for n, _, p in marked_templates() if n == "chatml").read_text(encoding="utf-8")
     messages = CONVERSATIONS[0][0]
-    out = tiny_tokenizer.apply_chat_template(messages, chat_template=template, return_dict=True,
-                                             return_assistant_tokens_mask=True)
+    out = tiny_tokenizer.apply_chat_template(
+        messages, chat_template=template, return_dict=True, return_assistant_tokens_mask=True
+    )
     trained = [t for t, m in zip(out["input_ids"], out["assistant_masks"]) if m]
     assert tiny_tokenizer.decode(trained) == messages[1]["content"] + "<|im_end|>"
 
@@ -284,8 +310,10 @@ def test_a_template_that_refuses_every_conversation_has_no_drop_in():
 
 
 def test_a_run_config_template_is_the_one_probed(tmp_path):
-    tokenizer_files(tmp_path / "model", chat_template=TINY_TEMPLATE.replace("{% generation %}", "").replace(
-        "{% endgeneration %}", ""))
+    tokenizer_files(
+        tmp_path / "model",
+        chat_template=TINY_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", ""),
+    )
     given = tmp_path / "mine.jinja"
     given.write_text(TINY_TEMPLATE)
     path = run_toml(tmp_path, "model")

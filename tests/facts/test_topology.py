@@ -1,10 +1,12 @@
 """The `nvidia-smi topo -m` parser against real outputs from public reports, and fuzzed."""
 
+import contextlib
+
 import pytest
+from conftest import fixture_text, index, recorded_topology
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import fixture_text, index, recorded_topology
 from sftdoctor.errors import InputError
 from sftdoctor.facts.topology import gpu_names, link, parse_topology
 
@@ -83,38 +85,43 @@ def test_a_matrix_quoted_in_markdown_reads_like_the_plain_one():
 
 
 def test_a_paste_cut_in_its_last_row_is_read_from_the_other_rows_and_says_what_was_missing():
-    cut = MARKDOWN[:MARKDOWN.index("\n| GPU3") + len("\n| GPU3   | SYS  | SY")]
+    cut = MARKDOWN[: MARKDOWN.index("\n| GPU3") + len("\n| GPU3   | SYS  | SY")]
     topo = parse_topology(cut)
     assert link(topo, "GPU2", "GPU3") == "NV4" and link(topo, "GPU0", "GPU3") == "SYS"
     assert topo["incomplete"] == {"GPU3": "row cut after 1 of 4 link codes"}
-    without = parse_topology(MARKDOWN[:MARKDOWN.index("\n| GPU3")])
+    without = parse_topology(MARKDOWN[: MARKDOWN.index("\n| GPU3")])
     assert without["incomplete"] == {"GPU3": "no row"} and link(without, "GPU1", "GPU3") == "SYS"
 
 
 def test_two_missing_rows_leave_their_own_pair_unknown():
-    topo = parse_topology(MARKDOWN[:MARKDOWN.index("\n| GPU2")])
+    topo = parse_topology(MARKDOWN[: MARKDOWN.index("\n| GPU2")])
     assert topo["incomplete"] == {"GPU2": "no row", "GPU3": "no row"}
     assert link(topo, "GPU2", "GPU3") is None and link(topo, "GPU0", "GPU2") == "SYS"
 
 
 def test_a_row_the_terminal_wrapped_is_joined_back():
-    text = ("\tGPU0\tGPU1\tGPU2\tCPU Affinity\n"
-            "GPU0\t X \tNV12\n\tNV12\t0-7\n"
-            "GPU1\tNV12\t X \tNV12\t0-7\n"
-            "GPU2\tNV12\tNV12\t X \t0-7\n")
+    text = (
+        "\tGPU0\tGPU1\tGPU2\tCPU Affinity\n"
+        "GPU0\t X \tNV12\n\tNV12\t0-7\n"
+        "GPU1\tNV12\t X \tNV12\t0-7\n"
+        "GPU2\tNV12\tNV12\t X \t0-7\n"
+    )
     topo = parse_topology(text)
     assert link(topo, "GPU0", "GPU2") == "NV12" and topo["affinity"]["GPU0"] == {"CPU Affinity": "0-7"}
     assert "incomplete" not in topo
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", "no `nvidia-smi topo -m` matrix"),
-    ("Failed to initialize NVML: Driver/library version mismatch", "no `nvidia-smi topo -m` matrix"),
-    ("\tGPU0\tGPU1\n\nLegend:\n", "no complete matrix row for GPU0, GPU1"),
-    ("\tGPU0\tGPU1\tGPU2\nGPU0\t X\tNV2\nGPU1\tNV2\t X\tNV2\n", "line 2: row GPU0 should have 3 link codes"),
-    ("\tGPU0\tGPU1\nGPU0\t X\tNV2\nGPU1\tNV2\t XX\n", "line 3: row GPU1 should have 2 link codes"),
-    ("\tGPU0\tGPU1\nGPU0\tNV2\t X\nGPU1\tNV2\t X\n", "row GPU0 should have X in its own column"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "no `nvidia-smi topo -m` matrix"),
+        ("Failed to initialize NVML: Driver/library version mismatch", "no `nvidia-smi topo -m` matrix"),
+        ("\tGPU0\tGPU1\n\nLegend:\n", "no complete matrix row for GPU0, GPU1"),
+        ("\tGPU0\tGPU1\tGPU2\nGPU0\t X\tNV2\nGPU1\tNV2\t X\tNV2\n", "line 2: row GPU0 should have 3 link codes"),
+        ("\tGPU0\tGPU1\nGPU0\t X\tNV2\nGPU1\tNV2\t XX\n", "line 3: row GPU1 should have 2 link codes"),
+        ("\tGPU0\tGPU1\nGPU0\tNV2\t X\nGPU1\tNV2\t X\n", "row GPU0 should have X in its own column"),
+    ],
+)
 def test_broken_matrices_are_named_errors(text, message):
     with pytest.raises(InputError, match=message) as err:
         parse_topology(text, "saved.txt")
@@ -131,7 +138,7 @@ def matrices(draw):
     names = [f"GPU{i}" for i in range(n)] + [f"NIC{i}" for i in range(nics)]
     codes = {}
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             codes[(a, b)] = codes[(b, a)] = draw(CODES)
     sep = draw(st.sampled_from(["\t", "  ", "\t "]))
     header = sep + sep.join(names) + sep + "CPU Affinity" + sep + "NUMA Affinity"
@@ -140,8 +147,12 @@ def matrices(draw):
         cells = [" X " if a == b else codes[(a, b)] for b in names]
         tail = [f"0-{draw(st.integers(1, 255))}", "0"] if a.startswith("GPU") else []
         rows.append(sep.join([a, *cells, *tail]))
-    legend = "\n\nLegend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe\n\nNIC Legend:\n\n" + "\n".join(
-        f"  NIC{i}: mlx5_{i}" for i in range(nics)) if draw(st.booleans()) else ""
+    legend = (
+        "\n\nLegend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe\n\nNIC Legend:\n\n"
+        + "\n".join(f"  NIC{i}: mlx5_{i}" for i in range(nics))
+        if draw(st.booleans())
+        else ""
+    )
     return names, codes, "\n".join([header, *rows]) + legend
 
 
@@ -170,7 +181,5 @@ def test_arbitrary_text_gives_a_topology_or_a_clean_input_error(text):
 def test_corrupted_matrices_never_crash(case, at, junk):
     _, _, text = case
     corrupted = text[:at] + junk + text[at:]
-    try:
+    with contextlib.suppress(InputError):
         parse_topology(corrupted)
-    except InputError:
-        pass

@@ -31,14 +31,32 @@ def test_a_misspelt_topic_suggests_the_right_one():
 
 def test_the_topics_a_dead_run_needs_exist_beyond_the_checks():
     names = {t.name for t in kb.topics()}
-    assert {"nan-loss", "nccl-timeout", "nccl-error", "cuda-oom", "host-oom", "torch-cuda-match", "bf16-support",
-            "flash-attn", "gpu-topology", "model-dtype", "deepspeed-precision", "fp16-loss-scale", "zero-stage",
-            "batch-size", "lr-scheduler", "gradient-checkpointing", "packing", "master-port", "crash-log"} <= names
+    assert {
+        "nan-loss",
+        "nccl-timeout",
+        "nccl-error",
+        "cuda-oom",
+        "host-oom",
+        "torch-cuda-match",
+        "bf16-support",
+        "flash-attn",
+        "gpu-topology",
+        "model-dtype",
+        "deepspeed-precision",
+        "fp16-loss-scale",
+        "zero-stage",
+        "batch-size",
+        "lr-scheduler",
+        "gradient-checkpointing",
+        "packing",
+        "master-port",
+        "crash-log",
+    } <= names
 
 
 def test_log_signatures_are_valid_and_point_to_summaries_that_exist():
-    from sftdoctor.triage.signatures import signatures
     from sftdoctor.triage.registry import SUMMARIES
+    from sftdoctor.triage.signatures import signatures
 
     found = signatures()
     assert len(found) >= 30
@@ -46,12 +64,18 @@ def test_log_signatures_are_valid_and_point_to_summaries_that_exist():
     assert all(s.fix for s in found if s.role in ("root", "symptom"))
 
 
-@pytest.mark.parametrize("entry, says", [
-    ({"id": "x", "needle": "NCCL WARN", "regex": "NCCL\\s+WARN", "role": "context"}, "must contain 'NCCL WARN' literally"),
-    ({"id": "x", "needle": ["a", "b"], "role": "root"}, "several needles need a regex"),
-    ({"id": "x", "needle": "a", "role": "fatal"}, "role must be one of"),
-    ({"id": "x", "needle": "a", "role": "root", "wrap": 1}, "unknown keys ['wrap']"),
-])
+@pytest.mark.parametrize(
+    "entry, says",
+    [
+        (
+            {"id": "x", "needle": "NCCL WARN", "regex": "NCCL\\s+WARN", "role": "context"},
+            "must contain 'NCCL WARN' literally",
+        ),
+        ({"id": "x", "needle": ["a", "b"], "role": "root"}, "several needles need a regex"),
+        ({"id": "x", "needle": "a", "role": "fatal"}, "role must be one of"),
+        ({"id": "x", "needle": "a", "role": "root", "wrap": 1}, "unknown keys ['wrap']"),
+    ],
+)
 def test_a_signature_whose_needle_could_miss_its_regex_is_refused(entry, says):
     """The needle is the prefilter: a regex that could match a line without it would silently never fire."""
     from sftdoctor.triage.signatures import _signature

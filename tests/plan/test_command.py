@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import FIXTURES
 
 pytestmark = pytest.mark.slow  # end-to-end: every test launches sftdoctor for real
@@ -19,8 +18,10 @@ def sftdoctor(*args):
 
 def write_run(tmp_path, extra: str = "", model: str = "", training: str = "global_batch_size = 64\n") -> str:
     (tmp_path / "d.jsonl").write_text('{"text": "a"}\n' * 640)
-    (tmp_path / "run.toml").write_text(f'[model]\npath = "{LLAMA8B}"\n{model}[data]\ntrain = "d.jsonl"\nmax_length = 4096\n'
-                                       f'[training]\n{training}' + extra)
+    (tmp_path / "run.toml").write_text(
+        f'[model]\npath = "{LLAMA8B}"\n{model}[data]\ntrain = "d.jsonl"\nmax_length = 4096\n'
+        f"[training]\n{training}" + extra
+    )
     return str(tmp_path / "run.toml")
 
 
@@ -28,9 +29,21 @@ def test_plan_command_prints_every_term_and_json_for_machines(tmp_path):
     config = write_run(tmp_path, "[deepspeed]\nzero_stage = 2\n[launch]\nnproc_per_node = 8\n")
     text = sftdoctor("plan", config, "--gpu-memory", "80GiB", "--peak-tflops", "989")
     assert text.returncode == 0, text.stderr
-    for term in ("weights", "gradients", "optimizer states", "activations", "logits and loss", "fragmentation",
-                 "CUDA context", "host RAM per node", "= peak per GPU", "8,030,261,248 parameters", "s per step",
-                 "counted closed form", "bf16"):
+    for term in (
+        "weights",
+        "gradients",
+        "optimizer states",
+        "activations",
+        "logits and loss",
+        "fragmentation",
+        "CUDA context",
+        "host RAM per node",
+        "= peak per GPU",
+        "8,030,261,248 parameters",
+        "s per step",
+        "counted closed form",
+        "bf16",
+    ):
         assert term in text.stdout, term
     doc = json.loads(sftdoctor("plan", config, "--gpu-memory", "80GiB", "--json").stdout)
     assert doc["model"]["parameters"] == 8_030_261_248 and doc["world_size"] == 8
@@ -57,10 +70,13 @@ def test_an_explicit_precision_is_kept_for_another_machine(tmp_path):
     assert doc["precision"] == "fp32"
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--gpu-memory", "lots"], "'lots' is not a size like 80GiB"),
-    ([], "no NVIDIA GPU found here: give --gpu-memory"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--gpu-memory", "lots"], "'lots' is not a size like 80GiB"),
+        ([], "no NVIDIA GPU found here: give --gpu-memory"),
+    ],
+)
 def test_plan_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
     config = write_run(tmp_path)
     proc = sftdoctor("plan", config, *args)
@@ -75,5 +91,7 @@ def test_plan_with_lora_counts_the_models_own_adapters_and_offers_4_bits_where_1
     assert doc["current"]["setting"]["quantize"] == "none" and doc["recommended"]["fits"]
     text = sftdoctor("plan", config, "--gpu-memory", "20GiB", "--gpus", "1")  # 15 GiB of 16-bit base on 20 GiB
     assert text.returncode == 1, text.stderr  # the run's own setting does not fit
-    assert "adapters   LoRA on the 16-bit base: r 16" in text.stdout and "41,943,040 trainable parameters" in text.stdout
+    assert (
+        "adapters   LoRA on the 16-bit base: r 16" in text.stdout and "41,943,040 trainable parameters" in text.stdout
+    )
     assert "recommended: QLoRA 4-bit base" in text.stdout and "frozen base, 4-bit" in text.stdout

@@ -1,27 +1,45 @@
 """sftdoctor.plan.speed: the GPUs' peak TFLOPS by name, model FLOPs per token, and seconds per step."""
 
 import pytest
-
 from conftest import recorded_gpus
+
 from sftdoctor.plan.speed import DEFAULT_MFU, flops_per_token, peak_tflops, step_seconds
 
 LLAMA3_8B = dict(parameters=8_030_261_248, layers=32, hidden=4096)
 
 
-@pytest.mark.parametrize("name, tflops", [
-    ("NVIDIA H100 PCIe", 756), ("NVIDIA H100 NVL", 835), ("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H200", 989),
-    ("NVIDIA H20", 148), ("NVIDIA L40S", 362), ("NVIDIA L40", 181), ("NVIDIA L4", 121), ("NVIDIA A10", 125),
-    ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA RTX A6000", 155), ("Tesla T4", 65),
-])
+@pytest.mark.parametrize(
+    "name, tflops",
+    [
+        ("NVIDIA H100 PCIe", 756),
+        ("NVIDIA H100 NVL", 835),
+        ("NVIDIA H100 80GB HBM3", 989),
+        ("NVIDIA H200", 989),
+        ("NVIDIA H20", 148),
+        ("NVIDIA L40S", 362),
+        ("NVIDIA L40", 181),
+        ("NVIDIA L4", 121),
+        ("NVIDIA A10", 125),
+        ("NVIDIA A100-SXM4-80GB", 312),
+        ("NVIDIA RTX A6000", 155),
+        ("Tesla T4", 65),
+    ],
+)
 def test_peak_tflops_matches_the_most_specific_name_first(name, tflops):
     assert peak_tflops(name) == tflops
 
 
-@pytest.mark.parametrize("fixture, tflops", [
-    ("a100_80g_pcie_4x_driver525_princeton.txt", 312), ("h100_sxm_8x_driver550_modal_glossary.txt", 989),
-    ("h800_8x_driver525_llm_action.txt", 989), ("b200_8x_driver580_cuda13_modal_glossary.txt", 2250),
-    ("rtx3090_5x_driver535_fics_cluster.txt", 71), ("v100_pcie_4x_driver470_cuda114_princeton.txt", 125),
-])
+@pytest.mark.parametrize(
+    "fixture, tflops",
+    [
+        ("a100_80g_pcie_4x_driver525_princeton.txt", 312),
+        ("h100_sxm_8x_driver550_modal_glossary.txt", 989),
+        ("h800_8x_driver525_llm_action.txt", 989),
+        ("b200_8x_driver580_cuda13_modal_glossary.txt", 2250),
+        ("rtx3090_5x_driver535_fics_cluster.txt", 71),
+        ("v100_pcie_4x_driver470_cuda114_princeton.txt", 125),
+    ],
+)
 def test_peak_tflops_of_recorded_gpu_names(fixture, tflops):
     assert peak_tflops(recorded_gpus(fixture)["devices"][0]["name"]) == tflops
 

@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 
 import pytest
-
 from conftest import make_run, plan_of
+
 from sftdoctor.facts import Facts, Inputs
 from sftdoctor.facts.trainer_inputs import row_text
 from sftdoctor.plan.tokens import SAMPLE, dataset_tokens, steps_and_tokens
@@ -37,9 +37,18 @@ def plain_tokenizer(tokenizer):
 
 def tiny_plan(tmp_path, max_length=256, model=TINY_MODEL, train=(TINY_TRAIN,), tokenizer=None, **training):
     """The Plan of a run on the tiny example's data (packing off: no probe in a child process)."""
-    lines = ["[model]", f'path = "{model}"', 'weights = "random"'] + ([f'tokenizer = "{tokenizer}"'] if tokenizer else [])
-    lines += ["[data]", "train = [" + ", ".join(f'"{t}"' for t in train) + "]", f"max_length = {max_length}",
-              "[training]", "packing = false", "global_batch_size = 16", "per_device_batch_size = 8"]
+    lines = ["[model]", f'path = "{model}"', 'weights = "random"'] + (
+        [f'tokenizer = "{tokenizer}"'] if tokenizer else []
+    )
+    lines += [
+        "[data]",
+        "train = [" + ", ".join(f'"{t}"' for t in train) + "]",
+        f"max_length = {max_length}",
+        "[training]",
+        "packing = false",
+        "global_batch_size = 16",
+        "per_device_batch_size = 8",
+    ]
     lines += [f"{k} = {json.dumps(v)}" for k, v in training.items()]
     path = tmp_path / "run.toml"
     path.write_text("\n".join(lines) + "\n")
@@ -56,9 +65,12 @@ def tiny_rows(n=None):
 
 # ---------------------------------------------------------------- row_text
 
+
 def test_messages_are_rendered_with_the_chat_template(tokenizer):
-    assert row_text({"messages": CHAT}, tokenizer, "messages") == \
-        "<|im_start|>user\nsort: b a<|im_end|>\n<|im_start|>assistant\na b<|im_end|>\n"
+    assert (
+        row_text({"messages": CHAT}, tokenizer, "messages")
+        == "<|im_start|>user\nsort: b a<|im_end|>\n<|im_start|>assistant\na b<|im_end|>\n"
+    )
 
 
 def test_messages_without_a_chat_template_are_their_contents_a_line_each(plain_tokenizer):
@@ -83,6 +95,7 @@ def test_conversational_prompt_and_completion_are_rendered_with_the_chat_templat
 
 # ---------------------------------------------------------------- dataset_tokens on the tiny example
 
+
 def test_the_tiny_example_is_counted_with_its_tokenizer(tmp_path, tokenizer):
     plan = tiny_plan(tmp_path, max_length=256)
     counted = dataset_tokens(plan)
@@ -90,8 +103,9 @@ def test_the_tiny_example_is_counted_with_its_tokenizer(tmp_path, tokenizer):
     assert counted["rows"] == len(rows) == 1200
     assert counted["sampled_rows"] == SAMPLE
     # the trainer's own tokenization of the same rows: the chat template, tokenized
-    lengths = [len(tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=False))
-               for r in rows[:SAMPLE]]
+    lengths = [
+        len(tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=False)) for r in rows[:SAMPLE]
+    ]
     assert counted["mean_tokens"] == pytest.approx(sum(lengths) / SAMPLE)
     assert 15 <= counted["mean_tokens"] <= 60  # short string tasks: tens of tokens a row
     assert counted["tokens"] == int(counted["mean_tokens"] * 1200)
@@ -141,10 +155,16 @@ def test_a_model_folder_without_tokenizer_files_gives_no_token_count(tmp_path):
 
 # ---------------------------------------------------------------- steps_and_tokens
 
+
 def plan_for(tmp_path, rows=1000, **training):
-    return plan_of(make_run(tmp_path, data={"max_length": 1024},
-                            training={"global_batch_size": 8, "per_device_batch_size": 8, **training}),
-                   data={"train": {"rows": rows, "shape": "text", "files": ["d.jsonl"]}})
+    return plan_of(
+        make_run(
+            tmp_path,
+            data={"max_length": 1024},
+            training={"global_batch_size": 8, "per_device_batch_size": 8, **training},
+        ),
+        data={"train": {"rows": rows, "shape": "text", "files": ["d.jsonl"]}},
+    )
 
 
 COUNTED = {"rows": 1000, "sampled_rows": 256, "mean_tokens": 100.0, "tokens": 100_000}
@@ -162,7 +182,7 @@ def test_unpacked_rows_keep_their_length(tmp_path):
     got = steps_and_tokens(COUNTED, plan_for(tmp_path, packing=False))
     assert got["tokens_per_step"] == 8 * 100
     assert got["steps"] == 125  # one row per sample: as many steps as the upper bound
-    assert "100 tokens per row on average (from 256 rows tokenized)" == got["token_basis"]
+    assert got["token_basis"] == "100 tokens per row on average (from 256 rows tokenized)"
 
 
 def test_packed_rows_are_full_rows_of_max_length_and_fewer_steps(tmp_path):
@@ -181,10 +201,14 @@ def test_the_upper_bound_is_never_below_the_counted_tokens_per_step(tmp_path):
 
 
 def test_epochs_and_a_held_out_fraction_scale_the_steps(tmp_path):
-    plan = plan_of(make_run(tmp_path, data={"max_length": 1024, "eval_fraction": 0.2},
-                            training={"global_batch_size": 8, "per_device_batch_size": 8, "epochs": 3,
-                                      "packing": False}),
-                   data={"train": {"rows": 1000, "shape": "text", "files": ["d.jsonl"]}})
+    plan = plan_of(
+        make_run(
+            tmp_path,
+            data={"max_length": 1024, "eval_fraction": 0.2},
+            training={"global_batch_size": 8, "per_device_batch_size": 8, "epochs": 3, "packing": False},
+        ),
+        data={"train": {"rows": 1000, "shape": "text", "files": ["d.jsonl"]}},
+    )
     assert steps_and_tokens(COUNTED, plan)["steps"] == math.ceil(3 * 1000 * 0.8 / 8) == 300
 
 

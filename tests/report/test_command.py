@@ -24,14 +24,33 @@ def run_dir(folder: Path, steps: int = 40, drop_at: int | None = None, findings=
     folder.mkdir(parents=True)
     records = []
     for step in range(1, steps + 1):
-        records.append({"step": step, "loss": 2 * math.exp(-step / 10) + 0.5, "learning_rate": 1e-3 * (1 - step / steps),
-                        "grad_norm": 0.5, "max_grad_norm": 1.0, "tokens_seen": 1000 * step, "host_rss_gib": 1.0,
-                        "tokens_per_second": 6000.0 if drop_at and step >= drop_at else 12000.0})
+        records.append(
+            {
+                "step": step,
+                "loss": 2 * math.exp(-step / 10) + 0.5,
+                "learning_rate": 1e-3 * (1 - step / steps),
+                "grad_norm": 0.5,
+                "max_grad_norm": 1.0,
+                "tokens_seen": 1000 * step,
+                "host_rss_gib": 1.0,
+                "tokens_per_second": 6000.0 if drop_at and step >= drop_at else 12000.0,
+            }
+        )
         if step % 10 == 0:
             records.append({"step": step, "eval_loss": 2 * math.exp(-step / 10) + 0.6})
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (folder / "resolved.json").write_text(json.dumps({"lr_scheduler": "linear", "learning_rate": 1e-3, "warmup_steps": 0,
-                                                     "total_steps": steps, "max_grad_norm": 1.0, "precision": "bf16"}))
+    (folder / "resolved.json").write_text(
+        json.dumps(
+            {
+                "lr_scheduler": "linear",
+                "learning_rate": 1e-3,
+                "warmup_steps": 0,
+                "total_steps": steps,
+                "max_grad_norm": 1.0,
+                "precision": "bf16",
+            }
+        )
+    )
     (folder / "findings.jsonl").write_text("".join(json.dumps(f) + "\n" for f in findings))
     return folder
 
@@ -48,12 +67,21 @@ def test_one_run_gets_its_page_panels_and_postrun_records_once(tmp_path):
     folder = run_dir(tmp_path / "run", drop_at=25, findings=[PREFLIGHT, RUNTIME])
     written = build([folder], plugins=False)
     assert written.html == folder / "report.html"
-    assert sorted(p.name for p in written.panels) == ["grad-norm.png", "learning-rate.png", "loss.png", "memory.png",
-                                                      "throughput.png"]  # no fp16: no loss-scale panel
+    assert sorted(p.name for p in written.panels) == [
+        "grad-norm.png",
+        "learning-rate.png",
+        "loss.png",
+        "memory.png",
+        "throughput.png",
+    ]  # no fp16: no loss-scale panel
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written.panels)
     page = written.html.read_text()
     assert page.count("data:image/png;base64,") == 5 and "src='http" not in page  # self-contained
-    assert "throughput fell by 50% at step 25" in page and "loss spike at step 12" in page and "GPUs talk over PCIe" in page
+    assert (
+        "throughput fell by 50% at step 25" in page
+        and "loss spike at step 12" in page
+        and "GPUs talk over PCIe" in page
+    )
     build([folder], plugins=False)  # a second report records the curve readers' findings once, not twice
     postrun = [r for r in records(folder) if r["phase"] == "postrun"]
     assert sorted(r["id"] for r in postrun) == sorted({r["id"] for r in postrun})
@@ -66,7 +94,10 @@ def test_findings_are_numbered_and_marked_in_step_order(tmp_path):
     folder = run_dir(tmp_path / "run", drop_at=25, findings=[RUNTIME, PREFLIGHT])
     [judged] = command.load([folder], "step", plugins=False)
     assert [(number, step, r["id"]) for number, step, r in judged.run.marks] == [
-        (1, 0, "gpu-topology"), (2, 12, "loss-spike"), (3, 25, "throughput-drop")]
+        (1, 0, "gpu-topology"),
+        (2, 12, "loss-spike"),
+        (3, 25, "throughput-drop"),
+    ]
 
 
 def test_the_rehearsals_findings_are_the_runs_too(tmp_path):
@@ -93,7 +124,9 @@ def test_a_trainer_directory_is_reported_but_not_written_into(tmp_path):
     folder.mkdir()
     shutil.copy(FIXTURES / "overfit_cpt_large_adgen.json", folder / "trainer_state.json")
     written = build([folder], plugins=False)
-    assert "overfitting: the eval loss stayed above its best for 4 evaluations after step 3294" in written.html.read_text()
+    assert (
+        "overfitting: the eval loss stayed above its best for 4 evaluations after step 3294" in written.html.read_text()
+    )
     assert not (folder / "findings.jsonl").exists()
 
 
@@ -109,6 +142,7 @@ def test_a_failure_while_drawing_leaves_the_earlier_report_whole(tmp_path, monke
 
     def broken(panel, runs, axis):
         raise OSError("No space left on device")
+
     monkeypatch.setattr(command, "render", broken)
     with pytest.raises(OSError):
         build([folder], plugins=False)
@@ -117,8 +151,13 @@ def test_a_failure_while_drawing_leaves_the_earlier_report_whole(tmp_path, monke
 
 
 def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "sftdoctor", "report", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "report", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
 
 
 def test_the_command_prints_the_verdicts_and_where_the_report_is(tmp_path):
@@ -126,18 +165,22 @@ def test_the_command_prints_the_verdicts_and_where_the_report_is(tmp_path):
     proc = cli(folder, "--no-plugins")
     assert proc.returncode == 0, proc.stderr
     assert "!  throughput-drop  throughput fell by 50% at step 25" in proc.stdout
-    assert proc.stdout.rstrip().endswith(f"sftdoctor: report written: {folder / 'report.html'} (5 panels in "
-                                         f"{folder / 'report'})")
+    assert proc.stdout.rstrip().endswith(
+        f"sftdoctor: report written: {folder / 'report.html'} (5 panels in {folder / 'report'})"
+    )
     as_json = json.loads(cli(folder, "--json", "--no-plugins").stdout)
     assert as_json["report"] == str(folder / "report.html")
     assert {f["id"] for f in as_json["runs"][0]["findings"]} >= {"lr-curve", "throughput-drop"}
 
 
-@pytest.mark.parametrize("args, says", [
-    (["nope"], "nope: not found (expected a run directory"),
-    (["RUN", "--x", "epochs"], "Invalid value for '--x'"),
-    (["RUN", "--output", "FILE"], "exists and is not a folder"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["nope"], "nope: not found (expected a run directory"),
+        (["RUN", "--x", "epochs"], "Invalid value for '--x'"),
+        (["RUN", "--output", "FILE"], "exists and is not a folder"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
     folder = run_dir(tmp_path / "run")
     (tmp_path / "FILE").write_text("x")
@@ -151,15 +194,22 @@ def test_a_findings_file_that_cannot_be_read_is_bad_input_not_an_empty_history(t
     (folder / "findings.jsonl").mkdir()
     proc = cli(str(folder), "--no-plugins", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr == f"sftdoctor: error: {folder / 'findings.jsonl'}: expected a findings record file, got a directory\n"
+    assert (
+        proc.stderr
+        == f"sftdoctor: error: {folder / 'findings.jsonl'}: expected a findings record file, got a directory\n"
+    )
     assert not (folder / "report.html").exists()
 
 
 def test_sigterm_while_drawing_leaves_nothing_behind(tmp_path):
     """A scheduler's SIGTERM in the middle of a long report: exit 143, no staging folder, no page."""
     folder = run_dir(tmp_path / "run", steps=60_000)  # long enough to be caught drawing
-    proc = subprocess.Popen([sys.executable, "-m", "sftdoctor", "report", str(folder), "--no-plugins"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sftdoctor", "report", str(folder), "--no-plugins"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(p.name.startswith(".report-") for p in folder.iterdir()):
         time.sleep(0.02)

@@ -22,8 +22,12 @@ from sftdoctor.report.panels import Axis
 FUZZ = {"deadline": None, "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]}
 FILES = ("resolved.json", "metrics.jsonl", "findings.jsonl", "stopped.json")
 CORE = ("resolved.json", "metrics.jsonl", "findings.jsonl")  # what a report cannot be made (or written) without
-READERS = {"loss": "loss-plateau", "grad_norm": "grad-norm-curve", "learning_rate": "lr-curve",
-           "eval_loss": "overfitting"}
+READERS = {
+    "loss": "loss-plateau",
+    "grad_norm": "grad-norm-curve",
+    "learning_rate": "lr-curve",
+    "eval_loss": "overfitting",
+}
 
 
 def report(runs, root, out, *options):
@@ -70,8 +74,10 @@ def test_tokens_that_are_not_numbers_have_no_place_on_a_tokens_axis(tmp_path):
     mutate(run, ("non_finite", "metrics.jsonl", row(5), "tokens_seen", math.nan))
     with pytest.raises(InputError) as caught:
         command.load([run], "tokens", plugins=False)
-    assert str(caught.value) == (f"{run}: its count of tokens seen is non-finite at 1 of 24 logged points, first at "
-                                 "step 5 (NaN): compare it with --x step")
+    assert str(caught.value) == (
+        f"{run}: its count of tokens seen is non-finite at 1 of 24 logged points, first at "
+        "step 5 (NaN): compare it with --x step"
+    )
 
 
 @pytest.mark.parametrize("kind", SPECIAL)
@@ -107,11 +113,16 @@ def test_lines_of_findings_that_are_not_findings_are_said_and_kept(tmp_path):
         log.write('{"title": 3}\n["x"]\n')
     problems = []
     assert [r["id"] for r in command.findings_of(run, problems)] == ["gpu-topology", "loss-spike"]
-    assert problems == [f"{run / 'findings.jsonl'}: line 3 and 1 more line: not a finding record (a JSON object with "
-                        "a \"title\"), left out of the report"]
+    assert problems == [
+        f"{run / 'findings.jsonl'}: line 3 and 1 more line: not a finding record (a JSON object with "
+        'a "title"), left out of the report'
+    ]
     command.record_postrun(run, [{"phase": "postrun", "title": "t"}])
-    assert (run / "findings.jsonl").read_text().splitlines()[2:] == ['{"title": 3}', '["x"]',
-                                                                      '{"phase": "postrun", "title": "t"}']
+    assert (run / "findings.jsonl").read_text().splitlines()[2:] == [
+        '{"title": 3}',
+        '["x"]',
+        '{"phase": "postrun", "title": "t"}',
+    ]
 
 
 def _series_clean(changes: list[tuple]) -> bool:

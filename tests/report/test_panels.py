@@ -18,6 +18,7 @@ def test_a_long_series_is_thinned_and_keeps_its_spikes():
 def test_a_panel_shows_when_any_run_logged_its_series():
     def run(*names):
         return PlottedRun({"series": {n: {"steps": [1], "values": [1.0]} for n in names}}, [], "r", "#000", [])
+
     assert [p.name for p in shown([run("loss", "learning_rate")])] == ["loss", "learning-rate"]
     assert "loss-scale" in [p.name for p in shown([run("loss"), run("loss_scale")])]
     assert [p.name for p in PANELS] == ["loss", "learning-rate", "grad-norm", "loss-scale", "throughput", "memory"]
@@ -28,8 +29,9 @@ def test_values_no_axis_can_hold_are_gaps_said_under_the_panel_not_a_traceback()
     """A grad norm of 1e308 made matplotlib's tick locator fail ("arange: cannot compute length")."""
     from sftdoctor.report.panels import Axis, render, undrawn
 
-    run = PlottedRun({"series": {"grad_norm": {"steps": [1, 2, 3], "values": [1e308, float("nan"), 1e308]}}},
-                     [], "r", "#000", [])
+    run = PlottedRun(
+        {"series": {"grad_norm": {"steps": [1, 2, 3], "values": [1e308, float("nan"), 1e308]}}}, [], "r", "#000", []
+    )
     [panel] = shown([run])
     assert render(panel, [run], Axis("step"))[:8] == b"\x89PNG\r\n\x1a\n"
     assert undrawn(panel, [run]) == "not drawn: grad_norm of r at 3 steps (NaN, inf or beyond \u00b11e300)"

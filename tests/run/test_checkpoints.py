@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from sftdoctor.run.checkpoints import MARKER, checkpoints, is_complete, mark_complete, newest_complete, \
-    remove_incomplete
+from sftdoctor.run.checkpoints import (
+    MARKER,
+    checkpoints,
+    is_complete,
+    mark_complete,
+    newest_complete,
+    remove_incomplete,
+)
 
 
 def saved(output_dir, step, complete=True):

@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 from sftdoctor.errors import InputError, InputErrors
 from sftdoctor.run.config import RunConfig, load_run_config, validate
 
-JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
-                       lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
-                       max_leaves=20)
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
 
 
 def write(tmp_path, text, name="run.toml"):
@@ -65,9 +67,17 @@ def test_invalid_toml_is_one_line(tmp_path):
         load_run_config(write(tmp_path, "[model\npath = 1"))
 
 
-@given(st.dictionaries(st.sampled_from(["model", "launch", "deepspeed", "data"]),
-                       st.dictionaries(st.sampled_from(["path", "precision", "nnodes", "master_port", "zero_stage", "config"]),
-                                       JSONISH.filter(lambda v: v is not None), max_size=4), max_size=3))
+@given(
+    st.dictionaries(
+        st.sampled_from(["model", "launch", "deepspeed", "data"]),
+        st.dictionaries(
+            st.sampled_from(["path", "precision", "nnodes", "master_port", "zero_stage", "config"]),
+            JSONISH.filter(lambda v: v is not None),
+            max_size=4,
+        ),
+        max_size=3,
+    )
+)
 @settings(max_examples=200, deadline=None)
 def test_run_config_validation_never_crashes(raw):
     try:
@@ -84,17 +94,29 @@ def test_the_config_is_frozen_and_round_trips_through_json_with_its_provenance(t
     assert again == cfg and again.given("launch", "master_port") and not again.given("launch", "nnodes")
 
 
-@pytest.mark.parametrize("text, says", [
-    ("[watch]\nhang_timeout_s = inf", "[watch].hang_timeout_s: expected a number of seconds from 5 to 86400, got inf"),
-    ("[training]\nepochs = nan", "[training].epochs: expected a number > 0 and <= 10000, got nan"),
-    ("[training]\nwarmup_ratio = 1.0", "[training].warmup_ratio: expected a number from 0 up to (not including) 1"),
-    ("[launch]\nnode_rank = 2\nnnodes = 2", "[launch].node_rank: node_rank 2 must be below nnodes 2"),
-    ("[data]\ntrain = \"data.jsonl\"\nmax_length = 1e12", "[data].max_length: expected an integer from 16 to 1048576"),
-    ("[data]\ntrain = \"data.jsonl\"\nmax_length = 1000000000000", "[data].max_length: expected an integer from 16 to 1048576"),
-    ("[training]\nepochs = inf", "[training].epochs: expected a number > 0 and <= 10000, got inf"),
-    ("[launch]\nnproc_per_node = 100000", "[launch].nproc_per_node: expected an integer from 1 to 1024"),
-    ("[training]\nseed = -1", "[training].seed: expected an integer from 0 to 4294967295"),
-])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        (
+            "[watch]\nhang_timeout_s = inf",
+            "[watch].hang_timeout_s: expected a number of seconds from 5 to 86400, got inf",
+        ),
+        ("[training]\nepochs = nan", "[training].epochs: expected a number > 0 and <= 10000, got nan"),
+        ("[training]\nwarmup_ratio = 1.0", "[training].warmup_ratio: expected a number from 0 up to (not including) 1"),
+        ("[launch]\nnode_rank = 2\nnnodes = 2", "[launch].node_rank: node_rank 2 must be below nnodes 2"),
+        (
+            '[data]\ntrain = "data.jsonl"\nmax_length = 1e12',
+            "[data].max_length: expected an integer from 16 to 1048576",
+        ),
+        (
+            '[data]\ntrain = "data.jsonl"\nmax_length = 1000000000000',
+            "[data].max_length: expected an integer from 16 to 1048576",
+        ),
+        ("[training]\nepochs = inf", "[training].epochs: expected a number > 0 and <= 10000, got inf"),
+        ("[launch]\nnproc_per_node = 100000", "[launch].nproc_per_node: expected an integer from 1 to 1024"),
+        ("[training]\nseed = -1", "[training].seed: expected an integer from 0 to 4294967295"),
+    ],
+)
 def test_values_out_of_range_name_the_key_and_the_range(tmp_path, text, says):
     with pytest.raises(InputErrors) as err:
         load_run_config(write(tmp_path, '[model]\npath = "m"\n' + text + "\n"))

@@ -4,7 +4,10 @@ from sftdoctor.run.embeddings import repair_ids, untrained
 
 
 def table(**rows):
-    return {"median_norm": 8.0, "rows": {token: {"id": i, "max_abs": m, "norm": n} for token, (i, m, n) in rows.items()}}
+    return {
+        "median_norm": 8.0,
+        "rows": {token: {"id": i, "max_abs": m, "norm": n} for token, (i, m, n) in rows.items()},
+    }
 
 
 def test_zero_and_faint_rows_are_untrained_and_ordinary_ones_are_not():
@@ -19,7 +22,9 @@ def test_a_row_near_an_ordinary_one_and_a_token_outside_the_table_are_not_judged
 
 
 def test_the_plan_repairs_the_untrained_ids_of_both_tables_once():
-    fact = {"input": table(**{"<|im_start|>": (1, 0.0, 0.0), "<|im_end|>": (2, 0.5, 6.0)}),
-            "output": table(**{"<|im_start|>": (1, 0.0, 0.0), "<|im_end|>": (2, 0.0, 0.0)})}
+    fact = {
+        "input": table(**{"<|im_start|>": (1, 0.0, 0.0), "<|im_end|>": (2, 0.5, 6.0)}),
+        "output": table(**{"<|im_start|>": (1, 0.0, 0.0), "<|im_end|>": (2, 0.0, 0.0)}),
+    }
     assert repair_ids(fact) == (1, 2)
     assert repair_ids({"error": "the probe took over 300 s"}) == () and repair_ids(None) == ()

@@ -7,8 +7,8 @@ import sys
 import warnings
 
 import pytest
-
 from conftest import EXAMPLES, FIXTURES, index, plan_of, recorded_gpus, run_of
+
 from sftdoctor.errors import InputErrors
 from sftdoctor.run import Plan
 from sftdoctor.run.config import Lora, RunConfig, load_run_config, validate
@@ -21,9 +21,20 @@ NO_GPUS = {"devices": []}
 # Llama-2-7B as meta-llama's config.json gives it; peft's print_trainable_parameters reports, for it,
 # 4,194,304 trainable parameters with r=8 on q_proj,v_proj ("all params: 6,742,609,920") and 39,976,960 with
 # r=16 on every linear layer but lm_head.
-LLAMA2_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
-             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
-             "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "float16"}
+LLAMA2_7B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
+}
 LLAMA2_7B_PARAMETERS = 6_738_415_616
 
 
@@ -46,6 +57,7 @@ def write_toml(tmp_path, lora_text, name="run.toml"):
 
 # ---------------------------------------------------------------- the [lora] section
 
+
 def test_absent_lora_is_a_full_fine_tune(tmp_path):
     assert load_run_config(write_toml(tmp_path, "")).lora is None
 
@@ -53,40 +65,56 @@ def test_absent_lora_is_a_full_fine_tune(tmp_path):
 def test_an_empty_lora_section_is_lora_with_every_default(tmp_path):
     cfg = load_run_config(write_toml(tmp_path, "[lora]\n"))
     assert cfg.lora == Lora()
-    assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules, cfg.lora.modules_to_save) == \
-        (16, 32, 0.05, "all-linear", ())
+    assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules, cfg.lora.modules_to_save) == (
+        16,
+        32,
+        0.05,
+        "all-linear",
+        (),
+    )
     assert (cfg.lora.use_rslora, cfg.lora.use_dora, cfg.lora.quantize, cfg.lora.merge) == (False, False, "none", False)
     assert cfg.lora.given == frozenset()
 
 
 def test_given_lora_keys_are_typed_and_remembered(tmp_path):
-    cfg = load_run_config(write_toml(tmp_path, '[lora]\nr = 8\nalpha = 16.5\ntarget_modules = ["q_proj", "v_proj"]\n'
-                                               'modules_to_save = ["lm_head"]\nquantize = "4bit"\nuse_dora = true\n'))
+    cfg = load_run_config(
+        write_toml(
+            tmp_path,
+            '[lora]\nr = 8\nalpha = 16.5\ntarget_modules = ["q_proj", "v_proj"]\n'
+            'modules_to_save = ["lm_head"]\nquantize = "4bit"\nuse_dora = true\n',
+        )
+    )
     assert cfg.lora.r == 8 and cfg.lora.alpha == 16.5
     assert cfg.lora.target_modules == ("q_proj", "v_proj") and cfg.lora.modules_to_save == ("lm_head",)
     assert cfg.lora.quantize == "4bit" and cfg.lora.use_dora
     assert cfg.given("lora", "r") and cfg.given("lora", "target_modules") and not cfg.given("lora", "dropout")
 
 
-@pytest.mark.parametrize("line, says", [
-    ("r = 0", "[lora].r: expected an integer from 1 to 4096, got 0"),
-    ("r = 4097", "[lora].r: expected an integer from 1 to 4096, got 4097"),
-    ("r = 8.0", "[lora].r: expected an integer from 1 to 4096, got 8.0"),
-    ("r = true", "[lora].r: expected an integer from 1 to 4096, got True"),
-    ("alpha = -1", "[lora].alpha: expected a number > 0, got -1"),
-    ("alpha = 0", "[lora].alpha: expected a number > 0, got 0"),
-    ("alpha = nan", "[lora].alpha: expected a number > 0, got nan"),
-    ("dropout = 1.0", "[lora].dropout: expected a number from 0 up to (not including) 1, got 1.0"),
-    ("dropout = -0.1", "[lora].dropout: expected a number from 0 up to (not including) 1, got -0.1"),
-    ('target_modules = "q_proj"', "[lora].target_modules: expected \"all-linear\" or a list of module names, got 'q_proj'"),
-    ("target_modules = []", "[lora].target_modules: expected \"all-linear\" or a list of module names, got []"),
-    ('target_modules = ["q_proj", ""]', "[lora].target_modules: expected \"all-linear\" or a list of module names"),
-    ('modules_to_save = "lm_head"', "[lora].modules_to_save: expected a list of module names, got 'lm_head'"),
-    ('quantize = "2bit"', "[lora].quantize: expected one of none, 4bit, 8bit, got '2bit'"),
-    ('use_dora = "yes"', "[lora].use_dora: expected true or false, got 'yes'"),
-    ("lora_alpha = 16", "[lora].lora_alpha: unknown key (did you mean 'alpha'?)"),
-    ("rank = 8", "[lora].rank: unknown key (did you mean 'r'?); known keys: r, alpha, dropout, target_modules"),
-])
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        ("r = 0", "[lora].r: expected an integer from 1 to 4096, got 0"),
+        ("r = 4097", "[lora].r: expected an integer from 1 to 4096, got 4097"),
+        ("r = 8.0", "[lora].r: expected an integer from 1 to 4096, got 8.0"),
+        ("r = true", "[lora].r: expected an integer from 1 to 4096, got True"),
+        ("alpha = -1", "[lora].alpha: expected a number > 0, got -1"),
+        ("alpha = 0", "[lora].alpha: expected a number > 0, got 0"),
+        ("alpha = nan", "[lora].alpha: expected a number > 0, got nan"),
+        ("dropout = 1.0", "[lora].dropout: expected a number from 0 up to (not including) 1, got 1.0"),
+        ("dropout = -0.1", "[lora].dropout: expected a number from 0 up to (not including) 1, got -0.1"),
+        (
+            'target_modules = "q_proj"',
+            "[lora].target_modules: expected \"all-linear\" or a list of module names, got 'q_proj'",
+        ),
+        ("target_modules = []", '[lora].target_modules: expected "all-linear" or a list of module names, got []'),
+        ('target_modules = ["q_proj", ""]', '[lora].target_modules: expected "all-linear" or a list of module names'),
+        ('modules_to_save = "lm_head"', "[lora].modules_to_save: expected a list of module names, got 'lm_head'"),
+        ('quantize = "2bit"', "[lora].quantize: expected one of none, 4bit, 8bit, got '2bit'"),
+        ('use_dora = "yes"', "[lora].use_dora: expected true or false, got 'yes'"),
+        ("lora_alpha = 16", "[lora].lora_alpha: unknown key (did you mean 'alpha'?)"),
+        ("rank = 8", "[lora].rank: unknown key (did you mean 'r'?); known keys: r, alpha, dropout, target_modules"),
+    ],
+)
 def test_a_bad_lora_value_is_one_line_naming_the_key_and_what_was_expected(tmp_path, line, says):
     path = write_toml(tmp_path, f"[lora]\n{line}\n")
     with pytest.raises(InputErrors) as err:
@@ -95,9 +123,16 @@ def test_a_bad_lora_value_is_one_line_naming_the_key_and_what_was_expected(tmp_p
     assert message.startswith(f"{path}: [lora].") and says in message
 
 
-@pytest.mark.parametrize("line, ours", [("rank = 8", "r"), ("lora_r = 8", "r"), ("lora_dropout = 0.1", "dropout"),
-                                        ('lora_target_modules = ["q_proj"]', "target_modules"),
-                                        ("load_in_4bit = true", "quantize")])
+@pytest.mark.parametrize(
+    "line, ours",
+    [
+        ("rank = 8", "r"),
+        ("lora_r = 8", "r"),
+        ("lora_dropout = 0.1", "dropout"),
+        ('lora_target_modules = ["q_proj"]', "target_modules"),
+        ("load_in_4bit = true", "quantize"),
+    ],
+)
 def test_peft_and_axolotl_names_of_a_key_point_at_ours(tmp_path, line, ours):
     """Too far from ours for a spelling hint (difflib finds nothing close to `r` in `rank`), yet a copied config's."""
     with pytest.raises(InputErrors) as err:
@@ -107,7 +142,9 @@ def test_peft_and_axolotl_names_of_a_key_point_at_ours(tmp_path, line, ours):
 
 
 def test_every_lora_problem_is_reported_at_once(tmp_path):
-    path = write_toml(tmp_path, '[lora]\nr = 0\nalpha = -1\ndropout = 1.0\ntarget_modules = "q_proj"\nquantize = "2bit"\n')
+    path = write_toml(
+        tmp_path, '[lora]\nr = 0\nalpha = -1\ndropout = 1.0\ntarget_modules = "q_proj"\nquantize = "2bit"\n'
+    )
     with pytest.raises(InputErrors) as err:
         load_run_config(path)
     keys = [line.split(": ")[1] for line in str(err.value).splitlines()]
@@ -121,21 +158,38 @@ def test_lora_that_is_not_a_table_is_one_error(tmp_path):
     assert "lora: expected a table" in message
 
 
-@pytest.mark.parametrize("line, says", [
-    ("r = 0", "[lora].r: expected an integer from 1 to 4096, got 0"),
-    ('quantize = "2bit"', "[lora].quantize: expected one of none, 4bit, 8bit, got '2bit'"),
-])
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        ("r = 0", "[lora].r: expected an integer from 1 to 4096, got 0"),
+        ('quantize = "2bit"', "[lora].quantize: expected one of none, 4bit, 8bit, got '2bit'"),
+    ],
+)
 def test_the_cli_refuses_a_bad_lora_section_in_one_line_with_exit_2(tmp_path, line, says):
     path = write_toml(tmp_path, f"[lora]\n{line}\n")
-    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--config", str(path)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "check", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines() == [f"sftdoctor: error: {path}: {says}"]
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("lora_text", ["", "[lora]\n", ('[lora]\nr = 4\ntarget_modules = ["q_proj"]\n'
-                                                       'modules_to_save = ["embed_tokens", "lm_head"]\nquantize = "8bit"\n')])
+@pytest.mark.parametrize(
+    "lora_text",
+    [
+        "",
+        "[lora]\n",
+        (
+            '[lora]\nr = 4\ntarget_modules = ["q_proj"]\n'
+            'modules_to_save = ["embed_tokens", "lm_head"]\nquantize = "8bit"\n'
+        ),
+    ],
+)
 def test_run_config_json_round_trip_keeps_lora_or_its_absence(tmp_path, lora_text):
     cfg = load_run_config(write_toml(tmp_path, lora_text))
     doc = json.loads(json.dumps(cfg.to_json()))  # what resolved.json / a facts snapshot keep
@@ -147,6 +201,7 @@ def test_run_config_json_round_trip_keeps_lora_or_its_absence(tmp_path, lora_tex
 
 
 # ---------------------------------------------------------------- peft's rule on recorded listings
+
 
 def test_recorded_listings_say_how_they_were_made():
     entries = index("lora_modules")
@@ -207,6 +262,7 @@ def test_no_listing_wraps_nothing():
 
 # ---------------------------------------------------------------- the real probe and real peft
 
+
 def write_config(folder, config):
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "config.json"
@@ -222,8 +278,9 @@ def test_llama2_7b_built_on_the_meta_device_trains_what_peft_reports(tmp_path):
     assert listing["parameters"] == LLAMA2_7B_PARAMETERS and listing["model_type"] == "llama"
     assert adapter_parameters(listing, lora(r=16)) == 39_976_960
     assert adapter_parameters(listing, lora(r=8, target_modules=("q_proj", "v_proj"))) == 4_194_304
-    assert {e["pattern"]: (e["count"], e["in"], e["out"]) for e in listing["linear"]}["model.layers.*.mlp.down_proj"] == \
-        (32, 11008, 4096)
+    assert {e["pattern"]: (e["count"], e["in"], e["out"]) for e in listing["linear"]}[
+        "model.layers.*.mlp.down_proj"
+    ] == (32, 11008, 4096)
 
 
 def llama_like(c: dict) -> tuple[int, dict[str, tuple[int, int, int]]]:
@@ -237,8 +294,16 @@ def llama_like(c: dict) -> tuple[int, dict[str, tuple[int, int, int]]]:
     per_layer = attention + 3 * h * i + 2 * h  # + the two RMSNorm weights
     tied = c.get("tie_word_embeddings", False)
     total = v * h * (1 if tied else 2) + layers * per_layer + h
-    shapes = {"q_proj": (layers, h, h), "k_proj": (layers, h, kv), "v_proj": (layers, h, kv), "o_proj": (layers, h, h),
-              "gate_proj": (layers, h, i), "up_proj": (layers, h, i), "down_proj": (layers, i, h), "lm_head": (1, h, v)}
+    shapes = {
+        "q_proj": (layers, h, h),
+        "k_proj": (layers, h, kv),
+        "v_proj": (layers, h, kv),
+        "o_proj": (layers, h, h),
+        "gate_proj": (layers, h, i),
+        "up_proj": (layers, h, i),
+        "down_proj": (layers, i, h),
+        "lm_head": (1, h, v),
+    }
     return total, shapes
 
 
@@ -275,16 +340,48 @@ def test_the_recorded_listings_are_what_the_probe_lists_today(entry):
 
 
 TINY = {
-    "llama": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 3,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320, "tie_word_embeddings": False},
-    "qwen2": {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 384, "tie_word_embeddings": True},
-    "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 320, "n_positions": 128,
-             "bos_token_id": 0, "eos_token_id": 0},
+    "llama": {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 160,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 320,
+        "tie_word_embeddings": False,
+    },
+    "qwen2": {
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "intermediate_size": 192,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 384,
+        "tie_word_embeddings": True,
+    },
+    "gpt2": {
+        "model_type": "gpt2",
+        "n_embd": 64,
+        "n_layer": 2,
+        "n_head": 4,
+        "vocab_size": 320,
+        "n_positions": 128,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+    },
     # transformers 5 fuses a MoE block's experts into 3-D parameters (MixtralExperts) and its router is no nn.Linear
-    "mixtral": {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 320, "num_local_experts": 4,
-                "num_experts_per_tok": 2},
+    "mixtral": {
+        "model_type": "mixtral",
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 320,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+    },
 }
 PEFT_CASES = [
     ("llama", {"r": 8, "target_modules": "all-linear"}),
@@ -336,7 +433,9 @@ def peft_trainable(arch, config):
 
     fields = {k: v for k, v in TINY[arch].items() if k != "model_type"}
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(TINY[arch]["model_type"], **fields))
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(TINY[arch]["model_type"], **fields)
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         wrapped = peft.get_peft_model(model, peft.LoraConfig(task_type="CAUSAL_LM", **config))
@@ -352,14 +451,23 @@ def test_adapter_parameters_equal_what_peft_trains(tiny_listings, probed, arch, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch, names", [("llama", ["q_proj", "v_proj"]), ("gpt2", ["q_proj", "v_proj"]),
-                                         ("qwen2", ["c_attn", "down_proj"]), ("gpt2", ["c_attn", "wte_proj", "mlp.c_proj"])])
+@pytest.mark.parametrize(
+    "arch, names",
+    [
+        ("llama", ["q_proj", "v_proj"]),
+        ("gpt2", ["q_proj", "v_proj"]),
+        ("qwen2", ["c_attn", "down_proj"]),
+        ("gpt2", ["c_attn", "wte_proj", "mlp.c_proj"]),
+    ],
+)
 def test_unmatched_names_exactly_what_peft_does_not_wrap(probed, arch, names):
     import peft
     import transformers
 
     fields = {k: v for k, v in TINY[arch].items() if k != "model_type"}
-    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(TINY[arch]["model_type"], **fields))
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(TINY[arch]["model_type"], **fields)
+    )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -415,6 +523,7 @@ def test_a_module_both_targeted_and_saved_trains_in_full_only(probed):
 
 # ---------------------------------------------------------------- the plan
 
+
 def adapters_plan(lora_given=None, gpus=H100x8, modules="Llama-2-7b-chat-hf.json", **sections):
     facts = {"gpus": recorded_gpus(gpus) if gpus else NO_GPUS}
     if modules:
@@ -422,8 +531,9 @@ def adapters_plan(lora_given=None, gpus=H100x8, modules="Llama-2-7b-chat-hf.json
     return plan_of(run_of(**({"lora": lora_given} if lora_given is not None else {}), **sections), **facts)
 
 
-@pytest.mark.parametrize("gpus, precision, dtype", [(H100x8, "bf16", "bfloat16"), (V100x4, "fp16", "float16"),
-                                                    (None, "fp32", "float32")])
+@pytest.mark.parametrize(
+    "gpus, precision, dtype", [(H100x8, "bf16", "bfloat16"), (V100x4, "fp16", "float16"), (None, "fp32", "float32")]
+)
 def test_lora_loads_the_frozen_base_in_16_bits_without_deepspeed(gpus, precision, dtype):
     plan = adapters_plan({}, gpus=gpus)
     assert (plan.precision, plan.load_dtype) == (precision, dtype)
@@ -431,10 +541,17 @@ def test_lora_loads_the_frozen_base_in_16_bits_without_deepspeed(gpus, precision
     assert full.lora is None and full.load_dtype == "float32"  # a full fine-tune keeps fp32 master weights (AMP)
 
 
-@pytest.mark.parametrize("stage, quantize, gpus, storage", [
-    (3, "4bit", H100x8, "bfloat16"), (3, "4bit", V100x4, "float16"), (2, "4bit", H100x8, "uint8"),
-    (None, "4bit", H100x8, "uint8"), (3, "8bit", H100x8, "uint8"), (3, "none", H100x8, "uint8"),
-])
+@pytest.mark.parametrize(
+    "stage, quantize, gpus, storage",
+    [
+        (3, "4bit", H100x8, "bfloat16"),
+        (3, "4bit", V100x4, "float16"),
+        (2, "4bit", H100x8, "uint8"),
+        (None, "4bit", H100x8, "uint8"),
+        (3, "8bit", H100x8, "uint8"),
+        (3, "none", H100x8, "uint8"),
+    ],
+)
 def test_4bit_weights_are_stored_in_the_compute_dtype_only_under_zero3(stage, quantize, gpus, storage):
     ds = {"deepspeed": {"zero_stage": stage}} if stage is not None else {}
     plan = adapters_plan({"quantize": quantize}, gpus=gpus, **ds)
@@ -443,9 +560,16 @@ def test_4bit_weights_are_stored_in_the_compute_dtype_only_under_zero3(stage, qu
     assert plan.zero_stage == (stage or 0)
 
 
-@pytest.mark.parametrize("lora_given, stage, checkpointing, reentrant", [
-    ({}, 3, True, True), ({}, 3, False, False), ({}, 2, True, False), ({}, None, True, False), (None, 3, True, False),
-])
+@pytest.mark.parametrize(
+    "lora_given, stage, checkpointing, reentrant",
+    [
+        ({}, 3, True, True),
+        ({}, 3, False, False),
+        ({}, 2, True, False),
+        ({}, None, True, False),
+        (None, 3, True, False),
+    ],
+)
 def test_reentrant_checkpointing_only_for_lora_under_zero3(lora_given, stage, checkpointing, reentrant):
     ds = {"deepspeed": {"zero_stage": stage}} if stage is not None else {}
     plan = adapters_plan(lora_given, training={"gradient_checkpointing": checkpointing}, **ds)
@@ -467,12 +591,28 @@ def test_without_a_listing_the_counts_are_unknown_not_zero(modules):
 
 
 def test_the_plan_of_a_toml_lora_section_survives_resolved_json(tmp_path):
-    cfg = load_run_config(write_toml(tmp_path, '[lora]\nr = 8\nalpha = 16\ntarget_modules = ["q_proj", "v_proj"]\n'
-                                               'modules_to_save = ["lm_head"]\nuse_rslora = true\nmerge = true\n'))
+    cfg = load_run_config(
+        write_toml(
+            tmp_path,
+            '[lora]\nr = 8\nalpha = 16\ntarget_modules = ["q_proj", "v_proj"]\n'
+            'modules_to_save = ["lm_head"]\nuse_rslora = true\nmerge = true\n',
+        )
+    )
     plan = plan_of(cfg, gpus=recorded_gpus(H100x8), lora_modules=recorded("Llama-2-7b-chat-hf.json"))
-    assert plan.lora == {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"],
-                         "modules_to_save": ["lm_head"], "use_rslora": True, "use_dora": False, "quantize": "none",
-                         "merge": True, "compute_dtype": "bfloat16", "quant_storage": "uint8",
-                         "trainable_params": 4_194_304 + 32000 * 4096, "base_params": LLAMA2_7B_PARAMETERS}
+    assert plan.lora == {
+        "r": 8,
+        "alpha": 16,
+        "dropout": 0.05,
+        "target_modules": ["q_proj", "v_proj"],
+        "modules_to_save": ["lm_head"],
+        "use_rslora": True,
+        "use_dora": False,
+        "quantize": "none",
+        "merge": True,
+        "compute_dtype": "bfloat16",
+        "quant_storage": "uint8",
+        "trainable_params": 4_194_304 + 32000 * 4096,
+        "base_params": LLAMA2_7B_PARAMETERS,
+    }
     back = Plan.from_json(json.loads(json.dumps(plan.to_json())))
     assert back == plan and back.lora == plan.lora

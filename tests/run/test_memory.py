@@ -15,12 +15,25 @@ from dataclasses import replace
 import pytest
 import torch
 import transformers
+from conftest import FIXTURES, meta_shape
 from torch.profiler import ProfilerActivity, profile
 
-from conftest import FIXTURES, meta_shape
 from sftdoctor.run import memory
-from sftdoctor.run.memory import (GIB, Setting, Workload, activations, adapters, candidates, eager_attention_bytes, estimate,
-                                  fit, host_memory, lora_activation_bytes_per_token, logits, model_states)
+from sftdoctor.run.memory import (
+    GIB,
+    Setting,
+    Workload,
+    activations,
+    adapters,
+    candidates,
+    eager_attention_bytes,
+    estimate,
+    fit,
+    host_memory,
+    logits,
+    lora_activation_bytes_per_token,
+    model_states,
+)
 from sftdoctor.run.shape import Shape, closed_form
 
 TOLERANCE = 0.005  # the formula is exact on this stack; the slack is for a stray scalar
@@ -29,6 +42,7 @@ MODELS = FIXTURES / "model_config"
 
 def config(name):
     return json.loads((MODELS / name).read_text())
+
 
 TOLERANCE = 0.005  # the formula is exact on this stack; the slack is for a stray scalar
 
@@ -52,9 +66,16 @@ def saved_bytes(model, batch, autocast: bool = False) -> int:
 
 def tiny(arch, h, inter, heads, kv, layers, dtype, checkpointing, head_dim=None, attention="sdpa"):
     config_class = {"qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig}[arch]
-    cfg = config_class(hidden_size=h, intermediate_size=inter, num_attention_heads=heads, num_key_value_heads=kv,
-                       num_hidden_layers=layers, vocab_size=512, max_position_embeddings=1024,
-                       head_dim=head_dim or h // heads)
+    cfg = config_class(
+        hidden_size=h,
+        intermediate_size=inter,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        num_hidden_layers=layers,
+        vocab_size=512,
+        max_position_embeddings=1024,
+        head_dim=head_dim or h // heads,
+    )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attention).train()
     if checkpointing:
@@ -63,9 +84,15 @@ def tiny(arch, h, inter, heads, kv, layers, dtype, checkpointing, head_dim=None,
     return model, shape
 
 
-@pytest.mark.parametrize("arch, h, inter, heads, kv, head_dim", [
-    ("qwen2", 128, 352, 8, 2, 16), ("llama", 256, 704, 8, 8, 32), ("qwen2", 64, 128, 4, 4, 32),
-    ("llama", 96, 200, 3, 1, 8)])
+@pytest.mark.parametrize(
+    "arch, h, inter, heads, kv, head_dim",
+    [
+        ("qwen2", 128, 352, 8, 2, 16),
+        ("llama", 256, 704, 8, 8, 32),
+        ("qwen2", 64, 128, 4, 4, 32),
+        ("llama", 96, 200, 3, 1, 8),
+    ],
+)
 @pytest.mark.parametrize("seq, micro", [(64, 1), (128, 4)])
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 def test_layer_activations_match_what_autograd_saves(arch, h, inter, heads, kv, head_dim, seq, micro, precision):
@@ -101,10 +128,14 @@ def test_eager_attention_adds_the_scores_and_repeated_kv(precision, heads, kv):
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     seq, micro = 96, 2
     batch = {"input_ids": torch.randint(0, 512, (micro, seq))}
-    measured = [saved_bytes(tiny("qwen2", 128, 352, heads, kv, layers, dtype, False, attention="eager")[0], batch)
-                for layers in (2, 3)]
+    measured = [
+        saved_bytes(tiny("qwen2", 128, 352, heads, kv, layers, dtype, False, attention="eager")[0], batch)
+        for layers in (2, 3)
+    ]
     shape = tiny("qwen2", 128, 352, heads, kv, 3, dtype, False)[1]
-    predicted = activations(Workload(shape, 1, 1, seq, "eager", precision), Setting(0, False, False, micro, True))[0].bytes / 3
+    predicted = (
+        activations(Workload(shape, 1, 1, seq, "eager", precision), Setting(0, False, False, micro, True))[0].bytes / 3
+    )
     assert abs(predicted - (measured[1] - measured[0])) <= TOLERANCE * (measured[1] - measured[0])
 
 
@@ -164,11 +195,18 @@ def test_the_plans_lm_head_tiles_are_trls():
     assert (memory.TOKEN_TILE, memory.VOCAB_TILE) == (chunked.TOKEN_CHUNK_SIZE, trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE)
 
 
-@pytest.mark.parametrize("arch, h, inter, heads, kv, layers, vocab, checkpointing", [
-    ("qwen2", 128, 352, 8, 2, 4, 512, False), ("llama", 256, 704, 8, 8, 4, 512, True),
-    ("qwen2", 256, 704, 8, 2, 8, 4096, False), ("qwen2", 128, 352, 8, 2, 2, 32000, False)])
+@pytest.mark.parametrize(
+    "arch, h, inter, heads, kv, layers, vocab, checkpointing",
+    [
+        ("qwen2", 128, 352, 8, 2, 4, 512, False),
+        ("llama", 256, 704, 8, 8, 4, 512, True),
+        ("qwen2", 256, 704, 8, 2, 8, 4096, False),
+        ("qwen2", 128, 352, 8, 2, 2, 32000, False),
+    ],
+)
 def test_predicted_peak_is_never_below_the_measured_one_and_at_most_15_percent_above(
-        arch, h, inter, heads, kv, layers, vocab, checkpointing, small_tiles):
+    arch, h, inter, heads, kv, layers, vocab, checkpointing, small_tiles
+):
     from trl.trainer.utils import add_fused_lm_head
 
     model, shape = tiny(arch, h, inter, heads, kv, layers, torch.float32, checkpointing)
@@ -242,8 +280,14 @@ def test_candidates_reach_the_global_batch_exactly_or_not_at_all(shape):
 # ---------------------------------------------------------------- LoRA and QLoRA
 
 LLAMA2_7B = closed_form(config("Llama-2-7b-hf_resaved_float32.json"))
-R16 = {"r": 16, "dropout": 0.05, "target_modules": "all-linear", "modules_to_save": [], "use_dora": False,
-       "trainable_params": None}
+R16 = {
+    "r": 16,
+    "dropout": 0.05,
+    "target_modules": "all-linear",
+    "modules_to_save": [],
+    "use_dora": False,
+    "trainable_params": None,
+}
 
 
 def lora_run(shape=LLAMA2_7B, world=1, precision="bf16", **lora):
@@ -274,7 +318,9 @@ def test_a_4bit_base_is_nf4_with_double_quantisation_and_the_rest_unquantized():
     assert got["frozen embeddings, norms"] == 2 * (LLAMA2_7B.parameters - linear)  # 16-bit under DeepSpeed
     assert got["frozen base, 4-bit"] + got["frozen embeddings, norms"] == 3_865_591_808  # ~3.9 GB of a 13.5 GB base
     # without DeepSpeed peft's prepare_model_for_kbit_training leaves the unquantized parameters in fp32
-    assert terms(lora_run(), replace(s, zero_stage=0))["frozen embeddings, norms"] == 4 * (LLAMA2_7B.parameters - linear)
+    assert terms(lora_run(), replace(s, zero_stage=0))["frozen embeddings, norms"] == 4 * (
+        LLAMA2_7B.parameters - linear
+    )
 
 
 @pytest.mark.parametrize("stage, offload", memory.STAGES)
@@ -292,8 +338,10 @@ def test_zero_partitions_the_adapters_states_by_stage_and_the_frozen_base_only_a
     def on(world, stage):
         return terms(lora_run(world=world), Setting(stage, False, True, 1, False, "none"))
 
-    halves = {stage: {name for name, b in on(4, stage).items() if b > 2 and abs(b - 2 * on(8, stage)[name]) <= 1}
-              for stage in (1, 2, 3)}
+    halves = {
+        stage: {name for name, b in on(4, stage).items() if b > 2 and abs(b - 2 * on(8, stage)[name]) <= 1}
+        for stage in (1, 2, 3)
+    }
     assert halves[1] == {"adapter optimizer states"}
     assert halves[2] == {"adapter gradients", "adapter optimizer states"}
     assert halves[3] == {"frozen base", "adapter weights", "adapter gradients", "adapter optimizer states"}
@@ -325,22 +373,47 @@ def test_lora_candidates_keep_the_base_and_offer_4_bits_only_where_no_16bit_base
 
 @pytest.mark.slow  # builds Llama-2-7B and Qwen2-0.5B on the meta device
 @pytest.mark.parametrize("name", ["Llama-2-7b-hf_resaved_float32.json", "Qwen2-0.5B.json"])
-@pytest.mark.parametrize("lora", [{"target_modules": "all-linear"}, {"target_modules": ["q_proj", "v_proj"], "r": 8},
-                                  {"target_modules": ["self_attn.o_proj", "down_proj"], "modules_to_save": ["lm_head"]}])
+@pytest.mark.parametrize(
+    "lora",
+    [
+        {"target_modules": "all-linear"},
+        {"target_modules": ["q_proj", "v_proj"], "r": 8},
+        {"target_modules": ["self_attn.o_proj", "down_proj"], "modules_to_save": ["lm_head"]},
+    ],
+)
 def test_the_trainable_count_without_the_fact_equals_what_peft_trains(name, lora):
     from peft import LoraConfig, get_peft_model
 
     settings, fields = {**R16, **lora}, {k: v for k, v in config(name).items() if not k.startswith("_")}
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**fields))
-    model = get_peft_model(model, LoraConfig(r=settings["r"], target_modules=settings["target_modules"],
-                                             modules_to_save=settings["modules_to_save"] or None))
+    model = get_peft_model(
+        model,
+        LoraConfig(
+            r=settings["r"],
+            target_modules=settings["target_modules"],
+            modules_to_save=settings["modules_to_save"] or None,
+        ),
+    )
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert adapters(settings, meta_shape(config(name))).trainable == trained
 
 
-def lora_tiny(arch, h, inter, heads, kv, layers, dtype, checkpointing, head_dim=None, attention="sdpa", autocast=False,
-              vocab=512, **lora):
+def lora_tiny(
+    arch,
+    h,
+    inter,
+    heads,
+    kv,
+    layers,
+    dtype,
+    checkpointing,
+    head_dim=None,
+    attention="sdpa",
+    autocast=False,
+    vocab=512,
+    **lora,
+):
     """The tiny model of `tiny`, wrapped by peft as SFTTrainer does (fp32 adapters over a 16-bit base with
     autocast; else in the model's dtype, as DeepSpeed casts them)."""
     from peft import LoraConfig, get_peft_model
@@ -351,20 +424,28 @@ def lora_tiny(arch, h, inter, heads, kv, layers, dtype, checkpointing, head_dim=
     sizes = [p.numel() for p in model.parameters()]
     shape = replace(shape, vocab=vocab, parameters=sum(sizes), largest_layer=max(sizes))
     settings = {**R16, **lora}
-    config_ = LoraConfig(r=settings["r"], lora_alpha=16, lora_dropout=settings["dropout"],
-                         target_modules=settings["target_modules"])
+    config_ = LoraConfig(
+        r=settings["r"], lora_alpha=16, lora_dropout=settings["dropout"], target_modules=settings["target_modules"]
+    )
     model = get_peft_model(model, config_, autocast_adapter_dtype=autocast)
     if checkpointing:
         model.enable_input_require_grads()  # as TRL does for PEFT models with checkpointing
     return model, adapters(settings, shape), shape
 
 
-@pytest.mark.parametrize("arch, h, inter, heads, kv, head_dim", [("qwen2", 128, 352, 8, 2, 16), ("llama", 96, 200, 3, 1, 8)])
+@pytest.mark.parametrize(
+    "arch, h, inter, heads, kv, head_dim", [("qwen2", 128, 352, 8, 2, 16), ("llama", 96, 200, 3, 1, 8)]
+)
 @pytest.mark.parametrize("mode", ["fp32", "bf16", "bf16 autocast over fp32 adapters"])
-@pytest.mark.parametrize("lora, attention", [
-    ({"r": 8, "dropout": 0.05}, "sdpa"), ({"r": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}, "sdpa"),
-    ({"r": 4, "dropout": 0.1, "target_modules": ["o_proj", "down_proj"]}, "eager"),
-    ({"r": 8, "dropout": 0.0, "target_modules": ["gate_proj"]}, "eager")])
+@pytest.mark.parametrize(
+    "lora, attention",
+    [
+        ({"r": 8, "dropout": 0.05}, "sdpa"),
+        ({"r": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}, "sdpa"),
+        ({"r": 4, "dropout": 0.1, "target_modules": ["o_proj", "down_proj"]}, "eager"),
+        ({"r": 8, "dropout": 0.0, "target_modules": ["gate_proj"]}, "eager"),
+    ],
+)
 def test_a_lora_layer_saves_what_autograd_saves(arch, h, inter, heads, kv, head_dim, mode, lora, attention):
     """Two models that differ by one layer, wrapped by peft: the difference is one LoRA layer's activations."""
     autocast = mode.endswith("adapters")
@@ -373,29 +454,46 @@ def test_a_lora_layer_saves_what_autograd_saves(arch, h, inter, heads, kv, head_
     batch = {"input_ids": torch.randint(0, 512, (micro, seq))}
     measured, trainable = [], 0
     for layers in (2, 3):
-        model, found, shape = lora_tiny(arch, h, inter, heads, kv, layers, dtype, False, head_dim, attention, autocast,
-                                        **lora)
+        model, found, shape = lora_tiny(
+            arch, h, inter, heads, kv, layers, dtype, False, head_dim, attention, autocast, **lora
+        )
         measured.append(saved_bytes(model, batch, autocast))
         trainable = found.trainable // layers
     precision, b = ("fp32", 4) if mode == "fp32" else ("bf16", 2)
     # CPU's dropout keeps its noise in the dtype it drops (fp32 under autocast); CUDA's fused kernel a 1-byte mask
     per_token = lora_activation_bytes_per_token(shape, precision, found, autocast, attention, 4 if autocast else b)
-    predicted = per_token * micro * seq + (2 * trainable if autocast else 0)  # + autocast's copies of one layer's adapters
+    predicted = per_token * micro * seq + (
+        2 * trainable if autocast else 0
+    )  # + autocast's copies of one layer's adapters
     if attention == "eager":
         predicted += eager_attention_bytes(shape, micro, seq, precision)
     assert predicted == measured[1] - measured[0]
 
 
 @pytest.mark.slow  # trains: forward, backward and AdamW on three tiny models
-@pytest.mark.parametrize("arch, h, inter, heads, kv, layers, vocab, checkpointing", [
-    ("qwen2", 128, 352, 8, 2, 4, 512, False), ("llama", 256, 704, 8, 8, 4, 512, True),
-    ("qwen2", 256, 704, 8, 2, 8, 4096, False)])
-@pytest.mark.parametrize("lora", [{"r": 16, "dropout": 0.0}, {"r": 8, "dropout": 0.05},
-                                  {"r": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}])
+@pytest.mark.parametrize(
+    "arch, h, inter, heads, kv, layers, vocab, checkpointing",
+    [
+        ("qwen2", 128, 352, 8, 2, 4, 512, False),
+        ("llama", 256, 704, 8, 8, 4, 512, True),
+        ("qwen2", 256, 704, 8, 2, 8, 4096, False),
+    ],
+)
+@pytest.mark.parametrize(
+    "lora",
+    [
+        {"r": 16, "dropout": 0.0},
+        {"r": 8, "dropout": 0.05},
+        {"r": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
+    ],
+)
 def test_a_lora_steps_predicted_peak_is_never_below_the_measured_one_and_at_most_15_percent_above(
-        monkeypatch, small_tiles, arch, h, inter, heads, kv, layers, vocab, checkpointing, lora):
+    monkeypatch, small_tiles, arch, h, inter, heads, kv, layers, vocab, checkpointing, lora
+):
     """As the full model's test above, with peft's adapters the only parameters AdamW trains."""
-    model, found, shape = lora_tiny(arch, h, inter, heads, kv, layers, torch.float32, checkpointing, vocab=vocab, **lora)
+    model, found, shape = lora_tiny(
+        arch, h, inter, heads, kv, layers, torch.float32, checkpointing, vocab=vocab, **lora
+    )
     from trl.trainer.utils import add_fused_lm_head
 
     add_fused_lm_head(model.get_base_model(), outputs=("log_probs", "entropy", "is_top1"))  # as SFTTrainer does
@@ -408,5 +506,7 @@ def test_a_lora_steps_predicted_peak_is_never_below_the_measured_one_and_at_most
     monkeypatch.setattr(memory, "DROPOUT_MASK", 4)  # CPU's dropout keeps fp32 noise where CUDA's keeps a 1-byte mask
     run, setting = Workload(shape, 1, 1, 256, "sdpa", "fp32", found), Setting(0, False, checkpointing, 2, False, "none")
     assert found.trainable == trainable
-    predicted = sum(t.bytes for t in estimate(run, setting).gpu if t.name not in ("fragmentation", "CUDA context and NCCL"))
+    predicted = sum(
+        t.bytes for t in estimate(run, setting).gpu if t.name not in ("fragmentation", "CUDA context and NCCL")
+    )
     assert 1.0 <= predicted / measured <= 1.15, (predicted, measured)

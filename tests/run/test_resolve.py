@@ -1,16 +1,20 @@
 """resolve(): every decision of the plan, from the run config and recorded facts."""
 
 import pytest
-
 from conftest import make_run, plan_of, recorded_gpus
+
 from sftdoctor.run import Plan, for_launch, resolve
-from sftdoctor.run.resolve import ddp_timeout
-from sftdoctor.run.resolve import accumulation, nearest_global_batches
+from sftdoctor.run.resolve import accumulation, ddp_timeout, nearest_global_batches
 
 H100x8 = "h100_sxm_8x_driver550_modal_glossary.txt"
 V100x4 = "v100_pcie_4x_driver470_cuda114_princeton.txt"
-NEW = {"cosine_with_min_lr": True, "min_lr_rate": True, "min_lr": True, "checkpointing_arg": "activation_checkpointing",
-       "warmup_ratio": False}
+NEW = {
+    "cosine_with_min_lr": True,
+    "min_lr_rate": True,
+    "min_lr": True,
+    "checkpointing_arg": "activation_checkpointing",
+    "warmup_ratio": False,
+}
 
 
 def test_global_batch_arithmetic_and_the_nearest_targets():
@@ -22,7 +26,10 @@ def test_global_batch_arithmetic_and_the_nearest_targets():
 
 def test_world_size_auto_counts_visible_gpus(tmp_path):
     run = make_run(tmp_path)
-    assert (plan_of(run, gpus=recorded_gpus(H100x8)).world_size, plan_of(run, gpus={"devices": []}).world_size) == (8, 1)
+    assert (plan_of(run, gpus=recorded_gpus(H100x8)).world_size, plan_of(run, gpus={"devices": []}).world_size) == (
+        8,
+        1,
+    )
     fixed = plan_of(make_run(tmp_path, launch={"nproc_per_node": 4, "nnodes": 2, "node_rank": 1}))
     assert (fixed.nproc_per_node, fixed.nnodes, fixed.world_size, fixed.node_rank) == (4, 2, 8, 1)
 
@@ -64,7 +71,10 @@ def test_unknown_compute_capability_assumes_bf16_and_says_so(tmp_path):
 
 def test_flash_attention_only_where_installed_and_ampere(tmp_path):
     run = make_run(tmp_path)
-    assert plan_of(run, gpus=recorded_gpus(H100x8), packages={"flash-attn": "2.8.3"}).attn_implementation == "flash_attention_2"
+    assert (
+        plan_of(run, gpus=recorded_gpus(H100x8), packages={"flash-attn": "2.8.3"}).attn_implementation
+        == "flash_attention_2"
+    )
     assert plan_of(run, gpus=recorded_gpus(V100x4), packages={"flash-attn": "2.8.3"}).attn_implementation == "sdpa"
     assert plan_of(run, gpus=recorded_gpus(H100x8), packages={}).attn_implementation == "sdpa"
 
@@ -74,7 +84,10 @@ def test_liger_kernel_auto_only_on_gpus_triton_supports(tmp_path):
     run, liger = make_run(tmp_path), {"liger-kernel": "0.8.5"}
     assert plan_of(run, gpus=recorded_gpus(H100x8), packages=liger).liger_kernel is True
     assert plan_of(run, gpus=recorded_gpus(V100x4), packages=liger).liger_kernel is True
-    assert plan_of(run, gpus=recorded_gpus("p100_pcie_4x_driver418_princeton_tiger.txt"), packages=liger).liger_kernel is False
+    assert (
+        plan_of(run, gpus=recorded_gpus("p100_pcie_4x_driver418_princeton_tiger.txt"), packages=liger).liger_kernel
+        is False
+    )
     assert plan_of(run, gpus=recorded_gpus(H100x8), packages={}).liger_kernel is False
 
 
@@ -86,10 +99,21 @@ def test_generated_deepspeed_json_is_accepted_by_deepspeed(tmp_path):
     assert (plan.zero_stage, plan.offload_optimizer, plan.offload_params) == (3, True, True)
     assert plan.deepspeed_source.startswith("generated")
     # What transformers does with the "auto" values, then DeepSpeed's own parser.
-    filled = {**ds, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "train_batch_size": 8,
-              "gradient_clipping": 1.0, "bf16": {"enabled": True}, "fp16": {**ds["fp16"], "enabled": False},
-              "zero_optimization": {**ds["zero_optimization"], "reduce_bucket_size": 1e6,
-                                    "stage3_prefetch_bucket_size": 1e6, "stage3_param_persistence_threshold": 1e4}}
+    filled = {
+        **ds,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 4,
+        "train_batch_size": 8,
+        "gradient_clipping": 1.0,
+        "bf16": {"enabled": True},
+        "fp16": {**ds["fp16"], "enabled": False},
+        "zero_optimization": {
+            **ds["zero_optimization"],
+            "reduce_bucket_size": 1e6,
+            "stage3_prefetch_bucket_size": 1e6,
+            "stage3_param_persistence_threshold": 1e4,
+        },
+    }
     parsed = DeepSpeedConfig(filled)
     assert parsed.zero_optimization_stage == 3 and parsed.bfloat16_config.enabled
 
@@ -97,7 +121,10 @@ def test_generated_deepspeed_json_is_accepted_by_deepspeed(tmp_path):
 def test_a_given_deepspeed_json_is_the_plans_and_its_stage_is_read(tmp_path):
     (tmp_path / "ds.json").write_text("{}")
     run = make_run(tmp_path, deepspeed={"config": "ds.json"})
-    given = {"path": str(tmp_path / "ds.json"), "config": {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}}
+    given = {
+        "path": str(tmp_path / "ds.json"),
+        "config": {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}},
+    }
     plan = plan_of(run, deepspeed_config=given)
     assert (plan.zero_stage, plan.offload_params, plan.deepspeed_source) == (3, True, str(tmp_path / "ds.json"))
 
@@ -135,7 +162,9 @@ def test_warmup_reaches_transformers_under_the_name_it_reads(tmp_path):
     run = make_run(tmp_path, training={"warmup_ratio": 0.05, "max_steps": 200})
     assert plan_of(run, transformers_features=NEW).warmup == {"warmup_steps": 0.05}
     assert plan_of(run, transformers_features={**NEW, "warmup_ratio": True}).warmup == {"warmup_ratio": 0.05}
-    assert plan_of(make_run(tmp_path, training={"warmup_steps": 7}), transformers_features=NEW).warmup == {"warmup_steps": 7}
+    assert plan_of(make_run(tmp_path, training={"warmup_steps": 7}), transformers_features=NEW).warmup == {
+        "warmup_steps": 7
+    }
     plan = plan_of(run, transformers_features=Facts().get("transformers_features"))
     args = TrainingArguments(output_dir=str(tmp_path / "x"), report_to=[], **plan.warmup)
     assert args.get_warmup_steps(200) == 10 == plan.warmup_steps
@@ -145,30 +174,44 @@ def test_assistant_only_loss_needs_generation_markers_or_a_template_trl_patches(
     run = make_run(tmp_path)
     chat = {"train": {"shape": "messages", "rows": 10}}
     assert plan_of(run, data=chat, chat_template={"generation_markers": True}).assistant_only_loss
-    assert plan_of(run, data=chat, chat_template={"generation_markers": False, "trl_patchable": True}).assistant_only_loss
-    assert not plan_of(run, data=chat, chat_template={"generation_markers": False, "trl_patchable": False}).assistant_only_loss
-    assert not plan_of(run, data={"train": {"shape": "text", "rows": 10}}, chat_template={"generation_markers": True}).assistant_only_loss
+    assert plan_of(
+        run, data=chat, chat_template={"generation_markers": False, "trl_patchable": True}
+    ).assistant_only_loss
+    assert not plan_of(
+        run, data=chat, chat_template={"generation_markers": False, "trl_patchable": False}
+    ).assistant_only_loss
+    assert not plan_of(
+        run, data={"train": {"shape": "text", "rows": 10}}, chat_template={"generation_markers": True}
+    ).assistant_only_loss
 
 
 def test_a_template_without_markers_trains_with_the_drop_in_that_renders_it_and_a_given_one_wins(tmp_path):
     chat = {"train": {"shape": "messages", "rows": 10}}
-    drop_in = {"generation_markers": False, "trl_patchable": False,
-               "marked_equivalent": {"name": "chatml", "source": "sftdoctor", "path": "/x/chatml.jinja"}}
+    drop_in = {
+        "generation_markers": False,
+        "trl_patchable": False,
+        "marked_equivalent": {"name": "chatml", "source": "sftdoctor", "path": "/x/chatml.jinja"},
+    }
     plan = plan_of(make_run(tmp_path), data=chat, chat_template=drop_in)
     assert plan.assistant_only_loss and plan.chat_template == "/x/chatml.jinja"
     assert plan.reasons["chat_template"].startswith("sftdoctor's chatml.jinja")
     text = plan_of(make_run(tmp_path), data={"train": {"shape": "text", "rows": 10}}, chat_template=drop_in)
     assert text.chat_template is None and "chat_template" not in text.reasons  # text rows have no template
     (tmp_path / "mine.jinja").write_text("{{ messages }}")
-    given = plan_of(make_run(tmp_path, model={"chat_template": "mine.jinja"}), data=chat,
-                    chat_template={"generation_markers": False, "trl_patchable": False, "given": "mine.jinja"})
+    given = plan_of(
+        make_run(tmp_path, model={"chat_template": "mine.jinja"}),
+        data=chat,
+        chat_template={"generation_markers": False, "trl_patchable": False, "given": "mine.jinja"},
+    )
     assert given.chat_template == str(tmp_path / "mine.jinja") and not given.assistant_only_loss
 
 
 def test_the_plan_round_trips_through_json_and_refuses_another_version(tmp_path):
     import json
 
-    plan = for_launch(plan_of(make_run(tmp_path), gpus=recorded_gpus(H100x8)), drill={"kind": "hang", "step": 3, "rank": 1})
+    plan = for_launch(
+        plan_of(make_run(tmp_path), gpus=recorded_gpus(H100x8)), drill={"kind": "hang", "step": 3, "rank": 1}
+    )
     again = Plan.from_json(json.loads(json.dumps(plan.to_json())))
     assert again == plan
     with pytest.raises(ValueError, match="version"):
@@ -205,15 +248,29 @@ def test_the_base_an_adapter_names_is_an_absolute_path_or_a_hub_id(tmp_path, mon
     assert base_path(dataclasses.replace(plan, weights="pretrained", model_path="org/name")) == "org/name"
 
 
-SLURM = {"job_id": "4711", "nnodes": 2, "node_id": 1, "nodelist": "gpu[07-08]", "hosts": ["gpu07", "gpu08"],
-         "hosts_from": "scontrol show hostnames", "gpus_on_node": 4, "restart_count": 0}
+SLURM = {
+    "job_id": "4711",
+    "nnodes": 2,
+    "node_id": 1,
+    "nodelist": "gpu[07-08]",
+    "hosts": ["gpu07", "gpu08"],
+    "hosts_from": "scontrol show hostnames",
+    "gpus_on_node": 4,
+    "restart_count": 0,
+}
 
 
 def test_inside_a_slurm_allocation_the_launch_comes_from_slurm(tmp_path):
     """`srun sftdoctor train RUN.toml` is the whole launch: nodes, this node's rank, the first node's address,
     the GPUs per node and a port of the job's own come from the allocation."""
     plan = plan_of(make_run(tmp_path), slurm=SLURM, gpus=recorded_gpus(H100x8))
-    assert (plan.nnodes, plan.node_rank, plan.master_addr, plan.nproc_per_node, plan.world_size) == (2, 1, "gpu07", 4, 8)
+    assert (plan.nnodes, plan.node_rank, plan.master_addr, plan.nproc_per_node, plan.world_size) == (
+        2,
+        1,
+        "gpu07",
+        4,
+        8,
+    )
     assert plan.master_port == 20000 + 4711 % 10000
     assert plan.reasons["node_rank"] == "SLURM_NODEID of job 4711"
     assert plan.reasons["master_addr"] == "the first node of Slurm job 4711 (scontrol show hostnames)"
@@ -222,7 +279,13 @@ def test_inside_a_slurm_allocation_the_launch_comes_from_slurm(tmp_path):
 def test_what_the_run_config_says_wins_over_slurm(tmp_path):
     run = make_run(tmp_path, launch={"nnodes": 1, "master_addr": "10.0.0.5", "master_port": 29400, "nproc_per_node": 2})
     plan = plan_of(run, slurm=SLURM)
-    assert (plan.nnodes, plan.node_rank, plan.master_addr, plan.master_port, plan.nproc_per_node) == (1, 0, "10.0.0.5", 29400, 2)
+    assert (plan.nnodes, plan.node_rank, plan.master_addr, plan.master_port, plan.nproc_per_node) == (
+        1,
+        0,
+        "10.0.0.5",
+        29400,
+        2,
+    )
 
 
 # ---------------------------------------------------------------- automatic packing and checkpointing
@@ -233,13 +296,15 @@ def llama8b_shape():
     from dataclasses import asdict
 
     from conftest import FIXTURES
+
     from sftdoctor.run.shape import closed_form
 
     return asdict(closed_form(json.loads((FIXTURES / "model_config" / "Meta-Llama-3-8B.json").read_text())))
 
 
-@pytest.mark.parametrize("gpus, max_length, micro, on", [(H100x8, 1024, 1, False), (V100x4, 4096, 4, True)],
-                         ids=["fits-without", "needs-it"])
+@pytest.mark.parametrize(
+    "gpus, max_length, micro, on", [(H100x8, 1024, 1, False), (V100x4, 4096, 4, True)], ids=["fits-without", "needs-it"]
+)
 def test_auto_checkpointing_is_off_exactly_where_the_memory_plan_fits_without_it(tmp_path, gpus, max_length, micro, on):
     from dataclasses import replace
 
@@ -247,14 +312,19 @@ def test_auto_checkpointing_is_off_exactly_where_the_memory_plan_fits_without_it
     from sftdoctor.run.resolve import memory_fit
     from sftdoctor.run.shape import Shape
 
-    cfg = make_run(tmp_path, data={"max_length": max_length}, training={"per_device_batch_size": micro},
-                   deepspeed={"zero_stage": 3})
+    cfg = make_run(
+        tmp_path,
+        data={"max_length": max_length},
+        training={"per_device_batch_size": micro},
+        deepspeed={"zero_stage": 3},
+    )
     found = recorded_gpus(gpus)
     plan = plan_of(cfg, gpus=found, model_shape=llama8b_shape())
     without = memory_fit(replace(plan, checkpointing=False), Shape(**llama8b_shape()), smallest_memory(found)).current
     assert plan.checkpointing is on and without.fits is (not on)
-    assert plan.reasons["checkpointing"].startswith("auto: on, without it the plan needs" if on else
-                                                    "auto: off, the plan fits without it")
+    assert plan.reasons["checkpointing"].startswith(
+        "auto: on, without it the plan needs" if on else "auto: off, the plan fits without it"
+    )
 
 
 def test_auto_checkpointing_without_gpus_is_off_and_an_explicit_choice_is_kept(tmp_path):
@@ -273,8 +343,11 @@ def test_auto_packing_needs_a_varlen_kernel_and_otherwise_batches_rows_by_length
     assert sdpa.reasons["packing"] == "auto: sdpa has no varlen kernel, so one sample per row, batched by length"
     old = plan_of(make_run(tmp_path), transformers_features={**NEW, "length_grouping_arg": "group_by_length"})
     assert old.length_grouping == {"group_by_length": True}  # transformers 4.x's name
-    flash = plan_of(make_run(tmp_path, model={"attn_implementation": "flash_attention_2"}),
-                    packing_probe={**isolated, "attn_implementation": "flash_attention_2"}, transformers_features=NEW)
+    flash = plan_of(
+        make_run(tmp_path, model={"attn_implementation": "flash_attention_2"}),
+        packing_probe={**isolated, "attn_implementation": "flash_attention_2"},
+        transformers_features=NEW,
+    )
     assert flash.packing and flash.length_grouping == {}
     asked = plan_of(make_run(tmp_path, training={"packing": True}), transformers_features=NEW)
     assert asked.packing and asked.reasons["packing"] == "[training].packing in the run config"

@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from conftest import FIXTURES, index, meta_shape
+
 from sftdoctor.run.shape import closed_form, dimension_problem, dimensions
 
 MODELS = FIXTURES / "model_config"
@@ -31,8 +31,17 @@ def test_the_closed_form_equals_the_meta_device_wherever_it_answers(entry):
     assert (quick.parameters, quick.largest_layer) == (exact.parameters, exact.largest_layer)
 
 
-@pytest.mark.parametrize("broken", [{"hidden_size": "4096"}, {"num_hidden_layers": 0}, {"vocab_size": -1},
-                                    {"num_attention_heads": 7}, {"hidden_size": None}, {"num_key_value_heads": 3}])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"hidden_size": "4096"},
+        {"num_hidden_layers": 0},
+        {"vocab_size": -1},
+        {"num_attention_heads": 7},
+        {"hidden_size": None},
+        {"num_key_value_heads": 3},
+    ],
+)
 def test_a_config_with_impossible_dimensions_has_no_shape(broken):
     cfg = {**config("Meta-Llama-3-8B.json"), **broken}
     assert closed_form(cfg) is None
@@ -42,11 +51,25 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 VALUES = st.none() | st.booleans() | st.integers(-3, 10**7) | st.floats(allow_nan=True) | st.text(max_size=6)
-KEYS = ["model_type", "hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "num_attention_heads",
-        "num_key_value_heads", "head_dim", "tie_word_embeddings", "attention_bias", "n_embd", "text_config"]
+KEYS = [
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "intermediate_size",
+    "vocab_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+    "attention_bias",
+    "n_embd",
+    "text_config",
+]
 
 
-@given(st.dictionaries(st.sampled_from(KEYS), VALUES | st.sampled_from(["llama", "qwen2", "qwen3", "gpt2"]), max_size=10))
+@given(
+    st.dictionaries(st.sampled_from(KEYS), VALUES | st.sampled_from(["llama", "qwen2", "qwen3", "gpt2"]), max_size=10)
+)
 @settings(max_examples=400, deadline=None)
 def test_any_config_gives_a_shape_or_a_named_problem_never_a_crash(config):
     problem = dimension_problem(config)

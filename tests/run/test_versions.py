@@ -35,8 +35,7 @@ def spelled(draw):
     if draw(st.booleans()):
         text += draw(SEP) + draw(PRE) + draw(SEP) + draw(NUM)
     if draw(st.booleans()):
-        text += draw(st.one_of(st.integers(0, 9).map(lambda n: f"-{n}"),
-                               st.tuples(SEP, POST, SEP, NUM).map("".join)))
+        text += draw(st.one_of(st.integers(0, 9).map(lambda n: f"-{n}"), st.tuples(SEP, POST, SEP, NUM).map("".join)))
     if draw(st.booleans()):
         text += draw(SEP) + draw(st.sampled_from(["dev", "DEV"])) + draw(SEP) + draw(NUM)
     if draw(st.booleans()):
@@ -62,11 +61,20 @@ def test_versions_sort_as_packaging_sorts_them(a, b):
     assert (version_key(a) == version_key(b)) == (Version(a) == Version(b)), (a, b)
 
 
-@pytest.mark.parametrize("lower, higher", [
-    ("0.19.0.dev0", "0.19.0a1"), ("0.19.0a1", "0.19.0b1"), ("0.19.0b1", "0.19.0rc1"), ("0.19.0rc1", "0.19.0"),
-    ("0.19.0", "0.19.0+cpu"), ("0.19.0+cpu", "0.19.0.post1"), ("0.19.0.post1.dev0", "0.19.0.post1"),
-    ("2.13.0+abc", "2.13.0+1"), ("9.9", "1!0.1"),
-])
+@pytest.mark.parametrize(
+    "lower, higher",
+    [
+        ("0.19.0.dev0", "0.19.0a1"),
+        ("0.19.0a1", "0.19.0b1"),
+        ("0.19.0b1", "0.19.0rc1"),
+        ("0.19.0rc1", "0.19.0"),
+        ("0.19.0", "0.19.0+cpu"),
+        ("0.19.0+cpu", "0.19.0.post1"),
+        ("0.19.0.post1.dev0", "0.19.0.post1"),
+        ("2.13.0+abc", "2.13.0+1"),
+        ("9.9", "1!0.1"),
+    ],
+)
 def test_pep440_order(lower, higher):
     assert version_key(lower) < version_key(higher)
 

@@ -31,8 +31,10 @@ def test_a_four_trial_sweep_finds_a_better_learning_rate_than_its_worst_trial(tm
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     found = trials(tmp_path / "sweeps" / "sweep")
     assert len(found) == 4 and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in found), values(found)
-    scored = {t.number: t.value if t.state == TrialState.COMPLETE else t.intermediate_values[max(t.intermediate_values)]
-              for t in found}  # a pruned trial by its last evaluation
+    scored = {
+        t.number: t.value if t.state == TrialState.COMPLETE else t.intermediate_values[max(t.intermediate_values)]
+        for t in found
+    }  # a pruned trial by its last evaluation
     best = min((t for t in found if t.state == TrialState.COMPLETE), key=lambda t: t.value)
     worst = max(scored, key=scored.get)
     assert best.value < scored[worst] and best.number != worst, values(found)
@@ -45,7 +47,9 @@ def test_a_four_trial_sweep_finds_a_better_learning_rate_than_its_worst_trial(tm
     assert "the budget is spent: 4 of 4 trials" in proc.stdout
     for t in found:  # each trial a run directory of its own, through the gate
         folder = tmp_path / "sweeps" / "sweep" / f"trial-{t.number:04d}"
-        assert {"run.toml", "gate.log", "train.log", "metrics.jsonl", "findings.jsonl"} <= {p.name for p in folder.iterdir()}
+        assert {"run.toml", "gate.log", "train.log", "metrics.jsonl", "findings.jsonl"} <= {
+            p.name for p in folder.iterdir()
+        }
 
 
 def test_a_trial_that_cannot_fit_the_gpus_is_pruned_with_the_finding_before_it_launches(tmp_path, tiny_data):
@@ -58,12 +62,17 @@ def test_a_trial_that_cannot_fit_the_gpus_is_pruned_with_the_finding_before_it_l
     assert [t.state for t in found] == [TrialState.PRUNED, TrialState.PRUNED]
     for t in found:
         assert t.user_attrs["why"]["id"] == "memory-fit", t.user_attrs
-        assert "per GPU of 1.5 GiB" in t.user_attrs["why"]["title"] and "more than the GPU has" in t.user_attrs["why"]["title"]
+        assert (
+            "per GPU of 1.5 GiB" in t.user_attrs["why"]["title"]
+            and "more than the GPU has" in t.user_attrs["why"]["title"]
+        )
         folder = tmp_path / "sweeps" / "sweep" / f"trial-{t.number:04d}"
         assert {p.name for p in folder.iterdir()} == {"run.toml", "gate.log", "findings.jsonl"}  # nothing launched
     assert proc.stdout.count("; not launched)") == 2 and "best         none: no trial is complete" in proc.stdout
     # narrowed by the plan (the default), that space is refused before any trial
-    narrowed = run_sweep(sweep_file(tmp_path, base(tmp_path, tiny_data["messages"]), space, name="n.toml"), "--facts", facts)
+    narrowed = run_sweep(
+        sweep_file(tmp_path, base(tmp_path, tiny_data["messages"]), space, name="n.toml"), "--facts", facts
+    )
     assert narrowed.returncode == 1 and "nothing in the space fits 1x NVIDIA Tiny" in narrowed.stdout
     assert not (tmp_path / "sweeps" / "n").exists()
 
@@ -83,8 +92,9 @@ def processes_using(folder: Path) -> list[int]:
 def test_a_sweep_killed_during_its_third_trial_goes_on_at_the_third_trial(tmp_path, tiny_data):
     path = sweep_file(tmp_path, base(tmp_path, tiny_data["messages"]), LEARNING_RATE, trials=4, pruner="none")
     sweep_dir = tmp_path / "sweeps" / "sweep"
-    proc = subprocess.Popen(sweep_command(path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        sweep_command(path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 600
         while not (sweep_dir / "trial-0002" / "train.log").exists():  # the third trial is training
@@ -117,8 +127,10 @@ def test_two_workers_on_one_study_run_four_distinct_trials_between_them(tmp_path
     space = {"training.learning_rate": {"choices": [1e-4, 1e-3, 3e-3, 1e-2]}}
     # no pruner: with three trials complete the median pruner may stop the fourth, whichever rate ends last
     path = sweep_file(tmp_path, base(tmp_path, tiny_data["messages"]), space, pruner="none")
-    workers = [subprocess.Popen(sweep_command(path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-               for _ in range(2)]
+    workers = [
+        subprocess.Popen(sweep_command(path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
     outputs = [w.communicate(timeout=900)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0], "\n=====\n".join(o[-3000:] for o in outputs)
     found = trials(tmp_path / "sweeps" / "sweep")
@@ -147,7 +159,9 @@ def test_ctrl_c_stops_the_running_trial_and_enqueues_it_for_the_rerun(tmp_path, 
     assert not processes_using(sweep_dir / "trial-0000")  # its launcher and ranks were stopped
 
 
-def test_sigterm_gives_the_running_trial_its_grace_to_save_and_the_rerun_resumes_from_that_checkpoint(tmp_path, tiny_data):
+def test_sigterm_gives_the_running_trial_its_grace_to_save_and_the_rerun_resumes_from_that_checkpoint(
+    tmp_path, tiny_data
+):
     """scancel or a pre-emption: the trial's ranks save a checkpoint within the grace (none was scheduled), the
     trial is enqueued again and the sweep exits 143 with nothing left running; the rerun's retry continues from
     that checkpoint, not from step 1."""
@@ -179,8 +193,11 @@ def test_sigterm_gives_the_running_trial_its_grace_to_save_and_the_rerun_resumes
     assert retry.state == TrialState.COMPLETE and retry.user_attrs["resumed_from"] == "trial-0000"
     log = (sweep_dir / "trial-0001" / "train.log").read_text()
     assert f"resuming from {sweep_dir / 'trial-0001' / saved}" in log
-    steps = [json.loads(line)["step"] for line in (sweep_dir / "trial-0001" / "metrics.jsonl").read_text().splitlines()
-             if '"loss"' in line]
+    steps = [
+        json.loads(line)["step"]
+        for line in (sweep_dir / "trial-0001" / "metrics.jsonl").read_text().splitlines()
+        if '"loss"' in line
+    ]
     assert steps == list(range(1, 301)), steps  # steps 1..saved_step once: continued, not started again
     assert saved_step < 300
 

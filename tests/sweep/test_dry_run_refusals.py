@@ -9,8 +9,10 @@ from cli_contract import ENV, sftdoctor
 from hostile import SPECIAL, special_file
 
 MISSING_BACKEND = next((b for b in ("wandb", "tensorboard") if find_spec(b) is None), None)
-BASE = '[model]\npath = "org/model"\n[data]\ntrain = "d.jsonl"\neval = "d.jsonl"\n[training]\nmax_steps = 20\n' \
-       'eval_steps = 5\n[report]\nto = "{to}"\n'
+BASE = (
+    '[model]\npath = "org/model"\n[data]\ntrain = "d.jsonl"\neval = "d.jsonl"\n[training]\nmax_steps = 20\n'
+    'eval_steps = 5\n[report]\nto = "{to}"\n'
+)
 
 
 @pytest.fixture(autouse=True)
@@ -22,8 +24,10 @@ def _offline_without_plugins(monkeypatch):
 def sweep(tmp_path, output_dir: str = "sweeps/s", to: str = "none"):
     (tmp_path / "d.jsonl").write_text('{"text": "a"}\n')
     (tmp_path / "base.toml").write_text(BASE.format(to=to))
-    (tmp_path / "s.toml").write_text(f'[sweep]\nbase = "base.toml"\noutput_dir = "{output_dir}"\n'
-                                     '[space]\ntraining.learning_rate = {choices = [1e-4, 3e-4]}\n')
+    (tmp_path / "s.toml").write_text(
+        f'[sweep]\nbase = "base.toml"\noutput_dir = "{output_dir}"\n'
+        "[space]\ntraining.learning_rate = {choices = [1e-4, 3e-4]}\n"
+    )
     return tmp_path / "s.toml"
 
 
@@ -33,8 +37,10 @@ def test_a_sweep_output_dir_that_is_not_a_folder_is_refused(tmp_path, kind, dry_
     path = sweep(tmp_path, "out")
     special_file(tmp_path / "out", kind)
     result = sftdoctor(["sweep", path, *(["--dry-run"] if dry_run else [])], tmp_path, [path])
-    assert (result.exit_code, result.stderr) == \
-        (2, f"sftdoctor: error: {path}: [sweep].output_dir: {tmp_path / 'out'} exists and is not a folder\n")
+    assert (result.exit_code, result.stderr) == (
+        2,
+        f"sftdoctor: error: {path}: [sweep].output_dir: {tmp_path / 'out'} exists and is not a folder\n",
+    )
 
 
 def test_a_sweep_output_dir_under_a_file_is_refused(tmp_path):
@@ -49,5 +55,7 @@ def test_a_base_whose_report_backend_is_not_installed_is_refused_in_its_own_name
     path = sweep(tmp_path, to=MISSING_BACKEND)
     result = sftdoctor(["sweep", path, "--dry-run"], tmp_path, [tmp_path / "base.toml"])
     said = f"{MISSING_BACKEND} is not installed (pip install {MISSING_BACKEND})"
-    assert (result.exit_code, result.stderr) == \
-        (2, f"sftdoctor: error: {tmp_path / 'base.toml'}: [report].to: {said}\n")
+    assert (result.exit_code, result.stderr) == (
+        2,
+        f"sftdoctor: error: {tmp_path / 'base.toml'}: [report].to: {said}\n",
+    )

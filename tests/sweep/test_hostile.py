@@ -13,15 +13,16 @@ from pathlib import Path
 import click
 import pytest
 from cli_contract import sftdoctor
-from sweeprun import LIGHT_BASE
 from hostile import NON_FINITE, NON_FINITE_JSON, SPECIAL, no_hang, remove, special_file, wrong_type
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from optuna.trial import TrialState
+from sweeprun import LIGHT_BASE
 
 from sftdoctor.cli import main
 from sftdoctor.errors import InputError
-from sftdoctor.sweep import results, study as studies
+from sftdoctor.sweep import results
+from sftdoctor.sweep import study as studies
 from sftdoctor.sweep.config import load_sweep
 from sftdoctor.sweep.journal import check_journal
 
@@ -73,20 +74,24 @@ def opened(sweep):
 
 # ---- wrong types, refused when the study is opened ---------------------------------------------------------
 
-@pytest.mark.parametrize("op, key, bad, says", [
-    (6, "values", ["1.25"], "values: a JSON list [\"1.25\"]; expected a list of one number (the objective) or null"),
-    (6, "values", [1.0, 2.0], "values: a JSON list [1.0, 2.0]; expected a list of one number"),
-    (6, "state", "COMPLETE", "state: a JSON string 'COMPLETE'; expected a trial state (0 to 4)"),
-    (6, "state", 7, "state: 7; expected a trial state (0 to 4)"),
-    (6, "datetime_complete", 12, "datetime_complete: 12; expected an ISO date and time"),
-    (7, "intermediate_value", None, "intermediate_value: a JSON null; expected a number"),
-    (7, "step", 1.5, "step: 1.5; expected an integer"),
-    (5, "param_value_internal", "1e-5", "param_value_internal: a JSON string '1e-5'; expected a finite number"),
-    (5, "distribution", "{}", "distribution: a JSON string '{}'; expected an Optuna distribution"),
-    (4, "study_id", "0", "study_id: a JSON string '0'; expected an integer"),
-    (0, "directions", ["MINIMIZE"], "directions: a JSON list [\"MINIMIZE\"]; expected a list of one study direction"),
-    (8, "user_attr", {"a": 1, "b": 2}, "user_attr: a JSON object {\"a\": 1, \"b\": 2}; expected an object of one key"),
-])
+
+@pytest.mark.parametrize(
+    "op, key, bad, says",
+    [
+        (6, "values", ["1.25"], 'values: a JSON list ["1.25"]; expected a list of one number (the objective) or null'),
+        (6, "values", [1.0, 2.0], "values: a JSON list [1.0, 2.0]; expected a list of one number"),
+        (6, "state", "COMPLETE", "state: a JSON string 'COMPLETE'; expected a trial state (0 to 4)"),
+        (6, "state", 7, "state: 7; expected a trial state (0 to 4)"),
+        (6, "datetime_complete", 12, "datetime_complete: 12; expected an ISO date and time"),
+        (7, "intermediate_value", None, "intermediate_value: a JSON null; expected a number"),
+        (7, "step", 1.5, "step: 1.5; expected an integer"),
+        (5, "param_value_internal", "1e-5", "param_value_internal: a JSON string '1e-5'; expected a finite number"),
+        (5, "distribution", "{}", "distribution: a JSON string '{}'; expected an Optuna distribution"),
+        (4, "study_id", "0", "study_id: a JSON string '0'; expected an integer"),
+        (0, "directions", ["MINIMIZE"], 'directions: a JSON list ["MINIMIZE"]; expected a list of one study direction'),
+        (8, "user_attr", {"a": 1, "b": 2}, 'user_attr: a JSON object {"a": 1, "b": 2}; expected an object of one key'),
+    ],
+)
 def test_a_journal_line_of_wrong_type_names_the_file_the_line_and_the_key(tmp_path, op, key, bad, says):
     """Each one replayed without a word and failed later: in the table (a string score), when the best was
     ranked, or at the next trial."""
@@ -111,8 +116,11 @@ def test_the_study_record_of_the_sweep_is_checked_too(tmp_path):
     number = next(i for i, r in enumerate(records, 1) if r["op_code"] == 2 and "sweep" in r["user_attr"])
     records[number - 1]["user_attr"]["sweep"]["space"][0]["low"] = "1e-6"
     write(journal, records)
-    with pytest.raises(InputError, match=rf"^{journal}: line {number}: user_attr.sweep.space\[0\].low: a JSON string "
-                                         r"'1e-6'; expected a finite number"):
+    with pytest.raises(
+        InputError,
+        match=rf"^{journal}: line {number}: user_attr.sweep.space\[0\].low: a JSON string "
+        r"'1e-6'; expected a finite number",
+    ):
         opened(sweep)
 
 
@@ -145,6 +153,7 @@ def test_a_journal_that_is_not_a_file_is_one_line(tmp_path, kind):
 
 
 # ---- objectives that are not numbers ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("literal", NON_FINITE_JSON)
 def test_a_trial_whose_objective_is_not_finite_is_never_ranked_best(tmp_path, literal):
@@ -180,9 +189,11 @@ def test_an_eval_json_of_wrong_types_is_no_objective(tmp_path):
 
 # ---- the fuzzer ------------------------------------------------------------------------------------------
 
+
 def mutations(records: list[dict]):
     """(line index, key, new value) drawn over every key of every line: a value of another JSON type, a
     non-finite number, or the key gone."""
+
     @st.composite
     def draw_one(draw):
         index = draw(st.integers(0, len(records) - 1))
@@ -200,6 +211,7 @@ def mutations(records: list[dict]):
         if how == "non-finite":
             return index, key, draw(st.sampled_from(NON_FINITE))
         return index, key, KeyError
+
     return draw_one()
 
 
@@ -215,8 +227,9 @@ def study_lines(tmp_path_factory) -> tuple[Path, Path, list[dict]]:
 
 @pytest.mark.slow  # about 20 s: 60 sweeps in-process, each refused or shown without running a trial
 @given(data=st.data())
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 def test_every_option_of_sweep_on_hostile_journals(study_lines, data):
     """Every option of `sweep` (read from click) over a study whose journal has one key of one line changed
     (another type, NaN or ±inf, or gone), or is cut short, or is not a file: a table and exit 0 or 1, or one
@@ -240,7 +253,7 @@ def test_every_option_of_sweep_on_hostile_journals(study_lines, data):
     elif kind == "cut":
         write(journal, records)
         whole = journal.read_bytes()
-        journal.write_bytes(whole[:data.draw(st.integers(0, len(whole) - 1), label="cut at")])
+        journal.write_bytes(whole[: data.draw(st.integers(0, len(whole) - 1), label="cut at")])
     else:
         special_file(journal, data.draw(st.sampled_from([k for k in SPECIAL if k not in ("empty",)]), label="kind"))
     argv = ["sweep", root / "sweep.toml"]
@@ -249,15 +262,26 @@ def test_every_option_of_sweep_on_hostile_journals(study_lines, data):
     if data.draw(st.integers(0, 4), label="facts?"):  # --facts one time in five: a bad one refuses first
         chosen = [p for p in chosen if p.is_flag]
     for option in chosen:
-        argv += [option.opts[-1]] if option.is_flag else [option.opts[-1], data.draw(st.sampled_from(
-            [root / "missing.json", root / "facts-fifo", root / "base.toml"]), label="facts")]
+        argv += (
+            [option.opts[-1]]
+            if option.is_flag
+            else [
+                option.opts[-1],
+                data.draw(
+                    st.sampled_from([root / "missing.json", root / "facts-fifo", root / "base.toml"]), label="facts"
+                ),
+            ]
+        )
     if kind == "mutate" and scored and "--dry-run" in argv:
         argv.remove("--dry-run")  # to the end of the sweep, where the best is ranked (the budget is spent)
     if kind == "cut" and "--dry-run" not in argv:
         argv.append("--dry-run")  # a cut at a line's end is a shorter, sound study: a run would train its trials
     with no_hang(60):
-        result = sftdoctor(argv, root, [journal, root / "sweep.toml", "--facts", root / "missing.json",
-                                        root / "facts-fifo", root / "base.toml"])
+        result = sftdoctor(
+            argv,
+            root,
+            [journal, root / "sweep.toml", "--facts", root / "missing.json", root / "facts-fifo", root / "base.toml"],
+        )
     for line in result.stdout.splitlines():  # "  best         trial 2: eval_loss 1.1250 (...)"
         if line.startswith("  best         trial"):
             assert math.isfinite(float(line.split(": ", 1)[1].split()[1])), result.stdout

@@ -13,8 +13,10 @@ def test_a_choice_that_fits_the_gpus_with_no_setting_of_the_others_is_dropped(tm
     narrowed = narrow(sweep, tiny_gpu_facts(tmp_path))
     assert narrowed.fits
     assert [d.choices for d in narrowed.space] == [(4,), (1e-3, 3e-3)]
-    assert narrowed.note.startswith("narrowed for 1x NVIDIA Tiny (compute capability 8.0), 1.5 GiB: dropped "
-                                    "training.per_device_batch_size = 2048 (at least 1.9 GiB per GPU)")
+    assert narrowed.note.startswith(
+        "narrowed for 1x NVIDIA Tiny (compute capability 8.0), 1.5 GiB: dropped "
+        "training.per_device_batch_size = 2048 (at least 1.9 GiB per GPU)"
+    )
     assert list(narrowed.dropped) == ["training.per_device_batch_size"]
 
 

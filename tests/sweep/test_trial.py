@@ -50,7 +50,10 @@ def test_the_follower_gives_each_evaluation_once_as_it_is_written(tmp_path):
 def fake_launcher(losses, every):
     """A stand-in for `sftdoctor train`: one evaluation every 0.2 s, then waits 30 s; it writes how it ended
     ("SIGINT", "SIGTERM" or "ran out") to `ended`, so a test sees that it was stopped without timing it."""
-    return [sys.executable, "-c", f"""
+    return [
+        sys.executable,
+        "-c",
+        f"""
 import json, signal, sys, time
 def ended(how, code):
     open("ended", "w").write(how)
@@ -65,7 +68,8 @@ try:
     ended("ran out", 0)
 except KeyboardInterrupt:
     ended("SIGINT", 130)
-"""]
+""",
+    ]
 
 
 @pytest.fixture
@@ -75,8 +79,15 @@ def median_study(tmp_path):
     study = optuna.create_study(pruner=studies.pruner(sweep))
     dist = studies.distributions(sweep.space)
     for _ in range(3):
-        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=1.0, params={"training.learning_rate": 1e-5},
-                                                  distributions=dist, intermediate_values={5: 2.0, 10: 1.5, 15: 1.0}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=TrialState.COMPLETE,
+                value=1.0,
+                params={"training.learning_rate": 1e-5},
+                distributions=dist,
+                intermediate_values={5: 2.0, 10: 1.5, 15: 1.0},
+            )
+        )
     return sweep, study
 
 
@@ -95,8 +106,11 @@ def test_a_trial_that_lags_the_median_is_stopped_at_once_and_pruned(tmp_path, me
     outcome = launched(sweep, study, trial, run_dir, fake_launcher([2.2, 2.1, 2.0, 1.9], 5), Stop())
     assert (run_dir / "ended").read_text() == "SIGINT"  # stopped, not waited for
     assert outcome.state == "pruned" and outcome.launched
-    assert outcome.why == {"id": "pruner", "title": "the median pruner stopped it at step 10: its best eval_loss so far "
-                                                    "2.1000 is worse than the median 1.5000 of 3 other trials at that step"}
+    assert outcome.why == {
+        "id": "pruner",
+        "title": "the median pruner stopped it at step 10: its best eval_loss so far "
+        "2.1000 is worse than the median 1.5000 of 3 other trials at that step",
+    }
     # never before its second evaluation: step 5 was reported, not judged
     assert study.trials[-1].intermediate_values == {5: 2.2, 10: 2.1}
 
@@ -128,8 +142,13 @@ def ended(tmp_path, code, sweep=None, **files):
 
 
 def test_the_objective_is_the_last_evaluation(tmp_path):
-    metrics = "\n".join(json.dumps(r) for r in ({"step": 5, "eval_loss": 2.0}, {"step": 10, "loss": 1.0},
-                                                {"step": 10, "eval_loss": 1.5})) + "\n"
+    metrics = (
+        "\n".join(
+            json.dumps(r)
+            for r in ({"step": 5, "eval_loss": 2.0}, {"step": 10, "loss": 1.0}, {"step": 10, "eval_loss": 1.5})
+        )
+        + "\n"
+    )
     outcome = ended(tmp_path, 0, metrics_jsonl=metrics)
     assert (outcome.state, outcome.value, outcome.why["title"]) == ("complete", 1.5, "eval_loss at step 10")
 
@@ -156,8 +175,12 @@ def test_a_watchers_stop_and_a_failed_rehearsal_prune_the_trial_anything_else_fa
 
 def test_an_lm_eval_objective_is_read_from_eval_json(tmp_path):
     (tmp_path / "tasks").mkdir()
-    sweep = light_sweep(tmp_path, "lora.r = {choices = [8, 16]}", 'objective = "eval:count/acc"',
-                        base_extra='\n[eval]\ntasks = ["count"]\ninclude = "tasks"\n')
+    sweep = light_sweep(
+        tmp_path,
+        "lora.r = {choices = [8, 16]}",
+        'objective = "eval:count/acc"',
+        base_extra='\n[eval]\ntasks = ["count"]\ninclude = "tasks"\n',
+    )
     doc = {"metrics": {"count": {"acc": {"value": 0.75, "stderr": 0.1}, "acc_norm": {"value": 0.7, "stderr": 0.1}}}}
     outcome = ended(tmp_path, 0, sweep, eval_json=json.dumps(doc))
     assert (outcome.state, outcome.value, outcome.why["title"]) == ("complete", 0.75, "count acc")
@@ -167,7 +190,9 @@ def test_a_combination_the_run_config_refuses_is_pruned_before_the_gate(tmp_path
     """Each value passes alone (the sweep file is read), the pair does not: several nodes need one given port."""
     from sftdoctor.sweep.trial import run_trial
 
-    sweep = light_sweep(tmp_path, 'launch.nnodes = {choices = [1, 2]}\nlaunch.master_port = {choices = [29500, "auto"]}')
+    sweep = light_sweep(
+        tmp_path, 'launch.nnodes = {choices = [1, 2]}\nlaunch.master_port = {choices = [29500, "auto"]}'
+    )
     study = optuna.create_study()
     study.enqueue_trial({"launch.nnodes": 2, "launch.master_port": "auto"})
     trial = study.ask(studies.distributions(sweep.space))

@@ -4,7 +4,6 @@ import dataclasses
 import warnings
 
 import pytest
-
 from conftest import EXAMPLES, plan_of, run_of
 
 
@@ -30,7 +29,9 @@ def test_modules_to_save_train_in_fp32_under_amp_unless_deepspeed_keeps_the_mast
 
     from sftdoctor.train.adapters import trainable_in_fp32
 
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(EXAMPLES / "tiny" / "model"), dtype=torch.float16)
+    model = AutoModelForCausalLM.from_config(
+        AutoConfig.from_pretrained(EXAMPLES / "tiny" / "model"), dtype=torch.float16
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"]))

@@ -11,8 +11,8 @@ import torch
 import transformers
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from sftdoctor.train.callbacks import CompleteCheckpoints, Metrics, MetricsInLogs, StepLines, StopAfter, TokenCounter
 from sftdoctor.run.checkpoints import MARKER, is_complete, newest_complete
+from sftdoctor.train.callbacks import CompleteCheckpoints, Metrics, MetricsInLogs, StepLines, StopAfter, TokenCounter
 
 
 def batch(mask_rows):
@@ -26,6 +26,7 @@ def args_for(tmp_path, **kw):
 
 
 # ---------------------------------------------------------------- TokenCounter
+
 
 def test_token_counter_counts_real_tokens_from_the_attention_mask():
     counter = TokenCounter()
@@ -52,8 +53,12 @@ def test_adding_never_reads_the_count_back_from_the_device():
     # Meta tensors have no values: any .item()/float()/bool() in add() (a device sync on a GPU) would raise here.
     counter = TokenCounter()
     for _ in range(3):
-        counter.add({"input_ids": torch.ones(2, 8, dtype=torch.long, device="meta"),
-                     "attention_mask": torch.ones(2, 8, dtype=torch.long, device="meta")})
+        counter.add(
+            {
+                "input_ids": torch.ones(2, 8, dtype=torch.long, device="meta"),
+                "attention_mask": torch.ones(2, 8, dtype=torch.long, device="meta"),
+            }
+        )
     assert counter.real.device.type == "meta"
     assert counter.slots == 48
     with pytest.raises(Exception):
@@ -61,6 +66,7 @@ def test_adding_never_reads_the_count_back_from_the_device():
 
 
 # ---------------------------------------------------------------- Metrics
+
 
 def records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -142,12 +148,17 @@ def test_only_rank_0_writes_the_metrics_log(tmp_path):
 
 # ---------------------------------------------------------------- StepLines
 
+
 def test_step_lines_print_one_concise_line_per_logging_step(tmp_path, capsys):
     lines = StepLines()
     args, control = args_for(tmp_path), TrainerControl()
     state = TrainerState(global_step=3, max_steps=10)
-    lines.on_log(args, state, control, logs={"loss": 1.23451, "grad_norm": 0.5, "learning_rate": 0.001,
-                                             "tokens_per_second": 1234.4, "epoch": 0.3})
+    lines.on_log(
+        args,
+        state,
+        control,
+        logs={"loss": 1.23451, "grad_norm": 0.5, "learning_rate": 0.001, "tokens_per_second": 1234.4, "epoch": 0.3},
+    )
     assert capsys.readouterr().out == "step 3/10  loss 1.2345  grad_norm 0.500  lr 0.001  tok/s 1234\n"
 
 
@@ -165,14 +176,16 @@ def test_step_lines_print_an_eval_line(tmp_path, capsys):
 
 def test_step_lines_print_nothing_on_other_ranks_or_for_other_logs(tmp_path, capsys):
     args, control = args_for(tmp_path), TrainerControl()
-    StepLines().on_log(args, TrainerState(is_world_process_zero=False, global_step=1, max_steps=2), control,
-                       logs={"loss": 1.0})
+    StepLines().on_log(
+        args, TrainerState(is_world_process_zero=False, global_step=1, max_steps=2), control, logs={"loss": 1.0}
+    )
     StepLines().on_log(args, TrainerState(global_step=2, max_steps=2), control, logs={"train_runtime": 3.0})
     StepLines().on_log(args, TrainerState(global_step=2, max_steps=2), control, logs=None)
     assert capsys.readouterr().out == ""
 
 
 # ---------------------------------------------------------------- StopAfter and CompleteCheckpoints
+
 
 def test_stop_after_saves_and_stops_at_its_step(tmp_path):
     stop, args = StopAfter(3), args_for(tmp_path)
@@ -198,12 +211,14 @@ def test_complete_checkpoints_marks_nothing_without_the_folder_or_off_rank_0(tmp
     CompleteCheckpoints().on_save(args_for(tmp_path), TrainerState(global_step=6), TrainerControl())
     assert not (tmp_path / "checkpoint-6").exists()  # no folder is created for a save that did not happen
     (tmp_path / "checkpoint-6").mkdir()
-    CompleteCheckpoints().on_save(args_for(tmp_path), TrainerState(global_step=6, is_world_process_zero=False),
-                                  TrainerControl())
+    CompleteCheckpoints().on_save(
+        args_for(tmp_path), TrainerState(global_step=6, is_world_process_zero=False), TrainerControl()
+    )
     assert not is_complete(tmp_path / "checkpoint-6")
 
 
 # ---------------------------------------------------------------- a real Trainer
+
 
 class Rows(torch.utils.data.Dataset):
     """Rows of 8 ids, the last `pad` of them padding."""
@@ -241,13 +256,28 @@ class Seen(transformers.TrainerCallback):
 
 def test_a_real_trainer_logs_marks_its_checkpoint_and_stops_after_the_step(tmp_path, capsys):
     torch.manual_seed(0)
-    config = transformers.Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=1)
+    config = transformers.Qwen2Config(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     model = transformers.Qwen2ForCausalLM(config)
     out = tmp_path / "run"
-    args = TrainingArguments(output_dir=str(out), report_to="none", use_cpu=True, max_steps=10, logging_steps=1,
-                             save_steps=100, per_device_train_batch_size=2, learning_rate=1e-3, disable_tqdm=True,
-                             save_only_model=True)
+    args = TrainingArguments(
+        output_dir=str(out),
+        report_to="none",
+        use_cpu=True,
+        max_steps=10,
+        logging_steps=1,
+        save_steps=100,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        disable_tqdm=True,
+        save_only_model=True,
+    )
     counter = TokenCounter()
     seen = Seen()  # at construction, as report_to's wandb and tensorboard callbacks are: before ours
     trainer = CountingTrainer(model=model, args=args, train_dataset=Rows([3] * 6), callbacks=[seen])
@@ -267,8 +297,9 @@ def test_a_real_trainer_logs_marks_its_checkpoint_and_stops_after_the_step(tmp_p
     assert [r["tokens_seen"] for r in steps] == [10, 20]
     assert [r["padding_fraction"] for r in steps] == [0.375, 0.375]
     # what metrics.jsonl holds, a wandb or tensorboard callback got too: the same values in the same logs
-    assert [{k: logs[k] for k in ("tokens_seen", "step_time_s", "host_rss_gib", "max_grad_norm")} for logs in seen.logs] \
-        == [{k: r[k] for k in ("tokens_seen", "step_time_s", "host_rss_gib", "max_grad_norm")} for r in steps]
+    assert [
+        {k: logs[k] for k in ("tokens_seen", "step_time_s", "host_rss_gib", "max_grad_norm")} for logs in seen.logs
+    ] == [{k: r[k] for k in ("tokens_seen", "step_time_s", "host_rss_gib", "max_grad_norm")} for r in steps]
     assert all(r["grad_norm"] > 0 and r["max_grad_norm"] == 1.0 for r in steps)
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert printed[0].startswith("step 1/10  loss ") and printed[1].startswith("step 2/10  loss ")

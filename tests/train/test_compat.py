@@ -29,8 +29,14 @@ C10D_INCLUDE = ("include", "torch", "csrc", "distributed", "c10d")
 
 
 def python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def free_port() -> int:
@@ -40,23 +46,34 @@ def free_port() -> int:
 
 
 def test_importing_compat_and_building_the_launch_env_load_no_heavy_library():
-    proc = python("import sys, pathlib\n"
-                  "from sftdoctor.train import compat\n"
-                  "compat.flight_recorder_env(pathlib.Path('run'))\n"
-                  f"print([m for m in {HEAVY!r} if m in sys.modules])")
+    proc = python(
+        "import sys, pathlib\n"
+        "from sftdoctor.train import compat\n"
+        "compat.flight_recorder_env(pathlib.Path('run'))\n"
+        f"print([m for m in {HEAVY!r} if m in sys.modules])"
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
 
 
 # ---------------------------------------------------------------- a tiny real trainer
 
+
 def tiny_qwen2():
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=1))
+    return Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +85,17 @@ def trained(tmp_path_factory):
 
     torch.manual_seed(0)
     rows = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 64, (8, 12)).tolist()]
-    args = TrainingArguments(output_dir=str(tmp_path_factory.mktemp("trainer")), max_steps=2, use_cpu=True,
-                             report_to=[], logging_steps=1, per_device_train_batch_size=2,
-                             gradient_accumulation_steps=2, save_strategy="no", disable_tqdm=True)
+    args = TrainingArguments(
+        output_dir=str(tmp_path_factory.mktemp("trainer")),
+        max_steps=2,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     trainer = Trainer(model=tiny_qwen2(), args=args, train_dataset=rows)
     seen: list = []
     compat.wrap_grad_norm(trainer, seen.append)
@@ -79,6 +104,7 @@ def trained(tmp_path_factory):
 
 
 # ---------------------------------------------------------------- TRL's packing input
+
 
 @pytest.mark.parametrize("packing", [True, False])
 def test_capture_pack_input_keeps_the_tokenized_rows_in_the_order_given(tmp_path, packing):
@@ -103,6 +129,7 @@ def test_capture_pack_input_keeps_the_tokenized_rows_in_the_order_given(tmp_path
 
 
 # ---------------------------------------------------------------- transformers Trainer._get_grad_norm
+
 
 def test_get_grad_norm_keeps_the_signature_the_training_loop_calls():
     from transformers import Trainer
@@ -135,6 +162,7 @@ def test_wrap_grad_norm_without_the_method_names_the_version():
 
 # ---------------------------------------------------------------- zero3_enabled
 
+
 def test_zero3_enabled_follows_a_live_zero3_config():
     from transformers.integrations.deepspeed import HfDeepSpeedConfig
 
@@ -147,6 +175,7 @@ def test_zero3_enabled_follows_a_live_zero3_config():
 
 
 # ---------------------------------------------------------------- accelerate / DeepSpeed fp16 state
+
 
 def test_optimizer_step_was_skipped_and_loss_scale_on_an_fp32_trainer(trained):
     from accelerate import Accelerator
@@ -179,8 +208,9 @@ def test_deepspeed_fp16_optimizers_expose_the_scale_loss_scale_reads():
     assert isinstance(inspect.getattr_static(DeepSpeedOptimizerWrapper, "step_was_skipped"), property)
 
     def engine(**optimizer):
-        return SimpleNamespace(accelerator=SimpleNamespace(scaler=None),
-                               deepspeed=SimpleNamespace(optimizer=SimpleNamespace(**optimizer)))
+        return SimpleNamespace(
+            accelerator=SimpleNamespace(scaler=None), deepspeed=SimpleNamespace(optimizer=SimpleNamespace(**optimizer))
+        )
 
     assert compat.loss_scale(engine(loss_scale=256.0, cur_scale=256.0)) == 256.0  # ZeRO-1/2/3
     assert compat.loss_scale(engine(loss_scale=128.0)) == 128.0  # ZeRO-0 FP16_Optimizer
@@ -189,6 +219,7 @@ def test_deepspeed_fp16_optimizers_expose_the_scale_loss_scale_reads():
 
 
 # ---------------------------------------------------------------- liger-kernel
+
 
 def test_liger_instance_entry_point_and_the_qwen2_keywords_it_forwards():
     from liger_kernel.transformers import _apply_liger_kernel_to_instance
@@ -235,6 +266,7 @@ def test_apply_liger_kernels_patches_qwen2_on_cpu_and_its_forward_needs_a_gpu():
 
 
 # ---------------------------------------------------------------- torch.distributed
+
 
 @pytest.fixture
 def gloo_group():
@@ -305,6 +337,7 @@ def test_process_groups_are_named_as_the_flight_recorder_names_them(gloo_group):
 
 # ---------------------------------------------------------------- flight recorder environment names
 
+
 def shared_library_has(name: str) -> bool:
     """Whether libtorch_cpu (where c10d's FlightRecorder.cpp is compiled) holds `name` as a C string."""
     path = module_file("torch", "lib", "libtorch_cpu.so")
@@ -320,8 +353,11 @@ def test_flight_recorder_env_uses_the_names_the_installed_torch_reads(tmp_path):
     nccl_header = module_file("torch", *C10D_INCLUDE, "ProcessGroupNCCL.hpp").read_text()
     # torch 2.13: the new buffer-size name, the old one still its fallback.
     assert re.search(r'\{"TORCH_FR_BUFFER_SIZE",\s*"TORCH_NCCL_TRACE_BUFFER_SIZE"\}', header)
-    assert env == {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-                   "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "nccl-trace-rank-")}
+    assert env == {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "nccl-trace-rank-"),
+    }
     assert "TORCH_FR_BUFFER_SIZE" in header
     assert '"TORCH_NCCL_DUMP_ON_TIMEOUT"' in nccl_header
     # No header names the dump file: FlightRecorder.cpp reads it, so look in the library.
@@ -330,8 +366,11 @@ def test_flight_recorder_env_uses_the_names_the_installed_torch_reads(tmp_path):
 
 
 def test_flight_recorder_env_falls_back_to_the_old_names(tmp_path, monkeypatch):
-    old = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-           "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "nccl-trace-rank-")}
+    old = {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "nccl-trace-rank-"),
+    }
     monkeypatch.setattr(compat, "module_file", lambda *parts: None)  # torch before FlightRecorder.hpp
     assert compat.flight_recorder_env(tmp_path) == old
     older = tmp_path / "FlightRecorder.hpp"

@@ -14,7 +14,7 @@ def shown(data: bytes, piece: int = 1 << 20) -> tuple[str, bytes]:
     log, terminal = io.BytesIO(), io.BytesIO()
     console = Console(log, terminal)
     for start in range(0, len(data), piece):
-        console.feed(data[start:start + piece])
+        console.feed(data[start : start + piece])
     console.close()
     return terminal.getvalue().decode(), log.getvalue()
 
@@ -46,20 +46,24 @@ def test_a_progress_bar_redrawn_with_carriage_returns_passes_as_it_comes():
 
 def test_a_restarted_rank_after_a_failure_is_still_shown():
     """With max_restarts torchrun reports the failure, then starts the ranks again: no report follows."""
-    data = (b"E1201 13:14:09.686000 15254 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
-            b"(exitcode: -9) local_rank: 0 (pid: 15275) of binary: /venv/bin/python3\n"
-            b"W1201 13:14:10.000000 15254 torch/distributed/elastic/agent/server/api.py:725] Restarting workers\n"
-            b"step 3/60  loss 2.1\n")
+    data = (
+        b"E1201 13:14:09.686000 15254 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+        b"(exitcode: -9) local_rank: 0 (pid: 15275) of binary: /venv/bin/python3\n"
+        b"W1201 13:14:10.000000 15254 torch/distributed/elastic/agent/server/api.py:725] Restarting workers\n"
+        b"step 3/60  loss 2.1\n"
+    )
     terminal, _ = shown(data)
     assert "Restarting workers" in terminal and "step 3/60  loss 2.1" in terminal
 
 
 def test_the_stacks_harmless_lines_are_kept_out_of_the_terminal_only():
-    data = (b"DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully\n"
-            b"/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:83: FutureWarning: "
-            b"`torch.distributed.all_gather_into_tensor` is deprecated. Please use `torch.distributed.all_gather_single` instead.\n"
-            b"  return func(*args, **kwargs)\n"
-            b"step 1/4  loss 5.9\n")
+    data = (
+        b"DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully\n"
+        b"/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:83: FutureWarning: "
+        b"`torch.distributed.all_gather_into_tensor` is deprecated. Please use `torch.distributed.all_gather_single` instead.\n"
+        b"  return func(*args, **kwargs)\n"
+        b"step 1/4  loss 5.9\n"
+    )
     terminal, log = shown(data)
     assert terminal == "step 1/4  loss 5.9\n" and log == data
 
@@ -84,10 +88,14 @@ def test_after_sigterm_the_ranks_own_save_lines_still_show():
     terminal = io.BytesIO()
     console = Console(io.BytesIO(), terminal)
     console.stopping = True
-    console.feed(b"sftdoctor: SIGTERM (seen first by rank 0): every rank stops after step 9 with a checkpoint "
-                 b"(saving takes about 0.0 s; 30 s of grace left)\n"
-                 b"step 9/400  loss 5.3302  grad_norm 1.882  lr 0.002  tok/s 1363\n"
-                 b"[rank1]: [rank1]: sftdoctor: SIGTERM: checkpoint-9 saved in 0.0 s\n")
+    console.feed(
+        b"sftdoctor: SIGTERM (seen first by rank 0): every rank stops after step 9 with a checkpoint "
+        b"(saving takes about 0.0 s; 30 s of grace left)\n"
+        b"step 9/400  loss 5.3302  grad_norm 1.882  lr 0.002  tok/s 1363\n"
+        b"[rank1]: [rank1]: sftdoctor: SIGTERM: checkpoint-9 saved in 0.0 s\n"
+    )
     shown_lines = terminal.getvalue().decode().splitlines()
     assert [line[:40] for line in shown_lines] == [
-        "sftdoctor: SIGTERM (seen first by rank 0", "[rank1]: sftdoctor: SIGTERM: checkpoint-"]
+        "sftdoctor: SIGTERM (seen first by rank 0",
+        "[rank1]: sftdoctor: SIGTERM: checkpoint-",
+    ]

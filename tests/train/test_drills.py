@@ -1,8 +1,8 @@
 """`--drill`: parsed, and refused when it could never fire."""
 
 import pytest
-
 from conftest import make_run, plan_of
+
 from sftdoctor.errors import InputError
 from sftdoctor.train.drills import check_drill, parse_drill
 

@@ -5,13 +5,15 @@ import json
 import sys
 
 from conftest import plan_of, run_of
+
 from sftdoctor.run.checkpoints import mark_complete
 from sftdoctor.train.evaluation import command, result_line, targets
 
 
 def plan(tmp_path, **given):
-    return plan_of(run_of(eval={"tasks": ("a", "b"), **given}, model={"weights": "random"},
-                          training={"output_dir": str(tmp_path)}))
+    return plan_of(
+        run_of(eval={"tasks": ("a", "b"), **given}, model={"weights": "random"}, training={"output_dir": str(tmp_path)})
+    )
 
 
 def test_every_nth_complete_checkpoint_then_the_final_model(tmp_path):
@@ -20,8 +22,10 @@ def test_every_nth_complete_checkpoint_then_the_final_model(tmp_path):
         if step != 30:
             mark_complete(tmp_path / f"checkpoint-{step}", step)
     chosen = targets(plan(tmp_path, every_n_checkpoints=2), tmp_path)
-    assert [(t.name, o.name) for t, o in chosen] == [("checkpoint-20", "eval-checkpoint-20.json"),
-                                                      (tmp_path.name, "eval.json")]
+    assert [(t.name, o.name) for t, o in chosen] == [
+        ("checkpoint-20", "eval-checkpoint-20.json"),
+        (tmp_path.name, "eval.json"),
+    ]
     assert [t for t, _ in targets(plan(tmp_path), tmp_path)] == [tmp_path]  # 0: the final model only
 
 
@@ -36,8 +40,13 @@ def test_the_command_evaluates_against_the_random_base_the_run_saved(tmp_path):
 
 def test_the_summary_line_is_read_from_the_result_and_absent_without_one(tmp_path):
     assert result_line(tmp_path) is None
-    (tmp_path / "eval.json").write_text(json.dumps({
-        "metrics": {"t": {"acc": {"value": 0.75, "stderr": 0.04}}},
-        "base": {"metrics": {"t": {"acc": {"value": 0.64, "stderr": 0.05}}}},
-        "settings": {"num_fewshot": None, "limit": None, "lm_eval": "0.4.13"}}))
+    (tmp_path / "eval.json").write_text(
+        json.dumps(
+            {
+                "metrics": {"t": {"acc": {"value": 0.75, "stderr": 0.04}}},
+                "base": {"metrics": {"t": {"acc": {"value": 0.64, "stderr": 0.05}}}},
+                "settings": {"num_fewshot": None, "limit": None, "lm_eval": "0.4.13"},
+            }
+        )
+    )
     assert result_line(tmp_path) == f"t acc 0.750 (base 0.640, +0.110); {tmp_path / 'eval.json'}"

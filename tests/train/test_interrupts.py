@@ -12,11 +12,10 @@ import sys
 import time
 
 import pytest
-
 from conftest import install_plugin
 from trainrun import config
 
-STALLING = '''
+STALLING = """
 import os, time
 from pathlib import Path
 from sftdoctor.checks import check
@@ -37,7 +36,7 @@ else:
     @check("site-stall", "a curve reader that waits, for a signal to arrive at the end of the run", phase="postrun")
     def site_stall(curves):
         return stall()
-'''
+"""
 
 
 def started(tmp_path, phase, tiny_data):
@@ -46,8 +45,14 @@ def started(tmp_path, phase, tiny_data):
     mark = tmp_path / "stalled"
     env = {**install_plugin(site, STALLING), "STALL_PHASE": phase, "STALL_MARK": str(mark)}
     cfg = config(tmp_path, tiny_data["text"], training={"packing": False, "max_steps": 2, "save_steps": 2})
-    proc = subprocess.Popen([sys.executable, "-m", "sftdoctor", "train", str(cfg)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sftdoctor", "train", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
     while not mark.exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()

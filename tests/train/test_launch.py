@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from conftest import make_run, plan_of
+
 from sftdoctor.train.launch import command, worker_env
 
 H100x8 = "h100_sxm_8x_driver550_modal_glossary.txt"
@@ -28,8 +28,18 @@ def test_workers_load_a_cached_hub_model_offline(tmp_path, monkeypatch):
 
 
 def test_torchrun_gets_the_node_rank_as_who_hosts_the_rendezvous(tmp_path):
-    two = lambda rank: plan_of(make_run(tmp_path, launch={"nproc_per_node": 2, "nnodes": 2, "node_rank": rank,  # noqa: E731
-                                                           "master_addr": "node0", "master_port": 29400}))
+    two = lambda rank: plan_of(
+        make_run(
+            tmp_path,
+            launch={
+                "nproc_per_node": 2,
+                "nnodes": 2,
+                "node_rank": rank,  # noqa: E731
+                "master_addr": "node0",
+                "master_port": 29400,
+            },
+        )
+    )
     head, other = command(tmp_path / "r.json", two(0), False, None), command(tmp_path / "r.json", two(1), True, None)
     assert "--rdzv-conf=is_host=true,join_timeout=600" in head and "--rdzv-conf=is_host=false,join_timeout=600" in other
     assert "--rdzv-endpoint=node0:29400" in head and "--nnodes=2" in head and other[-1] == "--resume"
@@ -55,8 +65,12 @@ def test_a_busy_default_port_does_not_block_train(tmp_path, tiny_data):
     except OSError:
         pass  # already held by something else on this host: the same situation
     try:
-        proc = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(cfg), "--dry-run"],
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", "sftdoctor", "train", str(cfg), "--dry-run"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         holder.close()
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -72,20 +86,34 @@ def test_check_dry_run_and_the_worker_agree_on_the_precision(tmp_path, tiny_data
     import subprocess
     import sys
 
-    from sftdoctor.run import Plan
     from trainrun import config
 
-    cfg = config(tmp_path, tiny_data["text"], training={"packing": False}, extra={"model": {
-        "path": str(tiny_data["text"] / "model"), "weights": "random", "precision": asked}})
-    doc = json.loads(subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--json", "--config", str(cfg)],
-                                    capture_output=True, text=True).stdout)
+    from sftdoctor.run import Plan
+
+    cfg = config(
+        tmp_path,
+        tiny_data["text"],
+        training={"packing": False},
+        extra={"model": {"path": str(tiny_data["text"] / "model"), "weights": "random", "precision": asked}},
+    )
+    doc = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "sftdoctor", "check", "--json", "--config", str(cfg)], capture_output=True, text=True
+        ).stdout
+    )
     decided = doc["facts"]["facts"]["plan"]["precision"]
     assert decided == ("fp32" if asked == "auto" else asked)  # no GPU here
-    dry = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(cfg), "--dry-run"], capture_output=True, text=True)
+    dry = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "train", str(cfg), "--dry-run"], capture_output=True, text=True
+    )
     assert f"precision       {decided} " in dry.stdout
     if asked in ("auto", "fp32"):  # the CPU trains these; the rehearsal writes what the workers read
-        smoke = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(cfg), "--smoke", "--force"],
-                               capture_output=True, text=True, timeout=600)
+        smoke = subprocess.run(
+            [sys.executable, "-m", "sftdoctor", "train", str(cfg), "--smoke", "--force"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert smoke.returncode == 0, smoke.stdout[-2000:] + smoke.stderr[-2000:]
         plan = Plan.from_json(json.loads((tmp_path / "out" / "smoke" / "resolved-smoke.json").read_text()))
         assert plan.precision == decided and plan.load_dtype == "float32"
@@ -96,6 +124,9 @@ def test_a_failure_no_signature_knows_is_told_by_its_last_words_not_torchruns_ru
 
     log = tmp_path / "train.log"
     log.write_text("loading the model\nrank 1 exited with code 1\n" + "=" * 60 + "\n")  # no exception to quote
-    assert failure_cause(log) == f"rank 1 exited with code 1 (line 2 of {log}; no known cause: `sftdoctor explain --log {log}`)"
+    assert (
+        failure_cause(log)
+        == f"rank 1 exited with code 1 (line 2 of {log}; no known cause: `sftdoctor explain --log {log}`)"
+    )
     log.write_text("loading the model\nbye\n" + "=" * 60 + "\n")  # nothing that shows a failure: its last words
     assert failure_cause(log) == "bye"

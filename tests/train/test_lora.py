@@ -11,7 +11,6 @@ import sys
 import uuid
 
 import pytest
-
 from trainrun import EXAMPLES, complete, config, metrics, train
 
 TINY = EXAMPLES / "tiny"
@@ -74,8 +73,13 @@ def test_lora_trains_the_tiny_example_and_the_loss_falls(lora_run):
     assert complete(run_dir) == ["checkpoint-3", "checkpoint-6"]
     assert "AutoPeftModelForCausalLM.from_pretrained" in proc.stdout and "final-merged" in proc.stdout
     final = run_dir / "final"
-    assert {"adapter_config.json", "adapter_model.safetensors", "generation_config.json", "tokenizer.json",
-            "README.md"} <= {p.name for p in final.iterdir()}
+    assert {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "README.md",
+    } <= {p.name for p in final.iterdir()}
     assert not (final / "model.safetensors").exists()  # the adapter only, not a whole model
     adapter = json.loads((final / "adapter_config.json").read_text())
     assert adapter["base_model_name_or_path"] == str(run_dir / "base")
@@ -98,8 +102,9 @@ def test_only_the_adapters_change(lora_run):
     base = AutoModelForCausalLM.from_pretrained(run_dir / "base")
     reference = {k: v.clone() for k, v in base.state_dict().items()}
     torch.manual_seed(plan["seed"])  # as sft.load_model builds a random base
-    fresh = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY / "model"), dtype=torch.float32,
-                                             attn_implementation=plan["attn_implementation"])
+    fresh = AutoModelForCausalLM.from_config(
+        AutoConfig.from_pretrained(TINY / "model"), dtype=torch.float32, attn_implementation=plan["attn_implementation"]
+    )
     assert fresh.state_dict().keys() == reference.keys()
     assert all(torch.equal(fresh.state_dict()[k], v) for k, v in reference.items())
 
@@ -187,12 +192,14 @@ def test_resume_continues_the_adapters_from_the_newest_complete_checkpoint(lora_
     assert resumed.keys() == uninterrupted.keys()
     for name, tensor in resumed.items():
         assert torch.allclose(tensor, uninterrupted[name], atol=1e-5), name
-    assert json.loads((run_dir / "final" / "adapter_config.json").read_text())["base_model_name_or_path"] == \
-        str(run_dir / "base")
+    assert json.loads((run_dir / "final" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(
+        run_dir / "base"
+    )
     assert (run_dir / "final-merged" / "model.safetensors").is_file()
 
 
 # ---------------------------------------------------------------- several processes
+
 
 def assert_adapter_written(run_dir, steps):
     from peft import AutoPeftModelForCausalLM
@@ -208,8 +215,9 @@ def assert_adapter_written(run_dir, steps):
 
 @pytest.mark.slow
 def test_lora_on_two_processes_ddp_over_gloo(tmp_path):
-    cfg = lora_config(tmp_path, training={"max_steps": 2, "save_steps": 2}, lora={"merge": False},
-                      launch={"nproc_per_node": 2})
+    cfg = lora_config(
+        tmp_path, training={"max_steps": 2, "save_steps": 2}, lora={"merge": False}, launch={"nproc_per_node": 2}
+    )
     proc = train(cfg, "--no-rehearse")  # the rehearsal has tests of its own; this one keeps the file short
     assert proc.returncode == 0, said(proc)
     assert re.search(r"world size +2 ", proc.stdout) and "rehearsing" not in proc.stdout
@@ -223,8 +231,13 @@ def test_lora_on_two_processes_ddp_over_gloo(tmp_path):
 
 @pytest.mark.slow
 def test_lora_on_two_processes_deepspeed_zero2(tmp_path):
-    cfg = lora_config(tmp_path, training={"max_steps": 2, "save_steps": 2}, lora={"merge": False},
-                      launch={"nproc_per_node": 2}, deepspeed={"zero_stage": 2})
+    cfg = lora_config(
+        tmp_path,
+        training={"max_steps": 2, "save_steps": 2},
+        lora={"merge": False},
+        launch={"nproc_per_node": 2},
+        deepspeed={"zero_stage": 2},
+    )
     proc = train(cfg, "--no-rehearse")
     assert proc.returncode == 0, said(proc)
     assert re.search(r"deepspeed +ZeRO-2", proc.stdout) and "sftdoctor: run complete: 2 steps" in proc.stdout
@@ -236,9 +249,14 @@ def test_lora_on_two_processes_deepspeed_zero2(tmp_path):
 
 # ---------------------------------------------------------------- refused before any training
 
+
 def check_json(cfg, *flags) -> tuple[int, list[dict]]:
-    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--config", str(cfg), "--json", *flags],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "check", "--config", str(cfg), "--json", *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return proc.returncode, json.loads(proc.stdout)["findings"]
 
 
@@ -272,8 +290,13 @@ def test_qlora_without_a_cuda_gpu_is_an_error_and_train_does_not_start(tmp_path)
         assert any("needs bitsandbytes, which is not installed" in t for t in titles), titles
 
     mark = uuid.uuid4().hex
-    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(cfg)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "SFTDOCTOR_TEST_MARK": mark})
+    proc = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "train", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "SFTDOCTOR_TEST_MARK": mark},
+    )
     assert proc.returncode == 1, said(proc)  # the gate's exit: an error finding (2 is bad input)
     assert "not starting: the checks above found errors" in proc.stdout
     assert "qlora" in proc.stdout and "needs a CUDA GPU" in proc.stdout
@@ -299,8 +322,13 @@ def test_qlora_quantization_config_and_the_load_up_to_bitsandbytes(tmp_path, mon
     from sftdoctor.train import sft
 
     for stage, storage in ((0, torch.uint8), (2, torch.uint8), (3, torch.bfloat16)):
-        plan = plan_of(run_of(model={"precision": "bf16"}, lora={"quantize": "4bit"},
-                              **({"deepspeed": {"zero_stage": stage}} if stage else {})))
+        plan = plan_of(
+            run_of(
+                model={"precision": "bf16"},
+                lora={"quantize": "4bit"},
+                **({"deepspeed": {"zero_stage": stage}} if stage else {}),
+            )
+        )
         assert (plan.lora["compute_dtype"], plan.lora["quant_storage"]) == ("bfloat16", str(storage).split(".")[1])
         q = quantization_config(plan)
         assert isinstance(q, BitsAndBytesConfig) and q.load_in_4bit and not q.load_in_8bit
@@ -313,8 +341,13 @@ def test_qlora_quantization_config_and_the_load_up_to_bitsandbytes(tmp_path, mon
     assert quantization_config(plan_of(run_of(lora={}))) is None
     assert quantization_config(plan_of(run_of())) is None
 
-    plan = plan_of(run_of(model={"path": str(TINY / "model"), "weights": "random", "precision": "bf16"},
-                          training={"output_dir": str(tmp_path / "out")}, lora={"quantize": "4bit"}))
+    plan = plan_of(
+        run_of(
+            model={"path": str(TINY / "model"), "weights": "random", "precision": "bf16"},
+            training={"output_dir": str(tmp_path / "out")},
+            lora={"quantize": "4bit"},
+        )
+    )
     if find_spec("bitsandbytes") is None:  # the real load on this machine: refused by transformers, by name
         with pytest.raises(ImportError, match="bitsandbytes"):
             sft.load_model(plan)

@@ -8,8 +8,15 @@ from sftdoctor.train.noise import quiet_worker, tied_names, worker_env
 def tiny_qwen2(tied: bool):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    config = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=tied)
+    config = Qwen2Config(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=tied,
+    )
     return AutoModelForCausalLM.from_config(config)
 
 
@@ -34,7 +41,8 @@ def test_the_missing_tied_lm_head_on_resume_is_silenced_and_a_real_missing_key_i
     finally:
         log.removeHandler(kept)
     assert kept.messages == [
-        "There were missing keys in the checkpoint model loaded: ['lm_head.weight', 'model.norm.weight']."]
+        "There were missing keys in the checkpoint model loaded: ['lm_head.weight', 'model.norm.weight']."
+    ]
 
 
 def test_cpu_runs_name_their_accelerator_and_several_processes_their_threads():

@@ -6,24 +6,37 @@ import subprocess
 import sys
 
 import pytest
-
 from trainrun import complete, config, metrics, train
 
 pytestmark = pytest.mark.slow  # end-to-end: a real 2-rank DeepSpeed run
 
 
 def test_a_zero2_checkpoint_of_two_ranks_is_not_resumed_on_one(tmp_path, tiny_data):
-    two = config(tmp_path, tiny_data["text"], launch={"nproc_per_node": 2}, deepspeed={"zero_stage": 2},
-                 training={"packing": False, "max_steps": 2, "save_steps": 2})
+    two = config(
+        tmp_path,
+        tiny_data["text"],
+        launch={"nproc_per_node": 2},
+        deepspeed={"zero_stage": 2},
+        training={"packing": False, "max_steps": 2, "save_steps": 2},
+    )
     first = train(two, "--no-rehearse")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     run_dir = tmp_path / "out"
     assert complete(run_dir) == ["checkpoint-2"]
     before = metrics(run_dir)
-    one = config(tmp_path, tiny_data["text"], launch={"nproc_per_node": 1}, deepspeed={"zero_stage": 2},
-                 training={"packing": False, "max_steps": 4, "save_steps": 2})
-    checked = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--config", str(one), "--select",
-                              "zero-resume", "--json"], capture_output=True, text=True, timeout=300)
+    one = config(
+        tmp_path,
+        tiny_data["text"],
+        launch={"nproc_per_node": 1},
+        deepspeed={"zero_stage": 2},
+        training={"packing": False, "max_steps": 4, "save_steps": 2},
+    )
+    checked = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "check", "--config", str(one), "--select", "zero-resume", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert checked.returncode == 1, checked.stdout[-2000:] + checked.stderr[-2000:]
     [finding] = [f for f in json.loads(checked.stdout)["findings"] if f["id"] == "zero-resume"]
     assert finding["severity"] == "error"

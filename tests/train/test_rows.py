@@ -11,17 +11,28 @@ from sftdoctor.train.rows import RowIndex, rerun, sequences, verdict
 
 
 def test_a_padded_batch_is_cut_by_its_attention_mask_and_a_packed_one_where_positions_restart():
-    padded = {"input_ids": torch.tensor([[1, 2, 3, 0], [4, 5, 0, 0]]), "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
-              "labels": torch.tensor([[1, 2, 3, -100], [4, 5, -100, -100]])}
-    assert [(b, t.tolist(), l.tolist()) for b, t, l in sequences(padded)] == [(0, [1, 2, 3], [1, 2, 3]), (1, [4, 5], [4, 5])]
-    packed = {"input_ids": torch.tensor([[1, 2, 3, 4, 5, 6]]), "position_ids": torch.tensor([[0, 1, 2, 0, 1, 0]]),
-              "labels": torch.tensor([[-100, 2, 3, -100, 5, -100]])}
+    padded = {
+        "input_ids": torch.tensor([[1, 2, 3, 0], [4, 5, 0, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
+        "labels": torch.tensor([[1, 2, 3, -100], [4, 5, -100, -100]]),
+    }
+    assert [(b, t.tolist(), l.tolist()) for b, t, l in sequences(padded)] == [
+        (0, [1, 2, 3], [1, 2, 3]),
+        (1, [4, 5], [4, 5]),
+    ]
+    packed = {
+        "input_ids": torch.tensor([[1, 2, 3, 4, 5, 6]]),
+        "position_ids": torch.tensor([[0, 1, 2, 0, 1, 0]]),
+        "labels": torch.tensor([[-100, 2, 3, -100, 5, -100]]),
+    }
     assert [t.tolist() for _, t, _ in sequences(packed)] == [[1, 2, 3], [4, 5], [6]]
 
 
 def index(rows_ids, numbers, max_length=None, chunks=2):
     half = len(rows_ids) // chunks
-    column = pa.chunked_array([pa.array(rows_ids[:half], pa.list_(pa.int64())), pa.array(rows_ids[half:], pa.list_(pa.int64()))])
+    column = pa.chunked_array(
+        [pa.array(rows_ids[:half], pa.list_(pa.int64())), pa.array(rows_ids[half:], pa.list_(pa.int64()))]
+    )
     return RowIndex(column, np.asarray(numbers), max_length)
 
 
@@ -42,8 +53,10 @@ BAD = {"targets": 10, "loss": float("nan"), "finite": False}
 
 
 def test_the_verdict_names_the_rows_non_finite_alone_in_fp32():
-    ranks = {"0": {"fp32": True, "micro_batches": [batch(["a line 1", "a line 2"], FINE)]},
-             "1": {"fp32": True, "micro_batches": [batch(["a line 3", "a line 4"], BAD, alone=[FINE, BAD])]}}
+    ranks = {
+        "0": {"fp32": True, "micro_batches": [batch(["a line 1", "a line 2"], FINE)]},
+        "1": {"fp32": True, "micro_batches": [batch(["a line 3", "a line 4"], BAD, alone=[FINE, BAD])]},
+    }
     v = verdict(ranks, "bf16")
     assert v == {"verdict": "rows", "again": ["rank 1 micro-batch 1"], "culprits": ["a line 4"]}
     said = rows_said({"ranks": ranks, **v})
@@ -59,8 +72,13 @@ def test_all_finite_in_fp32_is_numerics_for_a_bf16_run_and_not_reproduced_for_an
 
 
 def test_no_fp32_re_run_is_unknown_never_numerics():
-    ranks = {"0": {"fp32": False, "why_not_fp32": "an fp32 copy needs 28.0 GiB, 3.1 GiB free",
-                   "micro_batches": [batch(["a line 1"], None)]}}
+    ranks = {
+        "0": {
+            "fp32": False,
+            "why_not_fp32": "an fp32 copy needs 28.0 GiB, 3.1 GiB free",
+            "micro_batches": [batch(["a line 1"], None)],
+        }
+    }
     v = verdict(ranks, "bf16")
     assert v["verdict"] == "unknown" and "28.0 GiB" in rows_said({"ranks": ranks, **v})[-1]
     failed = {"0": {"fp32": True, "micro_batches": [batch(["a line 1"], {"error": "RuntimeError: boom"})]}}
@@ -69,8 +87,10 @@ def test_no_fp32_re_run_is_unknown_never_numerics():
 
 def test_a_step_with_no_target_token_anywhere_is_its_rows():
     empty = {"targets": 0}
-    ranks = {"0": {"fp32": True, "micro_batches": [batch(["a line 1", "a line 2"], empty, targets=0)]},
-             "1": {"fp32": True, "micro_batches": [batch(["a line 3"], empty, targets=0)]}}
+    ranks = {
+        "0": {"fp32": True, "micro_batches": [batch(["a line 1", "a line 2"], empty, targets=0)]},
+        "1": {"fp32": True, "micro_batches": [batch(["a line 3"], empty, targets=0)]},
+    }
     v = verdict(ranks, "bf16")
     assert v["verdict"] == "rows" and v["empty"] and v["culprits"] == ["a line 1", "a line 2", "a line 3"]
     assert rows_said({"ranks": ranks, **v})[0] == "no target token in the step's 3 rows"
@@ -84,8 +104,16 @@ def model():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                        num_attention_heads=2, num_key_value_heads=1))
+    return Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
 
 
 def test_rerun_says_whether_the_loss_and_gradients_are_finite_and_leaves_no_gradient(model):
@@ -94,7 +122,9 @@ def test_rerun_says_whether_the_loss_and_gradients_are_finite_and_leaves_no_grad
     assert fine["finite"] and 0 < fine["grad_norm"] < float("inf") and fine["targets"] == 9
     assert all(p.grad is None for p in model.parameters())
     embed = model.get_input_embeddings()
-    handle = embed.register_forward_hook(lambda m, a, out: out.masked_fill((a[0] == ids[0, 3])[..., None], float("inf")))
+    handle = embed.register_forward_hook(
+        lambda m, a, out: out.masked_fill((a[0] == ids[0, 3])[..., None], float("inf"))
+    )
     try:
         assert rerun(model, {"input_ids": ids, "labels": ids}, backward=False)["finite"] is False
     finally:

@@ -5,7 +5,6 @@ import os
 import shutil
 
 import pytest
-
 from browser import ink, look
 from trainrun import EXAMPLES, complete, config, metrics, train
 
@@ -34,12 +33,21 @@ def test_the_bundled_example_trains_and_the_loss_falls(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
     model = AutoModelForCausalLM.from_pretrained(run_dir / "final")
     eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert eot in (model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list)
-                   else [model.generation_config.eos_token_id])
-    rows = [json.loads(line)["messages"] for line in (tmp_path / "tiny" / "data" / "train.jsonl").read_text().splitlines()]
+    assert eot in (
+        model.generation_config.eos_token_id
+        if isinstance(model.generation_config.eos_token_id, list)
+        else [model.generation_config.eos_token_id]
+    )
+    rows = [
+        json.loads(line)["messages"] for line in (tmp_path / "tiny" / "data" / "train.jsonl").read_text().splitlines()
+    ]
     for messages in rows[:5]:
-        prompt = tokenizer.apply_chat_template(messages[:1], add_generation_prompt=True, return_tensors="pt", return_dict=True)
-        answer = model.generate(**prompt, max_new_tokens=64, do_sample=False)[0, prompt["input_ids"].shape[1]:].tolist()
+        prompt = tokenizer.apply_chat_template(
+            messages[:1], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        answer = model.generate(**prompt, max_new_tokens=64, do_sample=False)[
+            0, prompt["input_ids"].shape[1] :
+        ].tolist()
         assert eot in answer and len(answer) < 64, tokenizer.decode(answer)
     # [eval]: lm-eval's tiny_count tasks on the final model and on the random base it started from (saved to
     # RUN_DIR/base), after training; the fine-tuned model is ahead on the task it was trained for.
@@ -47,7 +55,10 @@ def test_the_bundled_example_trains_and_the_loss_falls(tmp_path):
     for task, metric in (("tiny_count_choice", "acc"), ("tiny_count_gen", "exact_match")):
         assert result["metrics"][task][metric]["value"] > result["base"]["metrics"][task][metric]["value"], result
     assert result["base"]["target"]["path"] == str(run_dir / "base")
-    table, summary = proc.stdout[:proc.stdout.rindex("sftdoctor: run complete")], proc.stdout[proc.stdout.rindex("sftdoctor: run complete"):]
+    table, summary = (
+        proc.stdout[: proc.stdout.rindex("sftdoctor: run complete")],
+        proc.stdout[proc.stdout.rindex("sftdoctor: run complete") :],
+    )
     assert "tiny_count_choice" in table and "difference" in table and "± is lm-eval's standard error" in table
     assert "  eval         tiny_count_choice acc " in summary and "(base " in summary and "eval.json" in summary
     recorded = [json.loads(line) for line in (run_dir / "findings.jsonl").read_text().splitlines()]
@@ -55,12 +66,18 @@ def test_the_bundled_example_trains_and_the_loss_falls(tmp_path):
     # The report: the curve readers judged every curve of this healthy run and found nothing; the summary
     # names the page; the page opens offline in Chromium with every panel drawn.
     postrun = {r["id"]: r["severity"] for r in recorded if r["phase"] == "postrun"}
-    assert postrun == dict.fromkeys(["lr-curve", "grad-norm-curve", "overfitting", "loss-plateau", "throughput-drop",
-                                     "memory-growth"], "ok"), postrun
+    assert postrun == dict.fromkeys(
+        ["lr-curve", "grad-norm-curve", "overfitting", "loss-plateau", "throughput-drop", "memory-growth"], "ok"
+    ), postrun
     assert f"  report       {run_dir / 'report.html'} (5 panels)" in summary
     seen = look(run_dir / "report.html", tmp_path / "report.png")
-    assert [i["alt"] for i in seen["images"]] == ["Loss", "Learning rate", "Gradient norm (before clipping)", "Throughput",
-                                                  "Memory"]
+    assert [i["alt"] for i in seen["images"]] == [
+        "Loss",
+        "Learning rate",
+        "Gradient norm (before clipping)",
+        "Throughput",
+        "Memory",
+    ]
     assert all(i["complete"] and i["width"] == 900 and i["shown"] > 600 for i in seen["images"]) and not seen["outside"]
     inked, colours = ink(tmp_path / "report.png")
     assert inked > 0.02 and colours > 100, (inked, colours)  # not a blank page
@@ -78,8 +95,10 @@ def row_shape_run(tmp_path_factory, tiny_data):
         if shape not in runs:
             folder = tmp_path_factory.mktemp(shape)
             extra = {"report": {"to": "tensorboard"}} if shape == "text" else None
-            runs[shape] = folder / "out", train(config(folder, tiny_data[shape], training={"packing": ROW_SHAPES[shape]},
-                                                       extra=extra))
+            runs[shape] = (
+                folder / "out",
+                train(config(folder, tiny_data[shape], training={"packing": ROW_SHAPES[shape]}, extra=extra)),
+            )
         return runs[shape]
 
     return run
@@ -106,7 +125,11 @@ def test_two_processes_ddp_over_gloo(tmp_path, tiny_data):
     assert proc.stdout.count("step 4/4  loss") == 1  # rank 0 only
     # before the model loaded, every rank ran `check --distributed`
     assert "cluster-consistency     2 ranks on 1 node agree" in proc.stdout
-    assert sorted(p.name for p in (tmp_path / "out" / "distributed").iterdir()) == ["findings.json", "rank-0.json", "rank-1.json"]
+    assert sorted(p.name for p in (tmp_path / "out" / "distributed").iterdir()) == [
+        "findings.json",
+        "rank-0.json",
+        "rank-1.json",
+    ]
     assert "rehearsal passed in" in proc.stdout  # several processes: rehearsed first, by default
     assert complete(tmp_path / "out" / "smoke") == ["checkpoint-2", "checkpoint-4"]
 
@@ -115,22 +138,36 @@ def test_a_failing_rehearsal_stops_the_run_and_a_failed_run_ends_with_its_root_c
     """A DeepSpeed batch size transformers rejects only once the trainer starts. batch-size sees it at the gate;
     forced past it, the rehearsal meets it and the run never starts; without a rehearsal every rank dies, and
     the last thing printed is one line with the root cause, not torchrun's report."""
-    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}, "train_batch_size": 999,
-                                                  "train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto",
-                                                  "gradient_accumulation_steps": "auto"}))
-    cfg = config(tmp_path, tiny_data["text"], launch={"nproc_per_node": 2}, deepspeed={"config": str(tmp_path / "ds.json")})
+    (tmp_path / "ds.json").write_text(
+        json.dumps(
+            {
+                "zero_optimization": {"stage": 2},
+                "train_batch_size": 999,
+                "train_micro_batch_size_per_gpu": "auto",
+                "gradient_clipping": "auto",
+                "gradient_accumulation_steps": "auto",
+            }
+        )
+    )
+    cfg = config(
+        tmp_path, tiny_data["text"], launch={"nproc_per_node": 2}, deepspeed={"config": str(tmp_path / "ds.json")}
+    )
     gated = train(cfg)
     assert gated.returncode == 1 and "hard-codes train_batch_size = 999 (the run: 8)" in gated.stdout
     proc = train(cfg, "--force")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     [line] = [l for l in proc.stdout.splitlines() if l.startswith("sftdoctor: not starting: the rehearsal failed")]
-    assert "fixes train_batch_size=999 but the run has train_batch_size (calculated)=8" in line and "rehearsal.log" in line
+    assert (
+        "fixes train_batch_size=999 but the run has train_batch_size (calculated)=8" in line and "rehearsal.log" in line
+    )
     assert not complete(tmp_path / "out") and not (tmp_path / "out" / "final").exists()
     skipped = train(cfg, "--no-rehearse", "--force")
     assert skipped.returncode == 1 and "rehearsing" not in skipped.stdout
     last = skipped.stdout.rstrip().splitlines()[-1]
-    assert last.startswith("sftdoctor: the run failed (exit 1, before its first step): the DeepSpeed JSON fixes "
-                           "train_batch_size=999 but the run has train_batch_size (calculated)=8"), last
+    assert last.startswith(
+        "sftdoctor: the run failed (exit 1, before its first step): the DeepSpeed JSON fixes "
+        "train_batch_size=999 but the run has train_batch_size (calculated)=8"
+    ), last
     assert f"{tmp_path / 'out' / 'train.log'}" in last
     assert "ChildFailedError" not in skipped.stdout + skipped.stderr and "[rank1]: [rank1]:" not in skipped.stdout
     log = (tmp_path / "out" / "train.log").read_text()
@@ -154,9 +191,19 @@ def test_on_a_terminal_rank_0_draws_a_progress_bar_and_the_run_ends_with_its_sum
 
 
 def test_two_processes_deepspeed_zero2_with_the_recommended_schedule(tmp_path, tiny_data):
-    cfg = config(tmp_path, tiny_data["messages"], launch={"nproc_per_node": 2}, deepspeed={"zero_stage": 2},
-                 training={"lr_scheduler": "cosine_with_min_lr", "min_lr_rate": 0.0, "warmup_steps": 1,
-                           "max_steps": 6, "save_steps": 3})
+    cfg = config(
+        tmp_path,
+        tiny_data["messages"],
+        launch={"nproc_per_node": 2},
+        deepspeed={"zero_stage": 2},
+        training={
+            "lr_scheduler": "cosine_with_min_lr",
+            "min_lr_rate": 0.0,
+            "warmup_steps": 1,
+            "max_steps": 6,
+            "save_steps": 3,
+        },
+    )
     # Without OMP_NUM_THREADS (the suite's workers set it), as a user runs it: torchrun would print its banner.
     env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
     proc = train(cfg, "--no-rehearse", env=env)  # rehearsals have tests of their own
@@ -169,8 +216,12 @@ def test_two_processes_deepspeed_zero2_with_the_recommended_schedule(tmp_path, t
     assert rates[0] == 0.0 and rates[1] == pytest.approx(3e-3) and rates[-1] < 0.1 * rates[1]
     assert json.loads((run_dir / "deepspeed.json").read_text())["zero_optimization"]["stage"] == 2
     said = proc.stdout + proc.stderr
-    for noise in ("Setting accelerator to CPU", "all_gather_into_tensor` is deprecated", "built successfully",
-                  "Setting OMP_NUM_THREADS"):
+    for noise in (
+        "Setting accelerator to CPU",
+        "all_gather_into_tensor` is deprecated",
+        "built successfully",
+        "Setting OMP_NUM_THREADS",
+    ):
         assert noise not in said, noise
     assert "sftdoctor: run complete: 6 steps" in said
     card = (run_dir / "final" / "README.md").read_text()
@@ -185,12 +236,19 @@ def test_zero3_partitions_at_load_and_an_absolute_lr_floor_trains(tmp_path, tiny
 
     from transformers import AutoModelForCausalLM
 
-    cfg = config(tmp_path, tiny_data["text"], launch={"nproc_per_node": 2}, deepspeed={"zero_stage": 3},
-                 training={"packing": False, "min_lr": 0.0, "max_steps": 2, "save_steps": 2})
+    cfg = config(
+        tmp_path,
+        tiny_data["text"],
+        launch={"nproc_per_node": 2},
+        deepspeed={"zero_stage": 3},
+        training={"packing": False, "min_lr": 0.0, "max_steps": 2, "save_steps": 2},
+    )
     proc = train(cfg, "--no-rehearse")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    held, total = (int(n.replace(",", "")) for n in re.search(r"rank 0 holds ([\d,]+) of ([\d,]+) parameters",
-                                                               proc.stdout).groups())
+    held, total = (
+        int(n.replace(",", ""))
+        for n in re.search(r"rank 0 holds ([\d,]+) of ([\d,]+) parameters", proc.stdout).groups()
+    )
     assert 0 < held <= total // 2 + 1000, (held, total)
     assert json.loads((tmp_path / "out" / "resolved.json").read_text())["lr_scheduler_kwargs"] == {"min_lr_rate": 0.0}
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "final")
@@ -237,8 +295,16 @@ def test_smoke_rehearses_save_and_resume_on_a_shrunk_model(tmp_path, tiny_data):
 
 
 def test_dry_run_plans_without_training(tmp_path, tiny_data):
-    proc = train(config(tmp_path, tiny_data["messages"], training={"global_batch_size": 24, "per_device_batch_size": 4},
-                        launch={"nproc_per_node": 2}, deepspeed={"zero_stage": 3}), "--dry-run")
+    proc = train(
+        config(
+            tmp_path,
+            tiny_data["messages"],
+            training={"global_batch_size": 24, "per_device_batch_size": 4},
+            launch={"nproc_per_node": 2},
+            deepspeed={"zero_stage": 3},
+        ),
+        "--dry-run",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "global batch    24 = 4 per device x 3 accumulation x 2" in proc.stdout
     assert "deepspeed       ZeRO-3" in proc.stdout and '"stage": 3' in proc.stdout
@@ -265,14 +331,25 @@ def test_sharegpt_and_alpaca_rows_train_as_chat(tmp_path, tiny_data, fmt):
     rows = [json.loads(line) for line in (source / "data" / "train.jsonl").read_text().splitlines()]
     turns = [r["messages"] for r in rows]
     if fmt == "sharegpt":
-        converted = [{"conversations": [{"from": {"user": "human", "assistant": "gpt"}.get(m["role"], m["role"]),
-                                         "value": m["content"]} for m in t]} for t in turns]
+        converted = [
+            {
+                "conversations": [
+                    {"from": {"user": "human", "assistant": "gpt"}.get(m["role"], m["role"]), "value": m["content"]}
+                    for m in t
+                ]
+            }
+            for t in turns
+        ]
     else:
         converted = [{"instruction": t[0]["content"], "input": "", "output": t[-1]["content"]} for t in turns]
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in converted))
-    cfg = config(tmp_path, source, training={"packing": False, "max_steps": 2},
-                 extra={"data": {"train": str(data), "max_length": 128}})
+    cfg = config(
+        tmp_path,
+        source,
+        training={"packing": False, "max_steps": 2},
+        extra={"data": {"train": str(data), "max_length": 128}},
+    )
     proc = train(cfg)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     plan = json.loads((tmp_path / "out" / "resolved.json").read_text())
@@ -291,7 +368,16 @@ def test_tensorboard_gets_the_same_values_as_metrics_jsonl(row_shape_run):
     board = EventAccumulator(str(events))
     board.Reload()
     last = metrics(run_dir)[-1]
-    for key in ("loss", "grad_norm", "learning_rate", "max_grad_norm", "tokens_per_second", "tokens_seen",
-                "padding_fraction", "step_time_s", "host_rss_gib"):
+    for key in (
+        "loss",
+        "grad_norm",
+        "learning_rate",
+        "max_grad_norm",
+        "tokens_per_second",
+        "tokens_seen",
+        "padding_fraction",
+        "step_time_s",
+        "host_rss_gib",
+    ):
         [*_, scalar] = board.Scalars(f"train/{key}")
         assert scalar.step == last["step"] and scalar.value == pytest.approx(last[key], rel=1e-5), key

@@ -7,11 +7,10 @@ import sys
 import time
 
 import pytest
-
 from slurm import cluster, wait_for
+from trainrun import EXAMPLES, complete, config, metrics
 
 from sftdoctor.train.slurm import script
-from trainrun import EXAMPLES, complete, config, metrics
 
 # One worker runs them all: the Slurm instances they start share this host's munged, which one may stop.
 pytestmark = pytest.mark.xdist_group("slurm")
@@ -25,12 +24,23 @@ def plan_and_run(tmp_path, **sections):
 
 
 def test_the_script_asks_for_one_task_per_node_and_a_signal_before_the_limit(tmp_path):
-    plan, run = plan_and_run(tmp_path, launch={"nnodes": 4, "nproc_per_node": 8},
-                             slurm={"time": "2-00:00:00", "partition": "h100", "account": "llm", "signal_s": 600})
+    plan, run = plan_and_run(
+        tmp_path,
+        launch={"nnodes": 4, "nproc_per_node": 8},
+        slurm={"time": "2-00:00:00", "partition": "h100", "account": "llm", "signal_s": 600},
+    )
     text = script(plan, tmp_path / "run.toml", run)
-    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --time=2-00:00:00", "#SBATCH --partition=h100", "#SBATCH --account=llm",
-                 "#SBATCH --signal=TERM@600", "#SBATCH --requeue", "#SBATCH --open-mode=append"):
+    for line in (
+        "#SBATCH --nodes=4",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --time=2-00:00:00",
+        "#SBATCH --partition=h100",
+        "#SBATCH --account=llm",
+        "#SBATCH --signal=TERM@600",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+    ):
         assert line + "\n" in text, line
     assert f"srun --kill-on-bad-exit=1 {sys.executable} -m sftdoctor train {tmp_path / 'run.toml'} --resume" in text
     assert 'scontrol requeue "$SLURM_JOB_ID"' in text
@@ -44,8 +54,11 @@ def test_a_login_node_without_gpus_asks_for_none_unless_told(tmp_path):
 
 
 def test_submit_without_sbatch_is_bad_input(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(EXAMPLES / "tiny.toml"), "--submit"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "train", str(EXAMPLES / "tiny.toml"), "--submit"],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "--submit: goes with --sbatch" in proc.stderr
 
 
@@ -56,8 +69,13 @@ def slurm(tmp_path_factory):
 
 
 def submit(cfg, env):
-    proc = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(cfg), "--sbatch", "--submit"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "train", str(cfg), "--sbatch", "--submit"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc.stdout.split("as Slurm job ")[1].split()[0]
 
@@ -73,7 +91,8 @@ def test_sbatch_runs_the_run_and_sigterm_requeues_it_to_resume(tmp_path, tiny_da
     assert wait_for(slurm, job, ("RUNNING",), 120) == "RUNNING"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not (
-            (run_dir / "metrics.jsonl").exists() and any(m["step"] >= 5 for m in metrics(run_dir))):
+        (run_dir / "metrics.jsonl").exists() and any(m["step"] >= 5 for m in metrics(run_dir))
+    ):
         time.sleep(0.1)
     subprocess.run(["scancel", "--signal=TERM", job], env=slurm, check=True)
     assert wait_for(slurm, job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), 600) == "COMPLETED"

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from trainrun import complete, config, metrics
 from transformers import TrainerControl, TrainerState
 
 from sftdoctor.train.stopping import ASSUMED_WRITE_BPS, SaveOnSignal, checkpoint_bytes, save_fits
-from trainrun import complete, config, metrics
 
 
 def test_a_save_fits_only_with_the_margin_to_spare():
@@ -77,11 +77,19 @@ def test_sigterm_makes_both_ranks_save_the_step_they_agree_on_and_the_resume_fin
     """Two gloo ranks, no checkpoint due for 1,000 steps: SIGTERM to the launcher (as `scancel`, a time limit's
     --signal or `docker stop` sends it) ends the run within its grace with a complete checkpoint of the step
     the ranks agreed on; --resume goes on from exactly there."""
-    cfg = config(tmp_path, tiny_data["text"], launch={"nproc_per_node": 2, "stop_grace_s": 60},
-                 training={"packing": False, "max_steps": 40, "save_steps": 1000, "logging_steps": 1})
+    cfg = config(
+        tmp_path,
+        tiny_data["text"],
+        launch={"nproc_per_node": 2, "stop_grace_s": 60},
+        training={"packing": False, "max_steps": 40, "save_steps": 1000, "logging_steps": 1},
+    )
     run_dir = tmp_path / "out"
-    launcher = subprocess.Popen([sys.executable, "-m", "sftdoctor", "train", str(cfg), "--no-rehearse"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "sftdoctor", "train", str(cfg), "--no-rehearse"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 300
     while launcher.poll() is None and time.monotonic() < deadline:
         if (run_dir / "metrics.jsonl").exists() and any(m["step"] >= 3 for m in metrics(run_dir)):
@@ -99,8 +107,12 @@ def test_sigterm_makes_both_ranks_save_the_step_they_agree_on_and_the_resume_fin
     assert f"checkpoint-{stop}; resume with: sftdoctor train {cfg} --resume" in out
     assert not (run_dir / "final").exists()
 
-    resumed = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(cfg), "--resume", "--no-rehearse"],
-                             capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "train", str(cfg), "--resume", "--no-rehearse"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"sftdoctor: resuming from {run_dir / f'checkpoint-{stop}'}" in resumed.stdout
     steps = [m["step"] for m in metrics(run_dir)]

@@ -22,7 +22,10 @@ def test_a_finished_run_says_what_it_did_and_where_everything_is(tmp_path):
     assert f"final model  {tmp_path / 'final'}" in text and "checkpoint-20 (newest complete)" in text
     assert lines[-1] == "  next         load it: ..."
     with_report = summary(tmp_path, RECORDS, 21.4, 0, None, ["load it: ..."], report="runs/x/report.html (5 panels)")
-    assert with_report.splitlines()[-2:] == ["  report       runs/x/report.html (5 panels)", "  next         load it: ..."]
+    assert with_report.splitlines()[-2:] == [
+        "  report       runs/x/report.html (5 panels)",
+        "  next         load it: ...",
+    ]
 
 
 def test_a_resumed_run_counts_only_its_own_steps_and_the_log_is_read_from_where_it_began(tmp_path):

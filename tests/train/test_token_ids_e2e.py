@@ -6,8 +6,8 @@ import json
 import shutil
 
 import pytest
-
 from conftest import EXAMPLES
+
 from sftdoctor.checks import run_check
 from sftdoctor.facts import Facts, Inputs
 from sftdoctor.findings import Severity
@@ -61,8 +61,9 @@ def test_ids_past_the_embedding_are_named_before_launch_and_after_the_real_failu
 
 
 @pytest.mark.slow
-def test_chat_rows_without_a_template_are_named_before_launch_and_after_the_real_failure(tmp_path, monkeypatch,
-                                                                                          registry):
+def test_chat_rows_without_a_template_are_named_before_launch_and_after_the_real_failure(
+    tmp_path, monkeypatch, registry
+):
     """The tiny example's tokenizer without its chat template (a base model's): TRL 1.16 adds none, transformers 5.25
     refuses while the trainer is built, after the model has loaded."""
     shutil.copytree(EXAMPLES / "tiny" / "model", tmp_path / "model")

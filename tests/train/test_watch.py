@@ -3,18 +3,18 @@
 import io
 import json
 import os
-import subprocess
 import signal
+import subprocess
 import sys
 import time
 
 import psutil
 import pytest
-
 from conftest import install_plugin
 from hostile import no_hang
-from sftdoctor.train.watch import TRAINING_PHASE, arrived, attribute, behind, proc_state
 from trainrun import complete, config, metrics, train
+
+from sftdoctor.train.watch import TRAINING_PHASE, arrived, attribute, behind, proc_state
 
 NAN_EXIT, HANG_EXIT = 86, 87
 
@@ -45,8 +45,9 @@ def triage(proc):
 @pytest.mark.slow
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_nan_drill_stops_every_rank_before_the_poisoned_step_is_saved(tmp_path, tiny_data, ranks):
-    cfg = config(tmp_path, tiny_data["messages"], launch={"nproc_per_node": ranks},
-                 training={"max_steps": 8, "save_steps": 2})
+    cfg = config(
+        tmp_path, tiny_data["messages"], launch={"nproc_per_node": ranks}, training={"max_steps": 8, "save_steps": 2}
+    )
     proc = train(cfg, "--drill", "nan-loss@5")
     assert proc.returncode == NAN_EXIT, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = tmp_path / "out" / "drill-nan-loss"  # a drill runs in a directory of its own
@@ -59,8 +60,14 @@ def test_nan_drill_stops_every_rank_before_the_poisoned_step_is_saved(tmp_path, 
     assert f"rank(s) {', '.join(map(str, range(ranks)))}" in finding["detail"]
     # injected in the loss, not in the data: the step's micro-batches re-run in fp32 are finite, and their rows named
     assert finding["evidence"]["rows"]["verdict"] == "not-reproduced"  # the tiny run trains in fp32
-    assert all(mb["fp32"]["finite"] and len(mb["rows"]) == 4 for t in finding["evidence"]["rows"]["ranks"].values()
-               for mb in t["micro_batches"]) and len(finding["evidence"]["rows"]["ranks"]) == ranks
+    assert (
+        all(
+            mb["fp32"]["finite"] and len(mb["rows"]) == 4
+            for t in finding["evidence"]["rows"]["ranks"].values()
+            for mb in t["micro_batches"]
+        )
+        and len(finding["evidence"]["rows"]["ranks"]) == ranks
+    )
     if ranks == 2:
         # torchrun's report of the ranks' exit code is in train.log; the terminal has sftdoctor's own line
         assert (run_dir / "train.log").read_text().count("exitcode  : 86") >= 1 and "exitcode  : 86" not in proc.stdout
@@ -83,8 +90,9 @@ def test_a_poisoned_row_is_traced_to_its_file_and_line_on_every_rank(tmp_path, t
     from transformers import AutoTokenizer
 
     data = tiny_data["messages"]
-    cfg = config(tmp_path, data, launch={"nproc_per_node": 2},
-                 training={"max_steps": 8, "save_steps": 2, "packing": packing})
+    cfg = config(
+        tmp_path, data, launch={"nproc_per_node": 2}, training={"max_steps": 8, "save_steps": 2, "packing": packing}
+    )
     proc = train(cfg, "--drill", "nan-row@3:1")
     assert proc.returncode == NAN_EXIT, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = tmp_path / "out" / "drill-nan-row"
@@ -146,10 +154,15 @@ def test_a_row_whose_token_has_a_broken_embedding_is_traced_to_its_line(tmp_path
     model.save_pretrained(folder / "model")
     tokenizer.save_pretrained(folder / "model")
     cfg = config(tmp_path, data, training={"max_steps": 45, "save_steps": 100, "learning_rate": 1e-4})
-    cfg.write_text(cfg.read_text().replace(str(data / "data" / "train.jsonl"), str(folder / "train.jsonl"))
-                   .replace(f'path = "{data / "model"}"\nweights = "random"', f'path = "{folder / "model"}"'))
+    cfg.write_text(
+        cfg.read_text()
+        .replace(str(data / "data" / "train.jsonl"), str(folder / "train.jsonl"))
+        .replace(f'path = "{data / "model"}"\nweights = "random"', f'path = "{folder / "model"}"')
+    )
     refused = train(cfg, "--dry-run")  # the gate reads the row first (untrained-tokens): the run never starts
-    assert refused.returncode == 1 and "holds NaN/inf: the checkpoint is broken" in refused.stdout, refused.stdout[-3000:]
+    assert refused.returncode == 1 and "holds NaN/inf: the checkpoint is broken" in refused.stdout, refused.stdout[
+        -3000:
+    ]
     proc = train(cfg, "--force")  # forced past the gate, the watcher traces the NaN to the row
     assert proc.returncode == NAN_EXIT, proc.stdout[-3000:] + proc.stderr[-3000:]
     [finding] = runtime_findings(tmp_path / "out")
@@ -159,8 +172,12 @@ def test_a_row_whose_token_has_a_broken_embedding_is_traced_to_its_line(tmp_path
 
 @pytest.mark.slow
 def test_skip_policy_drops_the_update_and_finishes(tmp_path, tiny_data):
-    cfg = config(tmp_path, tiny_data["text"], training={"max_steps": 6, "save_steps": 3},
-                 extra={"watch": {"on_nan": "skip", "max_skips": 2}})
+    cfg = config(
+        tmp_path,
+        tiny_data["text"],
+        training={"max_steps": 6, "save_steps": 3},
+        extra={"watch": {"on_nan": "skip", "max_skips": 2}},
+    )
     proc = train(cfg, "--drill", "nan-loss@3")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     [finding] = runtime_findings(tmp_path / "out" / "drill-nan-loss")
@@ -172,8 +189,13 @@ def test_skip_policy_drops_the_update_and_finishes(tmp_path, tiny_data):
 
 @pytest.mark.slow
 def test_hang_drill_names_the_rank_behind_and_leaves_no_process(tmp_path, tiny_data):
-    cfg = config(tmp_path, tiny_data["messages"], launch={"nproc_per_node": 2},
-                 training={"max_steps": 8, "save_steps": 100}, extra={"watch": {"hang_timeout_s": 8}})
+    cfg = config(
+        tmp_path,
+        tiny_data["messages"],
+        launch={"nproc_per_node": 2},
+        training={"max_steps": 8, "save_steps": 100},
+        extra={"watch": {"hang_timeout_s": 8}},
+    )
     began = time.monotonic()
     proc = train(cfg, "--drill", "hang@3:1")
     took = time.monotonic() - began
@@ -198,13 +220,22 @@ def test_hang_drill_names_the_rank_behind_and_leaves_no_process(tmp_path, tiny_d
     assert f"rank 1 never entered {default['collective']} #{default['seq']} on default_pg" in finding["title"]
     # and rank 1 is inside an all_reduce of a group of its own, which rank 0 never entered
     drill = next(g for g in fr["groups"] if g["group"] != "default_pg")
-    assert list(drill["inside"]) == ["1"] and list(drill["absent"]) == ["0"] and "on_step_begin" in drill["inside"]["1"]["where"]
+    assert (
+        list(drill["inside"]) == ["1"]
+        and list(drill["absent"]) == ["0"]
+        and "on_step_begin" in drill["inside"]["1"]["where"]
+    )
 
 
 @pytest.mark.slow
 def test_desync_drill_names_the_rank_that_called_another_collective(tmp_path, tiny_data):
-    cfg = config(tmp_path, tiny_data["messages"], launch={"nproc_per_node": 2},
-                 training={"max_steps": 8, "save_steps": 100}, extra={"watch": {"hang_timeout_s": 8}})
+    cfg = config(
+        tmp_path,
+        tiny_data["messages"],
+        launch={"nproc_per_node": 2},
+        training={"max_steps": 8, "save_steps": 100},
+        extra={"watch": {"hang_timeout_s": 8}},
+    )
     proc = train(cfg, "--drill", "desync@3:1")
     assert proc.returncode == HANG_EXIT, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = tmp_path / "out" / "drill-desync"
@@ -215,20 +246,30 @@ def test_desync_drill_names_the_rank_that_called_another_collective(tmp_path, ti
     # rank 0 went on with the step: at that sequence number it called something else (DDP's buffer broadcast)
     mine = group["inside"]["0"]
     assert mine["seq"] == group["seq"] == group["other"]["1"]["seq"] and mine["sizes"] != [[2**20]]
-    assert f"rank 1 called broadcast #{group['seq']} on default_pg [[1048576]] Float where rank 0 called" in finding["title"]
+    assert (
+        f"rank 1 called broadcast #{group['seq']} on default_pg [[1048576]] Float where rank 0 called"
+        in finding["title"]
+    )
     assert "on_step_begin" in group["other"]["1"]["where"] and "watch.py" in finding["detail"]
     assert job_processes(run_dir) == []
 
 
 def kill_rank_1_after_first_checkpoint(cfg, run_dir):
     """Start the run, SIGKILL rank 1 once checkpoint-4 is complete, and return (exit code, output)."""
-    launcher = subprocess.Popen([sys.executable, "-m", "sftdoctor", "train", str(cfg), "--no-rehearse"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "sftdoctor", "train", str(cfg), "--no-rehearse"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not (run_dir / "checkpoint-4" / "sftdoctor-complete").exists():
         time.sleep(0.1)
-    victims = [p for p in psutil.Process(launcher.pid).children(recursive=True)
-               if "sftdoctor.train.sft" in " ".join(p.cmdline()) and p.environ().get("RANK") == "1"]
+    victims = [
+        p
+        for p in psutil.Process(launcher.pid).children(recursive=True)
+        if "sftdoctor.train.sft" in " ".join(p.cmdline()) and p.environ().get("RANK") == "1"
+    ]
     assert victims, "no rank-1 worker found"
     victims[0].kill()
     try:
@@ -245,8 +286,12 @@ def kill_rank_1_after_first_checkpoint(cfg, run_dir):
 def test_a_killed_rank_is_restarted_and_the_run_resumes(tmp_path, tiny_data):
     """SIGKILL rank 1 after the first checkpoint: torchrun restarts the group (each round on a store of its
     own, see launch.worker_env) and training resumes from the newest complete checkpoint. No retry."""
-    cfg = config(tmp_path, tiny_data["text"], launch={"nproc_per_node": 2, "max_restarts": 3},
-                 training={"max_steps": 12, "save_steps": 4})
+    cfg = config(
+        tmp_path,
+        tiny_data["text"],
+        launch={"nproc_per_node": 2, "max_restarts": 3},
+        training={"max_steps": 12, "save_steps": 4},
+    )
     code, out = kill_rank_1_after_first_checkpoint(cfg, tmp_path / "out")
     assert code == 0, out[-4000:]
     run_dir = tmp_path / "out"
@@ -258,8 +303,11 @@ def test_a_killed_rank_is_restarted_and_the_run_resumes(tmp_path, tiny_data):
 
 @pytest.mark.slow
 def test_an_absurd_learning_rate_is_caught_without_a_drill(tmp_path, tiny_data):
-    cfg = config(tmp_path, tiny_data["messages"], training={"learning_rate": 1.0, "warmup_steps": 0, "max_steps": 10,
-                                                            "save_steps": 100, "max_grad_norm": 0.0})
+    cfg = config(
+        tmp_path,
+        tiny_data["messages"],
+        training={"learning_rate": 1.0, "warmup_steps": 0, "max_steps": 10, "save_steps": 100, "max_grad_norm": 0.0},
+    )
     proc = train(cfg)
     findings = runtime_findings(tmp_path / "out")
     assert {f["id"] for f in findings} & {"loss-spike", "nan-loss"}, proc.stdout[-3000:]
@@ -303,14 +351,14 @@ def test_attribution_names_the_first_module_that_went_non_finite():
     assert "Weights already non-finite: model.layers.1.mlp.up_proj.weight" in said
 
 
-RUNTIME_PLUGIN = '''
+RUNTIME_PLUGIN = """
 from sftdoctor.checks import check
 from sftdoctor.findings import warning
 
 @check("site-loss-log", "a third-party runtime check", phase="runtime")
 def site_loss_log(log_stats):
     return warning(f"plugin saw the loss at step {log_stats['step']}")
-'''
+"""
 
 
 @pytest.mark.slow
@@ -320,9 +368,16 @@ def test_a_third_party_runtime_check_runs_during_training(tmp_path, tiny_data):
     env = install_plugin(site, RUNTIME_PLUGIN)
     for folder, switch in (("on", {}), ("off", {"SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD": "1"})):
         (tmp_path / folder).mkdir()
-        cfg = config(tmp_path / folder, tiny_data["text"], training={"packing": False, "max_steps": 2, "logging_steps": 1})
-        proc = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(cfg)], capture_output=True, text=True,
-                              env={**env, **switch}, timeout=600)
+        cfg = config(
+            tmp_path / folder, tiny_data["text"], training={"packing": False, "max_steps": 2, "logging_steps": 1}
+        )
+        proc = subprocess.run(
+            [sys.executable, "-m", "sftdoctor", "train", str(cfg)],
+            capture_output=True,
+            text=True,
+            env={**env, **switch},
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         seen = [r["step"] for r in runtime_findings(tmp_path / folder / "out") if r["id"] == "site-loss-log"]
         assert seen == ([1, 2] if folder == "on" else []), folder
@@ -332,11 +387,19 @@ def test_a_third_party_runtime_check_runs_during_training(tmp_path, tiny_data):
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_or_sigterm_stops_every_rank_and_says_how_to_resume(tmp_path, tiny_data, sig, code):
-    cfg = config(tmp_path, tiny_data["text"], launch={"nproc_per_node": 2},
-                 training={"packing": False, "max_steps": 400, "save_steps": 2, "logging_steps": 1})
+    cfg = config(
+        tmp_path,
+        tiny_data["text"],
+        launch={"nproc_per_node": 2},
+        training={"packing": False, "max_steps": 400, "save_steps": 2, "logging_steps": 1},
+    )
     run_dir = tmp_path / "out"
-    launcher = subprocess.Popen([sys.executable, "-m", "sftdoctor", "train", str(cfg), "--no-rehearse"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "sftdoctor", "train", str(cfg), "--no-rehearse"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 240
     while not complete(run_dir) and launcher.poll() is None and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -371,23 +434,35 @@ def test_the_watchers_pass_only_runtime_facts_of_the_catalogue():
 # nothing, says nothing of collectives it may not have entered, and the run leaves no process behind (a stopped
 # process ignores SIGTERM until continued; SIGKILL ends it).
 
-ALL_RANKS = ("every rank", "none completed", "collective itself is stuck", "collectives match",
-             "no rank is inside a collective")
+ALL_RANKS = (
+    "every rank",
+    "none completed",
+    "collective itself is stuck",
+    "collectives match",
+    "no rank is inside a collective",
+)
 
 
 def freeze_a_rank_after_two_steps(cfg, run_dir, rank):
     """Start the run, SIGSTOP `rank` once two steps are logged; (exit code, output, seconds from the freeze to the
     end, the frozen process)."""
-    launcher = subprocess.Popen([sys.executable, "-m", "sftdoctor", "train", str(cfg), "--no-rehearse"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "sftdoctor", "train", str(cfg), "--no-rehearse"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and launcher.poll() is None:
             if (run_dir / "metrics.jsonl").is_file() and len(metrics(run_dir)) >= 2:
                 break
             time.sleep(0.2)
-        victims = [p for p in psutil.Process(launcher.pid).children(recursive=True)
-                   if "sftdoctor.train.sft" in " ".join(p.cmdline()) and p.environ().get("RANK") == str(rank)]
+        victims = [
+            p
+            for p in psutil.Process(launcher.pid).children(recursive=True)
+            if "sftdoctor.train.sft" in " ".join(p.cmdline()) and p.environ().get("RANK") == str(rank)
+        ]
         assert victims, f"no rank-{rank} worker found"
         os.kill(victims[0].pid, signal.SIGSTOP)
         frozen = time.monotonic()
@@ -403,8 +478,13 @@ def freeze_a_rank_after_two_steps(cfg, run_dir, rank):
 @pytest.mark.slow
 @pytest.mark.parametrize("rank", [1, 0])  # 0 also serves the ranks' store: the other reports alone
 def test_a_frozen_rank_is_named_as_the_rank_that_sent_nothing(tmp_path, tiny_data, rank):
-    cfg = config(tmp_path, tiny_data["messages"], launch={"nproc_per_node": 2, "stop_grace_s": 5},
-                 training={"max_steps": 400, "save_steps": 1000}, extra={"watch": {"hang_timeout_s": 8}})
+    cfg = config(
+        tmp_path,
+        tiny_data["messages"],
+        launch={"nproc_per_node": 2, "stop_grace_s": 5},
+        training={"max_steps": 400, "save_steps": 1000},
+        extra={"watch": {"hang_timeout_s": 8}},
+    )
     run_dir, other = tmp_path / "out", 1 - rank
     code, out, took, frozen = freeze_a_rank_after_two_steps(cfg, run_dir, rank)
     assert code == HANG_EXIT, out[-4000:]
@@ -412,8 +492,9 @@ def test_a_frozen_rank_is_named_as_the_rank_that_sent_nothing(tmp_path, tiny_dat
     assert took < (60 if rank else 100)
     [finding] = runtime_findings(run_dir)
     title, detail = finding["title"], finding["detail"]
-    assert title.startswith(f"hang: no progress for 8 s; behind: rank {rank} (sent nothing: no report, no stacks, "
-                            "no dump")
+    assert title.startswith(
+        f"hang: no progress for 8 s; behind: rank {rank} (sent nothing: no report, no stacks, no dump"
+    )
     if rank:  # its state, read from /proc by rank 0 (the pid came through the store)
         assert f"; process {frozen.pid} on " in title and ": T (stopped (SIGSTOP))" in title
         assert f"kill -CONT {frozen.pid}" in finding["fix"]
@@ -441,8 +522,12 @@ def test_a_frozen_rank_is_named_as_the_rank_that_sent_nothing(tmp_path, tiny_dat
 
     root = diagnose(io.BytesIO(out.encode())).root.finding
     assert root.id == "nccl-timeout" and f"behind: rank {rank} (sent nothing" in root.title
-    explained = subprocess.run([sys.executable, "-m", "sftdoctor", "explain", "--log", str(run_dir / "train.log")],
-                               capture_output=True, text=True, timeout=120)
+    explained = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "explain", "--log", str(run_dir / "train.log")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert explained.returncode == 1 and "root cause: nccl-timeout" in explained.stdout, explained.stdout
     assert f"behind: rank {rank} (sent nothing" in explained.stdout
     assert f"rank {rank} sent no dump" in explained.stdout
@@ -455,9 +540,14 @@ def test_the_watchdog_lists_what_arrived_from_each_rank(tmp_path):
     (tmp_path / "flight-recorder").mkdir()
     (tmp_path / "flight-recorder" / "rank-0").write_bytes(b"\x80")
     said = arrived(tmp_path, 2, {0: {"step": 3}})
-    assert said == {"0": {"report": True, "stacks": str(tmp_path / "stacks" / "rank-0.txt"),
-                          "dump": str(tmp_path / "flight-recorder" / "rank-0")},
-                    "1": {"report": False, "stacks": None, "dump": None, "process": None}}
+    assert said == {
+        "0": {
+            "report": True,
+            "stacks": str(tmp_path / "stacks" / "rank-0.txt"),
+            "dump": str(tmp_path / "flight-recorder" / "rank-0"),
+        },
+        "1": {"report": False, "stacks": None, "dump": None, "process": None},
+    }
 
 
 def test_a_process_state_is_read_from_proc():
@@ -489,14 +579,23 @@ def test_a_frozen_store_host_does_not_hold_the_watchdog(tmp_path, monkeypatch):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-c", "import datetime, time, torch.distributed as d; "
-                               f"s = d.TCPStore('127.0.0.1', {port}, 2, True, timeout=datetime.timedelta(seconds=60), "
-                               "wait_for_workers=False); "
-                               "print('up', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import datetime, time, torch.distributed as d; "
+            f"s = d.TCPStore('127.0.0.1', {port}, 2, True, timeout=datetime.timedelta(seconds=60), "
+            "wait_for_workers=False); "
+            "print('up', flush=True); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert server.stdout.readline().strip() == "up"
-        store = dist.PrefixStore("default_pg", dist.TCPStore("127.0.0.1", port, 2, False,
-                                                             timeout=datetime.timedelta(seconds=60)))
+        store = dist.PrefixStore(
+            "default_pg", dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=60))
+        )
         os.kill(server.pid, signal.SIGSTOP)
         monkeypatch.setattr(watch, "SWAP_MARGIN_S", 0.0)
         monkeypatch.setenv("WORLD_SIZE", "2")

@@ -5,7 +5,6 @@ GatheredParameters), or rank 0 reads a weight of shape [0] (`sftdoctor explain z
 import shutil
 
 import pytest
-
 from trainrun import config, train
 
 pytestmark = pytest.mark.slow  # a checkpoint saved and a real 2-rank ZeRO-3 run
@@ -35,9 +34,14 @@ def base(tmp_path_factory, tiny_data):
 
 
 def test_the_repair_of_untrained_rows_gathers_the_partitioned_embedding(tmp_path, tiny_data, base):
-    cfg = config(tmp_path, tiny_data["messages"], launch={"nproc_per_node": 2}, deepspeed={"zero_stage": 3},
-                 training={"max_steps": 2, "save_steps": 2, "learning_rate": 1e-4},
-                 extra={"model": {"path": str(base), "weights": "pretrained", "repair_untrained_tokens": True}})
+    cfg = config(
+        tmp_path,
+        tiny_data["messages"],
+        launch={"nproc_per_node": 2},
+        deepspeed={"zero_stage": 3},
+        training={"max_steps": 2, "save_steps": 2, "learning_rate": 1e-4},
+        extra={"model": {"path": str(base), "weights": "pretrained", "repair_untrained_tokens": True}},
+    )
     proc = train(cfg, "--no-rehearse")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "ZeRO-3 partitioned the weights at load" in proc.stdout

@@ -1,4 +1,5 @@
 """Two steps of DDP (gloo, CPU) on the shrunk Gemma 3 on text-only rows, as a run of it would take them."""
+
 import sys
 
 import torch

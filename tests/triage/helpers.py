@@ -5,6 +5,7 @@ import io
 import textwrap
 
 from conftest import FIXTURES, index
+
 from sftdoctor.findings import Severity
 from sftdoctor.triage import diagnose
 
@@ -41,8 +42,15 @@ def topics(data: bytes, chunk: int = 1 << 20) -> list[str]:
 
 def everything(diagnosis):
     """All a report or --json shows: counts, findings with their roles, cascade, benign, signatures."""
-    return (diagnosis.lines, diagnosis.bytes, [(l.line, l.role, l.finding) for l in diagnosis.findings],
-            diagnosis.root and diagnosis.root.line, dict(diagnosis.cascade), diagnosis.benign, dict(diagnosis.matched))
+    return (
+        diagnosis.lines,
+        diagnosis.bytes,
+        [(l.line, l.role, l.finding) for l in diagnosis.findings],
+        diagnosis.root and diagnosis.root.line,
+        dict(diagnosis.cascade),
+        diagnosis.benign,
+        dict(diagnosis.matched),
+    )
 
 
 def located(diagnosis) -> list:
@@ -55,13 +63,15 @@ def oom_then_cascade() -> bytes:
     then torchrun's teardown repeats ChildFailedError 100 times."""
     oom = log_bytes("gpu-oom-new-format-llamafactory-multirank-rank7.log")
     timeouts = log_bytes("dist-nccl-timeout-allreduce-linenumbered-llamafactory.log")
-    cascade = b"".join(b"[rank0]: torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n" for _ in range(100))
+    cascade = b"".join(
+        b"[rank0]: torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n" for _ in range(100)
+    )
     return b"{'loss': 1.25, 'grad_norm': 0.5, 'learning_rate': 1e-05, 'epoch': 0.1}\n" + oom + timeouts + cascade
 
 
 def line_of(log: bytes, needle: bytes) -> int:
     """The 1-based line number of the first line holding `needle`, counted independently of the scanner."""
-    return log[:log.index(needle)].count(b"\n") + 1
+    return log[: log.index(needle)].count(b"\n") + 1
 
 
 def quoted(text: str) -> str:
@@ -71,10 +81,16 @@ def quoted(text: str) -> str:
 
 def wrapped(text: str, width: int = 80) -> str:
     """As an editor or a narrow terminal wraps it: every line broken at a space before `width` columns."""
-    return "".join((textwrap.fill(line, width, break_on_hyphens=False) if line.strip() else "") + "\n"
-                   for line in text.splitlines())
+    return "".join(
+        (textwrap.fill(line, width, break_on_hyphens=False) if line.strip() else "") + "\n"
+        for line in text.splitlines()
+    )
 
 
 # How users paste a log into an issue: the forms every real log of the corpus is triaged alike in.
-PASTES = {"plain": str, "markdown quote": quoted, "wrapped at 80": wrapped,
-          "quoted and wrapped": lambda text: quoted(wrapped(text))}
+PASTES = {
+    "plain": str,
+    "markdown quote": quoted,
+    "wrapped at 80": wrapped,
+    "quoted and wrapped": lambda text: quoted(wrapped(text)),
+}

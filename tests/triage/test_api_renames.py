@@ -9,8 +9,8 @@ import traceback
 import warnings
 
 import pytest
-
 from triage.helpers import LOGS, PASTES, by_file, diagnosis_of, log_bytes, problems, wrapped
+
 from sftdoctor.facts.distributions import version
 from sftdoctor.facts.renames import ATTRIBUTE, IMPORT, RENAMES
 from sftdoctor.run.gpus import version_tuple
@@ -56,28 +56,33 @@ def test_the_finding_carries_the_releases_and_versions_the_log_gives(entry):
 def test_a_library_that_uses_the_old_name_itself_is_named_with_the_release_to_move_to():
     """QwenLM/Qwen#1326: the last frame is transformers/trainer.py and the log prints transformers 4.32.0."""
     finding = diagnosis_of("api-renames-accelerator-dispatch-batches-old-transformers-qwen.log").root.finding
-    assert finding.detail.startswith("the call is inside transformers (transformers/trainer.py): transformers before "
-                                     "4.40.0 uses it itself (the log shows transformers 4.32.0)")
+    assert finding.detail.startswith(
+        "the call is inside transformers (transformers/trainer.py): transformers before "
+        "4.40.0 uses it itself (the log shows transformers 4.32.0)"
+    )
     assert finding.fix == "pip install 'transformers>=4.40.0', or pin accelerate<1.0.0"
     own = diagnosis_of("api-renames-accelerator-dispatch-batches-llava-next.log").root.finding  # LLaVA's own trainer
     assert own.fix.startswith("Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=...))")
 
 
-@pytest.mark.parametrize("text", [
-    # lavis-nlp/jerex#19: Lightning's Trainer, an argument no HF library renamed
-    "TypeError: Trainer.__init__() got an unexpected keyword argument 'gpus'\n",
-    # argilla-io/argilla#4510: a class of another library with its own __init__
-    "ArgillaTrainer.__init__() got an unexpected keyword argument 'tokenizer'\n",
-    # huggingface/peft#2474: the example's own dataclass, not a TRL config
-    "AttributeError: 'DataTrainingArguments' object has no attribute 'max_seq_length'\n",
-    # huggingface/trl#3132: SFTTrainer never took model_init
-    "TypeError: SFTTrainer.__init__() got an unexpected keyword argument 'model_init'\n",
-    # huggingface/setfit#574: setfit's own CallbackHandler
-    "AttributeError: 'CallbackHandler' object has no attribute 'tokenizer'\n",
-    # mzbac/mlx-lora#3: another library's import
-    "ImportError: cannot import name 'LoRALinear' from 'mlx_lm.lora' "
-    "(/opt/homebrew/lib/python3.11/site-packages/mlx_lm/lora.py)\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        # lavis-nlp/jerex#19: Lightning's Trainer, an argument no HF library renamed
+        "TypeError: Trainer.__init__() got an unexpected keyword argument 'gpus'\n",
+        # argilla-io/argilla#4510: a class of another library with its own __init__
+        "ArgillaTrainer.__init__() got an unexpected keyword argument 'tokenizer'\n",
+        # huggingface/peft#2474: the example's own dataclass, not a TRL config
+        "AttributeError: 'DataTrainingArguments' object has no attribute 'max_seq_length'\n",
+        # huggingface/trl#3132: SFTTrainer never took model_init
+        "TypeError: SFTTrainer.__init__() got an unexpected keyword argument 'model_init'\n",
+        # huggingface/setfit#574: setfit's own CallbackHandler
+        "AttributeError: 'CallbackHandler' object has no attribute 'tokenizer'\n",
+        # mzbac/mlx-lora#3: another library's import
+        "ImportError: cannot import name 'LoRALinear' from 'mlx_lm.lora' "
+        "(/opt/homebrew/lib/python3.11/site-packages/mlx_lm/lora.py)\n",
+    ],
+)
 def test_a_name_that_is_not_in_the_table_is_not_claimed(text):
     assert "api-renames" not in renames_in(text)
 
@@ -92,13 +97,20 @@ def test_the_new_name_on_an_old_library_says_which_release_introduced_it():
     assert diagnosis.root.finding.fix.startswith("pip install 'transformers>=4.41.0'")
 
 
-@pytest.mark.parametrize("message, row", [
-    ("TypeError: SFTTrainer.__init__() got an unexpected keyword argument 'tokenizer'",
-     ("trl", "SFTTrainer", "0.16.0")),
-    ("TypeError: Accelerator.__init__() got an unexpected keyword argument 'dispatch_batches'",
-     ("accelerate", "Accelerator", "1.0.0")),  # not TrainingArguments' dispatch_batches, the table's first
-    ("AttributeError: 'SFTConfig' object has no attribute 'max_seq_length'", ("trl", "SFTConfig", "0.20.0")),
-])
+@pytest.mark.parametrize(
+    "message, row",
+    [
+        (
+            "TypeError: SFTTrainer.__init__() got an unexpected keyword argument 'tokenizer'",
+            ("trl", "SFTTrainer", "0.16.0"),
+        ),
+        (
+            "TypeError: Accelerator.__init__() got an unexpected keyword argument 'dispatch_batches'",
+            ("accelerate", "Accelerator", "1.0.0"),
+        ),  # not TrainingArguments' dispatch_batches, the table's first
+        ("AttributeError: 'SFTConfig' object has no attribute 'max_seq_length'", ("trl", "SFTConfig", "0.20.0")),
+    ],
+)
 def test_a_class_cut_off_by_a_narrow_wrap_is_read_from_the_line_before(message, row):
     """Wrapped at 40 columns the class ends a line and the needle starts the next: the row is the class's."""
     text = wrapped(message, 40)
@@ -119,9 +131,9 @@ def test_versions_are_read_in_the_forms_logs_print_them():
 
 def _calls(model_dir, out_dir):
     """Each row's old name, used on the installed stack: (row, the traceback it raised, or None)."""
+    import trl
     from accelerate import Accelerator
     from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments
-    import trl
 
     def used(row):
         kw = {row.old: 1}
@@ -132,12 +144,15 @@ def _calls(model_dir, out_dir):
             return lambda: getattr(Trainer(model=AutoModelForCausalLM.from_pretrained(model_dir), args=args), row.old)
         if row.kind == ATTRIBUTE:
             return lambda: getattr(AutoConfig.from_pretrained(model_dir), row.old)
-        return {"TrainingArguments": lambda: TrainingArguments(output_dir=out_dir, use_cpu=True, **kw),
-                "SFTConfig": lambda: trl.SFTConfig(output_dir=out_dir, use_cpu=True, bf16=False, **kw),
-                "GRPOConfig": lambda: trl.GRPOConfig(output_dir=out_dir, use_cpu=True, bf16=False, **kw),
-                "SFTTrainer": lambda: trl.SFTTrainer(model=None, **kw), "Trainer": lambda: Trainer(model=None, **kw),
-                "Accelerator": lambda: Accelerator(**kw),
-                "from_pretrained": lambda: AutoModelForCausalLM.from_pretrained(model_dir, **kw)}[row.owner]
+        return {
+            "TrainingArguments": lambda: TrainingArguments(output_dir=out_dir, use_cpu=True, **kw),
+            "SFTConfig": lambda: trl.SFTConfig(output_dir=out_dir, use_cpu=True, bf16=False, **kw),
+            "GRPOConfig": lambda: trl.GRPOConfig(output_dir=out_dir, use_cpu=True, bf16=False, **kw),
+            "SFTTrainer": lambda: trl.SFTTrainer(model=None, **kw),
+            "Trainer": lambda: Trainer(model=None, **kw),
+            "Accelerator": lambda: Accelerator(**kw),
+            "from_pretrained": lambda: AutoModelForCausalLM.from_pretrained(model_dir, **kw),
+        }[row.owner]
 
     for row in RENAMES:
         if row.removed is None or version_tuple(version(row.library)) < version_tuple(row.removed):

@@ -13,9 +13,9 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import FIXTURES
 from triage.helpers import LOGS, by_file, diagnosis_of, log_bytes, problems, quoted, wrapped
+
 from sftdoctor.triage import diagnose
 
 MINE = [e for e in LOGS if e["file"].startswith("ddp-")]
@@ -54,8 +54,10 @@ def test_each_log_names_its_cause_with_the_specifics_it_shows(entry, form):
 
 def test_a_lora_adapter_marked_ready_twice_is_named_with_its_rank_and_the_fix_names_use_reentrant():
     root = diagnosis_of("ddp-ready-twice-qwen2vl-lora-ms-swift.log").root.finding
-    assert root.title.startswith("DDP marked parameter 279 (base_model.model.model.layers.27.mlp.down_proj."
-                                 "lora_B.default.weight, LoRA adapters) ready twice in one step on rank 0")
+    assert root.title.startswith(
+        "DDP marked parameter 279 (base_model.model.model.layers.27.mlp.down_proj."
+        "lora_B.default.weight, LoRA adapters) ready twice in one step on rank 0"
+    )
     assert "use_reentrant': False" in root.fix
 
 
@@ -65,15 +67,20 @@ def test_the_command_lines_setting_is_quoted_and_the_fix_points_at_it():
     assert root.fix.startswith("set ddp_find_unused_parameters=True")
 
 
-@pytest.mark.parametrize("file, topic", [("ddp-unused-params-lora-mamba-vlm-peft.log", "ddp-unused-parameters"),
-                                         ("ddp-ready-twice-vision-encoder-visrag.log", "gradient-checkpointing")])
+@pytest.mark.parametrize(
+    "file, topic",
+    [
+        ("ddp-unused-params-lora-mamba-vlm-peft.log", "ddp-unused-parameters"),
+        ("ddp-ready-twice-vision-encoder-visrag.log", "gradient-checkpointing"),
+    ],
+)
 def test_the_message_is_recognised_wherever_a_paste_breaks_it(file, topic):
     """Needles with no word gap in common: a break at any one space of the message keeps one whole; and a paste
     wrapped at any width from 50 columns is read."""
     text = log_bytes(file).decode()
     first = next(line for line in text.splitlines() if "Expected to" in line)  # alone: no parameter line to help
     for space in [i for i, c in enumerate(first) if c == " "][:40]:
-        broken = first[:space] + "\n" + first[space + 1:] + "\n"
+        broken = first[:space] + "\n" + first[space + 1 :] + "\n"
         assert sorted(problems(diagnose(io.BytesIO(broken.encode())))) == [topic], first[:space]
     for width in range(50, 121):
         wrapped = "\n".join(textwrap.fill(line, width, break_on_hyphens=False) for line in text.splitlines()) + "\n"
@@ -82,19 +89,26 @@ def test_the_message_is_recognised_wherever_a_paste_breaks_it(file, topic):
 
 # torch 2.13 reducer.cpp's two other forms of the message (ensure_prior_reduction_finished), as it builds them.
 HEAD = "Expected to have finished reduction in the prior iteration before starting a new one. "
-ON = (HEAD + "This error indicates that your module has parameters that were not used in producing loss. Since "
-      "`find_unused_parameters=True` is enabled, this likely  means that not all `forward` outputs participate in "
-      "computing loss. You can fix this by making sure all `forward` function outputs participate in calculating "
-      "loss. ")
-STATIC = (HEAD + "This error indicates that your training graph has changed in this iteration, e.g., one parameter is "
-          "used in first iteration, but then got unused in the second iteration. this is not compatible with "
-          "static_graph set to True.")
+ON = (
+    HEAD + "This error indicates that your module has parameters that were not used in producing loss. Since "
+    "`find_unused_parameters=True` is enabled, this likely  means that not all `forward` outputs participate in "
+    "computing loss. You can fix this by making sure all `forward` function outputs participate in calculating "
+    "loss. "
+)
+STATIC = (
+    HEAD + "This error indicates that your training graph has changed in this iteration, e.g., one parameter is "
+    "used in first iteration, but then got unused in the second iteration. this is not compatible with "
+    "static_graph set to True."
+)
 
 
-@pytest.mark.parametrize("message, mode, says", [
-    (ON, "on", "did not all reach the loss on rank 3, although find_unused_parameters=True"),
-    (STATIC, "static_graph", "static_graph=True, but the parameters a step uses changed between steps on rank 3"),
-])
+@pytest.mark.parametrize(
+    "message, mode, says",
+    [
+        (ON, "on", "did not all reach the loss on rank 3, although find_unused_parameters=True"),
+        (STATIC, "static_graph", "static_graph=True, but the parameters a step uses changed between steps on rank 3"),
+    ],
+)
 def test_the_other_forms_of_the_message_name_what_they_mean(message, mode, says):
     log = f"[rank3]: RuntimeError: {message}\n[rank3]: Parameter indices which did not receive grad for rank 3: 7 8\n"
     for text in pasted(log).values():
@@ -109,12 +123,27 @@ def test_a_real_ddp_run_of_the_shrunk_gemma_3_fails_as_the_probe_predicts_and_is
     when checkpointing is on: the second step raises the reducer's error; explain --log names it; the parameters it
     lists are exactly those the unused_parameters probe recorded for this config."""
     config = FIXTURES / "unused_parameters" / "configs" / "gemma-3-4b-it"
-    env = {**os.environ, "TORCH_DISTRIBUTED_DEBUG": "INFO", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.path.dirname(os.path.dirname(HERE))}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--master-port", str(free_port()), os.path.join(HERE, "ddp_unused_worker.py"), str(config), "off"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    env = {
+        **os.environ,
+        "TORCH_DISTRIBUTED_DEBUG": "INFO",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.path.dirname(os.path.dirname(HERE)),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        os.path.join(HERE, "ddp_unused_worker.py"),
+        str(config),
+        "off",
+    ]
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
     try:
         log, _ = proc.communicate(timeout=180)
     finally:  # the launcher and both ranks, whatever happened

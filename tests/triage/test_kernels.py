@@ -5,8 +5,8 @@ that carried it a symptom (tests/fixtures/logs/index.json cites each log)."""
 import io
 
 import pytest
-
 from triage.helpers import LOGS, PASTES, by_file, diagnosis_of, log_bytes, problems
+
 from sftdoctor.findings import Severity
 from sftdoctor.triage import diagnose
 
@@ -15,8 +15,11 @@ POSITIVE = [e for e in KERNEL_LOGS if e["expect"]]
 
 
 def test_each_class_has_three_real_logs_from_three_projects_and_a_control():
-    for prefix, topic in (("liger-", "liger-kernel"), ("triton-smem-", "triton-shared-memory"),
-                          ("torch-compile-", "torch-compile")):
+    for prefix, topic in (
+        ("liger-", "liger-kernel"),
+        ("triton-smem-", "triton-shared-memory"),
+        ("torch-compile-", "torch-compile"),
+    ):
         mine = [e for e in POSITIVE if e["file"].startswith(prefix)]
         assert len({e["project"] for e in mine}) >= 3 and all(topic in e["expect"] for e in mine), topic
     assert any(not e["expect"] for e in KERNEL_LOGS)
@@ -33,28 +36,36 @@ def test_each_log_names_its_topics_and_root_however_it_was_pasted(entry, form):
 
 
 def test_a_liger_frame_before_a_compilation_error_names_liger_op_and_the_triton_message():
-    log = (b'  File "/x/site-packages/liger_kernel/ops/geglu.py", line 84, in geglu_forward\n'
-           b"    _geglu_tanh_forward_kernel[(n_rows,)](\n"
-           b"triton.compiler.errors.CompilationError: at 12:27:\n"
-           b"    tanh_result = tanh(tanh_arg)\n                           ^\n"
-           b"AttributeError(\"module 'triton.language.math' has no attribute 'tanh'\")\n")
+    log = (
+        b'  File "/x/site-packages/liger_kernel/ops/geglu.py", line 84, in geglu_forward\n'
+        b"    _geglu_tanh_forward_kernel[(n_rows,)](\n"
+        b"triton.compiler.errors.CompilationError: at 12:27:\n"
+        b"    tanh_result = tanh(tanh_arg)\n                           ^\n"
+        b"AttributeError(\"module 'triton.language.math' has no attribute 'tanh'\")\n"
+    )
     [finding] = [loc.finding for loc in diagnose(io.BytesIO(log)).findings]
     assert finding.id == "liger-kernel" and finding.severity is Severity.ERROR
     assert finding.evidence["liger_op"] == "geglu" and finding.evidence["liger_func"] == "geglu_forward"
-    assert finding.title.endswith("""at 12:27: AttributeError("module 'triton.language.math' has no attribute 'tanh'")""")
+    assert finding.title.endswith(
+        """at 12:27: AttributeError("module 'triton.language.math' has no attribute 'tanh'")"""
+    )
 
 
 def test_a_compilation_error_of_an_unknown_kernel_outside_torch_compile_is_not_blamed_on_liger():
-    log = (b"Traceback (most recent call last):\n"
-           b"triton.compiler.errors.CompilationError: at 3:14:\ndef simple_kernel(in_ptr, out_ptr):\n"
-           b"AttributeError(\"'triton._C.libtriton.ir.value' object has no attribute 'dtype'\")\n")
+    log = (
+        b"Traceback (most recent call last):\n"
+        b"triton.compiler.errors.CompilationError: at 3:14:\ndef simple_kernel(in_ptr, out_ptr):\n"
+        b"AttributeError(\"'triton._C.libtriton.ir.value' object has no attribute 'dtype'\")\n"
+    )
     assert {loc.finding.id for loc in diagnose(io.BytesIO(log)).findings} & {"liger-kernel", "torch-compile"} == set()
 
 
 def test_shared_memory_inside_a_compile_failure_is_the_root_and_the_compile_failure_a_warning():
     diagnosis = diagnosis_of("triton-smem-inductor-tem-kernel-rank3-specforge.log")
     assert [(loc.role, loc.finding.id, loc.finding.severity) for loc in diagnosis.findings] == [
-        ("root", "triton-shared-memory", Severity.ERROR), ("symptom", "torch-compile", Severity.WARNING)]
+        ("root", "triton-shared-memory", Severity.ERROR),
+        ("symptom", "torch-compile", Severity.WARNING),
+    ]
     assert "RTX 30xx/40xx/50xx, A10" in diagnosis.root.finding.title
 
 
@@ -77,8 +88,10 @@ def test_other_resources_than_shared_memory_are_not_this_topic():
 
 
 def test_a_recompile_limit_alone_is_info_the_run_goes_on_eagerly():
-    log = (b"W0110 12:27:06.332000 158 torch/_dynamo/convert_frame.py:1551] [2/8] torch._dynamo hit config.recompile_limit (8)\n"
-           b"W0110 12:27:06.332000 158 torch/_dynamo/convert_frame.py:1551] [2/8]    function: 'forward' (model.py:12)\n")
+    log = (
+        b"W0110 12:27:06.332000 158 torch/_dynamo/convert_frame.py:1551] [2/8] torch._dynamo hit config.recompile_limit (8)\n"
+        b"W0110 12:27:06.332000 158 torch/_dynamo/convert_frame.py:1551] [2/8]    function: 'forward' (model.py:12)\n"
+    )
     diagnosis = diagnose(io.BytesIO(log))
     [loc] = diagnosis.findings
     assert loc.finding.severity is Severity.INFO and not diagnosis.problems
@@ -89,14 +102,18 @@ def test_a_recompile_limit_that_failed_the_run_is_one_finding_with_the_function_
     diagnosis = diagnosis_of("torch-compile-recompile-limit-fullgraph-dion.log")
     [loc] = diagnosis.findings
     assert loc.role == "root" and loc.finding.severity is Severity.ERROR
-    assert loc.finding.title == ("torch.compile hit config.recompile_limit (8 recompilations) on "
-                                 "'dion2_post_orthogonalize': a hard failure under fullgraph=True")
+    assert loc.finding.title == (
+        "torch.compile hit config.recompile_limit (8 recompilations) on "
+        "'dion2_post_orthogonalize': a hard failure under fullgraph=True"
+    )
 
 
 def test_a_liger_frame_followed_by_another_error_is_not_called_a_liger_failure():
     """The cut-traceback finding is only for a paste that stops inside liger's op; an OOM raised there is cuda-oom's."""
-    log = (b'  File "/x/liger_kernel/ops/fused_linear_cross_entropy.py", line 87, in fused_linear_cross_entropy_forward\n'
-           b"    logits_chunk = _input_chunk @ weight.t()\n"
-           b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
-           b"79.14 GiB of which 1.06 GiB is free.\n")
+    log = (
+        b'  File "/x/liger_kernel/ops/fused_linear_cross_entropy.py", line 87, in fused_linear_cross_entropy_forward\n'
+        b"    logits_chunk = _input_chunk @ weight.t()\n"
+        b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        b"79.14 GiB of which 1.06 GiB is free.\n"
+    )
     assert "liger-kernel" not in problems(diagnose(io.BytesIO(log)))

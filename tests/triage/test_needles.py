@@ -8,10 +8,11 @@ import sys
 import threading
 
 import pytest
-from hypothesis import given, settings, strategies as st
-
 from conftest import FIXTURES
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from triage.helpers import everything
+
 from sftdoctor.triage import diagnose, needles
 
 ALL_LOGS = sorted(FIXTURES.rglob("*.log"))  # tests/fixtures/logs and sftdoctor's own runs (tests/fixtures/train)
@@ -31,8 +32,11 @@ small = st.text(alphabet="ab\n\r\x00", min_size=1, max_size=4).map(str.encode)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(small, min_size=1, max_size=6, unique=True), st.binary(max_size=300) | small.map(lambda b: b * 40),
-       st.integers(min_value=0, max_value=320))
+@given(
+    st.lists(small, min_size=1, max_size=6, unique=True),
+    st.binary(max_size=300) | small.map(lambda b: b * 40),
+    st.integers(min_value=0, max_value=320),
+)
 def test_both_engines_find_the_same_occurrences(found, buf, end):
     found = tuple(sorted(found))
     end = min(end, len(buf))
@@ -77,14 +81,20 @@ def test_every_fixture_log_is_diagnosed_alike_with_hyperscan_and_with_the_find_p
 def test_without_hyperscan_the_triage_falls_back_to_the_find_passes_and_finds_the_same():
     """`import hyperscan` failing (no wheel for the platform) is what the fallback is for."""
     path = FIXTURES / "logs" / "dist-nccl-timeout-allreduce-linenumbered-llamafactory.log"
-    code = ("import sys; sys.modules['hyperscan'] = None\n"  # makes `import hyperscan` raise ImportError
-            "sys.path[:0] = sys.argv[1:3]\n"
-            "from triage.test_needles import diagnosis, everything, needles\n"
-            "from pathlib import Path\n"
-            "print(needles.ENGINE, repr(everything(diagnosis(Path(sys.argv[3])))))")
+    code = (
+        "import sys; sys.modules['hyperscan'] = None\n"  # makes `import hyperscan` raise ImportError
+        "sys.path[:0] = sys.argv[1:3]\n"
+        "from triage.test_needles import diagnosis, everything, needles\n"
+        "from pathlib import Path\n"
+        "print(needles.ENGINE, repr(everything(diagnosis(Path(sys.argv[3])))))"
+    )
     tests = str(FIXTURES.parent)
-    proc = subprocess.run([sys.executable, "-c", code, tests, str(FIXTURES.parents[1]), str(path)],
-                          capture_output=True, text=True, cwd=tests)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, tests, str(FIXTURES.parents[1]), str(path)],
+        capture_output=True,
+        text=True,
+        cwd=tests,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == f"find {everything(diagnosis(path))!r}"
 

@@ -4,19 +4,24 @@ exactly as one pass over it would be; what is not a regular file is read in one 
 import os
 
 import pytest
-
 from conftest import FIXTURES
 from triage.helpers import LOGS, everything, line_of, located, log_bytes
+
 from sftdoctor.triage import diagnose, parallel
 
 
 def test_a_large_file_split_across_processes_gives_the_same_diagnosis(tmp_path):
     """Ranges cut at line starts, line numbers and skipped Trainer dicts carried across them."""
-    finite = b"".join(b"{'loss': %.4f, 'grad_norm': 0.5, 'learning_rate': 1e-05, 'epoch': %.2f}\n" % (2 - i / 400, i / 100)
-                      for i in range(400))
+    finite = b"".join(
+        b"{'loss': %.4f, 'grad_norm': 0.5, 'learning_rate': 1e-05, 'epoch': %.2f}\n" % (2 - i / 400, i / 100)
+        for i in range(400)
+    )
     log = tmp_path / "train.log"
-    log.write_bytes(finite + b"{'loss': nan, 'grad_norm': nan, 'epoch': 4.0}\n"
-                    + b"\r\n".join((FIXTURES / "logs" / e["file"]).read_bytes() for e in LOGS))
+    log.write_bytes(
+        finite
+        + b"{'loss': nan, 'grad_norm': nan, 'epoch': 4.0}\n"
+        + b"\r\n".join((FIXTURES / "logs" / e["file"]).read_bytes() for e in LOGS)
+    )
     with open(log, "rb") as handle:
         alone = diagnose(handle, str(log))
     with open(log, "rb") as handle:
@@ -28,11 +33,14 @@ def test_a_large_file_split_across_processes_gives_the_same_diagnosis(tmp_path):
 
 
 @pytest.mark.parametrize("jobs", [2, 3])
-@pytest.mark.parametrize("name, topic", [
-    ("dist-nccl-timeout-legacy-seq-desync-pytorch.log", "nccl-timeout"),  # per-rank SeqNums merged from every range
-    ("gpu-fp16-loss-scale-at-minimum-exit-llamafactory-baichuan13b.log", "fp16-loss-scale"),  # trajectory + cascade
-    ("more-negative-deepspeed-cuda-minor-mismatch-accepted-data-loading.log", None),  # benign lines only
-])
+@pytest.mark.parametrize(
+    "name, topic",
+    [
+        ("dist-nccl-timeout-legacy-seq-desync-pytorch.log", "nccl-timeout"),  # per-rank SeqNums merged from every range
+        ("gpu-fp16-loss-scale-at-minimum-exit-llamafactory-baichuan13b.log", "fp16-loss-scale"),  # trajectory + cascade
+        ("more-negative-deepspeed-cuda-minor-mismatch-accepted-data-loading.log", None),  # benign lines only
+    ],
+)
 def test_a_real_log_cut_into_many_small_ranges_is_diagnosed_as_in_one_pass(name, topic, jobs):
     """Ranges of 97 bytes cut through nearly every message; the calling process scans every `jobs`-th range,
     worker processes the others."""
@@ -54,8 +62,10 @@ def test_a_real_log_cut_into_many_small_ranges_is_diagnosed_as_in_one_pass(name,
 def test_a_log_big_enough_is_split_by_jobs_alone_as_the_cli_asks(tmp_path, monkeypatch):
     """`--jobs 2` on a regular file of PARALLEL_MIN bytes or more (made small here) splits it, same diagnosis."""
     log = tmp_path / "train.log"
-    log.write_bytes(log_bytes("dist-nccl-timeout-allreduce-linenumbered-llamafactory.log")
-                    + log_bytes("gpu-oom-new-format-llamafactory-multirank-rank7.log"))
+    log.write_bytes(
+        log_bytes("dist-nccl-timeout-allreduce-linenumbered-llamafactory.log")
+        + log_bytes("gpu-oom-new-format-llamafactory-multirank-rank7.log")
+    )
     monkeypatch.setattr(parallel, "PARALLEL_MIN", 1024)
     monkeypatch.setattr(parallel, "RANGE", 512)
     scans = spy_on_scans(monkeypatch)

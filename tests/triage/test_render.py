@@ -6,8 +6,8 @@ import json
 import re
 
 import pytest
-
 from triage.helpers import LOGS, by_file, diagnosis_of, line_of, log_bytes, oom_then_cascade
+
 from sftdoctor import __version__
 from sftdoctor.findings import Severity
 from sftdoctor.render import MARKS
@@ -34,16 +34,17 @@ def test_the_root_cause_is_named_first_and_the_cascade_counted_in_one_last_line(
     assert out[2].startswith("✗  cuda-oom      CUDA out of memory on rank 7: asked 270.00 MiB")
     rows = [i for i, line in enumerate(out) if line.startswith("✗  ")]
     assert [out[i].split()[1] for i in rows] == ["cuda-oom", "nccl-timeout"]
-    timeout_block = "\n".join(out[rows[1]:])
+    timeout_block = "\n".join(out[rows[1] :])
     assert f"after the cuda-oom at line {oom_at}, probably its consequence" in timeout_block
-    assert "→ sftdoctor explain cuda-oom" in "\n".join(out[rows[0]:rows[1]])
+    assert "→ sftdoctor explain cuda-oom" in "\n".join(out[rows[0] : rows[1]])
     assert out[-1] == "ignored 100 cascade lines (child-failed ×100); `sftdoctor explain crash-log`"
     assert not any("ChildFailedError" in line for line in out)  # counted, not quoted
 
 
 def test_a_root_cause_printed_after_its_symptom_in_the_log_is_still_printed_first(capsys):
     log = log_bytes("dist-nccl-timeout-allreduce-linenumbered-llamafactory.log") + log_bytes(
-        "gpu-oom-new-format-llamafactory-multirank-rank7.log")
+        "gpu-oom-new-format-llamafactory-multirank-rank7.log"
+    )
     out = printed(diagnose(io.BytesIO(log), "train.log"), capsys)
     assert out[1] == f"root cause: cuda-oom at line {line_of(log, b'CUDA out of memory')} (rank 7)"
     assert [line.split()[1] for line in out if line.startswith("✗  ")] == ["cuda-oom", "nccl-timeout"]
@@ -78,26 +79,37 @@ def test_rank_0_is_named_and_a_root_cause_without_a_rank_names_none(capsys):
 
 
 def test_a_single_cascade_line_is_counted_in_the_singular_and_the_failure_is_not_called_healthy(capsys):
-    out = printed(diagnose(io.BytesIO(b"[rank1]: torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
-                                      b"done\n")), capsys)
-    assert out[1] == "failed: cause not recognised (no known failure signature explains it; the failure is quoted below)"
-    assert out[2] == ("✗  crash-log  the run failed: the launcher tore the job down and the log holds no traceback; "
-                      "cause not recognised")
+    out = printed(
+        diagnose(io.BytesIO(b"[rank1]: torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \ndone\n")),
+        capsys,
+    )
+    assert (
+        out[1] == "failed: cause not recognised (no known failure signature explains it; the failure is quoted below)"
+    )
+    assert out[2] == (
+        "✗  crash-log  the run failed: the launcher tore the job down and the log holds no traceback; "
+        "cause not recognised"
+    )
     assert out[-1] == "ignored 1 cascade line (child-failed ×1); `sftdoctor explain crash-log`"
 
 
 def test_an_unrecognised_crash_prints_where_its_first_exception_is(capsys):
-    out = printed(diagnose(io.BytesIO(b"step 1\nTraceback (most recent call last):\nValueError: bad shape\n"), "x.log"),
-                  capsys)
-    assert out[:3] == ["x.log: 3 lines, 0.0 MiB",
-                       "failed: cause not recognised (no known failure signature explains it; the failure is quoted below)",
-                       "✗  crash-log  the run failed: ValueError: bad shape (line 3; cause not recognised)"]
+    out = printed(
+        diagnose(io.BytesIO(b"step 1\nTraceback (most recent call last):\nValueError: bad shape\n"), "x.log"), capsys
+    )
+    assert out[:3] == [
+        "x.log: 3 lines, 0.0 MiB",
+        "failed: cause not recognised (no known failure signature explains it; the failure is quoted below)",
+        "✗  crash-log  the run failed: ValueError: bad shape (line 3; cause not recognised)",
+    ]
 
 
 def test_a_deprecation_notice_on_a_run_that_trained_is_shown_as_info_and_is_no_root_cause(capsys):
-    log = (b"/usr/lib/python3/torch/utils/checkpoint.py:460: UserWarning: torch.utils.checkpoint: please pass in "
-           b"use_reentrant=True or use_reentrant=False explicitly. The default value of use_reentrant will be updated\n"
-           b"{'train_runtime': 100.0, 'train_samples_per_second': 3.0, 'train_loss': 1.1, 'epoch': 3.0}\n")
+    log = (
+        b"/usr/lib/python3/torch/utils/checkpoint.py:460: UserWarning: torch.utils.checkpoint: please pass in "
+        b"use_reentrant=True or use_reentrant=False explicitly. The default value of use_reentrant will be updated\n"
+        b"{'train_runtime': 100.0, 'train_samples_per_second': 3.0, 'train_loss': 1.1, 'epoch': 3.0}\n"
+    )
     diagnosis = diagnose(io.BytesIO(log), "x.log")
     out = printed(diagnosis, capsys)
     assert out[1] == "nothing recognised: no failure and no known problem in this log"
@@ -119,14 +131,32 @@ def test_the_json_document_names_the_root_cause_its_line_and_what_was_ignored(ca
     log = oom_then_cascade()
     diagnosis = diagnose(io.BytesIO(log), "train.log")
     doc = printed_json(diagnosis, capsys)
-    assert set(doc) == {"sftdoctor", "log", "bytes", "lines", "verdict", "failed", "root_cause", "root_cause_line", "findings",
-                        "ignored", "signatures"}
+    assert set(doc) == {
+        "sftdoctor",
+        "log",
+        "bytes",
+        "lines",
+        "verdict",
+        "failed",
+        "root_cause",
+        "root_cause_line",
+        "findings",
+        "ignored",
+        "signatures",
+    }
     oom_at = line_of(log, b"CUDA out of memory")
-    assert (doc["sftdoctor"], doc["log"], doc["bytes"], doc["lines"]) == (__version__, "train.log", len(log), log.count(b"\n"))
+    assert (doc["sftdoctor"], doc["log"], doc["bytes"], doc["lines"]) == (
+        __version__,
+        "train.log",
+        len(log),
+        log.count(b"\n"),
+    )
     assert (doc["root_cause"], doc["root_cause_line"]) == ("cuda-oom", oom_at)
     assert (doc["verdict"], doc["failed"]) == ("root-cause", True)
     assert [(f["id"], f["line"], f["role"], f["severity"]) for f in doc["findings"]] == [
-        ("cuda-oom", oom_at, "root", "error"), ("nccl-timeout", line_of(log, b"Watchdog caught"), "symptom", "error")]
+        ("cuda-oom", oom_at, "root", "error"),
+        ("nccl-timeout", line_of(log, b"Watchdog caught"), "symptom", "error"),
+    ]
     for finding in doc["findings"]:
         assert {"title", "detail", "fix", "explain", "evidence"} <= set(finding)
     assert doc["findings"][0]["evidence"]["rank"] == 7

@@ -7,14 +7,17 @@ import textwrap
 import tracemalloc
 
 import pytest
-from hypothesis import given, settings, strategies as st
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from triage.helpers import LOGS, diagnosis_of, located, log_bytes, topics
+
 from sftdoctor.triage import diagnose
 
 OOM = log_bytes("gpu-oom-new-format-llamafactory-multirank-rank7.log")
-OOM_LINE = (b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
-            b"GPU 0 has a total capacity of 79.15 GiB of which 1.23 GiB is free.")
+OOM_LINE = (
+    b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+    b"GPU 0 has a total capacity of 79.15 GiB of which 1.23 GiB is free."
+)
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 4096])
@@ -36,8 +39,18 @@ def test_a_wrapped_entry_split_across_chunks_still_gives_its_step(chunk):
     assert found["nan-loss"]["step"] == 240
 
 
-@pytest.mark.parametrize("prefix", [b"[rank3]:", b"[default3]:", b"3: ", b"0: [rank3]:", b"[rank3]:[12345] ",
-                                    b"\x1b[31m[rank3]:\x1b[0m", b"[PG 1 Rank 3] "])
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        b"[rank3]:",
+        b"[default3]:",
+        b"3: ",
+        b"0: [rank3]:",
+        b"[rank3]:[12345] ",
+        b"\x1b[31m[rank3]:\x1b[0m",
+        b"[PG 1 Rank 3] ",
+    ],
+)
 def test_the_rank_a_launcher_prefix_or_torch_names_is_the_rank_reported(prefix):
     """torch >= 2.2, torchrun --tee / accelerate, srun -l (nested too), colour codes, torch's own `[PG 1 Rank 3]`."""
     diagnosis = diagnose(io.BytesIO(b"step 1\n" + prefix + OOM_LINE + b"\n"))

@@ -2,8 +2,8 @@
 front matter that would make a signature silently never match refused with a message naming it."""
 
 import pytest
-
 from triage.helpers import LOGS, diagnosis_of
+
 from sftdoctor.triage.signatures import _signature, signatures
 
 
@@ -27,15 +27,26 @@ def test_every_signature_points_to_a_topic_with_a_title_or_fix_a_reader_can_act_
             assert sig.fix, sig.id
 
 
-@pytest.mark.parametrize("entry, message", [
-    ({"id": "x", "needle": "CUDA out of memory", "role": "root", "regexp": "CUDA"}, "unknown keys ['regexp']"),
-    ({"id": "x", "needle": "CUDA out of memory", "role": "cause"}, "role must be one of"),
-    ({"id": "x", "needle": "CUDA out of memory", "role": "root", "severity": "fatal"}, "severity must be error, warning or info"),
-    ({"id": "x", "needle": ["CUDA out of memory", "CUDA error: out of memory"], "role": "root"}, "several needles need a regex"),
-    ({"id": "x", "needle": "CUDA out of memory", "role": "root", "regex": "out of memory"},
-     "the regex must contain 'CUDA out of memory' literally"),
-    ({"id": "x", "needle": "CUDA out of memory", "role": "root", "wraps": 5}, "wraps must be 0, 1 or 2"),
-])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"id": "x", "needle": "CUDA out of memory", "role": "root", "regexp": "CUDA"}, "unknown keys ['regexp']"),
+        ({"id": "x", "needle": "CUDA out of memory", "role": "cause"}, "role must be one of"),
+        (
+            {"id": "x", "needle": "CUDA out of memory", "role": "root", "severity": "fatal"},
+            "severity must be error, warning or info",
+        ),
+        (
+            {"id": "x", "needle": ["CUDA out of memory", "CUDA error: out of memory"], "role": "root"},
+            "several needles need a regex",
+        ),
+        (
+            {"id": "x", "needle": "CUDA out of memory", "role": "root", "regex": "out of memory"},
+            "the regex must contain 'CUDA out of memory' literally",
+        ),
+        ({"id": "x", "needle": "CUDA out of memory", "role": "root", "wraps": 5}, "wraps must be 0, 1 or 2"),
+    ],
+)
 def test_a_signature_that_could_never_match_as_meant_is_refused_naming_topic_and_id(entry, message):
     with pytest.raises(ValueError) as raised:
         _signature("cuda-oom", entry)

@@ -5,8 +5,8 @@ import gzip
 import lzma
 
 import pytest
-
 from conftest import FIXTURES
+
 from sftdoctor.triage.sniff import SAMPLE, unreadable
 
 LOGS = sorted((FIXTURES / "logs").glob("*.log"))
@@ -37,10 +37,13 @@ def test_an_empty_log_is_refused():
     assert unreadable(b"") == "empty: there is nothing to triage"
 
 
-@pytest.mark.parametrize("encoding, named", [("utf-16", "UTF-16"), ("utf-16-le", "UTF-16LE"), ("utf-16-be", "UTF-16BE"),
-                                             ("utf-32", "UTF-32")])
+@pytest.mark.parametrize(
+    "encoding, named",
+    [("utf-16", "UTF-16"), ("utf-16-le", "UTF-16LE"), ("utf-16-be", "UTF-16BE"), ("utf-32", "UTF-32")],
+)
 def test_a_utf16_log_from_powershell_is_refused_with_the_conversion(encoding, named):
     """PowerShell's Tee-Object writes UTF-16: with its NULs dropped it would pass as text, and match nothing."""
     wide = HEALTHY.decode("utf-8").encode(encoding)[:SAMPLE]
-    assert unreadable(wide) == (f"a {named} text file, not UTF-8: convert it first (iconv -f {named} -t UTF-8 FILE | "
-                                "sftdoctor explain --log -)")
+    assert unreadable(wide) == (
+        f"a {named} text file, not UTF-8: convert it first (iconv -f {named} -t UTF-8 FILE | sftdoctor explain --log -)"
+    )

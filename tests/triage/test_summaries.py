@@ -7,9 +7,10 @@ import re
 import textwrap
 
 import pytest
-from hypothesis import given, settings, strategies as st
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from triage.helpers import LOGS, by_file, diagnosis_of, log_bytes, problems
+
 from sftdoctor.findings import Severity
 from sftdoctor.triage import diagnose
 from sftdoctor.triage.summaries import ranks_text
@@ -25,18 +26,28 @@ def test_each_real_logs_finding_carries_the_specifics_its_report_shows(entry):
         assert {k: got.get(k) for k in expected} == expected, (topic, got)
 
 
-@pytest.mark.parametrize("ranks, text", [
-    ([7], "rank 7"), ([0], "rank 0"), ([0, 1, 2, 5], "ranks 0-2, 5"), ([5, 3, 4, 0], "ranks 0, 3-5"),
-    ([0, 1], "ranks 0-1"), ([1, 3, 5], "ranks 1, 3, 5"), ([], ""),
-])
+@pytest.mark.parametrize(
+    "ranks, text",
+    [
+        ([7], "rank 7"),
+        ([0], "rank 0"),
+        ([0, 1, 2, 5], "ranks 0-2, 5"),
+        ([5, 3, 4, 0], "ranks 0, 3-5"),
+        ([0, 1], "ranks 0-1"),
+        ([1, 3, 5], "ranks 1, 3, 5"),
+        ([], ""),
+    ],
+)
 def test_ranks_are_named_in_runs_as_titles_show_them(ranks, text):
     assert ranks_text(ranks) == text
 
 
 def test_a_cuda_oom_with_memory_reserved_but_unallocated_is_called_fragmentation():
-    line = (b"[rank2]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 2 has a total capacity "
-            b"of 79.15 GiB of which 1.23 GiB is free. Of the allocated memory 60.00 GiB is allocated by PyTorch, and "
-            b"12.50 GiB is reserved by PyTorch but unallocated.\n")
+    line = (
+        b"[rank2]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 2 has a total capacity "
+        b"of 79.15 GiB of which 1.23 GiB is free. Of the allocated memory 60.00 GiB is allocated by PyTorch, and "
+        b"12.50 GiB is reserved by PyTorch but unallocated.\n"
+    )
     root = diagnose(io.BytesIO(line)).root.finding
     assert root.title == "CUDA out of memory on rank 2: asked 2.00 GiB, 1.23 GiB free of 79.15 GiB (GPU 2)"
     assert root.detail.startswith("12.50 GiB is reserved by PyTorch but unallocated: fragmentation")
@@ -51,18 +62,64 @@ def test_a_cuda_oom_with_little_memory_unallocated_is_not_called_fragmentation()
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.sampled_from([b"\n", b"\r", b"\r\n", b"\x00", b"\xff\xfe", b"\x1b[31m", b"[rank3]:", b"9: ",
-                                 b"Watchdog caught collective operation timeout", b"CUDA out of memory", b"{'loss': ",
-                                 b"exitcode", b"Attempted loss scale: ", b"NCCL error", b"NCCL WARN", b"Error: ",
-                                 b"\xe2\x96\x88", b"\xc3", b"nan", b"1e309", b"99999999999999999999", b"(", b")", b"'",
-                                 b"> ", b" loss", b"loss=", b": NAN", b"nan.0", b"grad_norm: ", b" iteration 5/ 10 |",
-                                 b"consumed samples:", b" number of skipped iterations:   3 |", b"number of nan iterations: ",
-                                 b"found NaN in local", b"returned nan", b"values in its", b"xFormers was built for:",
-                                 b"Detected that PyTorch and", b"Library not found: ", b"libbitsandbytes_cuda",
-                                 b"is only supported on CUDA", b"Cuda compilation tools, release ", b"/pip-build-env-",
-                                 b"compiled with a version of Cuda", b"step:", b"[00:15<", b"|"]),
-                max_size=200),
-       st.integers(min_value=1, max_value=64))
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                b"\n",
+                b"\r",
+                b"\r\n",
+                b"\x00",
+                b"\xff\xfe",
+                b"\x1b[31m",
+                b"[rank3]:",
+                b"9: ",
+                b"Watchdog caught collective operation timeout",
+                b"CUDA out of memory",
+                b"{'loss': ",
+                b"exitcode",
+                b"Attempted loss scale: ",
+                b"NCCL error",
+                b"NCCL WARN",
+                b"Error: ",
+                b"\xe2\x96\x88",
+                b"\xc3",
+                b"nan",
+                b"1e309",
+                b"99999999999999999999",
+                b"(",
+                b")",
+                b"'",
+                b"> ",
+                b" loss",
+                b"loss=",
+                b": NAN",
+                b"nan.0",
+                b"grad_norm: ",
+                b" iteration 5/ 10 |",
+                b"consumed samples:",
+                b" number of skipped iterations:   3 |",
+                b"number of nan iterations: ",
+                b"found NaN in local",
+                b"returned nan",
+                b"values in its",
+                b"xFormers was built for:",
+                b"Detected that PyTorch and",
+                b"Library not found: ",
+                b"libbitsandbytes_cuda",
+                b"is only supported on CUDA",
+                b"Cuda compilation tools, release ",
+                b"/pip-build-env-",
+                b"compiled with a version of Cuda",
+                b"step:",
+                b"[00:15<",
+                b"|",
+            ]
+        ),
+        max_size=200,
+    ),
+    st.integers(min_value=1, max_value=64),
+)
 def test_fragments_of_signatures_in_any_order_never_raise(parts, chunk):
     """Half-matched messages feed the summaries odd specifics (huge numbers, nan, a missing field)."""
     diagnose(io.BytesIO(b"".join(parts)), chunk=chunk)
@@ -79,21 +136,34 @@ def _quoted(text):
 
 def _wrapped(width):
     def wrap(text):
-        return "".join((textwrap.fill(line, width, break_on_hyphens=False) if line.strip() else "") + "\n"
-                       for line in text.splitlines())
+        return "".join(
+            (textwrap.fill(line, width, break_on_hyphens=False) if line.strip() else "") + "\n"
+            for line in text.splitlines()
+        )
+
     return wrap
 
 
 def _cut(width):
     """A terminal's hard wrap: every `width` columns, mid-word."""
+
     def cut(text):
-        return "".join("".join(line[i:i + width] + "\n" for i in range(0, max(len(line), 1), width))
-                       for line in text.splitlines())
+        return "".join(
+            "".join(line[i : i + width] + "\n" for i in range(0, max(len(line), 1), width))
+            for line in text.splitlines()
+        )
+
     return cut
 
 
-PASTES = {"plain": str, "markdown quote": _quoted, "wrapped at 80": _wrapped(80), "wrapped at 60": _wrapped(60),
-          "cut at 80 columns": _cut(80), "quoted and wrapped": lambda text: _quoted(_wrapped(80)(text))}
+PASTES = {
+    "plain": str,
+    "markdown quote": _quoted,
+    "wrapped at 80": _wrapped(80),
+    "wrapped at 60": _wrapped(60),
+    "cut at 80 columns": _cut(80),
+    "quoted and wrapped": lambda text: _quoted(_wrapped(80)(text)),
+}
 
 
 def test_the_nan_corpus_holds_real_logs_of_at_least_six_other_trainers_and_negative_controls():
@@ -157,12 +227,20 @@ def test_a_megatron_loss_field_that_vanishes_with_nothing_skipped_is_a_nan_loss(
     assert "the entries before it: loss 2.504220E+00 grad_norm 0.231" in root.detail
 
 
-@pytest.mark.parametrize("line, title", [
-    (b"[rank3]: AssertionError: Rank 3: found NaN in local grad norm in backward pass before data-parallel "
-     b"communication collective. Device: 3, node: n1\n", "Megatron's NaN check failed on the local grad norm"),
-    (b"RuntimeError: Function 'MulBackward0' returned nan values in its 0th output.\n",
-     "autograd anomaly mode: MulBackward0 returned NaN in its 0th output"),
-])
+@pytest.mark.parametrize(
+    "line, title",
+    [
+        (
+            b"[rank3]: AssertionError: Rank 3: found NaN in local grad norm in backward pass before data-parallel "
+            b"communication collective. Device: 3, node: n1\n",
+            "Megatron's NaN check failed on the local grad norm",
+        ),
+        (
+            b"RuntimeError: Function 'MulBackward0' returned nan values in its 0th output.\n",
+            "autograd anomaly mode: MulBackward0 returned NaN in its 0th output",
+        ),
+    ],
+)
 def test_a_nan_assertion_inside_the_step_is_the_root_cause(line, title):
     root = diagnose(io.BytesIO(line)).root.finding
     assert root.id == "nan-loss" and root.title == title
@@ -170,7 +248,10 @@ def test_a_nan_assertion_inside_the_step_is_the_root_cause(line, title):
 
 def test_a_mismatch_printed_from_pips_isolated_build_says_whose_torch_it_is():
     """vllm#602: the "PyTorch (11.7)" of torch's message is pip's build-isolation copy; the user's torch is 12.1."""
-    found = [loc.finding for loc in diagnosis_of("gpu-cuda-mismatch-vllm-build-isolation-torch-cu117-vs-env-cu121.log").findings]
+    found = [
+        loc.finding
+        for loc in diagnosis_of("gpu-cuda-mismatch-vllm-build-isolation-torch-cu117-vs-env-cu121.log").findings
+    ]
     assert [f.id for f in found] == ["torch-cuda-match", "torch-cuda-match"]
     assert found[1].title.startswith("the build used pip's isolated copy of torch")
     assert found[1].fix.startswith("pip install --no-build-isolation")

@@ -7,10 +7,9 @@ import json
 import shutil
 import traceback
 
-import pytest
-
 from conftest import EXAMPLES
-from triage.helpers import LOGS, PASTES, by_file, log_bytes, quoted, wrapped
+from triage.helpers import LOGS, log_bytes, quoted, wrapped
+
 from sftdoctor.triage import diagnose
 
 TOPICS = ("token-ids", "chat-template")
@@ -64,8 +63,10 @@ def test_the_installed_torchs_cpu_index_error_is_named():
 
 def test_a_cuda_assertion_cut_mid_word_by_a_paste_is_still_named():
     """transformers#30464 pasted 'Assertion `srcIndex < srcSelectDim' / 'Size` failed.': the kernel's name stays."""
-    log = ("../aten/src/ATen/native/cuda/Indexing.cu:1292: indexSelectLargeIndex: block: [126,0,0], thread: [32,0,0] "
-           "Assertion `srcIndex < srcSelectDim\nSize` failed.\n"
-           "RuntimeError: CUDA error: device-side assert triggered\n")
+    log = (
+        "../aten/src/ATen/native/cuda/Indexing.cu:1292: indexSelectLargeIndex: block: [126,0,0], thread: [32,0,0] "
+        "Assertion `srcIndex < srcSelectDim\nSize` failed.\n"
+        "RuntimeError: CUDA error: device-side assert triggered\n"
+    )
     root = root_of(log)
     assert root.finding.id == "token-ids" and root.finding.evidence["kernel"] == "indexSelectLargeIndex"

@@ -10,7 +10,7 @@ import pytest
 
 from sftdoctor.triage import diagnose
 
-CHILD = r'''
+CHILD = r"""
 import sys, traceback, torch
 import torch._dynamo
 import torch._inductor.config as inductor
@@ -32,7 +32,7 @@ try:
     torch.compile(lambda x: (x * 2).sin(), backend="inductor")(torch.ones(8))
 except Exception:
     traceback.print_exc()
-'''
+"""
 
 
 @pytest.fixture(scope="module")

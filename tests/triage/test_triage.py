@@ -4,8 +4,8 @@ counted apart; on real excerpts from public bug reports (tests/fixtures/logs/ind
 import io
 
 import pytest
-
 from triage.helpers import LOGS, POSITIVE, by_file, diagnosis_of, line_of, log_bytes, oom_then_cascade, problems, topics
+
 from sftdoctor.findings import Severity
 from sftdoctor.triage import diagnose
 
@@ -17,8 +17,18 @@ def test_the_corpus_is_big_enough_cited_and_has_negative_controls():
     assert all(entry["source"].startswith("https://github.com/") for entry in LOGS)
     assert sum(1 for entry in LOGS if not entry["expect"]) >= 4
     assert {t for entry in LOGS for t in entry["expect"]} >= {
-        "nccl-timeout", "nccl-error", "cuda-oom", "host-oom", "torch-cuda-match", "flash-attn", "bf16-support",
-        "nan-loss", "fp16-loss-scale", "gradient-checkpointing", "master-port"}
+        "nccl-timeout",
+        "nccl-error",
+        "cuda-oom",
+        "host-oom",
+        "torch-cuda-match",
+        "flash-attn",
+        "bf16-support",
+        "nan-loss",
+        "fp16-loss-scale",
+        "gradient-checkpointing",
+        "master-port",
+    }
 
 
 @pytest.mark.parametrize("entry", LOGS, ids=by_file(LOGS))
@@ -56,16 +66,19 @@ def test_a_root_cause_logged_after_a_symptom_still_comes_first_but_the_symptom_i
     """Ranks flush at different times: a timeout may be printed before the OOM that caused it. The OOM is still
     the root cause; the timeout, printed before it, is not said to come after it."""
     log = log_bytes("dist-nccl-timeout-allreduce-linenumbered-llamafactory.log") + log_bytes(
-        "gpu-oom-new-format-llamafactory-multirank-rank7.log")
+        "gpu-oom-new-format-llamafactory-multirank-rank7.log"
+    )
     diagnosis = diagnose(io.BytesIO(log))
     assert [(loc.line, loc.finding.id) for loc in diagnosis.findings] == [
-        (line_of(log, b"CUDA out of memory"), "cuda-oom"), (line_of(log, b"Watchdog caught"), "nccl-timeout")]
+        (line_of(log, b"CUDA out of memory"), "cuda-oom"),
+        (line_of(log, b"Watchdog caught"), "nccl-timeout"),
+    ]
     assert diagnosis.root.role == "root"
     assert "consequence" not in diagnosis.findings[1].finding.detail
 
 
 def test_an_unrecognised_crash_is_a_problem_that_quotes_its_first_exception():
-    log = b"step 1\nTraceback (most recent call last):\n  File \"train.py\", line 3\nValueError: bad shape (3, 4)\n"
+    log = b'step 1\nTraceback (most recent call last):\n  File "train.py", line 3\nValueError: bad shape (3, 4)\n'
     diagnosis = diagnose(io.BytesIO(log))
     assert diagnosis.verdict == "failed-unrecognised" and diagnosis.problems  # `explain --log` exits 1
     [only] = diagnosis.findings
@@ -76,19 +89,23 @@ def test_an_unrecognised_crash_is_a_problem_that_quotes_its_first_exception():
 
 def test_an_exception_message_that_goes_on_to_the_next_line_is_quoted_with_it():
     """torch's load_state_dict error (nn/modules/module.py), as a rank printed it under torchrun >= 2.2."""
-    log = (b"[rank0]: [rank0]: RuntimeError: Error(s) in loading state_dict for Qwen2ForCausalLM:\n"
-           b"[rank0]: [rank0]: \tsize mismatch for lm_head.weight: copying a param with shape torch.Size([64, 16]) "
-           b"from checkpoint, the shape in current model is torch.Size([128, 16]).\n")
+    log = (
+        b"[rank0]: [rank0]: RuntimeError: Error(s) in loading state_dict for Qwen2ForCausalLM:\n"
+        b"[rank0]: [rank0]: \tsize mismatch for lm_head.weight: copying a param with shape torch.Size([64, 16]) "
+        b"from checkpoint, the shape in current model is torch.Size([128, 16]).\n"
+    )
     [only] = diagnose(io.BytesIO(log)).findings
     assert only.finding.id == "crash-log" and only.finding.evidence["rank"] == 0
-    assert only.finding.evidence["text"].startswith("RuntimeError: Error(s) in loading state_dict for Qwen2ForCausalLM: "
-                                                    "size mismatch for lm_head.weight")
+    assert only.finding.evidence["text"].startswith(
+        "RuntimeError: Error(s) in loading state_dict for Qwen2ForCausalLM: size mismatch for lm_head.weight"
+    )
 
 
 def test_a_recognised_failure_gets_no_pointer_to_the_first_exception():
     """The OOM line is also a Python exception line; the report names the OOM, not "no known signature"."""
     assert [loc.finding.id for loc in diagnosis_of("gpu-oom-new-format-llamafactory-multirank-rank7.log").findings] == [
-        "cuda-oom"]
+        "cuda-oom"
+    ]
 
 
 def test_a_healthy_log_repeated_is_still_healthy():
@@ -103,5 +120,7 @@ def test_a_deepspeed_value_transformers_refuses_is_the_root_cause_with_its_key()
     with open(log, "rb") as stream:
         diagnosis = diagnose(stream)
     assert diagnosis.root.finding.id == "batch-size" and diagnosis.root.finding.evidence["ranks"] == [0, 1]
-    assert diagnosis.root.finding.title == ("the DeepSpeed JSON fixes train_batch_size=999 but the run has "
-                                            "train_batch_size (calculated)=8: transformers refuses it")
+    assert diagnosis.root.finding.title == (
+        "the DeepSpeed JSON fixes train_batch_size=999 but the run has "
+        "train_batch_size (calculated)=8: transformers refuses it"
+    )

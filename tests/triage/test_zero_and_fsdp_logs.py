@@ -10,8 +10,8 @@ import traceback
 from types import SimpleNamespace
 
 import pytest
+from triage.helpers import LOGS, log_bytes, problems
 
-from triage.helpers import LOGS, PASTES, by_file, log_bytes, problems
 from sftdoctor.triage import diagnose
 
 TOPICS = ("zero3-gather", "zero-resume", "fsdp-flat-param")
@@ -26,9 +26,11 @@ def root_of(text: str):
 def test_the_specifics_are_in_the_title():
     titles = {entry["file"]: problems_title(entry) for entry in MINE}
     assert titles["zero-resume-world-size-8-to-16-megatron-deepspeed.log"].startswith(
-        "the ZeRO checkpoint was saved by 8 data-parallel ranks and this run has 16")
+        "the ZeRO checkpoint was saved by 8 data-parallel ranks and this run has 16"
+    )
     assert titles["fsdp-flat-param-uniform-dtype-peft-lora-dpo.log"] == (
-        "FSDP cannot flatten one unit's parameters: torch.bfloat16 and torch.float32 mixed")
+        "FSDP cannot flatten one unit's parameters: torch.bfloat16 and torch.float32 mixed"
+    )
     assert titles["fsdp-flat-param-mixed-dtensor-ray-prefix-verl.log"].startswith("aten.mm.default got a plain tensor")
 
 
@@ -37,6 +39,7 @@ def problems_title(entry) -> str:
 
 
 # ---- the installed stack's own messages (torch 2.13 CPU, DeepSpeed 0.19.8)
+
 
 def raised(func) -> str:
     try:
@@ -65,7 +68,8 @@ def test_a_real_traceback_of_a_zero_vocab_size_is_named(tmp_path):
     """The model's own line, as Python prints it in a traceback, then torch's view error."""
     (tmp_path / "loss.py").write_text(
         "import torch\n\ndef loss(shift_logits, self):\n"
-        "    shift_logits = shift_logits.view(-1, self.config.vocab_size)\n")
+        "    shift_logits = shift_logits.view(-1, self.config.vocab_size)\n"
+    )
     sys.path.insert(0, str(tmp_path))
     try:
         import loss
@@ -80,13 +84,23 @@ def test_a_real_traceback_of_a_zero_vocab_size_is_named(tmp_path):
     assert bare is None or bare.finding.id != "zero3-gather"
 
 
-@pytest.mark.parametrize("tensors, signature", [
-    (lambda torch: [torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16)), torch.nn.Parameter(torch.ones(2))],
-     "fsdp-mixed-dtype"),
-    (lambda torch: [torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2), requires_grad=False)],
-     "fsdp-mixed-requires-grad"),
-    (lambda torch: [torch.nn.Parameter(torch.ones(2, dtype=torch.uint8), requires_grad=False)], "fsdp-integer-params"),
-])
+@pytest.mark.parametrize(
+    "tensors, signature",
+    [
+        (
+            lambda torch: [torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16)), torch.nn.Parameter(torch.ones(2))],
+            "fsdp-mixed-dtype",
+        ),
+        (
+            lambda torch: [torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2), requires_grad=False)],
+            "fsdp-mixed-requires-grad",
+        ),
+        (
+            lambda torch: [torch.nn.Parameter(torch.ones(2, dtype=torch.uint8), requires_grad=False)],
+            "fsdp-integer-params",
+        ),
+    ],
+)
 def test_fsdps_flat_parameter_messages_are_named(tensors, signature):
     import torch
     from torch.distributed.fsdp._flat_param import FlatParamHandle
@@ -99,14 +113,16 @@ def test_fsdps_flat_parameter_messages_are_named(tensors, signature):
 
 def test_dtensors_mixing_message_is_named():
     """A one-process gloo mesh in a child process: a DTensor times a plain tensor."""
-    code = ("import os, torch, torch.distributed as dist\n"
-            "from torch.distributed.device_mesh import init_device_mesh\n"
-            "from torch.distributed.tensor import distribute_tensor, Shard\n"
-            "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='0', RANK='0', WORLD_SIZE='1')\n"
-            "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
-            "mesh = init_device_mesh('cpu', (1,))\n"
-            "w = distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)])\n"
-            "torch.mm(torch.ones(4, 4), w)\n")
+    code = (
+        "import os, torch, torch.distributed as dist\n"
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "from torch.distributed.tensor import distribute_tensor, Shard\n"
+        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='0', RANK='0', WORLD_SIZE='1')\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "mesh = init_device_mesh('cpu', (1,))\n"
+        "w = distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)])\n"
+        "torch.mm(torch.ones(4, 4), w)\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "got mixed torch.Tensor and DTensor" in proc.stderr, proc.stderr[-2000:]
     root = root_of(proc.stderr)
@@ -118,13 +134,18 @@ def test_deepspeeds_world_size_refusal_is_named():
     """DeepSpeed 0.19.8's engine raises it in _load_zero_checkpoint, read through the engine's own method."""
     from deepspeed.runtime.engine import DeepSpeedEngine
 
-    engine = SimpleNamespace(_config=SimpleNamespace(zero_config=SimpleNamespace(pipeline_loading_checkpoint=False)),
-                             load_universal_checkpoint=lambda: False, seq_dp_world_size=16,
-                             loaded_checkpoint_dp_world_size=8)
+    engine = SimpleNamespace(
+        _config=SimpleNamespace(zero_config=SimpleNamespace(pipeline_loading_checkpoint=False)),
+        load_universal_checkpoint=lambda: False,
+        seq_dp_world_size=16,
+        loaded_checkpoint_dp_world_size=8,
+    )
     text = raised(lambda: DeepSpeedEngine._load_zero_checkpoint(engine, "ckpt", "global_step2"))
     root = root_of(text)
     assert root.finding.id == "zero-resume" and (root.finding.evidence["saved"], root.finding.evidence["current"]) == (
-        "8", "16"), text
+        "8",
+        "16",
+    ), text
     assert problems(diagnose(io.BytesIO(text.encode()))).keys() == {"zero-resume"}
 
 

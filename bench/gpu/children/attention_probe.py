@@ -45,11 +45,20 @@ def on_cuda(model_dir, impl):
         batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)([{"input_ids": s} for s in samples])
         batch.pop("labels")
         diff = max_packed_diff(model, samples, batch, "cuda")
-        out = {"isolated": diff <= BF16_TOLERANCE, "max_abs_diff": diff, "tolerance": BF16_TOLERANCE,
-               "attn_implementation": impl, "device": "cuda"}
+        out = {
+            "isolated": diff <= BF16_TOLERANCE,
+            "max_abs_diff": diff,
+            "tolerance": BF16_TOLERANCE,
+            "attn_implementation": impl,
+            "device": "cuda",
+        }
     except Exception as exc:
-        out = {"isolated": None, "attn_implementation": impl, "device": "cuda",
-               "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+        out = {
+            "isolated": None,
+            "attn_implementation": impl,
+            "device": "cuda",
+            "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}",
+        }
     return {**out, "seconds": round(time.perf_counter() - began, 2)}
 
 

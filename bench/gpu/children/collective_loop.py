@@ -37,16 +37,22 @@ def sweep(sizes, device, cuda):
             torch.cuda.synchronize()
         seconds = (time.perf_counter() - start) / count
         algbw = size / seconds / 1e9
-        out.append({"bytes": size, "seconds": seconds, "algbw_gbps": algbw,
-                    "busbw_gbps": algbw * 2 * (n - 1) / n if n > 1 else None})
+        out.append(
+            {
+                "bytes": size,
+                "seconds": seconds,
+                "algbw_gbps": algbw,
+                "busbw_gbps": algbw * 2 * (n - 1) / n if n > 1 else None,
+            }
+        )
     return out
 
 
 def flight_recorder():
     """What the recorder holds after the sweep, read as torchfrtrace reads its dumps (a pickled dict)."""
-    from sftdoctor.train import compat
-
     import torch.distributed as dist
+
+    from sftdoctor.train import compat
 
     data = compat.dump_flight_recorder(dist.get_backend() if dist.is_initialized() else "nccl")
     if data is None:
@@ -56,11 +62,17 @@ def flight_recorder():
     except Exception as exc:
         return {"dumped": True, "bytes": len(data), "parsed": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
     entries = trace.get("entries", []) if isinstance(trace, dict) else []
-    return {"dumped": True, "bytes": len(data), "parsed": True, "version": trace.get("version"),
-            "comm_lib_version": trace.get("comm_lib_version"), "entries": len(entries),
-            "collectives": dict(collections.Counter(e.get("profiling_name") for e in entries)),
-            "states": dict(collections.Counter(e.get("state") for e in entries)),
-            "with_stack": sum(1 for e in entries if e.get("frames"))}
+    return {
+        "dumped": True,
+        "bytes": len(data),
+        "parsed": True,
+        "version": trace.get("version"),
+        "comm_lib_version": trace.get("comm_lib_version"),
+        "entries": len(entries),
+        "collectives": dict(collections.Counter(e.get("profiling_name") for e in entries)),
+        "states": dict(collections.Counter(e.get("state") for e in entries)),
+        "with_stack": sum(1 for e in entries if e.get("frames")),
+    }
 
 
 def main(result, sizes):

@@ -19,8 +19,12 @@ def version(name):
 def torch_view():
     import torch
 
-    out = {"torch": torch.__version__, "cuda_build": torch.version.cuda, "available": torch.cuda.is_available(),
-           "devices": []}
+    out = {
+        "torch": torch.__version__,
+        "cuda_build": torch.version.cuda,
+        "available": torch.cuda.is_available(),
+        "devices": [],
+    }
     if not out["available"]:
         try:
             torch.cuda.init()
@@ -34,8 +38,14 @@ def torch_view():
         out["bf16"] = torch.cuda.is_bf16_supported()
     for index in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(index)
-        out["devices"].append({"index": index, "name": p.name, "compute_capability": f"{p.major}.{p.minor}",
-                               "memory_total_mib": p.total_memory // 2**20})
+        out["devices"].append(
+            {
+                "index": index,
+                "name": p.name,
+                "compute_capability": f"{p.major}.{p.minor}",
+                "memory_total_mib": p.total_memory // 2**20,
+            }
+        )
     return out
 
 
@@ -61,11 +71,15 @@ def importable(module):
 
 
 def main():
-    out = {"torch": torch_view(), "nvml": sftdoctor_view("nvml"), "nvidia_smi": sftdoctor_view("nvidia-smi"),
-           "flash_attn": {**importable("flash_attn"), "version": version("flash-attn")},
-           "flash_attn_3": importable("flash_attn_interface"),
-           "liger_kernel": {"installed": version("liger-kernel") is not None, "version": version("liger-kernel")},
-           "versions": {n: version(n) for n in ("transformers", "trl", "accelerate", "datasets", "deepspeed")}}
+    out = {
+        "torch": torch_view(),
+        "nvml": sftdoctor_view("nvml"),
+        "nvidia_smi": sftdoctor_view("nvidia-smi"),
+        "flash_attn": {**importable("flash_attn"), "version": version("flash-attn")},
+        "flash_attn_3": importable("flash_attn_interface"),
+        "liger_kernel": {"installed": version("liger-kernel") is not None, "version": version("liger-kernel")},
+        "versions": {n: version(n) for n in ("transformers", "trl", "accelerate", "datasets", "deepspeed")},
+    }
     print(json.dumps(out))
 
 

@@ -28,9 +28,18 @@ def main(model_dir, data, out, steps, batch, max_length, result):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
     dataset = load_dataset("json", data_files=data, split="train")
-    args = SFTConfig(output_dir=out, max_steps=int(steps), per_device_train_batch_size=int(batch),
-                     max_length=int(max_length), logging_steps=1, report_to=[], save_strategy="no",
-                     disable_tqdm=True, seed=0, **({} if cuda else {"bf16": False}))
+    args = SFTConfig(
+        output_dir=out,
+        max_steps=int(steps),
+        per_device_train_batch_size=int(batch),
+        max_length=int(max_length),
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        **({} if cuda else {"bf16": False}),
+    )
     records, state = [], {"real": 0, "slots": 0}
 
     class Counting(SFTTrainer):
@@ -39,14 +48,22 @@ def main(model_dir, data, out, steps, batch, max_length, result):
                 ids, mask = inputs["input_ids"], inputs.get("attention_mask")
                 state["real"] = state["real"] + (mask.sum() if mask is not None else ids.numel())
                 state["slots"] += ids.numel()
-            return super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                        num_items_in_batch=num_items_in_batch)
+            return super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
 
     class Steps(TrainerCallback):
         def on_log(self, args, st, control, logs=None, **kwargs):
             if logs and "loss" in logs:
-                records.append({"step": st.global_step, "time": time.time(), "tokens_seen": float(state["real"]),
-                                "slots": state["slots"], "loss": logs["loss"]})
+                records.append(
+                    {
+                        "step": st.global_step,
+                        "time": time.time(),
+                        "tokens_seen": float(state["real"]),
+                        "slots": state["slots"],
+                        "loss": logs["loss"],
+                    }
+                )
 
     trainer = Counting(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     trainer.add_callback(Steps())
@@ -55,12 +72,19 @@ def main(model_dir, data, out, steps, batch, max_length, result):
     trainer.train()
     for before, after in zip(records, records[1:]):
         after["step_time_s"] = after["time"] - before["time"]
-    done = {"records": records, "bf16": bool(args.bf16), "gradient_checkpointing": bool(args.gradient_checkpointing),
-            "attn_implementation": getattr(model.config, "_attn_implementation", None), "packing": bool(args.packing),
-            "padding_free": bool(args.padding_free), "optim": str(getattr(args.optim, "value", args.optim)), "dtype": str(model.dtype),
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "padding_fraction": 1 - float(state["real"]) / max(1, state["slots"]),
-            "max_memory_allocated": torch.cuda.max_memory_allocated() if cuda else None}
+    done = {
+        "records": records,
+        "bf16": bool(args.bf16),
+        "gradient_checkpointing": bool(args.gradient_checkpointing),
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        "packing": bool(args.packing),
+        "padding_free": bool(args.padding_free),
+        "optim": str(getattr(args.optim, "value", args.optim)),
+        "dtype": str(model.dtype),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "padding_fraction": 1 - float(state["real"]) / max(1, state["slots"]),
+        "max_memory_allocated": torch.cuda.max_memory_allocated() if cuda else None,
+    }
     with open(result, "w") as handle:
         json.dump(done, handle)
 

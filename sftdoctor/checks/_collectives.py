@@ -36,27 +36,38 @@ def _at(ops: dict[str, dict[str, Any]]) -> str:
 
 def _group(g: dict[str, Any]) -> tuple[str, str]:
     """One failing group: (the short headline, the full sentence)."""
-    first = next(iter(g["inside"].values()), None) or {"collective": g["collective"], "seq": g["seq"],
-                                                          "sizes": g["sizes"], "dtypes": g["dtypes"]}
+    first = next(iter(g["inside"].values()), None) or {
+        "collective": g["collective"],
+        "seq": g["seq"],
+        "sizes": g["sizes"],
+        "dtypes": g["dtypes"],
+    }
     theirs = _op(first, g["group"])
     parts = []
     if g["inside"]:
-        parts.append(f"{ranks_text(list(g['inside']))} {_is(g['inside'])} in {theirs} "
-                     f"(called at {_at(g['inside'])})")
+        parts.append(f"{ranks_text(list(g['inside']))} {_is(g['inside'])} in {theirs} (called at {_at(g['inside'])})")
     if g["other"]:
         by_op: dict[str, list[str]] = {}
         for r, op in g["other"].items():
             by_op.setdefault(_op(op), []).append(r)
         for text, ranks in by_op.items():
-            parts.append(f"{ranks_text(ranks)} entered {text} instead (called at {_at({r: g['other'][r] for r in ranks})})")
+            parts.append(
+                f"{ranks_text(ranks)} entered {text} instead (called at {_at({r: g['other'][r] for r in ranks})})"
+            )
     if g["absent"]:
-        last = "; ".join(f"rank {r} last: {_op(op)} at {op.get('where')}" if op.get("collective")
-                         else f"rank {r}: no collective on this group recorded" for r, op in sorted(g["absent"].items()))
+        last = "; ".join(
+            f"rank {r} last: {_op(op)} at {op.get('where')}"
+            if op.get("collective")
+            else f"rank {r}: no collective on this group recorded"
+            for r, op in sorted(g["absent"].items())
+        )
         parts.append(f"{ranks_text(list(g['absent']))} never entered it ({last})")
     if g["other"]:
         op = next(iter(g["other"].values()))
-        headline = (f"{ranks_text(list(g['other']))} called {_op(op, g['group'])} where "
-                    f"{ranks_text(list(g['inside']))} called {_op(first)}")
+        headline = (
+            f"{ranks_text(list(g['other']))} called {_op(op, g['group'])} where "
+            f"{ranks_text(list(g['inside']))} called {_op(first)}"
+        )
     elif g["absent"]:
         headline = f"{ranks_text(list(g['absent']))} never entered {theirs}"
     else:  # the ranks with a dump entered the same: torch's analyzer flagged something else (a state, a dtype)
@@ -88,15 +99,20 @@ def gaps(fr: dict[str, Any]) -> tuple[str, str]:
     if unreadable:
         dumps = "dumps" if len(unreadable) > 1 else "dump"
         short.append(f"{ranks_text(list(unreadable))}'s {dumps} unreadable")
-        said.append(f"{ranks_text(list(unreadable))}'s {dumps} could not be read ("
-                    + "; ".join(why for _, why in sorted(unreadable.items())) + ")")
+        said.append(
+            f"{ranks_text(list(unreadable))}'s {dumps} could not be read ("
+            + "; ".join(why for _, why in sorted(unreadable.items()))
+            + ")"
+        )
     if not fr.get("world_known"):
         short.append("the world's size unknown")
         said.append("the dumps do not say how many ranks the run had (Gloo's dumps name no group's ranks)")
     silent = sorted({*missing, *unreadable})
     of = f"{ranks_text(silent)}" if fr.get("world_known") else "any rank without a readable dump here"
-    sentence = f"{'; '.join(said)}: nothing is known of {of}, whether it entered a collective, stayed out of one " \
-               "or stopped altogether."
+    sentence = (
+        f"{'; '.join(said)}: nothing is known of {of}, whether it entered a collective, stayed out of one "
+        "or stopped altogether."
+    )
     return "; ".join(short), sentence[0].upper() + sentence[1:]
 
 
@@ -116,16 +132,19 @@ def describe(fr: dict[str, Any] | None) -> tuple[str, str]:
     if not fr.get("dumps"):
         return "", f"{where}: no dump could be read.{tail}"
     if fr.get("error"):
-        return "", (f"{where}: torch's analyzer could not read the dumps ({fr['error']}); read them with "
-                    f"`torchfrtrace`.{tail}")
+        return "", (
+            f"{where}: torch's analyzer could not read the dumps ({fr['error']}); read them with `torchfrtrace`.{tail}"
+        )
     if fr.get("groups"):
         described = [_group(g) for g in fr["groups"]]
         more = f" ({fr['more_groups']} more group(s) fail too)" if fr.get("more_groups") else ""
         return described[0][0], f"{where}: " + ". ".join(text for _, text in described) + f".{more}{tail}"
     last = fr.get("last") or {}
     if not any(last.values()):  # nothing recorded: no reading of the collectives, not "they all completed"
-        return "", (f"{where}: the dumps hold no collective (the recorder off, TORCH_FR_BUFFER_SIZE=0?): they cannot "
-                    f"say which collective; read the stacks.{tail}")
+        return "", (
+            f"{where}: the dumps hold no collective (the recorder off, TORCH_FR_BUFFER_SIZE=0?): they cannot "
+            f"say which collective; read the stacks.{tail}"
+        )
     return (_all_said if whole(fr) else _some_said)(fr, where, last)
 
 
@@ -133,17 +152,25 @@ def _all_said(fr: dict[str, Any], where: str, last: dict[str, Any]) -> tuple[str
     """The ranks' last collectives when every rank's dump is there: the only place "every rank" is said."""
     open_ = {r: op for r, op in last.items() if op and not op.get("completed")}
     if not open_:
-        return ("no rank is inside a collective",
-                f"{where}: every rank's collectives match and each rank's last one completed: the stall is outside "
-                "torch.distributed (a data loader, I/O, a Python loop): read the stacks.")
+        return (
+            "no rank is inside a collective",
+            f"{where}: every rank's collectives match and each rank's last one completed: the stall is outside "
+            "torch.distributed (a data loader, I/O, a Python loop): read the stacks.",
+        )
     ops = {_op(op, op.get("group")) for op in open_.values()}
     if len(ops) == 1 and len(open_) == len(last):
         theirs = ops.pop()
-        return (f"every rank is inside {theirs}",
-                f"{where}: every rank entered {theirs} and none completed it: the collective itself is stuck (the "
-                "transport: NCCL, the network, a dead GPU or NIC), not a rank that stayed out.")
-    return ("", f"{where}: the ranks' collectives match; still open: "
-                + "; ".join(f"rank {r}: {_op(op, op.get('group'))}" for r, op in sorted(open_.items())) + ".")
+        return (
+            f"every rank is inside {theirs}",
+            f"{where}: every rank entered {theirs} and none completed it: the collective itself is stuck (the "
+            "transport: NCCL, the network, a dead GPU or NIC), not a rank that stayed out.",
+        )
+    return (
+        "",
+        f"{where}: the ranks' collectives match; still open: "
+        + "; ".join(f"rank {r}: {_op(op, op.get('group'))}" for r, op in sorted(open_.items()))
+        + ".",
+    )
 
 
 def _some_said(fr: dict[str, Any], where: str, last: dict[str, Any]) -> tuple[str, str]:
@@ -152,29 +179,38 @@ def _some_said(fr: dict[str, Any], where: str, last: dict[str, Any]) -> tuple[st
     dumped = [int(r) for r in last]
     open_ = {r: op for r, op in last.items() if op and not op.get("completed")}
     if not open_:
-        return (f"{ranks_text(dumped)}: no collective open; {short}",
-                f"{where}: the dump{'s' if len(dumped) > 1 else ''} of {ranks_text(dumped)} say each of "
-                f"{'their' if len(dumped) > 1 else 'its'} collectives completed: on {ranks_text(dumped)} the stall "
-                f"is outside torch.distributed. {unknown}")
+        return (
+            f"{ranks_text(dumped)}: no collective open; {short}",
+            f"{where}: the dump{'s' if len(dumped) > 1 else ''} of {ranks_text(dumped)} say each of "
+            f"{'their' if len(dumped) > 1 else 'its'} collectives completed: on {ranks_text(dumped)} the stall "
+            f"is outside torch.distributed. {unknown}",
+        )
     ops = {_op(op, op.get("group")) for op in open_.values()}
     if len(ops) == 1:
         theirs = ops.pop()
-        return (f"{ranks_text(list(open_))} {_is(open_)} inside {theirs}; {short}",
-                f"{where}: {ranks_text(list(open_))} entered {theirs} and did not complete it. {unknown} A rank "
-                "waiting in a collective is how the others look when one rank stays out or stops: read first "
-                "the state of the rank(s) without a dump.")
-    return (f"{ranks_text(list(open_))} inside different collectives; {short}",
-            f"{where}: still open in the dumps there are: "
-            + "; ".join(f"rank {r}: {_op(op, op.get('group'))}" for r, op in sorted(open_.items())) + f". {unknown}")
+        return (
+            f"{ranks_text(list(open_))} {_is(open_)} inside {theirs}; {short}",
+            f"{where}: {ranks_text(list(open_))} entered {theirs} and did not complete it. {unknown} A rank "
+            "waiting in a collective is how the others look when one rank stays out or stops: read first "
+            "the state of the rank(s) without a dump.",
+        )
+    return (
+        f"{ranks_text(list(open_))} inside different collectives; {short}",
+        f"{where}: still open in the dumps there are: "
+        + "; ".join(f"rank {r}: {_op(op, op.get('group'))}" for r, op in sorted(open_.items()))
+        + f". {unknown}",
+    )
 
 
 def silent_fix(ranks: list[int | str]) -> str:
     """What to do about ranks that sent nothing (no report, no stacks, no dump): their processes are frozen."""
-    return (f"find {ranks_text(ranks)}'s process on its node (`ps -eo pid,stat,etime,cmd | grep sftdoctor.train.sft`) "
-            "and read its state (`ps -o stat= -p PID`: T = stopped, D = blocked in the kernel: a stuck NFS read, a "
-            "GPU driver call), its kernel stack (`cat /proc/PID/stack`), its Python stack (`py-spy dump --pid PID`; a "
-            "process in D cannot answer it), `dmesg -T | tail -50` (NFS \"server not responding\", GPU Xid), the "
-            "node's NFS mounts and GPUs (`nvidia-smi`); a host that is gone: drain it")
+    return (
+        f"find {ranks_text(ranks)}'s process on its node (`ps -eo pid,stat,etime,cmd | grep sftdoctor.train.sft`) "
+        "and read its state (`ps -o stat= -p PID`: T = stopped, D = blocked in the kernel: a stuck NFS read, a "
+        "GPU driver call), its kernel stack (`cat /proc/PID/stack`), its Python stack (`py-spy dump --pid PID`; a "
+        'process in D cannot answer it), `dmesg -T | tail -50` (NFS "server not responding", GPU Xid), the '
+        "node's NFS mounts and GPUs (`nvidia-smi`); a host that is gone: drain it"
+    )
 
 
 def gaps_fix(fr: dict[str, Any]) -> str:
@@ -184,10 +220,14 @@ def gaps_fix(fr: dict[str, Any]) -> str:
     if missing:
         return silent_fix(missing)
     if unreadable:
-        return (f"copy {ranks_text(unreadable)}'s dumps again from the run (the reasons are above), then "
-                f"`torchfrtrace {fr['folder']} --allow-incomplete-ranks`; meanwhile read each rank's stacks")
-    return ("count the run's ranks (its launcher's log, `resolved.json`): a rank without a dump here is the first "
-            "suspect; read each rank's stacks (`py-spy dump --pid PID`)")
+        return (
+            f"copy {ranks_text(unreadable)}'s dumps again from the run (the reasons are above), then "
+            f"`torchfrtrace {fr['folder']} --allow-incomplete-ranks`; meanwhile read each rank's stacks"
+        )
+    return (
+        "count the run's ranks (its launcher's log, `resolved.json`): a rank without a dump here is the first "
+        "suspect; read each rank's stacks (`py-spy dump --pid PID`)"
+    )
 
 
 def dumps_finding(fr: dict[str, Any]) -> Finding:
@@ -195,18 +235,28 @@ def dumps_finding(fr: dict[str, Any]) -> Finding:
     headline, detail = describe(fr)
     common = {"id": "nccl-timeout", "explain": "nccl-timeout", "evidence": fr}
     if fr.get("error") or not fr.get("dumps") or not any((fr.get("last") or {}).values()):
-        return warning("flight-recorder dumps beside the log could not be analysed", detail,
-                       f"torchfrtrace {fr['folder']} --allow-incomplete-ranks", **common)
+        return warning(
+            "flight-recorder dumps beside the log could not be analysed",
+            detail,
+            f"torchfrtrace {fr['folder']} --allow-incomplete-ranks",
+            **common,
+        )
     if fr.get("groups"):
         return error(f"flight recorder: {headline}", detail, FIX, **common)
     if headline.startswith("every rank is inside"):
-        return error(f"flight recorder: {headline}", detail, "check the GPUs and the network of every node "
-                     "(`nvidia-smi`, dmesg, `sftdoctor check --distributed`)", **common)
+        return error(
+            f"flight recorder: {headline}",
+            detail,
+            "check the GPUs and the network of every node (`nvidia-smi`, dmesg, `sftdoctor check --distributed`)",
+            **common,
+        )
     if not whole(fr):  # of a rank without a dump nothing is known: the first suspect where another rank waits
         waiting = any(op and not op.get("completed") for op in fr["last"].values())
         return (error if waiting else warning)(f"flight recorder: {headline}", detail, gaps_fix(fr), **common)
     return info(f"flight recorder: {headline or 'the ranks collectives match'}", detail, "read the stacks", **common)
 
 
-FIX = ("make every rank call the same collectives in the same order: look for a rank-dependent branch (`if rank == "
-       "0:` around a collective, an early `break` or `continue` on one rank, uneven data) at the places named")
+FIX = (
+    "make every rank call the same collectives in the same order: look for a rank-dependent branch (`if rank == "
+    "0:` around a collective, an early `break` or `continue` on one rank, uneven data) at the places named"
+)

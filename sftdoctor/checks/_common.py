@@ -5,9 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from sftdoctor.run.gpus import (BF16_MIN_CC, bf16_capable, capability, describe_gpus, lacking,  # noqa: F401
-                                version_tuple)
-
 
 def ds_flag(config: dict[str, Any], *sections: str) -> tuple[Any, str | None]:
     """`enabled` of the first present section: True, False, "auto", or None when absent.
@@ -77,8 +74,12 @@ def trainer_mismatches(config: dict[str, Any], plan, keys: tuple[str, ...] | Non
     for key, expected in trainer_values(plan).items():
         value = ds_value(config, key)
         if (keys is None or key in keys) and expected is not None and value not in (None, "auto"):
-            same = value == expected or (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                         and isinstance(expected, (int, float)) and float(value) == float(expected))
+            same = value == expected or (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and isinstance(expected, (int, float))
+                and float(value) == float(expected)
+            )
             if not same:
                 found[key] = (value, expected)
     return found
