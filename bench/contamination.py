@@ -93,10 +93,12 @@ def main() -> None:
     print(f"rows                 {options.rows:,} ({options.docs:,} eval documents, planted in as many rows)")
     print(f"script               {options.script}")
     print(
-        f"read and split       {peer['seconds']:.1f} s, {options.rows / peer['seconds']:,.0f} rows/s, peak {peer['peak_mib']:.0f} MiB"
+        f"read and split       {peer['seconds']:.1f} s, {options.rows / peer['seconds']:,.0f} rows/s, "
+        f"peak {peer['peak_mib']:.0f} MiB"
     )
     print(
-        f"contamination scan   {ours['seconds']:.1f} s, {options.rows / ours['seconds']:,.0f} rows/s, peak {ours['peak_mib']:.0f} MiB"
+        f"contamination scan   {ours['seconds']:.1f} s, {options.rows / ours['seconds']:,.0f} rows/s, "
+        f"peak {ours['peak_mib']:.0f} MiB"
     )
     print(f"ratio                {ours['seconds'] / peer['seconds']:.2f}x the reading it cannot avoid")
     print(f"found                {ours['found']:,} of {options.docs:,} planted documents")

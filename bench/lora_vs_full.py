@@ -256,6 +256,12 @@ def main() -> int:
         }
         for name, done in runs.items()
     }
+    show(results, args, steps, repeats)
+    return 0
+
+
+def show(results: dict[str, dict], args: argparse.Namespace, steps: int, repeats: int) -> None:
+    """The settings, one line per run kind, and LoRA's ratios to the full fine-tune."""
     plan = results["full"]["plan"]
     print(
         f"model {args.model_size}: {plan['per_device_batch_size']} per device x "
@@ -276,7 +282,6 @@ def main() -> int:
         f"ratio LoRA / full: trainable params {lora['trainable'] / full['trainable']:.4f}, "
         f"tokens/s {lora['rate'] / full['rate']:.2f}, peak RSS {lora['peak_mib'] / full['peak_mib']:.2f}"
     )
-    return 0
 
 
 if __name__ == "__main__":

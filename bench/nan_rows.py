@@ -3,8 +3,9 @@
     python bench/nan_rows.py [--rows 1000000]
 
 1. In the loop: the trainer keeps a reference to each micro-batch of the step (`rows.keep`, called by
-   sft.WatchedSFTTrainer.compute_loss: the only per-step work). Its cost per micro-batch, timed over 10^6 calls, against the smallest real step: one
-   forward and backward of the bundled tiny Qwen2 on 8 rows of 256 tokens on this CPU. The ratio is the overhead.
+   sft.WatchedSFTTrainer.compute_loss: the only per-step work). Its cost per micro-batch, timed over 10^6 calls,
+   against the smallest real step: one forward and backward of the bundled tiny Qwen2 on 8 rows of 256 tokens on
+   this CPU. The ratio is the overhead.
 2. At the stop: the rows found for the sequences of a step (16 sequences) among `--rows` tokenized rows of 20 to
    400 tokens (an Arrow list column, as TRL leaves them): the seconds and the peak memory of the lookup.
 """

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sftdoctor.run import schedule as schedules
+from sftdoctor.run import schedule as schedules  # noqa: E402 - once sys.path holds the checkout
 
 PEER = "import json, sys\nfor line in open(sys.argv[1], encoding='utf-8'):\n    json.loads(line)\n"
 
@@ -49,32 +49,7 @@ def make_run(folder: Path, steps: int) -> None:
     with open(folder / "metrics.jsonl", "w", encoding="utf-8") as out:
         for step in range(1, steps + 1):
             noise = math.sin(step * 12.9898) * 0.05
-            out.write(
-                json.dumps(
-                    {
-                        "step": step,
-                        "time": start + step * 0.8,
-                        "loss": 1.2 * math.exp(-step / (steps / 4)) + 0.8 + noise,
-                        "grad_norm": 0.4 + abs(noise),
-                        "learning_rate": schedules.rate(schedule, step - 1),
-                        "tokens_per_second": (52000.0 if step < 0.6 * steps else 31000.0) * (1 + noise / 5),
-                        "tokens_seen": step * 524288,
-                        "padding_fraction": 0.0,
-                        "step_time_s": 0.8,
-                        "max_grad_norm": 1.0,
-                        "memory_allocated_gib": 61.2 + noise,
-                        "memory_rank": 3,
-                        "memory_reserved_gib": 70.1,
-                        "host_rss_gib": 18.4,
-                        "host_rss_rank": 0,
-                        "entropy": 1.1 + noise,
-                        "mean_token_accuracy": 0.71,
-                        "num_tokens": float(step * 524288),
-                        "epoch": step / steps * 3,
-                    }
-                )
-                + "\n"
-            )
+            out.write(json.dumps(training_record(step, steps, start, noise, schedule)) + "\n")
             if step % 500 == 0:
                 out.write(
                     json.dumps(
@@ -107,6 +82,31 @@ def make_run(folder: Path, steps: int) -> None:
             )
             + "\n"
         )
+
+
+def training_record(step: int, steps: int, start: float, noise: float, schedule) -> dict:
+    """A logged training step as the launcher's metrics.jsonl holds it: a decaying loss, two throughput regimes."""
+    return {
+        "step": step,
+        "time": start + step * 0.8,
+        "loss": 1.2 * math.exp(-step / (steps / 4)) + 0.8 + noise,
+        "grad_norm": 0.4 + abs(noise),
+        "learning_rate": schedules.rate(schedule, step - 1),
+        "tokens_per_second": (52000.0 if step < 0.6 * steps else 31000.0) * (1 + noise / 5),
+        "tokens_seen": step * 524288,
+        "padding_fraction": 0.0,
+        "step_time_s": 0.8,
+        "max_grad_norm": 1.0,
+        "memory_allocated_gib": 61.2 + noise,
+        "memory_rank": 3,
+        "memory_reserved_gib": 70.1,
+        "host_rss_gib": 18.4,
+        "host_rss_rank": 0,
+        "entropy": 1.1 + noise,
+        "mean_token_accuracy": 0.71,
+        "num_tokens": float(step * 524288),
+        "epoch": step / steps * 3,
+    }
 
 
 def measure(command: list[str]) -> tuple[float, float, int]:

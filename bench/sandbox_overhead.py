@@ -7,8 +7,9 @@ The programs are built from the test fixtures (tests/fixtures/code): prompt + co
 for each problem's canonical solution and the wrong completions (trusted code only: the plain mode has no
 sandbox), cycled to --runs executions. "plain" is `python3 -I -S -c PROGRAM` with the sandbox's own
 interpreter and flags, so the ratio is the cost of the sandbox alone (namespaces, mounts, the seccomp
-filter, the sample's cgroup, the harness's setup and its pass token, output capping). Each worker count is timed --repeats times, plain and sandboxed
-interleaved; the table shows the best of each. Also checks that both modes agree on which samples pass.
+filter, the sample's cgroup, the harness's setup and its pass token, output capping). Each worker count is
+timed --repeats times, plain and sandboxed interleaved; the table shows the best of each. Also checks that
+both modes agree on which samples pass.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sftdoctor.eval import code, sandbox
+from sftdoctor.eval import code, sandbox  # noqa: E402 - once sys.path holds the checkout
 
 FIXTURES = ROOT / "tests" / "fixtures" / "code"
 
@@ -98,9 +99,10 @@ def main() -> int:
         rows.append((workers, best["plain"], best["bubblewrap"], sum(verdicts["plain"])))
     print(f"{args.runs} executions of {len(set(sources))} programs, interpreter {python}; best of {args.repeats}")
     print(
-        f"{'workers':>7}  {'plain exec/s':>12}  {'sandboxed exec/s':>16}  {'ratio sandboxed/plain':>21}  {'ms added per exec':>17}"
+        f"{'workers':>7}  {'plain exec/s':>12}  {'sandboxed exec/s':>16}  "
+        f"{'ratio sandboxed/plain':>21}  {'ms added per exec':>17}"
     )
-    for workers, plain_s, boxed_s, passed in rows:
+    for workers, plain_s, boxed_s, _passed in rows:
         print(
             f"{workers:>7}  {args.runs / plain_s:>12.1f}  {args.runs / boxed_s:>16.1f}  {plain_s / boxed_s:>21.3f}  "
             f"{(boxed_s - plain_s) / args.runs * workers * 1000:>17.1f}"

@@ -44,7 +44,8 @@ WORDS = [
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'assistant' %}"
-    "{{ '<|im_start|>assistant\\n' }}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
+    "{{ '<|im_start|>assistant\\n' }}{% generation %}{{ message['content'] + '<|im_end|>' }}"
+    "{% endgeneration %}{{ '\\n' }}"
     "{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"

@@ -59,6 +59,16 @@ def _input_options(func):
     return func
 
 
+# `check` and `train` silence alike: a finding of these ids is still shown, marked silenced, and counts toward
+# neither the exit code nor the gate (as pylint's --disable); with the run config's [checks] disable.
+_disable_option = click.option(
+    "--disable",
+    multiple=True,
+    metavar="ID[,ID...]",
+    help="Silence a check (all its findings) or one of its messages (CHECK/slug, see --list); repeatable.",
+)
+
+
 def _inputs(config, model_config, deepspeed, topology, facts_file):
     from sftdoctor.facts import Inputs
 
@@ -80,11 +90,12 @@ def _missing_stack(exc: ModuleNotFoundError, command: str) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
-def _bad_input(exc: Exception) -> None:
-    """One line per problem, exit 2, no traceback."""
-    for line in str(exc).splitlines():
-        click.echo(f"sftdoctor: error: {line}", err=True)
-    sys.exit(EXIT_BAD_INPUT)
+def _refuse(exc) -> None:
+    """An SftdoctorError (bad input, a gate that does not start the run, a stopped run): its lines (one per problem),
+    its exit code, no traceback."""
+    for line in exc.lines():
+        click.echo(line, err=True)
+    sys.exit(exc.exit_code)
 
 
 class UsageLine(click.ClickException):
@@ -105,7 +116,8 @@ _HELP_FOR_NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 class Doctor(click.Group):
-    """Parses the command line, its subcommand's too, turning each usage error into one line."""
+    """Parses the command line, its subcommand's too, turning each usage error into one line; runs the command,
+    turning an SftdoctorError into its lines and exit code."""
 
     def make_context(self, *args, **kwargs):
         try:
@@ -116,12 +128,16 @@ class Doctor(click.Group):
             raise UsageLine(exc) from None
 
     def invoke(self, ctx):
+        from sftdoctor.errors import SftdoctorError
+
         try:
             return super().invoke(ctx)
         except _HELP_FOR_NO_ARGS:
             raise
         except click.UsageError as exc:
             raise UsageLine(exc) from None
+        except SftdoctorError as exc:  # the one place every command's refusal is printed and exits
+            _refuse(exc)
 
 
 @click.group(cls=Doctor, context_settings={"help_option_names": ["-h", "--help"]})
@@ -130,9 +146,27 @@ def main():
     """Find what will break an LLM fine-tuning run before it starts, and say how to fix it."""
 
 
+def _options_of_one_mode(distributed: bool, disable: tuple[str, ...]) -> None:
+    """An option of `check --distributed` without it, or --disable with it, would be silently ignored, and read as if
+    it had been applied: refused."""
+    ctx = click.get_current_context()
+    alone = [
+        name
+        for name in ("seconds", "bound", "out", "drill")
+        if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+    ]
+    if alone and not distributed:
+        click.echo(f"sftdoctor: error: --{alone[0]}: goes with --distributed", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    if disable and distributed:  # the cluster's verdict is one; nothing in it is silenced
+        click.echo("sftdoctor: error: --disable: does not go with --distributed", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+
 @main.command()
 @_input_options
-@click.option("--select", help="Run only these checks (comma-separated ids).")
+@click.option("--select", help="Run only these checks, or one message of a check (CHECK/slug); comma-separated ids.")
+@_disable_option
 @click.option("--list", "list_checks", is_flag=True, help="List the checks and exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print facts and findings as one JSON document.")
 @click.option(
@@ -177,6 +211,7 @@ def check(
     topology,
     facts_file,
     select,
+    disable,
     list_checks,
     as_json,
     no_plugins,
@@ -188,15 +223,7 @@ def check(
     drill,
 ):
     """Run the preflight checks. Exit 0: no error; 1: an error finding; 2: bad input."""
-    ctx = click.get_current_context()
-    alone = [
-        name
-        for name in ("seconds", "bound", "out", "drill")
-        if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
-    ]
-    if alone and not distributed:  # silently ignored, it would read as if it had been applied
-        click.echo(f"sftdoctor: error: --{alone[0]}: goes with --distributed", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+    _options_of_one_mode(distributed, disable)
     if distributed:
         from sftdoctor.distributed.command import main as distributed_main
 
@@ -208,36 +235,29 @@ def check(
             )
             sys.exit(EXIT_BAD_INPUT)
         from sftdoctor.checks import plugins_enabled
-        from sftdoctor.errors import InputError, InputErrors
 
-        try:
-            code = distributed_main(
-                bound,
-                seconds,
-                out,
-                str(facts_file) if facts_file else None,
-                as_json,
-                drill,
-                plugins=plugins_enabled(no_plugins),
-            )
-        except (InputError, InputErrors) as exc:
-            _bad_input(exc)
+        code = distributed_main(
+            bound,
+            seconds,
+            out,
+            str(facts_file) if facts_file else None,
+            as_json,
+            drill,
+            plugins=plugins_enabled(no_plugins),
+        )
         sys.exit(code)
     from sftdoctor.checks import plugins_enabled
     from sftdoctor.checks.command import main as check_main
-    from sftdoctor.errors import InputError, InputErrors
 
-    try:
-        code = check_main(
-            _inputs(config, model_config, deepspeed, topology, facts_file),
-            select,
-            list_checks,
-            as_json,
-            plugins_enabled(no_plugins),
-            verbose,
-        )
-    except (InputError, InputErrors) as exc:
-        _bad_input(exc)
+    code = check_main(
+        _inputs(config, model_config, deepspeed, topology, facts_file),
+        select,
+        list_checks,
+        as_json,
+        plugins_enabled(no_plugins),
+        verbose,
+        disable,
+    )
     sys.exit(code)
 
 
@@ -245,13 +265,9 @@ def check(
 @_input_options
 def facts(config, model_config, deepspeed, topology, facts_file):
     """Probe this machine and print the facts snapshot as JSON (replay it with `check --facts`)."""
-    from sftdoctor.errors import InputError, InputErrors
     from sftdoctor.facts.command import main as facts_main
 
-    try:
-        facts_main(_inputs(config, model_config, deepspeed, topology, facts_file))
-    except (InputError, InputErrors) as exc:
-        _bad_input(exc)
+    facts_main(_inputs(config, model_config, deepspeed, topology, facts_file))
 
 
 @main.command()
@@ -272,16 +288,17 @@ def facts(config, model_config, deepspeed, topology, facts_file):
     "--no-plugins", is_flag=True, help="Do not load third-party checks (or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1)."
 )
 @click.option("--no-rehearse", is_flag=True, help="Skip the rehearsal before a multi-process or DeepSpeed run.")
+@_disable_option
 @click.option(
     "--sbatch",
     is_flag=True,
     help="Write RUN_DIR/sbatch.sh, the run as a Slurm batch job ([slurm] in CONFIG), instead of training here.",
 )
 @click.option("--submit", is_flag=True, help="With --sbatch: also submit it (sbatch) and print the job id.")
-def train(config, resume, dry_run, smoke, force, drill, no_plugins, no_rehearse, sbatch, submit):
+def train(config, resume, dry_run, smoke, force, drill, no_plugins, no_rehearse, disable, sbatch, submit):
     """Fine-tune with the settings in CONFIG (TOML), after the checks pass."""
     from sftdoctor.checks import plugins_enabled
-    from sftdoctor.errors import InputError, InputErrors
+    from sftdoctor.errors import InputError
     from sftdoctor.train.command import main as run_training
     from sftdoctor.train.drills import parse_drill
 
@@ -300,9 +317,8 @@ def train(config, resume, dry_run, smoke, force, drill, no_plugins, no_rehearse,
             plugins=plugins_enabled(no_plugins),
             rehearse_first=not no_rehearse,
             batch="submit" if submit else "write" if sbatch else None,
+            disable=disable,
         )
-    except (InputError, InputErrors) as exc:
-        _bad_input(exc)
     except ModuleNotFoundError as exc:
         _missing_stack(exc, "train")
     except KeyboardInterrupt:  # during the checks, before any worker started: a probe's child is killed on the way out
@@ -354,7 +370,6 @@ def sweep_command(sweep_file, facts_file, dry_run, no_plugins):
     from importlib.util import find_spec
 
     from sftdoctor.checks import plugins_enabled
-    from sftdoctor.errors import InputError, InputErrors
 
     if find_spec("optuna") is None:
         click.echo(
@@ -366,8 +381,6 @@ def sweep_command(sweep_file, facts_file, dry_run, no_plugins):
 
     try:
         code = sweep_main(sweep_file, facts_file, dry_run=dry_run, plugins=plugins_enabled(no_plugins))
-    except (InputError, InputErrors) as exc:
-        _bad_input(exc)
     except ModuleNotFoundError as exc:
         _missing_stack(exc, "sweep")
     sys.exit(code)
@@ -439,13 +452,9 @@ MAX_GPU_MEMORY = 4 * 2**40
 @click.option("--json", "as_json", is_flag=True, help="Every term of every candidate as one JSON document.")
 def plan(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second, as_json):
     """Will CONFIG fit, what is the fastest setting that does, and how long will it take."""
-    from sftdoctor.errors import InputError, InputErrors
     from sftdoctor.plan.command import main as plan_main
 
-    try:
-        code = plan_main(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second, as_json)
-    except (InputError, InputErrors) as exc:
-        _bad_input(exc)
+    code = plan_main(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second, as_json)
     sys.exit(code)
 
 
@@ -594,7 +603,6 @@ def _eval(
     max_new_tokens,
     temperature,
 ):
-    from sftdoctor.errors import InputError
     from sftdoctor.eval.command import main as eval_main
 
     try:
@@ -620,8 +628,6 @@ def _eval(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
         )
-    except InputError as exc:
-        _bad_input(exc)
     except ModuleNotFoundError as exc:
         _missing_stack(exc, "eval --model" if code_problems is not None else "eval")
     sys.exit(code)
@@ -644,13 +650,9 @@ def explain(topic, list_topics, log_file, as_json, jobs):
     """Explain a finding's topic, or (--log) say what went wrong in a run's log.
 
     With --log, exit 0: nothing recognised; 1: a problem found; 2: bad input."""
-    from sftdoctor.errors import InputError
     from sftdoctor.triage.command import main as explain_main
 
-    try:
-        code = explain_main(topic, list_topics, log_file, as_json, jobs)
-    except InputError as exc:
-        _bad_input(exc)
+    code = explain_main(topic, list_topics, log_file, as_json, jobs)
     sys.exit(code)
 
 
@@ -664,12 +666,8 @@ def diff(run_a, run_b, as_json):
 
     Exit 0: nothing that changes a run's numbers differs; 1: something does; 2: bad input."""
     from sftdoctor.diff.command import main as diff_main
-    from sftdoctor.errors import InputError
 
-    try:
-        code = diff_main(run_a, run_b, as_json)
-    except InputError as exc:
-        _bad_input(exc)
+    code = diff_main(run_a, run_b, as_json)
     sys.exit(code)
 
 
@@ -706,7 +704,7 @@ def report(runs, output, by, as_json, no_plugins):
     from importlib.util import find_spec
 
     from sftdoctor.checks import plugins_enabled
-    from sftdoctor.errors import InputError, Interrupted
+    from sftdoctor.errors import Interrupted
     from sftdoctor.report.command import main as report_main
 
     if find_spec("matplotlib") is None:
@@ -718,8 +716,6 @@ def report(runs, output, by, as_json, no_plugins):
         sys.exit(EXIT_BAD_INPUT)
     try:
         code = report_main(list(runs), output, by, as_json, plugins_enabled(no_plugins))
-    except InputError as exc:
-        _bad_input(exc)
     except Interrupted as exc:
         click.echo("\nsftdoctor: interrupted; the report was not written (an earlier one is left as it was)", err=True)
         sys.exit(128 + exc.signum)

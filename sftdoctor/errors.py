@@ -1,4 +1,6 @@
-"""Bad input: one line naming the file, the key and what was expected; the CLI exits 2."""
+"""What sftdoctor refuses or stops for, under one base the CLI catches once: bad input (one line naming the file,
+the key and what was expected; exit 2), a cluster's gate that does not let a run start (exit 1), a run a watcher
+stopped (the watcher's code)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,27 @@ import difflib
 import os
 import stat
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sftdoctor.findings import Finding
+
+EXIT_BAD_INPUT = 2
+EXIT_NOT_STARTED = 1  # as a run the checks refuse
 
 
-class InputError(Exception):
+class SftdoctorError(Exception):
+    """An error told to the user as it is, never as a traceback: the CLI (`cli.Doctor.invoke`) prints `lines()` and
+    exits with `exit_code`."""
+
+    exit_code = EXIT_BAD_INPUT
+    label = "error"
+
+    def lines(self) -> list[str]:
+        return [f"sftdoctor: {self.label}: {line}" for line in str(self).splitlines()]
+
+
+class InputError(SftdoctorError):
     """A file or option the user gave cannot be used. `str()` is the one-line message."""
 
     def __init__(self, source: str, message: str, key: str | None = None):
@@ -88,12 +108,33 @@ def _non_finite_at(data) -> tuple[str, str]:
     return "", "a non-finite number"
 
 
-class InputErrors(Exception):
+class InputErrors(SftdoctorError):
     """Several problems in one input, reported together (one line each)."""
 
     def __init__(self, errors: list[InputError]):
         self.errors = errors
         super().__init__("\n".join(str(e) for e in errors))
+
+
+class GateError(SftdoctorError):
+    """Not every node reached a cluster's gate in time (the message says which did): no node starts."""
+
+    exit_code = EXIT_NOT_STARTED
+    label = "not starting"
+
+
+class RunStopped(SftdoctorError):
+    """A watcher stopped the run (a non-finite loss): every rank leaves training with the watcher's exit code."""
+
+    label = "stopped"
+
+    def __init__(self, code: int, finding: Finding):
+        super().__init__(finding.title)
+        self.exit_code, self.finding = code, finding
+
+    @property
+    def code(self) -> int:
+        return self.exit_code
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -23,7 +23,9 @@ _RANK = {Severity.OK: 0, Severity.INFO: 1, Severity.WARNING: 2, Severity.ERROR: 
 
 @dataclass(frozen=True)
 class Finding:
-    """One verdict of one check. `id` and `explain` default to the check's own."""
+    """One verdict of one check. `id` and `explain` default to the check's own: `id` may be a message of it,
+    CHECK/slug (declared in its `@check(messages=...)`), and `explain` a section of a topic, TOPIC#section.
+    `silenced`: the user turned this id off (--disable, [checks] disable); shown as such, never counted."""
 
     severity: Severity
     title: str
@@ -32,6 +34,12 @@ class Finding:
     explain: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)
     id: str = ""
+    silenced: bool = False
+
+    @property
+    def explain_command(self) -> str:
+        """What to type to read its topic, or its section (TOPIC#slug is `sftdoctor explain TOPIC/slug`)."""
+        return f"sftdoctor explain {self.explain.replace('#', '/', 1)}"
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -24,26 +24,36 @@ MARKS = {
     Severity.ERROR: ("✗", "1;31"),
 }
 SKIP_MARK = "-"
+SILENCED_MARK = "~"
 
 
 def summary(findings: list[Finding], skipped: list) -> dict[str, int]:
-    counts = Counter(f.severity.value for f in findings)
-    return {**{s.value: counts.get(s.value, 0) for s in Severity}, "skipped": len(skipped)}
+    """Findings by severity, the silenced ones apart (whatever their severity): they count toward nothing."""
+    counts = Counter(f.severity.value for f in findings if not f.silenced)
+    silenced = sum(f.silenced for f in findings)
+    return {**{s.value: counts.get(s.value, 0) for s in Severity}, "skipped": len(skipped), "silenced": silenced}
 
 
 def summary_line(findings: list[Finding], skipped: list) -> str:
     counts = summary(findings, skipped)
-    checks = len({f.id for f in findings}) + len(skipped)
+    checks = len({f.id.partition("/")[0] for f in findings}) + len(skipped)  # `id/slug`: one of the check's messages
     plural = {"error": "errors", "warning": "warnings"}
     parts = [
         f"{counts[s]} {plural.get(s, s) if counts[s] != 1 else s}"
         for s in ("error", "warning", "info", "ok", "skipped")
     ]
+    if counts["silenced"]:
+        parts.append(f"{counts['silenced']} silenced")
     return f"{checks} check{'' if checks == 1 else 's'}: " + ", ".join(parts)
 
 
+def silenced_line(ids) -> str:
+    """The ids a run silenced, as its summary at the end of `train` and `sftdoctor report` say them."""
+    return f"{', '.join(ids)} ([checks] disable, --disable): shown marked silenced, never counted"
+
+
 def exit_code(findings: list[Finding]) -> int:
-    return 1 if any(f.severity is Severity.ERROR for f in findings) else 0
+    return 1 if any(f.severity is Severity.ERROR and not f.silenced for f in findings) else 0
 
 
 class _Style:
@@ -70,15 +80,15 @@ def render_table(
         return [style(line, code) if code else line for line in lines]
 
     for f in findings:
-        mark, colour = MARKS[f.severity]
-        body = block(f.title)
+        mark, colour = (SILENCED_MARK, "2") if f.silenced else MARKS[f.severity]
+        body = block(f"silenced {f.severity.value}: {f.title}" if f.silenced else f.title)
         if f.severity.rank >= Severity.WARNING.rank or verbose:
             if f.detail:
                 body += block(f.detail, "2")
             if f.fix:
                 body += block("fix: " + f.fix)
             if f.severity.rank >= Severity.WARNING.rank:
-                body += block(f"→ sftdoctor explain {f.explain}", "36")
+                body += block(f"→ {f.explain_command}", "36")
         out.write(f"{style(mark, colour)}  {style(f.id.ljust(id_width), '1')}  {body[0]}\n")
         out.writelines(f"{indent}{line}\n" for line in body[1:])
     for s in skipped:

@@ -25,8 +25,23 @@ def pytest_configure(config):
     of in-process training steps take 305 s instead of 24."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _bytecode_kept(compile_package=not os.environ.get("PYTEST_XDIST_WORKER"))
     _session_cache(config)
     _bounded_memory()
+
+
+def _bytecode_kept(compile_package: bool):
+    """Under PYTHONDONTWRITEBYTECODE (set where this suite runs in CI) no bytecode is ever written: each of the
+    session's Python processes (`sftdoctor` itself, its probe children, the training ranks: hundreds) compiled
+    sftdoctor's sources again, and every run rewrote each test module's asserts (a third of collecting). The
+    package is compiled once, before the xdist workers start, and each process reads that bytecode (Python
+    checks it against the source's size and mtime: an edited file is compiled again); pytest keeps the
+    rewritten test modules for the next run. Both go to the __pycache__ folders git ignores."""
+    sys.dont_write_bytecode = False
+    if compile_package:
+        import compileall
+
+        compileall.compile_dir(Path(__file__).parents[1] / "sftdoctor", quiet=2)
 
 
 def _bounded_memory():
@@ -176,10 +191,10 @@ def make_run(tmp_path, **sections):
 
 
 def plan_of(run_config, **facts):
-    """The Plan resolve() makes of `run_config` on these recorded facts (anything not given is unknown)."""
-    from sftdoctor.run import resolve
+    """The Plan decide() makes of `run_config` on these recorded facts (anything not given is unknown)."""
+    from sftdoctor.run import decide
 
-    return resolve(run_config, Facts.replay(facts))
+    return decide(run_config, Facts.replay(facts))
 
 
 def meta_shape(config: dict):

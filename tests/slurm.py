@@ -109,9 +109,8 @@ def cluster(folder: Path):
                 break
             time.sleep(0.5)
         else:
-            pytest.skip(
-                f"Slurm did not come up: {(folder / 'slurmctld.log').read_text()[-300:] if (folder / 'slurmctld.log').exists() else 'no log'}"
-            )
+            log = folder / "slurmctld.log"
+            pytest.skip(f"Slurm did not come up: {log.read_text()[-300:] if log.exists() else 'no log'}")
         yield env
     finally:
         subprocess.run(["scancel", "--full", "-u", "root"], env=env, capture_output=True)

@@ -169,7 +169,7 @@ def test_a_broken_run_config_lists_every_problem(tmp_path):
     proc = sftdoctor("check", "--config", str(config))
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 2 and all(l.startswith(f"sftdoctor: error: {config}") for l in lines)
+    assert len(lines) == 2 and all(line.startswith(f"sftdoctor: error: {config}") for line in lines)
     assert "[model].precision: expected one of auto, bf16, fp16, fp32, got 'bf61'" in proc.stderr
 
 
@@ -182,9 +182,9 @@ def test_run_config_pulls_in_its_model_and_deepspeed_configs(tmp_path, v100_snap
         '[data]\ntrain = "d.jsonl"\n'
     )
     doc = json.loads(sftdoctor("check", "--json", "--facts", str(v100_snapshot), "--config", str(config)).stdout)
-    ids = {f["id"] for f in doc["findings"]}
-    assert {"model-dtype", "deepspeed-precision", "bf16-support"} <= ids
-    model = next(f for f in doc["findings"] if f["id"] == "model-dtype")
+    checks = {f["id"].split("/")[0] for f in doc["findings"]}  # CHECK, or CHECK/message
+    assert {"model-dtype", "deepspeed-precision", "bf16-support"} <= checks
+    model = next(f for f in doc["findings"] if f["id"] == "model-dtype/bf16-as-fp16")
     assert model["severity"] == "warning" and "65504" in model["detail"]
 
 
@@ -209,7 +209,7 @@ def test_check_works_on_a_box_without_the_training_stack(tmp_path):
     )
     doc = json.loads(proc.stdout)
     assert proc.returncode == 0, proc.stderr
-    torch = next(f for f in doc["findings"] if f["id"] == "torch-cuda-match")
+    torch = next(f for f in doc["findings"] if f["id"] == "torch-cuda-match/no-torch")
     assert torch["severity"] == "info" and "torch is not installed" in torch["title"]
     assert doc["facts"]["facts"]["packages"]["transformers"] is None
 

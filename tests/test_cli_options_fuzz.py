@@ -3,8 +3,8 @@ not (nan, inf, 1e400, '²'), empty and blank text, commas, templates, and files 
 a folder, binary, empty, gzip, a JSON list, /dev/null, and tests/hostile.py's files that are not files: a FIFO,
 /dev/zero, a file even root cannot read, a dangling or looping symlink). Whatever the mix, the command keeps the
 contract of tests/cli_contract.py: a verdict or one line per problem naming what is at fault, never a traceback,
-never a block on a read, nothing left behind, nothing left running. `check --distributed` is given launcher environments with at least one
-variable wrong, so that no rank ever waits for the others.
+never a block on a read, nothing left behind, nothing left running. `check --distributed` is given launcher
+environments with at least one variable wrong, so that no rank ever waits for the others.
 
 The run-config, model-config, DeepSpeed, topology, snapshot and data fuzzers (test_cli_fuzz.py) mutate real
 files; this one mutates the command line."""

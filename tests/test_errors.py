@@ -1,11 +1,71 @@
-"""sftdoctor.errors: InputError's one-line "file: key: message", InputErrors' one line per problem, did_you_mean."""
+"""sftdoctor.errors: InputError's one-line "file: key: message", InputErrors' one line per problem, did_you_mean;
+the one base the CLI catches once, with each error's lines and exit code."""
 
 from pathlib import Path
 
+import click
 import pytest
+from click.testing import CliRunner
 from conftest import make_run
 
-from sftdoctor.errors import InputError, InputErrors, did_you_mean
+from sftdoctor.cli import Doctor
+from sftdoctor.errors import GateError, InputError, InputErrors, RunStopped, SftdoctorError, did_you_mean
+from sftdoctor.findings import Finding, Severity
+
+STOPPED = Finding(severity=Severity.ERROR, title="the loss is nan at step 7")
+ERRORS = [
+    (
+        InputError("run.toml", "expected a number", key="[training].epochs"),
+        2,
+        ["sftdoctor: error: run.toml: [training].epochs: expected a number"],
+    ),
+    (
+        InputErrors(
+            [InputError("a.toml", "unknown key", key="[x].y"), InputError("a.toml", "missing", key="[model].path")]
+        ),
+        2,
+        ["sftdoctor: error: a.toml: [x].y: unknown key", "sftdoctor: error: a.toml: [model].path: missing"],
+    ),
+    (
+        GateError("1 of 2 nodes reached the gate within 5 s (a)"),
+        1,
+        ["sftdoctor: not starting: 1 of 2 nodes reached the gate within 5 s (a)"],
+    ),
+    (RunStopped(86, STOPPED), 86, ["sftdoctor: stopped: the loss is nan at step 7"]),
+]
+
+
+@pytest.mark.parametrize("error", [GateError, InputError, InputErrors, RunStopped])
+def test_bad_input_the_gate_and_a_stopped_run_share_one_base(error):
+    assert issubclass(error, SftdoctorError)
+
+
+def test_the_modules_that_raise_them_name_the_same_classes():
+    from sftdoctor.distributed import gate
+
+    assert gate.GateError is GateError  # train.watch (torch) imports RunStopped from sftdoctor.errors the same way
+
+
+@pytest.mark.parametrize(
+    "error, code, lines", ERRORS, ids=lambda v: type(v).__name__ if isinstance(v, Exception) else ""
+)
+def test_the_cli_handles_each_in_one_place_with_its_lines_and_exit_code(error, code, lines):
+    @click.group(cls=Doctor)
+    def group():
+        pass
+
+    @group.command()
+    def fail():
+        raise error
+
+    result = CliRunner().invoke(group, ["fail"])
+    assert (result.exit_code, result.stderr.splitlines()) == (code, lines)
+    assert result.exception is None or isinstance(result.exception, SystemExit)  # no traceback
+
+
+def test_a_stopped_run_keeps_its_code_and_finding():
+    stopped = RunStopped(86, STOPPED)
+    assert (stopped.code, stopped.finding, str(stopped)) == (86, STOPPED, "the loss is nan at step 7")
 
 
 def test_input_error_names_the_file_the_key_and_the_problem():

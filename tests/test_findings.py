@@ -42,6 +42,7 @@ def test_to_json_has_every_field_and_the_severity_as_text():
         "explain": "gpu-topology",
         "evidence": {"pairs": [[0, 1]]},
         "id": "gpu-topology",
+        "silenced": False,
     }
     assert json.loads(json.dumps(data)) == data
 
@@ -55,6 +56,7 @@ def test_to_json_of_a_bare_finding_has_empty_fields():
         "explain": "",
         "evidence": {},
         "id": "",
+        "silenced": False,
     }
 
 

@@ -22,6 +22,45 @@ def imported_modules(*args):
     return proc, modules
 
 
+# What a plain `sftdoctor check` (no --config) once imported and its checks never need: the run config's parser and
+# the resolver (run/__init__ imported them eagerly for anything under sftdoctor.run), and the probe cache's
+# hashing and package metadata (importlib.metadata pulls email, zipfile, csv).
+NOT_FOR_A_PLAIN_CHECK = (
+    "sftdoctor.run.config",
+    "sftdoctor.run.resolve",
+    "tomllib",
+    "hashlib",
+    "importlib.metadata",
+    "argparse",
+    "logging",
+    "pickle",
+)
+SFTDOCTOR_MODULES = 100  # sftdoctor's own modules a plain `check` imports: 90 when this budget was set
+
+
+def loaded_by(*args: str) -> set[str]:
+    """Every module in sys.modules after `sftdoctor ARGS` ran in-process: -X importtime does not list the modules
+    importlib.import_module loads (the check and fact modules the registries scan), sys.modules has them all."""
+    code = (
+        "import contextlib, io, runpy, sys\nsys.argv = ['sftdoctor', *sys.argv[1:]]\n"
+        "try:\n    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        runpy.run_module('sftdoctor', run_name='__main__')\n"
+        "except SystemExit:\n    pass\nprint(' '.join(sorted(sys.modules)))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+    return set(proc.stdout.split())
+
+
+@pytest.mark.parametrize("args", [["check"], ["check", "--json"], ["check", "--list"]])
+def test_a_plain_check_imports_only_what_its_checks_need(args):
+    """bench/check_latency.py holds `check` to 0.06 of collect_env's time: its imports are most of it."""
+    modules = loaded_by(*args)
+    assert "sftdoctor.checks.nccl_env" in modules  # the checks really loaded
+    assert sorted(modules & set(NOT_FOR_A_PLAIN_CHECK)) == []
+    ours = sorted(m for m in modules if m == "sftdoctor" or m.startswith("sftdoctor."))
+    assert len(ours) <= SFTDOCTOR_MODULES, ours
+
+
 def test_the_heavy_stack_is_installed_so_this_guard_can_fail():
     import importlib.util
 

@@ -1,6 +1,6 @@
-"""The layering contract: run -> facts -> checks -> render/kb -> triage -> report -> plan -> distributed -> eval -> train -> sweep -> cli,
-from the floor up. No module imports a layer above its own, lazily (inside a function) or not: read from
-the source, so an import that only runs on a rare path is caught too."""
+"""The layering contract: run -> facts -> checks -> render/kb -> triage -> report -> plan -> distributed -> eval
+-> train -> sweep -> cli, from the floor up. No module imports a layer above its own, lazily (inside a function)
+or not: read from the source, so an import that only runs on a rare path is caught too."""
 
 import ast
 from pathlib import Path
@@ -21,7 +21,7 @@ LAYERS = [
     ("sftdoctor.eval",),
     ("sftdoctor.train",),
     ("sftdoctor.sweep",),
-    ("sftdoctor.cli", "sftdoctor.__main__"),
+    ("sftdoctor.cli", "sftdoctor.__main__", "sftdoctor.reference"),  # reference: docs rendered from every layer
 ]
 
 

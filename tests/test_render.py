@@ -1,5 +1,6 @@
 """sftdoctor.render: the summary line, the exit code, the table people read and the JSON document machines read."""
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -47,8 +48,15 @@ def table(findings=FINDINGS, skipped=SKIPPED, **kw) -> str:
 
 
 def test_summary_counts_each_severity_and_the_skipped():
-    assert summary(FINDINGS + [FINDINGS[0]], SKIPPED) == {"ok": 1, "info": 1, "warning": 1, "error": 2, "skipped": 1}
-    assert summary([], []) == {"ok": 0, "info": 0, "warning": 0, "error": 0, "skipped": 0}
+    assert summary(FINDINGS + [FINDINGS[0]], SKIPPED) == {
+        "ok": 1,
+        "info": 1,
+        "warning": 1,
+        "error": 2,
+        "skipped": 1,
+        "silenced": 0,
+    }
+    assert summary([], []) == {"ok": 0, "info": 0, "warning": 0, "error": 0, "skipped": 0, "silenced": 0}
 
 
 @pytest.mark.parametrize(
@@ -172,7 +180,7 @@ def test_render_json_is_one_document_with_summary_exit_code_findings_skipped_and
     doc = json.loads(capsys.readouterr().out)
     assert list(doc) == ["sftdoctor", "summary", "exit_code", "findings", "skipped", "facts"]
     assert doc["sftdoctor"] == __version__ and doc["exit_code"] == 1
-    assert doc["summary"] == {"ok": 1, "info": 1, "warning": 1, "error": 1, "skipped": 1}
+    assert doc["summary"] == {"ok": 1, "info": 1, "warning": 1, "error": 1, "skipped": 1, "silenced": 0}
     assert [f["severity"] for f in doc["findings"]] == ["error", "warning", "info", "ok"]
     assert doc["findings"][1]["fix"] == "set gradient_clipping = auto"
     assert doc["skipped"] == [{"id": "gpu-topology", "reason": SKIPPED[0].reason}]
@@ -198,3 +206,29 @@ def test_render_json_is_strict_json_even_with_a_nan_in_the_evidence(capsys):
 
     doc = json.loads(capsys.readouterr().out, parse_constant=refuse)
     assert doc["findings"][0]["evidence"] == {"loss": "NaN", "scale": "inf"} and doc["facts"] == {"lr": "-inf"}
+
+
+SILENCED = [dataclasses.replace(FINDINGS[0], id="bf16-support/no-bf16", silenced=True), FINDINGS[3]]
+
+
+def test_a_silenced_error_is_printed_marked_silenced_with_its_fix_and_does_not_fail():
+    lines = table(SILENCED, []).splitlines()
+    assert lines[0] == "~  bf16-support/no-bf16  silenced error: bf16 is requested but 4x Tesla V100 lack bf16"
+    assert lines[2].strip() == 'fix: use fp16: [model].precision = "fp16"'  # never hidden: detail and fix shown
+    assert lines[-1] == "2 checks: 0 errors, 0 warnings, 0 info, 1 ok, 0 skipped, 1 silenced"
+    assert exit_code(SILENCED) == 0 and exit_code(FINDINGS) == 1
+
+
+def test_a_silenced_finding_is_in_the_json_document_marked_and_counted_apart(capsys):
+    render_json(SILENCED, [], {})
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["exit_code"] == 0 and doc["summary"]["error"] == 0 and doc["summary"]["silenced"] == 1
+    assert [(f["id"], f["silenced"]) for f in doc["findings"]] == [
+        ("bf16-support/no-bf16", True),
+        ("model-dtype", False),
+    ]
+
+
+def test_a_findings_section_of_a_topic_is_explained_as_topic_slash_section():
+    finding = warning("x", id="nccl-env/shm", explain="nccl-env#shm")
+    assert "→ sftdoctor explain nccl-env/shm" in table([finding], [])

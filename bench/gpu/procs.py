@@ -39,10 +39,8 @@ def kill_tree(proc: subprocess.Popen) -> None:
     for pid in [proc.pid, *tree]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # started with start_new_session: its group id is its pid
-    except (ProcessLookupError, PermissionError):
-        pass
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
 

@@ -213,7 +213,8 @@ def compare_views(machine: dict[str, Any]) -> dict[str, str]:
     out = {
         "NVML vs nvidia-smi": "agree"
         if nvml and nvml == smi
-        else f"differ: NVML {nvml or machine.get('nvml', {}).get('error')}; nvidia-smi {smi or machine.get('nvidia_smi', {}).get('error')}"
+        else f"differ: NVML {nvml or machine.get('nvml', {}).get('error')}; "
+        f"nvidia-smi {smi or machine.get('nvidia_smi', {}).get('error')}"
     }
     if nvml and torch and len(nvml) != len(torch):
         out["torch vs NVML"] = (
@@ -293,7 +294,7 @@ def packing_probe(ctx: Context) -> dict[str, Any]:
     return {"figures": figures, "not_run": not_run, "detail": results}
 
 
-# ================================================================ throughput: sftdoctor's choices against TRL's defaults
+# =============================================================== throughput: sftdoctor's choices against TRL's defaults
 
 
 def throughput(ctx: Context) -> dict[str, Any]:
@@ -345,16 +346,7 @@ def throughput(ctx: Context) -> dict[str, Any]:
         if plan and plan["time"].get("step_seconds"):
             figures["sftdoctor plan's step time at MFU 0.4 (s)"] = plan["time"]["step_seconds"]
     if "TRL" in runs:
-        theirs = runs["TRL"]
-        rates["TRL"] = trainer_figures(ctx, "TRL", theirs["records"], flops, figures, not_run)
-        figures["TRL settings"] = (
-            f"{'bf16 autocast' if theirs['bf16'] else 'fp32'} ({theirs['dtype']} weights), "
-            f"{theirs['attn_implementation']}, packing {'on' if theirs['packing'] else 'off'}, "
-            f"checkpointing {'on' if theirs['gradient_checkpointing'] else 'off'}, "
-            f"micro-batch {load.batch}, {theirs['optim']}"
-        )
-        if ctx.cuda and theirs.get("max_memory_allocated"):
-            figures["TRL max_memory_allocated (GiB)"] = theirs["max_memory_allocated"] / GIB
+        rates["TRL"] = trl_figures(ctx, runs["TRL"], flops, figures, not_run)
     if rates.get("sftdoctor") and rates.get("TRL"):
         figures["ratio sftdoctor / TRL (tokens/s)"] = rates["sftdoctor"] / rates["TRL"]
     if ctx.cuda and not ctx.machine.get("liger_kernel", {}).get("installed"):
@@ -362,6 +354,20 @@ def throughput(ctx: Context) -> dict[str, Any]:
     if ctx.cuda and not ctx.machine.get("flash_attn", {}).get("imports"):
         not_run["flash-attn in training"] = "flash-attn is not installed (or does not import): sftdoctor chose sdpa"
     return {"figures": figures, "not_run": not_run, "detail": detail}
+
+
+def trl_figures(ctx: Context, theirs: dict[str, Any], flops, figures: dict[str, Any], not_run: dict[str, str]):
+    """The plain TRL run's figures, its settings and memory; its tokens per second."""
+    rate = trainer_figures(ctx, "TRL", theirs["records"], flops, figures, not_run)
+    figures["TRL settings"] = (
+        f"{'bf16 autocast' if theirs['bf16'] else 'fp32'} ({theirs['dtype']} weights), "
+        f"{theirs['attn_implementation']}, packing {'on' if theirs['packing'] else 'off'}, "
+        f"checkpointing {'on' if theirs['gradient_checkpointing'] else 'off'}, "
+        f"micro-batch {ctx.load.batch}, {theirs['optim']}"
+    )
+    if ctx.cuda and theirs.get("max_memory_allocated"):
+        figures["TRL max_memory_allocated (GiB)"] = theirs["max_memory_allocated"] / GIB
+    return rate
 
 
 def trainer_figures(

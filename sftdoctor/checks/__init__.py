@@ -9,6 +9,12 @@ point names a module, or a single check function); every command loads them the 
 `--no-plugins` or SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1 (as pytest's PYTEST_DISABLE_PLUGIN_AUTOLOAD)
 turns them off. The same runner serves `check`, the gate of `train`, `check --distributed` and the
 runtime watchers.
+
+A check that says several different things declares each as a message (`messages={"shm": "..."}`), whose
+findings carry the id CHECK/slug, so that a user can silence one (`--disable`, `[checks] disable`). A built-in
+check that asks for a fact that does not exist, or one of another phase, is refused when its module is imported
+(CheckDeclarationError, as pluggy refuses a hook that does not match its spec): its tests fail. A plugin's is
+refused when loaded, as a `plugin-load` warning, and `check --list` and `--select` say why.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
+from sftdoctor.errors import InputError, InputErrors, did_you_mean
 from sftdoctor.facts.catalogue import PHASES, unavailable_to
 from sftdoctor.findings import Finding, Severity
 
@@ -59,6 +66,12 @@ class CheckSpec:
     phase: str
     func: Callable[..., Any]
     origin: str = "sftdoctor"
+    messages: dict[str, str] = field(default_factory=dict)  # sub-id slug -> what that message says
+
+    @property
+    def ids(self) -> set[str]:
+        """The ids its findings may carry: its own and CHECK/slug for each declared message."""
+        return {self.id, *(f"{self.id}/{slug}" for slug in self.messages)}
 
     @property
     def facts(self) -> list[tuple[str, bool]]:
@@ -73,29 +86,59 @@ class CheckSpec:
         optional |= set(func.__kwdefaults__ or {})
         return [(name, name not in optional) for name in names]
 
+    def refusal(self) -> str | None:
+        """Why it can never run as declared (a fact that does not exist, or one of another phase), or None."""
+        return next((why for why in (unavailable_to(name, self.phase) for name, _ in self.facts) if why), None)
 
-def check(id: str, summary: str, explain: str | None = None, phase: str = "preflight"):
-    """Declare a check. `explain` is its kb topic (default: the id)."""
+
+class CheckDeclarationError(Exception):
+    """A built-in check declared wrong (a fact it can never receive, a message id that is not kebab-case): raised
+    when its module is imported, so that its tests fail, not a user's run."""
+
+
+def check(
+    id: str, summary: str, explain: str | None = None, phase: str = "preflight", messages: dict[str, str] | None = None
+):
+    """Declare a check. `explain` is its kb topic (default: the id); `messages` its sub-ids (`id/slug`), one each."""
     if not _ID.fullmatch(id):
         raise ValueError(f"check id {id!r} must be kebab-case")
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}")
+    for slug, said in (messages or {}).items():
+        if not isinstance(slug, str) or not _ID.fullmatch(slug) or not isinstance(said, str) or not said.strip():
+            raise CheckDeclarationError(
+                f"check {id!r}: message {slug!r}: expected a kebab-case slug and a line saying what it reports"
+            )
 
     def mark(func: Callable[..., Any]) -> Callable[..., Any]:
-        func.__sftdoctor_check__ = CheckSpec(id, summary, explain or id, phase, func)
+        spec = CheckSpec(id, summary, explain or id, phase, func, messages=dict(messages or {}))
+        why = spec.refusal() if (func.__module__ or "").startswith("sftdoctor.") else None
+        if why:  # built in: refused here, at import; a plugin's is refused softly when loaded (Registry.add)
+            raise CheckDeclarationError(f"check {id!r} ({func.__module__}.{func.__qualname__}) {why}")
+        func.__sftdoctor_check__ = spec
         return func
 
     return mark
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A plugin's check that was not loaded, and why: `check --list` shows it, `--select` says why."""
+
+    spec: CheckSpec
+    why: str
 
 
 @dataclass
 class Registry:
     checks: dict[str, CheckSpec] = field(default_factory=dict)
     problems: list[Finding] = field(default_factory=list)  # plugins that failed to load
+    refused: dict[str, Refused] = field(default_factory=dict)
 
     def add(self, spec: CheckSpec) -> None:
-        wrong = next((why for why in (unavailable_to(name, spec.phase) for name, _ in spec.facts) if why), None)
+        wrong = spec.refusal()
         if wrong:  # it would be skipped on every run, or never be called: refused here, where it is seen
+            self.refused.setdefault(spec.id, Refused(spec, f"it {wrong}"))
             self.problems.append(
                 Finding(
                     Severity.WARNING,
@@ -132,6 +175,17 @@ class Registry:
 
     def unknown(self, ids: Iterable[str]) -> list[str]:
         return [i for i in ids if i not in self.checks]
+
+    def message_ids(self) -> list[str]:
+        """Every id a user may name: each check's, each of its messages', and each refused check's."""
+        return [*(i for spec in self.checks.values() for i in sorted(spec.ids)), *self.refused]
+
+    def not_a_check(self, name: str) -> str:
+        """What to say of --select NAME that names no check: refused (and why), or unknown with a did-you-mean."""
+        if name in self.refused:
+            refused = self.refused[name]
+            return f"check {name!r} from {refused.spec.origin} was refused: {refused.why}"
+        return f"no check {name!r}{did_you_mean(name, self.checks)}; see `sftdoctor check --list`"
 
     def phase(self, phase: str) -> list[CheckSpec]:
         return [spec for spec in self.checks.values() if spec.phase == phase]
@@ -219,6 +273,15 @@ def run_check(spec: CheckSpec, facts) -> list[Finding] | Skipped:
                 f"{spec.func.__module__}.{spec.func.__qualname__} ({spec.origin})",
             )
         ]
+    undeclared = next((f.id for f in findings if f.id and f.id not in spec.ids), None)
+    if undeclared and spec.origin == "sftdoctor":  # a built-in message must be declared: it can be silenced
+        return [
+            _broken(
+                spec,
+                f"returned a finding of id {undeclared!r}, which it does not declare (@check messages=)",
+                f"{spec.func.__module__}.{spec.func.__qualname__} ({spec.origin})",
+            )
+        ]
     return [replace(f, id=f.id or spec.id, explain=f.explain or spec.explain) for f in findings]
 
 
@@ -243,3 +306,51 @@ def run_checks(specs: Iterable[CheckSpec], facts) -> tuple[list[Finding], list[S
         else:
             findings.extend(outcome)
     return findings, skipped
+
+
+def split_ids(values: Iterable[str]) -> list[str]:
+    """Ids from a repeatable, comma-separated option (`--disable a,b --disable c`), blanks dropped."""
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def known_ids(registry: Registry, ids: Iterable[str], source: str, key: str | None = None) -> tuple[str, ...]:
+    """The ids to silence or select, each a check's or one of its messages'; an unknown one is bad input naming
+    `source` (the option, or the run config and its `key`), with a did-you-mean."""
+    ids, known = list(dict.fromkeys(ids)), registry.message_ids()
+    errors = [
+        InputError(
+            source,
+            f"no check or message {name!r}{did_you_mean(name, known)}; see `sftdoctor check --list`",
+            key=key,
+        )
+        for name in ids
+        if name not in known
+    ]
+    if errors:
+        raise InputErrors(errors)
+    return tuple(ids)
+
+
+def silenced_by(id: str, ids: Iterable[str]) -> bool:
+    """Whether a finding of this id (CHECK or CHECK/slug) is silenced by `ids`: its own id or its check's is in
+    them. The one rule of `check`, `train`'s gate and its runtime watchers."""
+    return bool({id, id.partition("/")[0]} & set(ids))
+
+
+def silence(findings: list[Finding], ids: Iterable[str]) -> list[Finding]:
+    """Each finding whose id, or whose check's id, is in `ids` marked silenced: still shown, never counted."""
+    off = set(ids)
+    return [replace(f, silenced=True) if silenced_by(f.id, off) else f for f in findings]
+
+
+def to_silence(registry: Registry, option: Iterable[str] = (), facts=None) -> tuple[str, ...]:
+    """The ids `check` and `train`'s gate silence alike: --disable's, then the run config's [checks] disable (a
+    plain `check`, without --config, never asks for the run config: its probe imports the run model)."""
+    option = tuple(option)
+    if any(not split_ids([value]) for value in option):  # `--disable "$UNSET"`: a mistake, not "nothing"
+        raise InputError("--disable", "expected check or message ids separated by commas; see `sftdoctor check --list`")
+    ids = known_ids(registry, split_ids(option), "--disable")
+    run = facts.get("run") if facts is not None and facts.inputs.config is not None else None
+    if run is not None:
+        ids += known_ids(registry, run.checks.disable, run.path, key="[checks].disable")
+    return tuple(dict.fromkeys(ids))

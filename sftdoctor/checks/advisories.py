@@ -133,7 +133,7 @@ ADVISORIES = (
         ),
     ),
     Advisory(
-        "deepspeed-0.18.3-accumulation",
+        "deepspeed-accumulation-scaled-twice",
         "deepspeed",
         ("0.18.3", "0.18.4"),
         _accumulates,
@@ -242,7 +242,14 @@ def releases(advisory: Advisory) -> str:
     return f"before {fixed}" if fixed else "any release"
 
 
-@check("known-bad-versions", "installed releases with a known bug (upstream issue and fix) that this run would hit")
+@check(
+    "known-bad-versions",
+    "installed releases with a known bug (upstream issue and fix) that this run would hit",
+    messages={
+        **{a.id: f"{a.package} {releases(a)} with {a.trigger}" for a in ADVISORIES},
+        "unreadable-version": "a version string PEP 440 cannot read: no advisory judged",
+    },
+)
 def known_bad_versions(
     packages: dict[str, Any],
     plan=None,
@@ -287,6 +294,7 @@ def _unjudged(name: str, version: str):
         fix=f"reinstall {name} from a release (`pip install --force-reinstall {name}==X.Y.Z`), or record "
         "its real version in the facts snapshot",
         evidence={"package": name, "version": version, "advisories": bugs},
+        id="known-bad-versions/unreadable-version",
     )
 
 
@@ -312,12 +320,14 @@ def _finding(advisory: Advisory, version: str, run: Stack, hit: bool | None):
             detail=f"{advisory.detail} This run has {advisory.trigger}. Sources: {', '.join(advisory.sources)}",
             fix=advisory.fix,
             evidence=evidence,
+            id=f"known-bad-versions/{advisory.id}",
         )
     return info(
         f"{advisory.package} {version} has a known bug with {advisory.trigger}; cannot tell whether this run uses that",
         detail=f"{advisory.detail} Sources: {', '.join(advisory.sources)}",
         fix=f"give the run config (--config) to judge; or {advisory.fix}",
         evidence=evidence,
+        id=f"known-bad-versions/{advisory.id}",
     )
 
 

@@ -11,7 +11,14 @@ from sftdoctor.facts.requirements import requirement_on, satisfies
 from sftdoctor.findings import error, ok, warning
 
 
-@check("api-renames", "installed trl/transformers/peft/accelerate pairs where one uses a name the other removed")
+@check(
+    "api-renames",
+    "installed trl/transformers/peft/accelerate pairs where one uses a name the other removed",
+    messages={
+        "removed-name": "a library uses a name that the installed release of another removed",
+        "unmet-requirement": "a library's declared requirement on another is not met",
+    },
+)
 def api_renames(packages: dict, package_requires: dict | None = None):
     installed = {name: packages.get(name) for name in STACK if packages.get(name)}
     if not installed:
@@ -68,6 +75,7 @@ def _broken(pair: Pair, consumer_version: str, provider_version: str, requires: 
             "fixed_in": pair.fixed_in,
             "declared": spec,
         },
+        id="api-renames/removed-name",
     )
 
 
@@ -99,8 +107,10 @@ def _unmet(installed: dict[str, str], requires: dict | None) -> list:
             under = f" (in its `{extra}` extra)" if extra else ""
             found.append(
                 warning(
-                    f"{consumer} {installed[consumer]} requires {provider}{spec}{under}; {provider} {version} is installed",
-                    f"{consumer} was not released for this {provider}: renamed or removed APIs between them fail at import "
+                    f"{consumer} {installed[consumer]} requires {provider}{spec}{under}; "
+                    f"{provider} {version} is installed",
+                    f"{consumer} was not released for this {provider}: "
+                    f"renamed or removed APIs between them fail at import "
                     f"or at the first Trainer (the rename table lists the ones known)",
                     f"pip install '{provider}{spec}', or the {consumer} release made for {provider} {version}",
                     evidence={
@@ -111,6 +121,7 @@ def _unmet(installed: dict[str, str], requires: dict | None) -> list:
                         "declared": spec,
                         "extra": extra,
                     },
+                    id="api-renames/unmet-requirement",
                 )
             )
     return found

@@ -39,7 +39,14 @@ def what_happens(packages: dict[str, Any]) -> str:
     )
 
 
-@check("chat-template", "chat rows have a chat template to be rendered with (a base model's tokenizer has none)")
+@check(
+    "chat-template",
+    "chat rows have a chat template to be rendered with (a base model's tokenizer has none)",
+    messages={
+        "not-judged": "chat rows, and no tokenizer files here to read the chat template from",
+        "no-template": "chat rows and a tokenizer with no chat template",
+    },
+)
 def chat_template(
     data: dict[str, Any], chat_template: dict[str, Any] | None = None, packages: dict[str, Any] | None = None
 ):
@@ -52,6 +59,7 @@ def chat_template(
             f"not judged: {chats:,} of the {train['rows']:,} rows are chat ({train['format']}), and the "
             "tokenizer's files are not here to read its chat template",
             fix="run `sftdoctor check --config RUN.toml` where the model's tokenizer files are (or cached)",
+            id="chat-template/not-judged",
         )
     where = chat_template.get("given") or chat_template["folder"]
     if chat_template["has_template"]:
@@ -72,4 +80,5 @@ def chat_template(
             "transformers": (packages or {}).get("transformers"),
             "falls_back": falls_back,
         },
+        id="chat-template/no-template",
     )

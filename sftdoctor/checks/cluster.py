@@ -41,7 +41,16 @@ def _where(records: list[dict[str, Any]]) -> str:
     )
 
 
-@check("cluster-consistency", "every rank runs the same stack and owns a GPU of its own", phase="distributed")
+@check(
+    "cluster-consistency",
+    "every rank runs the same stack and owns a GPU of its own",
+    phase="distributed",
+    messages={
+        "stack-differs": "a part of the stack differs across ranks",
+        "no-own-gpu": "a rank has no GPU of its own",
+        "shared-gpu": "ranks would share one GPU",
+    },
+)
 def cluster_consistency(cluster: dict[str, Any]):
     ranks = cluster["ranks"]
     findings = []
@@ -64,6 +73,7 @@ def cluster_consistency(cluster: dict[str, Any]):
                 detail=f"{label}: {seen}.",
                 fix=f"install the same {label} on every node (same image or environment), then rerun",
                 evidence={"key": key, "values": dict(values), "odd_ranks": [r["rank"] for r in odd]},
+                id="cluster-consistency/stack-differs",
             )
         )
     findings += _shared_gpus(ranks)
@@ -85,6 +95,7 @@ def _shared_gpus(ranks: list[dict[str, Any]]) -> list[Finding]:
                     f"{r['local_rank']} of {r['gpus_visible']} visible",
                     fix="launch at most one process per visible GPU (--nproc-per-node)",
                     evidence={"rank": r["rank"], "visible": r["gpus_visible"]},
+                    id="cluster-consistency/no-own-gpu",
                 )
             )
         elif r.get("gpu"):
@@ -99,12 +110,22 @@ def _shared_gpus(ranks: list[dict[str, Any]]) -> list[Finding]:
                     fix="one process per GPU: each rank uses cuda:LOCAL_RANK; check CUDA_VISIBLE_DEVICES per rank",
                     explain="nccl-error",
                     evidence={"node": node, "gpu": device, "ranks": [r["rank"] for r in sharing]},
+                    id="cluster-consistency/shared-gpu",
                 )
             )
     return findings
 
 
-@check("collective-correctness", "all-reduce results are exact and every rank joins in time", phase="distributed")
+@check(
+    "collective-correctness",
+    "all-reduce results are exact and every rank joins in time",
+    phase="distributed",
+    messages={
+        "rank-missing": "a rank did not join in time",
+        "unfinished": "an all-reduce did not finish",
+        "wrong-sums": "all-reduce sums were wrong on some ranks",
+    },
+)
 def collective_correctness(cluster: dict[str, Any]):
     missing = cluster.get("missing") or []
     if missing:
@@ -116,7 +137,7 @@ def collective_correctness(cluster: dict[str, Any]):
             fix="read that rank's own output: a crash before init, a hung import or data load, or a node "
             "that cannot reach MASTER_ADDR:MASTER_PORT",
             explain="nccl-timeout",
-            id="nccl-timeout",
+            id="collective-correctness/rank-missing",
             evidence={"missing_ranks": missing},
         )
     sweep = cluster.get("sweep") or {}
@@ -126,7 +147,7 @@ def collective_correctness(cluster: dict[str, Any]):
             f"an all-reduce did not finish: {sweep['error']}",
             detail=sweep.get("where", ""),
             explain="nccl-timeout",
-            id="nccl-timeout",
+            id="collective-correctness/unfinished",
             fix="see `sftdoctor explain nccl-timeout`",
             evidence=sweep,
         )
@@ -137,12 +158,22 @@ def collective_correctness(cluster: dict[str, Any]):
             fix="broken hardware or transport: rerun with NCCL_P2P_DISABLE=1, then NCCL_SHM_DISABLE=1, to "
             "find the path; check dmesg for Xid errors",
             evidence={"wrong_ranks": wrong},
+            id="collective-correctness/wrong-sums",
         )
     checked = sum(len(g["sizes"]) for g in sweep.get("groups", []))
     return ok(f"{checked} all-reduces exact on every rank")
 
 
-@check("collective-bandwidth", "the all-reduce bus bandwidth each link really gives", phase="distributed")
+@check(
+    "collective-bandwidth",
+    "the all-reduce bus bandwidth each link really gives",
+    phase="distributed",
+    messages={
+        "below-expected": "a link's bus bandwidth is below half of what it promises",
+        "measured": "a link's measured bus bandwidth",
+        "no-sweep": "no all-reduce sweep ran",
+    },
+)
 def collective_bandwidth(cluster: dict[str, Any]):
     findings = []
     for group in (cluster.get("sweep") or {}).get("groups", []):
@@ -163,9 +194,10 @@ def collective_bandwidth(cluster: dict[str, Any]):
                     fix=FIXES[expected["via"]],
                     explain="collective-bandwidth",
                     evidence=evidence,
+                    id="collective-bandwidth/below-expected",
                 )
             )
         else:
             detail = f"expected about {expected['busbw_gbps']:g} GB/s ({expected['why']})" if expected else ""
-            findings.append(info(head, detail=detail, evidence=evidence))
-    return findings or info("no all-reduce sweep ran (one rank)")
+            findings.append(info(head, detail=detail, evidence=evidence, id="collective-bandwidth/measured"))
+    return findings or info("no all-reduce sweep ran (one rank)", id="collective-bandwidth/no-sweep")

@@ -16,6 +16,14 @@ WARN_SHARE = 0.01
     "contamination",
     "the training rows do not contain the eval tasks' documents (13-word n-grams; n-grams of "
     "characters in scripts without spaces)",
+    messages={
+        "not-compared": "the training rows could not be compared with the eval documents",
+        "source-unreadable": "an eval source could not be read",
+        "no-documents": "an eval source has no documents",
+        "documents-too-short": "an eval source's documents are all too short to judge",
+        "no-training-rows": "no training row was read",
+        "overlap": "eval documents occur in the training rows",
+    },
 )
 def contamination(contamination: dict[str, Any]):
     if "error" in contamination:
@@ -23,6 +31,7 @@ def contamination(contamination: dict[str, Any]):
             f"the training rows could not be compared with the eval documents ({contamination['error']})",
             fix="run `sftdoctor check --config RUN.toml --select contamination` where lm-eval and the task data are",
             evidence=contamination,
+            id="contamination/not-compared",
         )
     return [_verdict(source, found, contamination["train_rows"]) for source, found in contamination["sources"].items()]
 
@@ -38,17 +47,26 @@ def _rules(found: dict[str, Any]) -> str:
 def _verdict(source: str, found: dict[str, Any], train_rows: int):
     if "error" in found:
         return warning(
-            f"{source}: not judged: {found['error']}", fix="make the file readable, then check again", evidence=found
+            f"{source}: not judged: {found['error']}",
+            fix="make the file readable, then check again",
+            evidence=found,
+            id="contamination/source-unreadable",
         )
     docs, touched, short = found["docs"], found["touched"], found["too_short"]
     judged, below = docs - short, found.get("too_short_below") or "8 words"
     unjudged = f"; {short} of its documents are too short to judge (under {below})" if short else ""
     if docs == 0:
-        return info(f"{source}: not judged: it has no documents", evidence=found)
+        return info(f"{source}: not judged: it has no documents", evidence=found, id="contamination/no-documents")
     if judged == 0:
-        return info(f"{source}: not judged: its {docs} documents are too short (under {below})", evidence=found)
+        return info(
+            f"{source}: not judged: its {docs} documents are too short (under {below})",
+            evidence=found,
+            id="contamination/documents-too-short",
+        )
     if train_rows == 0:
-        return info(f"{source}: not judged: no training row was read", evidence=found)
+        return info(
+            f"{source}: not judged: no training row was read", evidence=found, id="contamination/no-training-rows"
+        )
     if touched == 0:
         rows = f"{train_rows:,} training row{'' if train_rows == 1 else 's'}"
         return ok(
@@ -62,4 +80,5 @@ def _verdict(source: str, found: dict[str, Any], train_rows: int):
         f"answers it is scored on: the score overstates it{unjudged}.",
         fix="drop the training rows that contain them (decontaminate), or evaluate on tasks the data never saw",
         evidence=found,
+        id="contamination/overlap",
     )

@@ -63,9 +63,13 @@ def points(curves: dict[str, Any], name: str) -> tuple[list[int], list[float]]:
     return [s for s, _ in pairs], [v for _, v in pairs]
 
 
-def went_non_finite(curves: dict[str, Any], name: str) -> Finding | None:
+NON_FINITE = {"non-finite": "the series holds a NaN or an infinity: not judged over it"}
+
+
+def went_non_finite(curves: dict[str, Any], name: str, check: str) -> Finding | None:
     """The finding of a series that holds a NaN or an infinity (the reader of that series returns it instead of
-    a verdict over the rest): an error for the loss, the rate and the norm, a warning for the others."""
+    a verdict over the rest): an error for the loss, the rate and the norm, a warning for the others. `check`:
+    the id of the check that reads it, whose message `non-finite` this is."""
     gone = non_finite(curves["series"].get(name))
     if gone is None or overflows(curves, name):
         return None
@@ -76,6 +80,7 @@ def went_non_finite(curves: dict[str, Any], name: str) -> Finding | None:
             "the logger divided by a zero duration or read a failed counter.",
             fix="look at the run's log around that step; the training's own numbers are judged apart",
             evidence={**gone, "series": name},
+            id=f"{check}/non-finite",
         )
     return error(
         f"{WHAT[name]} is {said(gone)}",
@@ -86,6 +91,7 @@ def went_non_finite(curves: dict[str, Any], name: str) -> Finding | None:
         "computed it: see the run's settings",
         explain="nan-loss",
         evidence={**gone, "series": name},
+        id=f"{check}/non-finite",
     )
 
 
@@ -160,9 +166,17 @@ def best_offset(schedule: dict[str, Any], steps: list[int], lrs: list[float], la
     "lr-curve",
     "the logged learning rate against the configured schedule: its warmup, its floor, no oscillation",
     phase="postrun",
+    messages={
+        **NON_FINITE,
+        "oscillates": "the learning rate turns back after its peak",
+        "below-floor": "the learning rate fell below its floor",
+        "wrong-end": "the learning rate ended elsewhere than the schedule's end value",
+        "no-warmup": "no warmup: the rate was high from the start",
+        "off-schedule": "the learning rate left the configured schedule",
+    },
 )
 def lr_curve(curves: dict[str, Any]):
-    if gone := went_non_finite(curves, "learning_rate"):
+    if gone := went_non_finite(curves, "learning_rate", "lr-curve"):
         return gone
     steps, lrs = points(curves, "learning_rate")
     enough(lrs, 4, "learning rates")
@@ -174,8 +188,10 @@ def lr_curve(curves: dict[str, Any]):
     # every schedule sftdoctor configures only falls after its peak; an unknown one may restart once on purpose
     if len(turns) >= (1 if schedule else 2):
         return warning(
-            f"the learning rate oscillates: it turned {len(turns)} times after its peak (first at step {steps[turns[0]]})",
-            detail=f"Peak {_g(peak)} at step {steps[after]}; turns at steps {', '.join(map(str, (steps[i] for i in turns[:6])))}"
+            f"the learning rate oscillates: it turned {len(turns)} times after its peak "
+            f"(first at step {steps[turns[0]]})",
+            detail=f"Peak {_g(peak)} at step {steps[after]}; "
+            f"turns at steps {', '.join(map(str, (steps[i] for i in turns[:6])))}"
             + (
                 f". The configured schedule ({name}) only falls after its warmup."
                 if name
@@ -185,6 +201,7 @@ def lr_curve(curves: dict[str, Any]):
             '"cosine_with_min_lr" with no num_cycles; a resume that restored the weights but restarted the '
             "scheduler turns too",
             evidence={"step": steps[turns[0]], "turns": [steps[i] for i in turns]},
+            id="lr-curve/oscillates",
         )
     if schedule is None:
         return ok(
@@ -215,52 +232,22 @@ def _left_schedule(
 ):
     """How the logged rates left the configured schedule, most telling first: below its floor, ending elsewhere,
     no warmup, or another schedule altogether."""
-    name, end, tolerance = schedule["name"], schedule["total_steps"], LR_TOLERANCE * schedule["learning_rate"]
-    floor = schedules.floor(schedule)
+    name, end, floor = schedule["name"], schedule["total_steps"], schedules.floor(schedule)
     first = off[0]
+    slug, title, fix, at = (
+        _below_floor(schedule, steps, lrs, off)
+        or _wrong_end(schedule, steps, lrs, expected, offset, first)
+        or _no_warmup(schedule, steps, lrs, expected, first)
+        or _off_schedule(schedule, steps, lrs, expected, first)
+    )
     evidence = {
-        "step": steps[first],
+        "step": steps[at],
         "logged": lrs[first],
         "expected": expected[first],
         "off": len(off),
         "of": len(lrs),
         "floor": floor,
     }
-    below = [i for i in off if floor > 0 and lrs[i] < floor - tolerance]
-    if below:
-        i = below[0]
-        title = f"the learning rate fell below its floor: {_g(lrs[i])} at step {steps[i]}, the floor is {_g(floor)}"
-        fix = (
-            'the floor was not applied: pass it as min_lr_rate with lr_scheduler_type="cosine_with_min_lr" '
-            "(an absolute min_lr crashes or is dropped under DeepSpeed); `sftdoctor check --config` checks it"
-        )
-        evidence["step"] = steps[i]
-    elif steps[-1] >= end - offset and abs(lrs[-1] - expected[-1]) > tolerance:
-        title = (
-            f"the learning rate ended at {_g(lrs[-1])} at step {steps[-1]}, not at the schedule's end "
-            f"value {_g(expected[-1])}"
-        )
-        fix = (
-            "the scheduler was built for another number of steps than the run took (max_steps against epochs, a "
-            "resume with another world size or batch, or a DeepSpeed scheduler block): set max_steps, and let the "
-            "Trainer build the schedule"
-        )
-    elif schedule["warmup_steps"] > 1 and steps[first] <= schedule["warmup_steps"] and lrs[first] > expected[first]:
-        title = f"no warmup: the learning rate was already {_g(lrs[first])} at step {steps[first]}"
-        fix = (
-            "the scheduler that ran had no warmup: a resume that restored the weights but rebuilt the scheduler, a "
-            "warmup given in steps that was read as a ratio (transformers 5 reads warmup_steps below 1 as a ratio), "
-            "or an optimizer and scheduler built outside the Trainer"
-        )
-    else:
-        title = (
-            f"the learning rate left the configured {name} schedule at step {steps[first]}: logged "
-            f"{_g(lrs[first])}, expected {_g(expected[first])}"
-        )
-        fix = (
-            "another scheduler or learning rate was applied than the one configured (a resumed optimizer or "
-            "scheduler state from another run, a callback or plugin changing param_groups)"
-        )
     return warning(
         title,
         detail=f"{len(off)} of {len(lrs)} logged rates are more than {LR_TOLERANCE:.0%} of the peak away from the "
@@ -268,6 +255,63 @@ def _left_schedule(
         f"{schedule['warmup_steps']} steps, {end} steps, ending at {_g(floor)}).",
         fix=fix,
         evidence=evidence,
+        id=f"lr-curve/{slug}",
+    )
+
+
+# Each way of leaving the schedule: (slug, title, fix, index of the step to cite), or None when it is not this one.
+def _below_floor(schedule, steps, lrs, off):
+    floor, tolerance = schedules.floor(schedule), LR_TOLERANCE * schedule["learning_rate"]
+    below = [i for i in off if floor > 0 and lrs[i] < floor - tolerance]
+    if not below:
+        return None
+    i = below[0]
+    return (
+        "below-floor",
+        f"the learning rate fell below its floor: {_g(lrs[i])} at step {steps[i]}, the floor is {_g(floor)}",
+        'the floor was not applied: pass it as min_lr_rate with lr_scheduler_type="cosine_with_min_lr" '
+        "(an absolute min_lr crashes or is dropped under DeepSpeed); `sftdoctor check --config` checks it",
+        i,
+    )
+
+
+def _wrong_end(schedule, steps, lrs, expected, offset, first):
+    tolerance = LR_TOLERANCE * schedule["learning_rate"]
+    if not (steps[-1] >= schedule["total_steps"] - offset and abs(lrs[-1] - expected[-1]) > tolerance):
+        return None
+    return (
+        "wrong-end",
+        f"the learning rate ended at {_g(lrs[-1])} at step {steps[-1]}, not at the schedule's end "
+        f"value {_g(expected[-1])}",
+        "the scheduler was built for another number of steps than the run took (max_steps against epochs, a "
+        "resume with another world size or batch, or a DeepSpeed scheduler block): set max_steps, and let the "
+        "Trainer build the schedule",
+        first,
+    )
+
+
+def _no_warmup(schedule, steps, lrs, expected, first):
+    warmup = schedule["warmup_steps"]
+    if not (warmup > 1 and steps[first] <= warmup and lrs[first] > expected[first]):
+        return None
+    return (
+        "no-warmup",
+        f"no warmup: the learning rate was already {_g(lrs[first])} at step {steps[first]}",
+        "the scheduler that ran had no warmup: a resume that restored the weights but rebuilt the scheduler, a "
+        "warmup given in steps that was read as a ratio (transformers 5 reads warmup_steps below 1 as a ratio), "
+        "or an optimizer and scheduler built outside the Trainer",
+        first,
+    )
+
+
+def _off_schedule(schedule, steps, lrs, expected, first):
+    return (
+        "off-schedule",
+        f"the learning rate left the configured {schedule['name']} schedule at step {steps[first]}: logged "
+        f"{_g(lrs[first])}, expected {_g(expected[first])}",
+        "another scheduler or learning rate was applied than the one configured (a resumed optimizer or "
+        "scheduler state from another run, a callback or plugin changing param_groups)",
+        first,
     )
 
 
@@ -278,9 +322,14 @@ def _left_schedule(
     "grad-norm-curve",
     "the gradient norm: clipped on most steps, or rising over the last third of the run",
     phase="postrun",
+    messages={
+        **NON_FINITE,
+        "mostly-clipped": "the gradient norm was clipped on most steps",
+        "rising": "the gradient norm rose over the last third of the run",
+    },
 )
 def grad_norm_curve(curves: dict[str, Any]):
-    if gone := went_non_finite(curves, "grad_norm"):
+    if gone := went_non_finite(curves, "grad_norm", "grad-norm-curve"):
         return gone
     steps, norms = points(curves, "grad_norm")
     enough(norms, 8, "gradient norms")
@@ -295,12 +344,15 @@ def grad_norm_curve(curves: dict[str, Any]):
                 f"the gradient norm was clipped on {len(clipped) / len(norms):.0%} of the logged steps: above "
                 f"{CLIPPED_BY:g}x the threshold {clip:g}"
                 + (" (the Trainer's default; the log does not say)" if assumed else ""),
-                detail=f"Median gradient norm {_g(statistics.median(norms))}: clipping shrank most updates by more than 9%, "
+                detail=f"Median gradient norm {_g(statistics.median(norms))}: "
+                "clipping shrank most updates by more than 9%, "
                 "so the run trained with a smaller step than its learning rate says, and the norm no longer "
                 "tells a healthy update from a bad one.",
-                fix="lower learning_rate (or lengthen warmup) until most steps are under the threshold; a threshold far "
+                fix="lower learning_rate (or lengthen warmup) until most steps are under the threshold; "
+                "a threshold far "
                 "below the typical norm (max_grad_norm 0.1 on a 7B model) is too tight; look for rows with huge losses",
                 evidence={"step": steps[clipped[0]], "share": len(clipped) / len(norms), "max_grad_norm": clip},
+                id="grad-norm-curve/mostly-clipped",
             )
         )
     tail = len(norms) - len(norms) // 3
@@ -314,12 +366,14 @@ def grad_norm_curve(curves: dict[str, Any]):
                 warning(
                     f"the gradient norm rose over the last third of the run: median {_g(before)} to {_g(later)} "
                     f"(steps {window_steps[0]}-{window_steps[-1]})",
-                    detail=f"Rank correlation with the step {rho:.2f}. A norm that keeps growing while the loss no longer "
+                    detail=f"Rank correlation with the step {rho:.2f}. "
+                    "A norm that keeps growing while the loss no longer "
                     "falls usually comes before a divergence (often with fp16 or a high learning rate); at the very "
                     "end of a schedule that decays to 0, a mild rise is known and harmless.",
                     fix="resume from a checkpoint before the rise with a lower learning_rate, or stop here; keep "
                     "max_grad_norm = 1.0; check the loss curve for the same turn",
                     evidence={"step": window_steps[0], "before": before, "after": later, "rho": rho},
+                    id="grad-norm-curve/rising",
                 )
             )
     skipped = non_finite(curves["series"].get("grad_norm"))  # fp16's overflowed steps, left out above
@@ -355,9 +409,17 @@ def best_checkpoint(curves: dict[str, Any], step: int) -> str:
     )
 
 
-@check("overfitting", "eval loss rising for several evaluations while the train loss falls", phase="postrun")
+@check(
+    "overfitting",
+    "eval loss rising for several evaluations while the train loss falls",
+    phase="postrun",
+    messages={
+        **NON_FINITE,
+        "eval-loss-rising": "the eval loss stayed above its best while the train loss fell",
+    },
+)
 def overfitting(curves: dict[str, Any]):
-    if gone := went_non_finite(curves, "eval_loss"):
+    if gone := went_non_finite(curves, "eval_loss", "overfitting"):
         return gone
     steps, evals = points(curves, "eval_loss")
     enough(evals, PATIENCE + 1, "eval losses")
@@ -393,6 +455,7 @@ def overfitting(curves: dict[str, Any]):
             "lower learning_rate, or add data"
         ),
         evidence={"step": steps[best], "best_eval_loss": evals[best], "last_eval_loss": evals[-1], "checkpoint": where},
+        id="overfitting/eval-loss-rising",
     )
 
 
@@ -403,9 +466,13 @@ def overfitting(curves: dict[str, Any]):
     "loss-plateau",
     "a train loss that does not fall from the start: learning rate too low, or nothing trains",
     phase="postrun",
+    messages={
+        **NON_FINITE,
+        "flat": "the train loss stayed flat from the start",
+    },
 )
 def loss_plateau(curves: dict[str, Any]):
-    if gone := went_non_finite(curves, "loss"):
+    if gone := went_non_finite(curves, "loss", "loss-plateau"):
         return gone
     steps, losses = points(curves, "loss")
     enough(losses, 8, "train losses")
@@ -436,15 +503,24 @@ def loss_plateau(curves: dict[str, Any]):
         "frozen by custom code) and raise learning_rate (full SFT of 7B models: 1e-5 to 2e-5; LoRA: 1e-4 to "
         "2e-4); a loss already at chance level (ln of the number of choices) says the labels carry no signal",
         evidence={"step": steps[0], "head": head, "tail": tail, "zero_lr": zero},
+        id="loss-plateau/flat",
     )
 
 
 # ---------------------------------------------------------------- throughput
 
 
-@check("throughput-drop", "tokens/s falling by more than a third and not recovering", phase="postrun")
+@check(
+    "throughput-drop",
+    "tokens/s falling by more than a third and not recovering",
+    phase="postrun",
+    messages={
+        **NON_FINITE,
+        "dropped": "throughput fell and did not recover",
+    },
+)
 def throughput_drop(curves: dict[str, Any]):
-    if gone := went_non_finite(curves, "tokens_per_second"):
+    if gone := went_non_finite(curves, "tokens_per_second", "throughput-drop"):
         return gone
     steps, speeds = points(curves, "tokens_per_second")
     steps, speeds = steps[1:], speeds[1:]  # the first interval holds the start-up (allocation, compilation)
@@ -475,18 +551,27 @@ def throughput_drop(curves: dict[str, Any]):
         "(set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); else a GPU throttling (nvidia-smi -q -d "
         "PERFORMANCE), a slower node, or longer samples later in the data (padding_fraction)",
         evidence={"step": step, "before": baseline, "after": tail},
+        id="throughput-drop/dropped",
     )
 
 
 # ---------------------------------------------------------------- memory
 
 
-@check("memory-growth", "memory growing step after step (a leak)", phase="postrun")
+@check(
+    "memory-growth",
+    "memory growing step after step (a leak)",
+    phase="postrun",
+    messages={
+        **NON_FINITE,
+        "leak": "memory grew step after step",
+    },
+)
 def memory_growth(curves: dict[str, Any]):
     name = next((n for n in ("memory_allocated_gib", "host_rss_gib") if curves["series"].get(n)), None)
     if name is None:
         raise NotApplicable("no memory was logged")
-    if gone := went_non_finite(curves, name):
+    if gone := went_non_finite(curves, name, "memory-growth"):
         return gone
     steps, values = points(curves, name)
     enough(values, 8, "memory readings")
@@ -519,4 +604,5 @@ def memory_growth(curves: dict[str, Any]):
         ".item() or .detach(), a growing cache in a callback, a plugin or the collator; a peak that follows the "
         "batch length instead (data sorted by length) is not a leak: shuffle and look again",
         evidence={"step": steps[0], "start_gib": start, "end_gib": end, "series": name},
+        id="memory-growth/leak",
     )

@@ -37,7 +37,15 @@ def _measured(prep: dict[str, Any]) -> str:
     )
 
 
-@check("data-prep-timeout", "rank 0's data preparation fits the process group's timeout the other ranks wait in")
+@check(
+    "data-prep-timeout",
+    "rank 0's data preparation fits the process group's timeout the other ranks wait in",
+    messages={
+        "not-measured": "rank 0's data preparation could not be measured",
+        "times-out": "rank 0's data preparation outlasts ddp_timeout",
+        "close-to-timeout": "rank 0's data preparation takes most of ddp_timeout",
+    },
+)
 def data_prep_timeout(data_prep: dict, plan):
     if plan.world_size <= 1:
         raise NotApplicable("one process: no rank waits for another's data preparation")
@@ -49,6 +57,7 @@ def data_prep_timeout(data_prep: dict, plan):
             fix="`sftdoctor train RUN.toml --smoke` runs the preparation on a few rows; time a 1-process "
             "run of the full data to know",
             evidence=data_prep,
+            id="data-prep-timeout/not-measured",
         )
     share = estimate / limit
     about = "at most" if data_prep.get("basis") == "bound" else "about"
@@ -72,12 +81,19 @@ def data_prep_timeout(data_prep: dict, plan):
     )
     evidence = {**data_prep, "ddp_timeout_s": limit, "share": round(share, 3), "world_size": plan.world_size}
     if estimate >= limit:
-        return error(what + ": the other ranks will time out before it ends", detail=detail, fix=fix, evidence=evidence)
+        return error(
+            what + ": the other ranks will time out before it ends",
+            detail=detail,
+            fix=fix,
+            evidence=evidence,
+            id="data-prep-timeout/times-out",
+        )
     if share >= WARN_SHARE:
         return warning(
             what + f": above {WARN_SHARE:.0%}, a slower node or longer rows would time out",
             detail=detail,
             fix=fix,
             evidence=evidence,
+            id="data-prep-timeout/close-to-timeout",
         )
     return ok(what, detail=detail, evidence=evidence)

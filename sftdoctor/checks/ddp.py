@@ -20,7 +20,15 @@ from sftdoctor.findings import error, info, ok
 SHOWN = 3  # name patterns quoted in a finding
 
 
-@check("ddp-unused-parameters", "DDP: every trainable parameter gets a gradient, or the reducer is told it may not")
+@check(
+    "ddp-unused-parameters",
+    "DDP: every trainable parameter gets a gradient, or the reducer is told it may not",
+    messages={
+        "not-probed": "not proven that every trainable parameter gets a gradient",
+        "unused-tensors": "trainable tensors get no gradient and DDP is not told: its second step fails",
+        "reentrant-checkpointing": "reentrant checkpointing with find_unused_parameters=True under DDP",
+    },
+)
 def ddp_unused_parameters(plan, unused_parameters: dict[str, Any] | None = None):
     if plan.world_size <= 1:
         raise NotApplicable("one process: no DDP reducer")
@@ -53,6 +61,7 @@ def _unused(plan, probe: dict[str, Any] | None):
             fix="run `sftdoctor check --config RUN.toml` where the model's "
             "config.json is, or `sftdoctor train RUN.toml --smoke`",
             evidence=evidence,
+            id="ddp-unused-parameters/not-probed",
         )
     count, total = probe.get("unused_tensors", 0), probe.get("trainable_tensors", 0)
     if not count:
@@ -80,6 +89,7 @@ def _unused(plan, probe: dict[str, Any] | None):
         fix="resolve the plan again with this sftdoctor (it sets find_unused_parameters where "
         "the probe finds such tensors), or freeze them",
         evidence=evidence,
+        id="ddp-unused-parameters/unused-tensors",
     )
 
 
@@ -97,6 +107,7 @@ def _checkpointing(plan):
             "parameters go unused at every step",
             explain="gradient-checkpointing",
             evidence=evidence,
+            id="ddp-unused-parameters/reentrant-checkpointing",
         )
     return ok(
         f"activation checkpointing is {'reentrant' if plan.checkpointing_reentrant else 'non-reentrant'} with "

@@ -60,7 +60,23 @@ def _nodes(plan, env: dict[str, str] | None) -> int:
     return 1
 
 
-@check("deepspeed-precision", "DeepSpeed fp16/bf16 flags, offload and gradient clipping vs GPUs, model and run")
+@check(
+    "deepspeed-precision",
+    "DeepSpeed fp16/bf16 flags, offload and gradient clipping vs GPUs, model and run",
+    messages={
+        "fp16-and-bf16": "fp16 and bf16 are both enabled",
+        "precision-mismatch": "an fp16/bf16 value disagrees with the run's precision",
+        "fp16-hard-coded": "fp16 is hard-coded where bf16 fits the GPUs or the model",
+        "static-loss-scale": "fp16 with a static loss scale",
+        "legacy-bfloat16-key": 'the legacy "bfloat16" key',
+        "offload-one-node": "ZeRO-3 offload on a single node",
+        "bf16-section-added": "a bf16 run with no bf16 section: accelerate adds one",
+        "clipping-zero": "gradient_clipping is 0: gradients are never clipped",
+        "clipping-default": "no gradient_clipping: DeepSpeed's default clips",
+        "no-clipping": "no gradient_clipping: DeepSpeed's default never clips",
+        "trainer-mismatch": "values transformers refuses because they differ from the run's",
+    },
+)
 def deepspeed_precision(
     deepspeed_config: dict[str, Any],
     plan=None,
@@ -144,9 +160,12 @@ def _precision(r: _Reading, model_config: dict[str, Any] | None, gpus: dict[str,
     if r.fp16 is True and r.bf16 is True:
         return error(
             f"{r.path}: fp16 and bf16 are both enabled",
-            detail="DeepSpeed refuses the config at initialisation: 'bfloat16 and fp16 modes cannot be simultaneously enabled'.",
+            detail="DeepSpeed refuses the config at initialisation: "
+            "'bfloat16 and fp16 modes cannot be simultaneously enabled'.",
             fix=BF16_FIX + " on Ampere or newer; else the reverse",
             evidence=r.evidence,
+            id="deepspeed-precision/fp16-and-bf16",
+            explain="deepspeed-precision#precision-mismatch",
         )
     if mismatched:
         return error(
@@ -156,6 +175,8 @@ def _precision(r: _Reading, model_config: dict[str, Any] | None, gpus: dict[str,
             "TrainingArguments values'.",
             fix='set "enabled": "auto" under "fp16" and "bf16" and choose the precision in the run config',
             evidence=r.evidence,
+            id="deepspeed-precision/precision-mismatch",
+            explain="deepspeed-precision#precision-mismatch",
         )
     if r.flags["fp16"] is True:  # hard-coded fp16 ("auto" follows the run's precision, judged by bf16-support)
         return _hard_coded_fp16(r, model_config, gpus)
@@ -175,6 +196,8 @@ def _hard_coded_fp16(r: _Reading, model_config: dict[str, Any] | None, gpus: dic
             "steps are the usual result. bf16 needs no loss scaling.",
             fix=BF16_FIX,
             evidence=r.evidence,
+            id="deepspeed-precision/fp16-hard-coded",
+            explain="deepspeed-precision#fp16-hard-coded",
         )
     if (r.cfg.get("fp16") or {}).get("loss_scale", 0) not in (0, "auto"):
         return info(
@@ -182,6 +205,8 @@ def _hard_coded_fp16(r: _Reading, model_config: dict[str, Any] | None, gpus: dic
             detail="A static scale never adapts: too high overflows every step, too low underflows small gradients.",
             fix='"loss_scale": 0 selects dynamic loss scaling',
             evidence=r.evidence,
+            id="deepspeed-precision/static-loss-scale",
+            explain="deepspeed-precision#static-loss-scale",
         )
     return None
 
@@ -199,6 +224,8 @@ def _legacy_bfloat16_key(r: _Reading):
         else 'DeepSpeed still reads it; transformers fills "auto" only under "bf16".',
         fix='rename "bfloat16" to "bf16"',
         evidence=r.evidence,
+        id="deepspeed-precision/legacy-bfloat16-key",
+        explain="deepspeed-precision#legacy-bfloat16-key",
     )
 
 
@@ -215,6 +242,8 @@ def _offload_on_one_node(r: _Reading, nodes: int):
         fix="use ZeRO-2 (or ZeRO-3 without offload) if the model fits; offload only the optimizer if it "
         "almost does (`sftdoctor explain zero-stage`)",
         evidence=r.evidence,
+        id="deepspeed-precision/offload-one-node",
+        explain="deepspeed-precision#offload-one-node",
     )
 
 
@@ -231,6 +260,8 @@ def _bf16_section_added(path: str, flags: dict[str, Any], evidence):
         "Given to deepspeed.initialize by a loop of your own, the same JSON trains in fp32.",
         fix='add "bf16": {"enabled": "auto"} so the JSON says what runs',
         evidence=evidence,
+        id="deepspeed-precision/bf16-section-added",
+        explain="deepspeed-precision#bf16-section-added",
     )
 
 
@@ -247,6 +278,8 @@ def _gradient_clipping(path: str, cfg: dict[str, Any], defaults: dict[str, Any] 
                 "max_grad_norm=1.0'. Run by DeepSpeed alone, one bad batch can blow the weights up.",
                 fix='"gradient_clipping": "auto" (takes max_grad_norm, default 1.0)',
                 evidence=evidence,
+                id="deepspeed-precision/clipping-zero",
+                explain="deepspeed-precision#no-clipping",
             )
         ]
     if value is not None:
@@ -264,6 +297,8 @@ def _gradient_clipping(path: str, cfg: dict[str, Any], defaults: dict[str, Any] 
                 "before PR #8068 (2026) do not clip at all.",
                 fix=fix,
                 evidence=evidence,
+                id="deepspeed-precision/clipping-default",
+                explain="deepspeed-precision#no-clipping",
             )
         ]
     said = (
@@ -277,6 +312,8 @@ def _gradient_clipping(path: str, cfg: dict[str, Any], defaults: dict[str, Any] 
             detail="transformers does not fill an absent key from max_grad_norm.",
             fix=fix,
             evidence=evidence,
+            id="deepspeed-precision/no-clipping",
+            explain="deepspeed-precision#no-clipping",
         )
     ]
 
@@ -302,5 +339,7 @@ def _fixed_values(path: str, cfg: dict[str, Any], plan, evidence) -> list:
             "following DeepSpeed config values that mismatch TrainingArguments values'.",
             fix=f'set {", ".join(fixed)} to "auto" and keep the values in the run config ([training])',
             evidence={**evidence, "mismatches": {k: v for k, (v, _) in fixed.items()}},
+            id="deepspeed-precision/trainer-mismatch",
+            explain="deepspeed-precision#precision-mismatch",
         )
     ]

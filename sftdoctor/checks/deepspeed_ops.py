@@ -39,6 +39,10 @@ def jit_ops(cfg: dict[str, Any]) -> list[tuple[str, str]]:
     "deepspeed-ops",
     "the ops the DeepSpeed JSON makes DeepSpeed compile at run time (FusedAdam, ...) against "
     "the CUDA toolkit and the ops prebuilt at install",
+    messages={
+        "toolkit-unknown": "DeepSpeed will JIT-compile ops; whether a CUDA toolkit is here is unknown",
+        "no-toolkit": "DeepSpeed must JIT-compile ops and there is no CUDA toolkit",
+    },
 )
 def deepspeed_ops(
     deepspeed_config: dict[str, Any],
@@ -69,6 +73,7 @@ def deepspeed_ops(
             f"{path}: DeepSpeed will JIT-compile {names} with nvcc; whether a CUDA toolkit is here is unknown",
             fix="run `nvcc --version`; record facts on the training machine",
             evidence=evidence,
+            id="deepspeed-ops/toolkit-unknown",
         )
     if toolkit.get("nvcc_version") is None:
         return error(
@@ -80,6 +85,7 @@ def deepspeed_ops(
             '"torch_adam": true in its params; or install the CUDA toolkit matching torch and export CUDA_HOME; '
             "or reinstall with DS_BUILD_FUSED_ADAM=1 pip install deepspeed on a machine with nvcc",
             evidence=evidence,
+            id="deepspeed-ops/no-toolkit",
         )
     return ok(
         f"{path}: DeepSpeed will JIT-compile {names} with nvcc {toolkit['nvcc_version']} on the first run",

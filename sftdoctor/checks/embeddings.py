@@ -14,7 +14,20 @@ from sftdoctor.run.embeddings import NON_FINITE, OUTSIDE, TRAINED, UNREAD, UNTRA
 WHERE = {"input": "input embedding", "output": "output head"}
 
 
-@check("untrained-tokens", "the chat template's tokens have trained embedding rows in the base checkpoint")
+@check(
+    "untrained-tokens",
+    "the chat template's tokens have trained embedding rows in the base checkpoint",
+    messages={
+        "cannot-repair": "repair_untrained_tokens cannot repair rows it cannot read",
+        "unread": "the checkpoint's embedding rows could not be read",
+        "non-finite": "embedding rows hold NaN/inf: the checkpoint is broken",
+        "outside-table": "template tokens have no row in the embedding table",
+        "token-unread": "a template token's row was not read",
+        "no-template-rows": "the fact holds no template token's embedding row",
+        "repaired": "untrained template tokens, repaired at load",
+        "untrained": "template tokens never trained in the base checkpoint",
+    },
+)
 def untrained_tokens(token_rows: dict[str, Any], plan=None, run=None):
     repair = bool(run is not None and run.model.repair_untrained_tokens)
     if "error" in token_rows:
@@ -32,7 +45,11 @@ def untrained_tokens(token_rows: dict[str, Any], plan=None, run=None):
         key=lambda t: tables["input"]["rows"][t]["id"],
     )
     if not trained:
-        return warning("not judged: the fact holds no template token's embedding row", evidence=token_rows)
+        return warning(
+            "not judged: the fact holds no template token's embedding row",
+            evidence=token_rows,
+            id="untrained-tokens/no-template-rows",
+        )
     return ok(
         f"{len(trained)} template token(s) have trained embedding rows: {', '.join(trained)}", evidence=token_rows
     )
@@ -50,11 +67,13 @@ def _not_read(token_rows: dict[str, Any], repair: bool):
             fix=f"fix or re-download {file} (e.g. `huggingface-cli download MODEL`), or set [model] "
             "repair_untrained_tokens = false",
             evidence=token_rows,
+            id="untrained-tokens/cannot-repair",
         )
     return warning(
         f"not judged: the embedding rows could not be read ({why})",
         fix=f"fix or re-download {file}; then `sftdoctor check --config RUN.toml --select untrained-tokens`",
         evidence=token_rows,
+        id="untrained-tokens/unread",
     )
 
 
@@ -71,11 +90,14 @@ def _broken(tables: dict[str, Any], judged: dict[str, Any]) -> list:
                 error(
                     f"{WHERE[kind]} row{'s' if len(rows) > 1 else ''} {', '.join(rows)} "
                     f"hold{'' if len(rows) > 1 else 's'} NaN/inf: the checkpoint is broken",
-                    detail=f"{table.get('tensor', WHERE[kind])} in {table.get('file', 'the checkpoint')}: a NaN or inf in "
+                    detail=f"{table.get('tensor', WHERE[kind])} in {table.get('file', 'the checkpoint')}: "
+                    "a NaN or inf in "
                     "a row the model reads turns every activation after it into NaN from the first step.",
-                    fix="re-download or re-convert the checkpoint (compare its files' sha256 with the hub's); the repair "
+                    fix="re-download or re-convert the checkpoint (compare its files' sha256 with the hub's); "
+                    "the repair "
                     "([model] repair_untrained_tokens) only sets untrained rows",
                     evidence={kind: table},
+                    id="untrained-tokens/non-finite",
                 )
             )
     return found
@@ -97,6 +119,7 @@ def _outside(tables: dict[str, Any], judged: dict[str, Any]) -> list:
                     fix="use the tokenizer that ships with this checkpoint ([model] tokenizer), or grow the tables to "
                     "the tokenizer with model.resize_token_embeddings(len(tokenizer)) and save the checkpoint",
                     evidence={kind: table},
+                    id="untrained-tokens/outside-table",
                 )
             )
     return found
@@ -106,7 +129,12 @@ def _unread(judged: dict[str, Any]) -> list:
     gaps = {t: why for rows in judged.values() for t, (v, why) in rows.items() if v == UNREAD}
     if not gaps:
         return []
-    return [warning(f"not judged: {', '.join(map(repr, gaps))}: the row was not read ({'; '.join(gaps.values())})")]
+    return [
+        warning(
+            f"not judged: {', '.join(map(repr, gaps))}: the row was not read ({'; '.join(gaps.values())})",
+            id="untrained-tokens/token-unread",
+        )
+    ]
 
 
 def _untrained(bad: dict[str, str], judged: dict[str, Any], plan, token_rows: dict[str, Any]):
@@ -118,6 +146,7 @@ def _untrained(bad: dict[str, str], judged: dict[str, Any], plan, token_rows: di
             detail=f"Their rows in the {where} are set to the mean of the trained rows before training "
             "([model] repair_untrained_tokens).",
             evidence=token_rows,
+            id="untrained-tokens/repaired",
         )
     return error(
         f"{len(bad)} template token(s) were never trained in the base checkpoint: {listed}",
@@ -127,4 +156,5 @@ def _untrained(bad: dict[str, str], judged: dict[str, Any], plan, token_rows: di
         fix="[model] repair_untrained_tokens = true sets them to the mean of the trained rows at load; or start from "
         "the model's instruct release, whose template tokens are trained",
         evidence=token_rows,
+        id="untrained-tokens/untrained",
     )

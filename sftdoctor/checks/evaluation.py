@@ -10,18 +10,29 @@ from sftdoctor.checks import check
 from sftdoctor.findings import error, ok, warning
 
 
-@check("eval-tasks", "the [eval] tasks exist in the installed lm-evaluation-harness, before the run trains")
+@check(
+    "eval-tasks",
+    "the [eval] tasks exist in the installed lm-evaluation-harness, before the run trains",
+    messages={
+        "no-lm-eval": "[eval] is set but lm-evaluation-harness is not installed",
+        "lookup-failed": "the [eval] tasks could not be looked up",
+        "unknown-task": "[eval] tasks lm-eval does not know",
+        "data-unreadable": "an [eval] task cannot read its data",
+    },
+)
 def eval_tasks(eval_tasks: dict[str, Any], plan=None):
     tasks = (plan.evaluation or {}).get("tasks") if plan is not None else None
     if not eval_tasks.get("installed"):
         return error(
             "[eval] is set but lm-evaluation-harness is not installed: the run would train, then fail",
             fix="pip install 'sftdoctor[eval]' (lm-eval), or remove [eval]",
+            id="eval-tasks/no-lm-eval",
         )
     if "error" in eval_tasks:
         return warning(
             f"the [eval] tasks could not be looked up ({eval_tasks['error']})",
             fix="run `sftdoctor eval --tasks ...` on a saved model to see lm-eval's own error",
+            id="eval-tasks/lookup-failed",
         )
     unknown = eval_tasks.get("unknown") or {}
     if unknown:
@@ -34,6 +45,7 @@ def eval_tasks(eval_tasks: dict[str, Any], plan=None):
             "[eval] include folder's own.",
             fix="[eval] tasks = names from `lm-eval ls tasks`, or YAMLs of your own in [eval] include",
             evidence=eval_tasks,
+            id="eval-tasks/unknown-task",
         )
     missing = eval_tasks.get("data_problems") or []
     if missing:
@@ -47,6 +59,7 @@ def eval_tasks(eval_tasks: dict[str, Any], plan=None):
             + "; ".join(f"{m['yaml']}: {m['key']}: {m['problem']}" for m in missing[:5]),
             fix=f"put the file there, or correct {first['key']} in {first['yaml']}",
             evidence=eval_tasks,
+            id="eval-tasks/data-unreadable",
         )
     return ok(
         f"lm-eval knows every [eval] task ({', '.join(tasks or [])})"

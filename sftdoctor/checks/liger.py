@@ -54,7 +54,7 @@ PAIRS = (
         ("https://github.com/linkedin/Liger-Kernel/blob/v0.4.0/pyproject.toml",),
     ),
     Pair(
-        "liger-0.3.1-triton-cast",
+        "liger-triton-cast",
         lambda v: (
             v["liger-kernel"] is not None and v["liger-kernel"][:3] == (0, 3, 1) and _between(v["triton"], None, (3, 0))
         ),
@@ -92,7 +92,7 @@ PAIRS = (
         ("https://github.com/linkedin/Liger-Kernel/pull/994", "https://github.com/linkedin/Liger-Kernel/issues/1044"),
     ),
     Pair(
-        "liger-0.6.4-token-accuracy-triton",
+        "liger-token-accuracy-triton",
         lambda v: (
             v["liger-kernel"] is not None and v["liger-kernel"][:3] == (0, 6, 4) and _between(v["triton"], None, (3, 3))
         ),
@@ -104,7 +104,7 @@ PAIRS = (
         ("https://github.com/linkedin/Liger-Kernel/pull/991",),
     ),
     Pair(
-        "trl-0.15-liger-logits",
+        "trl-liger-logits",
         lambda v: _between(v["trl"], (0, 15), (0, 16)),
         True,
         "TRL {trl} reads outputs.logits in SFTTrainer.compute_loss even with use_liger_kernel=True, whose fused loss "
@@ -117,7 +117,7 @@ PAIRS = (
         ("https://github.com/linkedin/Liger-Kernel/issues/568", "https://github.com/huggingface/open-r1/issues/404"),
     ),
     Pair(
-        "trl-0.26-liger-token-accuracy",
+        "trl-liger-token-accuracy",
         lambda v: _between(v["trl"], (0, 26), (0, 27)) and _between(v["liger-kernel"], None, (0, 6, 5)),
         True,
         "TRL {trl} reads outputs.token_accuracy from liger's loss, which liger-kernel {liger-kernel} can leave out",
@@ -132,7 +132,20 @@ PAIRS = (
 STACK = ("liger-kernel", "triton", "transformers", "trl")
 
 
-@check("liger-kernel", "liger-kernel against the installed triton, transformers and TRL, and the GPUs it compiles for")
+def _said(pair: Pair) -> str:
+    """The pair's title without its versions, to declare it as one of the check's messages."""
+    return " ".join(pair.title.split(":")[0].format_map(dict.fromkeys(STACK, "")).split())
+
+
+@check(
+    "liger-kernel",
+    "liger-kernel against the installed triton, transformers and TRL, and the GPUs it compiles for",
+    messages={
+        **{p.id: _said(p) for p in PAIRS},
+        "triton-min-cc": "GPUs below compute capability 7.0, where Triton does not compile",
+        "no-triton": "liger-kernel is installed but triton is not",
+    },
+)
 def liger_kernel(packages: dict[str, Any], plan=None, gpus: dict[str, Any] | None = None):
     liger = packages.get("liger-kernel")
     if liger is None:
@@ -147,11 +160,13 @@ def liger_kernel(packages: dict[str, Any], plan=None, gpus: dict[str, Any] | Non
     if old := lacking(devices(gpus), TRITON_MIN_CC):
         findings.append(
             (error if plan is not None else warning)(
-                f"liger-kernel's Triton kernels do not run on {describe_gpus(old)}: Triton needs compute capability 7.0+",
+                f"liger-kernel's Triton kernels do not run on {describe_gpus(old)}: "
+                "Triton needs compute capability 7.0+",
                 detail="Triton compiles only for compute capability 7.0 (Volta) and newer (torch/_inductor/exc.py "
                 "GPUTooOldForTriton); liger's kernels fail on their first use on older GPUs.",
                 fix="[training] liger_kernel = false on these GPUs",
                 evidence={**evidence, "pair": "triton-min-cc"},
+                id="liger-kernel/triton-min-cc",
             )
         )
     if versions["triton"] is None and not findings:
@@ -160,6 +175,7 @@ def liger_kernel(packages: dict[str, Any], plan=None, gpus: dict[str, Any] | Non
             detail="liger-kernel imports triton for every kernel; pip installs it with liger on Linux x86-64.",
             fix="pip install triton (the release your torch pins)",
             evidence=evidence,
+            id="liger-kernel/no-triton",
         )
     if findings:
         return findings
@@ -185,5 +201,8 @@ def _finding(pair: Pair, packages: dict[str, Any], plan, evidence: dict[str, Any
             detail=body + " This holds when TRL's or transformers' use_liger_kernel=True is used.",
             fix=pair.fix,
             evidence=found,
+            id=f"liger-kernel/{pair.id}",
         )
-    return (error if plan is not None else warning)(title, detail=body, fix=pair.fix, evidence=found)
+    return (error if plan is not None else warning)(
+        title, detail=body, fix=pair.fix, evidence=found, id=f"liger-kernel/{pair.id}"
+    )

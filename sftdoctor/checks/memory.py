@@ -10,7 +10,6 @@ from sftdoctor.checks import NotApplicable, check
 from sftdoctor.findings import error, info, ok, warning
 from sftdoctor.run.gpus import devices, smallest_memory
 from sftdoctor.run.memory import HEADROOM, Candidate
-from sftdoctor.run.resolve import memory_fit as fit_of
 from sftdoctor.run.shape import Shape
 
 GIB = 2**30
@@ -39,6 +38,11 @@ def change(current: Candidate, better: Candidate) -> str:
     "memory-fit",
     "the run's predicted peak GPU memory (model states by ZeRO stage, activations, logits) "
     "against the GPUs (sftdoctor plan)",
+    messages={
+        "does-not-fit": "the predicted peak is more than the GPU has",
+        "low-headroom": "the predicted peak leaves too little headroom",
+        "lower-zero-fits": "a lower ZeRO stage would fit too and communicate less",
+    },
 )
 def memory_fit(plan, model_shape: dict[str, Any], gpus: dict[str, Any]):
     if not devices(gpus):
@@ -47,6 +51,8 @@ def memory_fit(plan, model_shape: dict[str, Any], gpus: dict[str, Any]):
         raise NotApplicable("the GPUs' memory is unknown")
     if "error" in model_shape:
         raise NotApplicable(f"the model's size is unknown: {model_shape['error']}")
+    from sftdoctor.run.resolve import memory_fit as fit_of  # here: a plain `check` (no plan) needs no resolver
+
     found = fit_of(plan, Shape(**model_shape), smallest_memory(gpus))
     current, best, memory = found.current, found.recommended, found.gpu_memory
     peak = current.estimate.gpu_peak
@@ -70,14 +76,22 @@ def memory_fit(plan, model_shape: dict[str, Any], gpus: dict[str, Any]):
     detail = f"GiB per GPU: {terms}. `sftdoctor plan RUN.toml` shows every term and the candidates."
     if peak > memory:
         fix = change(current, best) if best else "more GPUs, or a shorter max_length: no setting fits these GPUs"
-        return error(head + " — more than the GPU has", detail=detail, fix=fix, evidence=evidence)
+        return error(
+            head + " — more than the GPU has", detail=detail, fix=fix, evidence=evidence, id="memory-fit/does-not-fit"
+        )
     if peak > memory * (1 - HEADROOM):
         fix = (
             change(current, best)
             if best and best.setting != current.setting
             else "a smaller micro-batch or checkpointing"
         )
-        return warning(head + f": less than {HEADROOM:.0%} headroom", detail=detail, fix=fix, evidence=evidence)
+        return warning(
+            head + f": less than {HEADROOM:.0%} headroom",
+            detail=detail,
+            fix=fix,
+            evidence=evidence,
+            id="memory-fit/low-headroom",
+        )
     faster = best is not None and best.speed_key() < current.speed_key() and best.setting != current.setting
     if faster and current.setting.zero_stage == 3 and best.setting.zero_stage < 3:
         return info(
@@ -85,5 +99,6 @@ def memory_fit(plan, model_shape: dict[str, Any], gpus: dict[str, Any]):
             detail=detail,
             fix=change(current, best),
             evidence=evidence,
+            id="memory-fit/lower-zero-fits",
         )
     return ok(head, detail=detail, evidence=evidence)

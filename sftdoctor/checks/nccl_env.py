@@ -39,72 +39,91 @@ def _deprecated(env: dict[str, str]) -> list:
                 "older guides keep setting it.",
                 fix=f"export {new}={env[old]} and unset {old}",
                 evidence={old: env[old], new: env.get(new)},
+                id="nccl-env/deprecated",
+                explain="nccl-env#deprecated",
             )
         )
     return out
 
 
 def _timeouts(env: dict[str, str]) -> list:
-    out = []
-    ib = env.get("NCCL_IB_TIMEOUT")
-    if ib is not None:
-        value = _int(ib)
-        if value is None or not 1 <= value <= 31:
-            out.append(
-                warning(
-                    f"NCCL_IB_TIMEOUT={ib} is outside NCCL's range 1-31",
-                    fix="unset NCCL_IB_TIMEOUT (NCCL's default is fine) or use 18-22",
-                    evidence={"NCCL_IB_TIMEOUT": ib},
-                )
-            )
-        elif value < 14:
-            out.append(
-                warning(
-                    f"NCCL_IB_TIMEOUT={ib} is very short ({4.096e-6 * 2**value * 1000:.0f} ms per InfiniBand retry)",
-                    detail="On a busy fabric transfers then fail with 'NET/IB: Got completion from peer with error 12' "
-                    "(transport retry counter exceeded).",
-                    fix="raise NCCL_IB_TIMEOUT to 18-22, or unset it",
-                    evidence={"NCCL_IB_TIMEOUT": ib},
-                )
-            )
-        elif value > 24:
-            out.append(
-                warning(
-                    f"NCCL_IB_TIMEOUT={ib} is very long ({4.096e-6 * 2**value / 60:.0f} min per retry)",
-                    detail="A dead link is then noticed only after many minutes, long after a torch timeout would fire.",
-                    fix="use 18-22, or unset it",
-                    evidence={"NCCL_IB_TIMEOUT": ib},
-                )
-            )
+    said = (_ib_timeout(env.get("NCCL_IB_TIMEOUT")), _heartbeat_short(env), _blocking_wait(env))
+    return [f for f in said if f is not None]
+
+
+def _ib_timeout(ib: str | None):
+    """NCCL_IB_TIMEOUT outside NCCL's range, or so short or long that a retry fails or waits too long."""
+    if ib is None:
+        return None
+    value = _int(ib)
+    if value is None or not 1 <= value <= 31:
+        title, detail = f"NCCL_IB_TIMEOUT={ib} is outside NCCL's range 1-31", ""
+        fix = "unset NCCL_IB_TIMEOUT (NCCL's default is fine) or use 18-22"
+    elif value < 14:
+        title = f"NCCL_IB_TIMEOUT={ib} is very short ({4.096e-6 * 2**value * 1000:.0f} ms per InfiniBand retry)"
+        detail = (
+            "On a busy fabric transfers then fail with 'NET/IB: Got completion from peer with error 12' "
+            "(transport retry counter exceeded)."
+        )
+        fix = "raise NCCL_IB_TIMEOUT to 18-22, or unset it"
+    elif value > 24:
+        title = f"NCCL_IB_TIMEOUT={ib} is very long ({4.096e-6 * 2**value / 60:.0f} min per retry)"
+        detail = "A dead link is then noticed only after many minutes, long after a torch timeout would fire."
+        fix = "use 18-22, or unset it"
+    else:
+        return None
+    return warning(
+        title,
+        detail=detail,
+        fix=fix,
+        evidence={"NCCL_IB_TIMEOUT": ib},
+        id="nccl-env/ib-timeout",
+        explain="nccl-env#ib-timeout",
+    )
+
+
+def _heartbeat_short(env: dict[str, str]):
     heartbeat = env.get("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC")
-    if heartbeat is not None and (_int(heartbeat) or 0) < 60:
-        out.append(
-            warning(
-                f"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC={heartbeat} is very short (default {HEARTBEAT_DEFAULT_S})",
-                detail="The heartbeat monitor kills the process when the NCCL watchdog thread looks stuck for this long; "
-                "a short value kills healthy jobs during long CUDA calls such as checkpoint saving.",
-                fix="unset it, or use at least 300",
-                evidence={"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": heartbeat},
-            )
-        )
-    if env.get("TORCH_NCCL_BLOCKING_WAIT", env.get("NCCL_BLOCKING_WAIT")) == "1":
-        out.append(
-            warning(
-                "blocking wait is on: every collective blocks the CPU until it finishes",
-                detail="It serialises the host with the GPU and slows training; TORCH_NCCL_ASYNC_ERROR_HANDLING "
-                "(default 3 in torch 2.2+) already turns timeouts into errors.",
-                fix="unset TORCH_NCCL_BLOCKING_WAIT / NCCL_BLOCKING_WAIT",
-                evidence={},
-            )
-        )
-    return out
+    if heartbeat is None or (_int(heartbeat) or 0) >= 60:
+        return None
+    return warning(
+        f"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC={heartbeat} is very short (default {HEARTBEAT_DEFAULT_S})",
+        detail="The heartbeat monitor kills the process when the NCCL watchdog thread looks stuck "
+        "for this long; "
+        "a short value kills healthy jobs during long CUDA calls such as checkpoint saving.",
+        fix="unset it, or use at least 300",
+        evidence={"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": heartbeat},
+        id="nccl-env/heartbeat-short",
+        explain="nccl-env#heartbeat-short",
+    )
+
+
+def _blocking_wait(env: dict[str, str]):
+    if env.get("TORCH_NCCL_BLOCKING_WAIT", env.get("NCCL_BLOCKING_WAIT")) != "1":
+        return None
+    return warning(
+        "blocking wait is on: every collective blocks the CPU until it finishes",
+        detail="It serialises the host with the GPU and slows training; TORCH_NCCL_ASYNC_ERROR_HANDLING "
+        "(default 3 in torch 2.2+) already turns timeouts into errors.",
+        fix="unset TORCH_NCCL_BLOCKING_WAIT / NCCL_BLOCKING_WAIT",
+        evidence={},
+        id="nccl-env/blocking-wait",
+        explain="nccl-env#blocking-wait",
+    )
 
 
 def _port(rendezvous: dict[str, Any] | None, plan) -> list:
     if not rendezvous:
         return []
     if rendezvous.get("error"):
-        return [error(str(rendezvous["error"]), fix="MASTER_PORT must be a port number 1-65535", evidence=rendezvous)]
+        return [
+            error(
+                str(rendezvous["error"]),
+                fix="MASTER_PORT must be a port number 1-65535",
+                evidence=rendezvous,
+                id="nccl-env/port-invalid",
+            )
+        ]
     if not rendezvous.get("in_use"):
         return []
     port, source = rendezvous.get("master_port"), rendezvous.get("source", "recorded")
@@ -115,6 +134,7 @@ def _port(rendezvous: dict[str, Any] | None, plan) -> list:
                 f"rendezvous port {port} ({source}) is taken on this host; {used}",
                 detail=plan.reasons.get("master_port", ""),
                 evidence=rendezvous,
+                id="nccl-env/port-moved",
             )
         ]
     severity = warning if source == "torchrun default" else error
@@ -126,11 +146,25 @@ def _port(rendezvous: dict[str, Any] | None, plan) -> list:
             fix=f"see who holds it: ss -ltnp 'sport = :{port}'; stop it, or choose another port "
             '([launch] master_port = "auto", or torchrun --master-port)',
             evidence=rendezvous,
+            id="nccl-env/port-busy",
+            explain="nccl-env#port-busy",
         )
     ]
 
 
-@check("nccl-env", "deprecated NCCL variables, risky timeouts, and a busy rendezvous port")
+@check(
+    "nccl-env",
+    "deprecated NCCL variables, risky timeouts, and a busy rendezvous port",
+    messages={
+        "deprecated": "a deprecated NCCL_* name torch reads under its TORCH_NCCL_* name",
+        "ib-timeout": "NCCL_IB_TIMEOUT out of range, very short or very long",
+        "heartbeat-short": "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC very short",
+        "blocking-wait": "blocking wait on: every collective blocks the CPU",
+        "port-invalid": "MASTER_PORT is not a port number",
+        "port-busy": "the rendezvous port is already taken on this host",
+        "port-moved": "a busy port the run does not use (one process, or another port)",
+    },
+)
 def nccl_env(env: dict[str, str], rendezvous: dict[str, Any] | None = None, plan=None):
     findings = _deprecated(env) + _timeouts(env) + _port(rendezvous, plan)
     if findings:

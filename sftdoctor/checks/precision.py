@@ -16,7 +16,16 @@ FP16_RISK = (
 )
 
 
-@check("bf16-support", "bf16 and tf32 need compute capability >= 8.0 (Ampere or newer)")
+@check(
+    "bf16-support",
+    "bf16 and tf32 need compute capability >= 8.0 (Ampere or newer)",
+    messages={
+        "bf16-unsupported": "bf16 is requested but some GPUs lack it",
+        "no-bf16": "the GPUs have no bf16: use fp16 with loss scaling",
+        "capability-unknown": "a GPU's compute capability is unknown",
+        "fp16-on-bf16-gpus": "fp16 is requested although every GPU supports bf16",
+    },
+)
 def bf16_support(gpus: dict[str, Any], plan=None, deepspeed_config: dict[str, Any] | None = None):
     devices = gpus.get("devices") or []
     if not devices:
@@ -36,6 +45,8 @@ def bf16_support(gpus: dict[str, Any], plan=None, deepspeed_config: dict[str, An
                 fix='use fp16 with dynamic loss scaling: [model] precision = "fp16", and in a DeepSpeed JSON '
                 '{"fp16": {"enabled": "auto", "loss_scale": 0}, "bf16": {"enabled": false}}',
                 evidence=evidence,
+                id="bf16-support/bf16-unsupported",
+                explain="bf16-support#bf16-unsupported",
             )
         if precision == "fp16":
             return ok(
@@ -48,6 +59,8 @@ def bf16_support(gpus: dict[str, Any], plan=None, deepspeed_config: dict[str, An
             detail=FP16_RISK,
             fix='[model] precision = "fp16" (or "auto", which picks it here)',
             evidence=evidence,
+            id="bf16-support/no-bf16",
+            explain="bf16-support#bf16-unsupported",
         )
     if bf16_capable(gpus) is None:
         return warning(
@@ -55,6 +68,7 @@ def bf16_support(gpus: dict[str, Any], plan=None, deepspeed_config: dict[str, An
             detail=describe_gpus(devices),
             fix="run on the machine itself (NVML), or update sftdoctor",
             evidence=evidence,
+            id="bf16-support/capability-unknown",
         )
     if precision == "fp16":
         return warning(
@@ -62,11 +76,22 @@ def bf16_support(gpus: dict[str, Any], plan=None, deepspeed_config: dict[str, An
             detail="bf16 has fp32's range: no loss scaling, no overflow NaNs, same speed. " + FP16_RISK,
             fix='[model] precision = "bf16" (or "auto")',
             evidence=evidence,
+            id="bf16-support/fp16-on-bf16-gpus",
+            explain="bf16-support#fp16-on-bf16-gpus",
         )
     return ok(f"bf16 and tf32 supported: {describe_gpus(devices)}", evidence=evidence)
 
 
-@check("model-dtype", "the dtype the model was saved in vs the run's precision")
+@check(
+    "model-dtype",
+    "the dtype the model was saved in vs the run's precision",
+    messages={
+        "no-dtype": "the model's config.json records no dtype",
+        "bf16-as-fp16": "a model saved in bf16 trains in fp16",
+        "float32": "the model is saved in float32, twice bf16's memory",
+        "unusual-dtype": "the model is saved in an unusual dtype",
+    },
+)
 def model_dtype(model_config: dict[str, Any], plan=None, deepspeed_config: dict[str, Any] | None = None):
     if plan is not None and plan.weights == "random":
         raise NotApplicable('[model] weights = "random": no saved weights to load')
@@ -88,6 +113,7 @@ def model_dtype(model_config: dict[str, Any], plan=None, deepspeed_config: dict[
             "4.x loaded float32 unless told otherwise.",
             fix="pass the dtype explicitly when loading (sftdoctor train does: see the plan's load dtype)",
             evidence=evidence,
+            id="model-dtype/no-dtype",
         )
     if dtype == "bfloat16" and precision == "fp16":
         return warning(
@@ -96,6 +122,7 @@ def model_dtype(model_config: dict[str, Any], plan=None, deepspeed_config: dict[
             fix="train in bf16 on Ampere or newer GPUs; on older GPUs keep fp16 only with dynamic loss scaling "
             "and watch for NaN, or use fp32",
             evidence=evidence,
+            id="model-dtype/bf16-as-fp16",
         )
     if dtype == "float32":
         return info(
@@ -107,9 +134,15 @@ def model_dtype(model_config: dict[str, Any], plan=None, deepspeed_config: dict[
             fix=f"load with dtype={'torch.bfloat16' if precision != 'fp16' else 'torch.float16'} "
             "(sftdoctor train loads in the run's precision)",
             evidence=evidence,
+            id="model-dtype/float32",
         )
     if dtype not in ("bfloat16", "float16", "auto"):
-        return warning(f"{saved}: unusual dtype", fix="check the model's config.json", evidence=evidence)
+        return warning(
+            f"{saved}: unusual dtype",
+            fix="check the model's config.json",
+            evidence=evidence,
+            id="model-dtype/unusual-dtype",
+        )
     if precision is None:
         return ok(saved, evidence=evidence)
     return ok(f"{saved}, trained in {precision}", evidence=evidence)

@@ -17,7 +17,18 @@ from sftdoctor.findings import error, info, ok, warning
 CONVERT = "python -m deepspeed.checkpoint.ds_to_universal --input_folder {tag} --output_folder {tag}_universal"
 
 
-@check("zero-resume", "a checkpoint to resume was saved on this launch's world size and ZeRO stage")
+@check(
+    "zero-resume",
+    "a checkpoint to resume was saved on this launch's world size and ZeRO stage",
+    messages={
+        "optimizer-lost": "a DeepSpeed checkpoint resumed without DeepSpeed: the optimizer state is not restored",
+        "saved-without-deepspeed": "a checkpoint saved without DeepSpeed resumed with it",
+        "no-latest": "no ZeRO checkpoint tag DeepSpeed can load",
+        "other-layout": "a checkpoint saved on another world size or ZeRO stage",
+        "universal": "a universal checkpoint loads whatever saved it",
+        "no-universal": "load_universal is set but the checkpoint has no universal copy",
+    },
+)
 def zero_resume(resume_checkpoint: dict[str, Any], plan):
     saved, path = resume_checkpoint.get("deepspeed"), resume_checkpoint["path"]
     evidence = {
@@ -37,6 +48,7 @@ def zero_resume(resume_checkpoint: dict[str, Any], plan):
             detail="DeepSpeed keeps it in its own partitions, which plain torch cannot read.",
             fix="resume with the same [deepspeed] settings, or accept a fresh optimizer (add warmup)",
             evidence=evidence,
+            id="zero-resume/optimizer-lost",
         )
     if not resume_checkpoint.get("tags") and not resume_checkpoint.get("universal"):
         return error(
@@ -45,6 +57,7 @@ def zero_resume(resume_checkpoint: dict[str, Any], plan):
             fix="resume without [deepspeed], as it was saved; or start a new run from its weights "
             f'([model] path = "{path}" and another [training] output_dir)',
             evidence=evidence,
+            id="zero-resume/saved-without-deepspeed",
         )
     if (plan.deepspeed.get("checkpoint") or {}).get("load_universal"):
         return _universal(resume_checkpoint, plan, evidence)
@@ -56,6 +69,7 @@ def zero_resume(resume_checkpoint: dict[str, Any], plan):
             '"[deepspeed] failed to resume from checkpoint".',
             fix=f"write the tag to load into {path}/latest (e.g. {resume_checkpoint['tags'][-1]})",
             evidence=evidence,
+            id="zero-resume/no-latest",
         )
     return _same_layout(resume_checkpoint, saved, plan, evidence)
 
@@ -79,6 +93,7 @@ def _same_layout(found: dict[str, Any], saved: dict[str, Any], plan, evidence: d
         detail=detail,
         fix=_fixes(found, saved, tag),
         evidence=evidence,
+        id="zero-resume/other-layout",
     )
 
 
@@ -99,6 +114,7 @@ def _universal(found: dict[str, Any], plan, evidence: dict[str, Any]):
             f"{path}: the universal copy {found['universal']} loads on {_ranks(plan.world_size)} "
             f"({_stage_of(plan.zero_stage)}), whatever saved it",
             evidence=evidence,
+            id="zero-resume/universal",
         )
     tag = f"{path}/{found.get('latest') or (found['tags'] or ['global_stepN'])[-1]}"
     return error(
@@ -107,6 +123,7 @@ def _universal(found: dict[str, Any], plan, evidence: dict[str, Any]):
         detail="DeepSpeed looks up the tag in latest_universal and finds none to load.",
         fix=f"convert it: `{CONVERT.format(tag=tag)}`; or remove load_universal to resume as saved",
         evidence=evidence,
+        id="zero-resume/no-universal",
     )
 
 

@@ -15,7 +15,15 @@ from sftdoctor.findings import error, info, ok, warning
 BIG_ACCUMULATION = 64
 
 
-@check("batch-size", "global batch = per-device batch x gradient accumulation x world size, exactly")
+@check(
+    "batch-size",
+    "global batch = per-device batch x gradient accumulation x world size, exactly",
+    messages={
+        "not-divisible": "the global batch is not a multiple of per-device batch x world size",
+        "deepspeed-hard-coded": "the DeepSpeed JSON hard-codes batch values that differ from the run's",
+        "long-accumulation": "many sequential micro-steps of one sequence each",
+    },
+)
 def batch_size(plan):
     target, per_device, world, accum = (
         plan.global_batch_size,
@@ -45,6 +53,7 @@ def batch_size(plan):
             f"that work are {' or '.join(map(str, nearest))}.",
             fix=", or ".join(fixes),
             evidence=evidence,
+            id="batch-size/not-divisible",
         )
     line = f"global batch {target} = {per_device} per device x {accum} accumulation x {processes}"
     fixed = trainer_mismatches(plan.deepspeed or {}, plan, BATCH_KEYS)
@@ -59,6 +68,7 @@ def batch_size(plan):
             "config values that mismatch TrainingArguments values'.",
             fix=f'set {", ".join(fixed)} to "auto" in the DeepSpeed JSON; the run config decides the batch',
             evidence={**evidence, "deepspeed": {k: v for k, (v, _) in fixed.items()}},
+            id="batch-size/deepspeed-hard-coded",
         )
     if per_device == 1 and accum > BIG_ACCUMULATION:
         return warning(
@@ -67,11 +77,21 @@ def batch_size(plan):
             "holds max_length tokens, so a larger per-device batch usually fits and runs faster.",
             fix="raise [training] per_device_batch_size (memory permitting) and keep global_batch_size",
             evidence=evidence,
+            id="batch-size/long-accumulation",
         )
     return ok(line, evidence=evidence)
 
 
-@check("lr-scheduler", "the learning-rate schedule the installed transformers/DeepSpeed will really run")
+@check(
+    "lr-scheduler",
+    "the learning-rate schedule the installed transformers/DeepSpeed will really run",
+    messages={
+        "deepspeed-scheduler": "the DeepSpeed JSON's scheduler replaces the run's",
+        "no-cosine-with-min-lr": "the installed transformers has no cosine_with_min_lr",
+        "absolute-min-lr": "an absolute min_lr under DeepSpeed crashes with this transformers",
+        "warmup-too-long": "warmup as long as the whole run",
+    },
+)
 def lr_scheduler(plan, transformers_features: dict[str, Any] | None = None):
     kind, kwargs, total, warmup = plan.lr_scheduler, plan.lr_scheduler_kwargs, plan.total_steps, plan.warmup_steps
     evidence = {
@@ -89,12 +109,14 @@ def lr_scheduler(plan, transformers_features: dict[str, Any] | None = None):
             "(integrations/deepspeed.py, 4.x-5.x): [training] lr_scheduler, its floor and warmup are ignored.",
             fix='delete the "scheduler" block from the DeepSpeed JSON',
             evidence=evidence,
+            id="lr-scheduler/deepspeed-scheduler",
         )
     if kind == "cosine_with_min_lr" and transformers_features and not transformers_features.get("cosine_with_min_lr"):
         return error(
             "the installed transformers has no cosine_with_min_lr schedule (added in 4.38)",
             fix="pip install -U 'transformers>=4.38', or lr_scheduler = \"cosine\"",
             evidence=evidence,
+            id="lr-scheduler/no-cosine-with-min-lr",
         )
     if "min_lr" in kwargs and plan.deepspeed is not None:
         return error(
@@ -104,6 +126,7 @@ def lr_scheduler(plan, transformers_features: dict[str, Any] | None = None):
             "(transformers 5.24 x DeepSpeed 0.19). This transformers has no min_lr_rate to pass instead.",
             fix="pip install -U 'transformers>=4.38' (min_lr_rate), or lr_scheduler = \"cosine\"",
             evidence=evidence,
+            id="lr-scheduler/absolute-min-lr",
         )
     if total is not None and warmup is not None and warmup >= total:
         return error(
@@ -111,6 +134,7 @@ def lr_scheduler(plan, transformers_features: dict[str, Any] | None = None):
             detail="The learning rate would never reach its peak, and the schedule never decays.",
             fix="lower [training] warmup_steps, or use warmup_ratio = 0.03",
             evidence=evidence,
+            id="lr-scheduler/warmup-too-long",
         )
     floor = ""
     if kwargs:
@@ -123,6 +147,10 @@ def lr_scheduler(plan, transformers_features: dict[str, Any] | None = None):
 @check(
     "gradient-checkpointing",
     "activation checkpointing: on, non-reentrant, under the name the installed transformers reads",
+    messages={
+        "off": "activation checkpointing is off",
+        "deepspeed-block": "the DeepSpeed JSON's activation_checkpointing block does nothing for HF models",
+    },
 )
 def gradient_checkpointing(plan):
     ds = plan.deepspeed or {}
@@ -156,6 +184,7 @@ def gradient_checkpointing(plan):
                 f"off ({plan.reasons.get('checkpointing', 'as asked')}): every layer's activations stay "
                 "in memory (fastest, most memory)",
                 fix="[training] gradient_checkpointing = true if memory runs short",
+                id="gradient-checkpointing/off",
             )
         )
     if "activation_checkpointing" in ds:
@@ -166,12 +195,21 @@ def gradient_checkpointing(plan):
                 "transformers models checkpoint through TrainingArguments instead.",
                 fix="remove the block; use [training] gradient_checkpointing = true",
                 evidence={"deepspeed": ds["activation_checkpointing"]},
+                id="gradient-checkpointing/deepspeed-block",
             )
         )
     return findings
 
 
-@check("data-rows", "the data holds rows, and enough of them for one global batch")
+@check(
+    "data-rows",
+    "the data holds rows, and enough of them for one global batch",
+    messages={
+        "one-object": "a data file that is one JSON object: one row",
+        "no-global-batch": "the rows counted, with no whole global batch to compare",
+        "fewer-than-batch": "fewer training rows than one global batch",
+    },
+)
 def data_rows(data: dict[str, Any], plan):
     """Verdicts on the rows the data probe counted (bad rows were refused as bad input before any check ran)."""
     findings = [
@@ -181,6 +219,7 @@ def data_rows(data: dict[str, Any], plan):
             "that is one object trains on that single example.",
             fix="write the rows as JSON Lines, or as a JSON array [{...}, {...}]",
             evidence={"file": name},
+            id="data-rows/one-object",
         )
         for part in ("train", "eval")
         for name in (data.get(part) or {}).get("one_object", ())
@@ -191,7 +230,9 @@ def data_rows(data: dict[str, Any], plan):
     evidence = {"train_rows": rows, "eval_rows": held, "global_batch_size": batch}
     counted = f"{rows} training row{'s' if rows != 1 else ''}" + (f" ({held} eval)" if held else "")
     if accum is None:  # batch-size says what is wrong with the batch
-        findings.append(info(f"{counted}; no whole global batch to compare with", evidence=evidence))
+        findings.append(
+            info(f"{counted}; no whole global batch to compare with", evidence=evidence, id="data-rows/no-global-batch")
+        )
     elif rows < batch:
         steps = (
             f"; the run's {plan.max_steps} steps pass over the same {rows} rows {plan.max_steps} times"
@@ -210,6 +251,7 @@ def data_rows(data: dict[str, Any], plan):
                 + (" (packed, fewer sequences still)." if plan.packing else "."),
                 fix=f"add training rows, or set [training] global_batch_size to at most {rows}",
                 evidence=evidence,
+                id="data-rows/fewer-than-batch",
             )
         )
     else:

@@ -131,7 +131,15 @@ def robust_spike(value: float, history: list[float], factor: float) -> tuple[boo
     return value > threshold and value > 1.2 * median, median, threshold
 
 
-@check("loss-spike", "a logged loss far above its recent level (median and MAD)", phase="runtime")
+@check(
+    "loss-spike",
+    "a logged loss far above its recent level (median and MAD)",
+    phase="runtime",
+    messages={
+        "diverging": "the loss is several times its lowest so far: divergence",
+        "spike": "a loss far above its recent median",
+    },
+)
 def loss_spike(log_stats: dict[str, Any]):
     history, loss = log_stats.get("history") or [], log_stats.get("loss")
     if loss is None or not history:
@@ -139,12 +147,15 @@ def loss_spike(log_stats: dict[str, Any]):
     best = min(history)
     if best > 0 and loss > DIVERGED * best and loss > best + 1.0:
         return warning(
-            f"loss diverging at step {log_stats['step']}: {loss:.4g}, {loss / best:.1f}x its lowest so far ({best:.4g})",
-            detail=f"Grad norm {log_stats.get('grad_norm')}, learning rate {log_stats.get('lr')}. A loss that multiplies "
+            f"loss diverging at step {log_stats['step']}: {loss:.4g}, "
+            f"{loss / best:.1f}x its lowest so far ({best:.4g})",
+            detail=f"Grad norm {log_stats.get('grad_norm')}, learning rate {log_stats.get('lr')}. "
+            "A loss that multiplies "
             "is an update too large for the model: the learning rate (or warmup) is off.",
             fix="stop and lower learning_rate (full SFT of 7B-class models: 1e-5 to 2e-5), lengthen warmup, keep "
             "max_grad_norm = 1.0",
             evidence=log_stats,
+            id="loss-spike/diverging",
         )
     if len(history) < MIN_HISTORY:
         return []
@@ -159,10 +170,19 @@ def loss_spike(log_stats: dict[str, Any]):
         fix="if it recurs or keeps rising: lower learning_rate, check max_grad_norm (1.0), and look at the data of "
         "that window (a corrupt or very long sample)",
         evidence=log_stats,
+        id="loss-spike/spike",
     )
 
 
-@check("fp16-loss-scale", "fp16 dynamic loss scaling stuck at its minimum or skipping most steps", phase="runtime")
+@check(
+    "fp16-loss-scale",
+    "fp16 dynamic loss scaling stuck at its minimum or skipping most steps",
+    phase="runtime",
+    messages={
+        "stuck-at-minimum": "the fp16 loss scale is stuck at its minimum",
+        "skipping": "fp16 loss scaling skips most steps",
+    },
+)
 def fp16_loss_scale(scale_stats: dict[str, Any]):
     step, scale = scale_stats["step"], scale_stats.get("scale")
     skipped, window = scale_stats.get("skipped", 0), scale_stats.get("window", 0)
@@ -175,6 +195,7 @@ def fp16_loss_scale(scale_stats: dict[str, Any]):
             "fp16 whatever the scale — the model is diverging or its activations exceed fp16's range.",
             fix="train in bf16 on Ampere or newer; otherwise lower learning_rate",
             evidence=scale_stats,
+            id="fp16-loss-scale/stuck-at-minimum",
         )
     if window and skipped > window // 2:
         return warning(
@@ -182,6 +203,7 @@ def fp16_loss_scale(scale_stats: dict[str, Any]):
             detail="Skipped steps are lost updates; past warm-up this many means overflow is chronic.",
             fix="train in bf16 on Ampere or newer; otherwise lower learning_rate",
             evidence=scale_stats,
+            id="fp16-loss-scale/skipping",
         )
     return []
 

@@ -65,7 +65,8 @@ def stop_masked(r: Read) -> Finding | None:
         return None
     same_pad = r.probe["pad_token_id"] is not None and r.probe["pad_token_id"] == r.probe["eos_token_id"]
     return error(
-        f"{r.stop} ends {len(masked)} of {len(r.samples)} samples but is never a target: the model will not learn to stop",
+        f"{r.stop} ends {len(masked)} of {len(r.samples)} samples but is never a target: "
+        "the model will not learn to stop",
         detail=(
             "The pad token is the EOS token, and the labels mask every pad id, EOS included. "
             if same_pad
@@ -75,6 +76,7 @@ def stop_masked(r: Read) -> Finding | None:
         fix="give the tokenizer a pad token of its own (tokenizer.pad_token = a reserved token), or a collator that "
         "masks padding by position, not by id",
         evidence=r.evidence,
+        id="training-targets/stop-masked",
     )
 
 
@@ -89,6 +91,7 @@ def stop_missing(r: Read) -> Finding | None:
         fix="use a chat template that ends each assistant turn with its end-of-turn token (the model family's own), "
         "or end each text row with the tokenizer's eos_token",
         evidence=r.evidence,
+        id="training-targets/stop-missing",
     )
 
 
@@ -102,6 +105,7 @@ def bos_doubled(r: Read) -> Finding | None:
         "trains on a sequence the model never sees at inference. " + r.shown,
         fix="remove the BOS from the template or text (or load the tokenizer with add_bos_token=False)",
         evidence=r.evidence,
+        id="training-targets/bos-doubled",
     )
 
 
@@ -116,6 +120,7 @@ def every_turn_trained(r: Read) -> Finding | None:
         "around the assistant's content and its end-of-turn token (none of sftdoctor's or TRL's bundled "
         "templates renders this one's text)",
         evidence=r.evidence,
+        id="training-targets/every-turn-trained",
     )
 
 
@@ -136,6 +141,7 @@ def saved_template_differs(r: Read) -> Finding | None:
             else "a template with {% generation %} markers that formats every turn as inference will"
         ),
         evidence=r.evidence,
+        id="training-targets/saved-template-differs",
     )
 
 
@@ -149,6 +155,7 @@ def drop_in_differs(r: Read) -> Finding | None:
         "those lack (tools, other roles or keys).",
         fix="[model] chat_template = a copy of the tokenizer's template with {% generation %} markers added",
         evidence=r.evidence,
+        id="training-targets/drop-in-differs",
     )
 
 
@@ -164,6 +171,7 @@ def stray_targets(r: Read) -> Finding | None:
         "spans appear in no answer of the sampled rows: the template's generation markers are misplaced. " + r.shown,
         fix="put {% generation %} ... {% endgeneration %} around the assistant content and its end-of-turn token only",
         evidence=r.evidence,
+        id="training-targets/stray-targets",
     )
 
 
@@ -178,6 +186,7 @@ def rows_cut(r: Read) -> Finding | None:
         detail=f"The longest sampled row has {max(lengths):,} tokens; {KEEP_WHOLE:.0%} of them fit in {keep:,}.",
         fix=f"[data] max_length = {keep} keeps {KEEP_WHOLE:.0%} whole, or drop the longest rows",
         evidence=r.evidence,
+        id="training-targets/rows-cut",
     )
 
 
@@ -190,6 +199,7 @@ def generation_stops_elsewhere(r: Read) -> Finding | None:
         detail="generate() would run past the end of each answer; sftdoctor adds the end-of-turn token to "
         "final/generation_config.json.",
         evidence=r.evidence,
+        id="training-targets/generation-stops-elsewhere",
     )
 
 
@@ -209,6 +219,18 @@ RULES = (
 @check(
     "training-targets",
     "EOS trained, BOS once, loss only where intended, what generate() stops at: proven on the run's rows",
+    messages={
+        "unreadable": "what the trainer will optimise could not be read back",
+        "stop-masked": "the EOS/end-of-turn token is never a target: the model will not learn to stop",
+        "stop-missing": "samples end their targets without the EOS/end-of-turn token",
+        "bos-doubled": "samples start with two BOS tokens",
+        "every-turn-trained": "the loss covers every turn, not only the assistant's",
+        "saved-template-differs": "the chat template saved with the model renders rows differently from training",
+        "drop-in-differs": "the drop-in chat template renders rows differently from the tokenizer's own",
+        "stray-targets": "samples train on text outside the answers",
+        "rows-cut": "rows longer than max_length lose their end",
+        "generation-stops-elsewhere": "generation_config.json stops at another token than the turns end with",
+    },
 )
 def training_targets(plan, training_targets: dict[str, Any], chat_template: dict[str, Any] | None = None):
     probe = training_targets
@@ -225,6 +247,7 @@ def training_targets(plan, training_targets: dict[str, Any], chat_template: dict
             f"what the trainer will optimise could not be read back ({probe['error']})",
             fix="run `sftdoctor check --config RUN.toml --select training-targets -v` on the training machine",
             evidence=probe,
+            id="training-targets/unreadable",
         )
     r = Read(probe, drop_in=bool(plan.chat_template) and not (chat_template or {}).get("given"))
     findings = [f for f in (rule(r) for rule in RULES) if f is not None]

@@ -62,6 +62,7 @@ def rows_out_of_range(v: dict[str, Any], plan) -> Finding | None:
         detail=" ".join(notes),
         fix=_tokenizer_fix(v, plan) if own_vocabulary else _resize_fix(v),
         evidence=v,
+        id="token-ids/rows-out-of-range",
     )
 
 
@@ -81,12 +82,14 @@ def pad_out_of_range(v: dict[str, Any], packed: bool) -> Finding | None:
             f"(evaluation, generate() with a batch) does: {FAILS}.",
             fix=fix,
             evidence=v,
+            id="token-ids/pad-out-of-range",
         )
     return error(
         title + ": every padded batch feeds it to the embedding",
         detail=f"The loss masks padding, the embedding still looks it up: {FAILS}.",
         fix=fix,
         evidence=v,
+        id="token-ids/pad-out-of-range",
     )
 
 
@@ -100,6 +103,7 @@ def refused(v: dict[str, Any]) -> Finding | None:
         fix="fix those rows (roles, order, keys the template expects), or use a template that accepts them "
         "([model] chat_template)",
         evidence=v,
+        id="token-ids/refused-rows",
     )
 
 
@@ -121,11 +125,23 @@ def clean(v: dict[str, Any], plan) -> Finding:
             detail="The rows happen to avoid them; new data or generated text will not. " + FAILS + ".",
             fix=_tokenizer_fix(v, plan),
             evidence=v,
+            id="token-ids/vocabulary-past-embedding",
         )
     return ok(scanned, evidence=v)
 
 
-@check("token-ids", "every row's token ids have a row in the model's embedding (config.json vocab_size)")
+@check(
+    "token-ids",
+    "every row's token ids have a row in the model's embedding (config.json vocab_size)",
+    messages={
+        "not-compared": "the rows' token ids could not be compared with vocab_size",
+        "rows-out-of-range": "rows hold token ids past the embedding's rows",
+        "pad-out-of-range": "the pad token id is past the embedding's rows",
+        "refused-rows": "the chat template refuses rows",
+        "vocabulary-past-embedding": "the tokenizer has more ids than the embedding has rows; no row uses them",
+        "special-out-of-range": "a special token id past the embedding's rows that no row holds",
+    },
+)
 def token_ids(token_ids: dict[str, Any], plan=None):
     v = token_ids
     if "error" in v:
@@ -133,6 +149,7 @@ def token_ids(token_ids: dict[str, Any], plan=None):
             f"the rows' token ids could not be compared with the model's vocab_size ({v['error']})",
             fix="run `sftdoctor check --config RUN.toml --select token-ids` where the tokenizer and data are",
             evidence=v,
+            id="token-ids/not-compared",
         )
     packed = bool(plan is not None and plan.packing)
     found = [f for f in (rows_out_of_range(v, plan), pad_out_of_range(v, packed), refused(v)) if f is not None]
@@ -145,6 +162,7 @@ def token_ids(token_ids: dict[str, Any], plan=None):
                 f"the tokenizer's {', '.join(f'{k} token (id {i})' for k, i in others.items())} is past the "
                 f"embedding's {v['vocab_size']:,} rows; no row holds it",
                 evidence=v,
+                id="token-ids/special-out-of-range",
             )
         )
     return found

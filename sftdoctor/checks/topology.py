@@ -58,6 +58,8 @@ def _p2p_env(env: dict[str, str]) -> list:
                 fix="unset NCCL_P2P_DISABLE; if P2P really hangs, disable ACS or use NCCL_P2P_LEVEL=PXB to keep P2P "
                 "where it works",
                 evidence={"NCCL_P2P_DISABLE": env["NCCL_P2P_DISABLE"]},
+                id="gpu-topology/p2p-disabled",
+                explain="gpu-topology#p2p-disabled",
             )
         )
     level = env.get("NCCL_P2P_LEVEL")
@@ -67,6 +69,8 @@ def _p2p_env(env: dict[str, str]) -> list:
                 f"NCCL_P2P_LEVEL={level} disables peer-to-peer everywhere",
                 fix="unset NCCL_P2P_LEVEL",
                 evidence={"NCCL_P2P_LEVEL": level},
+                id="gpu-topology/p2p-level",
+                explain="gpu-topology#p2p-disabled",
             )
         )
     return out
@@ -77,74 +81,89 @@ def _allreduce_seconds(gb_per_s: float, gpus: int, params_billion: float = 7.0) 
     return 2 * params_billion * 2 * (gpus - 1) / gpus / gb_per_s
 
 
-@check("gpu-topology", "NVLink vs PCIe paths between every GPU pair; NCCL peer-to-peer settings")
+@check(
+    "gpu-topology",
+    "NVLink vs PCIe paths between every GPU pair; NCCL peer-to-peer settings",
+    messages={
+        "inconsistent-matrix": "the topology matrix contradicts itself",
+        "pcie": "GPUs, or NVLink islands, that reach each other only over PCIe",
+        "pairs-unknown": "the matrix does not show some GPU pairs",
+        "partial-nvlink": "some GPU pairs are not linked directly, though NVLink reaches every GPU",
+        "p2p-disabled": "NCCL_P2P_DISABLE turns peer-to-peer off",
+        "p2p-level": "NCCL_P2P_LEVEL turns peer-to-peer off everywhere",
+    },
+)
 def gpu_topology(
     topology: dict[str, Any] | None = None, gpus: dict[str, Any] | None = None, env: dict[str, str] | None = None
 ):
     env = env or {}
-    devices = (gpus or {}).get("devices") or []
     if topology is not None and topology.get("inconsistent"):
         return [_inconsistent(topology)] + _p2p_env(env)
     if topology is None:
-        if len(devices) < 2:
-            raise NotApplicable("fewer than two GPUs and no topology matrix")
-        links = [d.get("nvlink_links_up") for d in devices]
-        if all(isinstance(n, int) and n > 0 for n in links):
-            return [
-                ok(
-                    f"NVLink up on all {len(devices)} GPUs ({min(links)}-{max(links)} links each; "
-                    "no topology matrix to check pairs)"
-                )
-            ] + _p2p_env(env)
-        raise NotApplicable("no `nvidia-smi topo -m` matrix (give one with --topology)")
+        return [_nvlink_without_matrix((gpus or {}).get("devices") or [])] + _p2p_env(env)
     names = visible_gpus(topology, env)
     if len(names) < 2:
         return [ok("one GPU in use: no GPU-to-GPU traffic")] + _p2p_env(env)
+    verdict = _links_verdict(topology, names)
+    if incomplete := {row: what for row, what in topology.get("incomplete", {}).items() if row in names}:
+        verdict = _noting_incomplete(verdict, incomplete)
+    return [verdict] + _p2p_env(env)
+
+
+def _nvlink_without_matrix(devices: list[dict[str, Any]]):
+    """With no matrix, only NVML's link counts: NVLink up on every GPU is all that can be said."""
+    if len(devices) < 2:
+        raise NotApplicable("fewer than two GPUs and no topology matrix")
+    links = [d.get("nvlink_links_up") for d in devices]
+    if all(isinstance(n, int) and n > 0 for n in links):
+        return ok(
+            f"NVLink up on all {len(devices)} GPUs ({min(links)}-{max(links)} links each; "
+            "no topology matrix to check pairs)"
+        )
+    raise NotApplicable("no `nvidia-smi topo -m` matrix (give one with --topology)")
+
+
+def _links_verdict(topology: dict[str, Any], names: list[str]):
+    """One finding on the paths between every pair of the GPUs in use."""
     known = {(a, b): link(topology, a, b) for a, b in combinations(names, 2)}
     unknown = [pair for pair, code in known.items() if code is None]
     pairs = {pair: code for pair, code in known.items() if code is not None}
     kinds = {pair: path_kind(code) for pair, code in pairs.items()}
-    linked = [p for p, k in kinds.items() if k == "NV"]
     evidence = {"gpus": names, "pairs": {f"{a}-{b}": c for (a, b), c in pairs.items()}}
-    islands = nvlink_islands(names, pairs)
     unlinked = [p for p in pairs if kinds[p] != "NV"]
     unlinked_text = _pairs_text(unlinked, pairs)
     # A pair the matrix does not show may be NVLink: islands that stay apart even so are certain.
     if len(nvlink_islands(names, {**pairs, **{pair: "NV" for pair in unknown}})) > 1:
         worst = max((kinds[p] for p in unlinked), key=lambda k: PATH_RANK.get(k, 9))
-        findings = [_pcie_warning(names, islands, unlinked_text, worst, evidence)]
-    elif unknown:
-        findings = [
-            info(
-                f"cannot judge {len(unknown)} of {len(known)} GPU pairs: the matrix does not show them",
-                detail=f"Not shown: {_pairs_text(unknown, {})}. Of the pairs it shows, {len(linked)} are NVLink"
-                + (f" and these are not: {unlinked_text}" if unlinked else "")
-                + ".",
-                fix="paste the whole output of `nvidia-smi topo -m` (or give the file with --topology)",
-                evidence={**evidence, "unknown_pairs": [f"{a}-{b}" for a, b in unknown]},
-            )
-        ]
-    elif len(linked) == len(pairs):
+        return _pcie_warning(names, nvlink_islands(names, pairs), unlinked_text, worst, evidence)
+    if unknown:
+        return _pairs_unknown(unknown, len(known), len(pairs) - len(unlinked), unlinked, unlinked_text, evidence)
+    if not unlinked:
         counts = sorted({nvlink_count(c) for c in pairs.values()})
-        findings = [
-            ok(
-                f"all {len(pairs)} pairs of {len(names)} GPUs linked by NVLink ({'/'.join(f'NV{c}' for c in counts)})",
-                evidence=evidence,
-            )
-        ]
-    else:
-        findings = [
-            info(
-                f"partial NVLink: {len(unlinked)} of {len(pairs)} GPU pairs are not directly linked",
-                detail=f"Not linked: {unlinked_text}. Every GPU still reaches every other over NVLink hops "
-                "(e.g. a V100 hybrid cube mesh), so NCCL builds its rings over NVLink and all-reduce "
-                "keeps NVLink speed; point-to-point traffic between unlinked pairs is slower.",
-                evidence=evidence,
-            )
-        ]
-    if incomplete := {row: what for row, what in topology.get("incomplete", {}).items() if row in names}:
-        findings[0] = _noting_incomplete(findings[0], incomplete)
-    return findings + _p2p_env(env)
+        return ok(
+            f"all {len(pairs)} pairs of {len(names)} GPUs linked by NVLink ({'/'.join(f'NV{c}' for c in counts)})",
+            evidence=evidence,
+        )
+    return info(
+        f"partial NVLink: {len(unlinked)} of {len(pairs)} GPU pairs are not directly linked",
+        detail=f"Not linked: {unlinked_text}. Every GPU still reaches every other over NVLink hops "
+        "(e.g. a V100 hybrid cube mesh), so NCCL builds its rings over NVLink and all-reduce "
+        "keeps NVLink speed; point-to-point traffic between unlinked pairs is slower.",
+        evidence=evidence,
+        id="gpu-topology/partial-nvlink",
+    )
+
+
+def _pairs_unknown(unknown, pairs: int, linked: int, unlinked, unlinked_text: str, evidence):
+    return info(
+        f"cannot judge {len(unknown)} of {pairs} GPU pairs: the matrix does not show them",
+        detail=f"Not shown: {_pairs_text(unknown, {})}. Of the pairs it shows, {linked} are NVLink"
+        + (f" and these are not: {unlinked_text}" if unlinked else "")
+        + ".",
+        fix="paste the whole output of `nvidia-smi topo -m` (or give the file with --topology)",
+        evidence={**evidence, "unknown_pairs": [f"{a}-{b}" for a, b in unknown]},
+        id="gpu-topology/pairs-unknown",
+    )
 
 
 def _inconsistent(topology: dict[str, Any]):
@@ -156,6 +175,7 @@ def _inconsistent(topology: dict[str, Any]):
         fix="run `nvidia-smi topo -m` again (and `nvidia-smi nvlink -s` for each GPU's links); if it still disagrees, "
         "update the driver or report it to NVIDIA; give a corrected copy with --topology",
         evidence={"source": topology.get("source"), "inconsistent": topology["inconsistent"]},
+        id="gpu-topology/inconsistent-matrix",
     )
 
 
@@ -200,4 +220,6 @@ def _pcie_warning(names, islands, unlinked_text, worst, evidence):
         "(DeepSpeed >= 0.19.0: older releases corrupt gradients with it, see known-bad-versions); "
         "for multi-GPU jobs on a subset, pick GPUs of one island/switch with CUDA_VISIBLE_DEVICES",
         evidence=evidence,
+        id="gpu-topology/pcie",
+        explain="gpu-topology#pcie",
     )

@@ -30,7 +30,23 @@ def _install_hint(driver_cuda: str | None) -> str:
     return f"pip install torch --index-url https://download.pytorch.org/whl/{tag}"
 
 
-@check("torch-cuda-match", "torch's CUDA build vs the driver's CUDA, the GPUs' architecture and nvcc")
+@check(
+    "torch-cuda-match",
+    "torch's CUDA build vs the driver's CUDA, the GPUs' architecture and nvcc",
+    messages={
+        "no-torch": "torch is not installed",
+        "no-gpu": "no NVIDIA GPU is visible: torch runs on the CPU",
+        "rocm-build": "a ROCm build of torch on NVIDIA GPUs",
+        "cpu-only-build": "a CPU-only build of torch on NVIDIA GPUs",
+        "driver-cuda-unknown": "the driver's CUDA version is unknown",
+        "driver-too-old": "torch's CUDA major version is newer than the driver supports",
+        "driver-older-minor": "torch's CUDA minor version is newer than the driver's",
+        "no-arch-kernels": "torch's CUDA build has no kernels for a GPU's architecture",
+        "arch-dropped": "torch's CUDA 13 build dropped a GPU's architecture",
+        "no-nvcc": "no nvcc, but DeepSpeed compiles its CUDA ops",
+        "nvcc-mismatch": "nvcc's CUDA major version differs from torch's",
+    },
+)
 def torch_cuda_match(
     gpus: dict[str, Any],
     packages: dict[str, Any],
@@ -46,13 +62,43 @@ def torch_cuda_match(
         "nvcc": (toolkit or {}).get("nvcc_version"),
     }
     if torch_build is None:
-        if devices:
-            return info(
-                f"torch is not installed; the driver supports CUDA up to {driver_cuda}",
-                fix=_install_hint(driver_cuda),
+        return _no_torch(devices, driver_cuda, evidence)
+    version, cuda = torch_build.get("version"), torch_build.get("cuda")
+    unusable = _no_cuda(gpus, torch_build, evidence)
+    if unusable:
+        return unusable
+    driver = _driver_support(gpus, version, cuda, evidence)
+    findings = [driver] if driver is not None else []
+    findings += _architecture_support(devices, version, cuda, driver_cuda, evidence)
+    findings += _toolkit(toolkit, packages, version, cuda, evidence)
+    if not any(f.severity.rank >= 2 for f in findings):
+        findings.insert(
+            0,
+            ok(
+                f"torch {version} (CUDA {cuda}) on driver {gpus.get('driver_version')} (CUDA ≤ {driver_cuda})",
+                detail=describe_gpus(devices),
                 evidence=evidence,
-            )
-        return info("torch is not installed and no NVIDIA GPU is visible", evidence=evidence)
+            ),
+        )
+    return findings
+
+
+def _no_torch(devices, driver_cuda: str | None, evidence):
+    if devices:
+        return info(
+            f"torch is not installed; the driver supports CUDA up to {driver_cuda}",
+            fix=_install_hint(driver_cuda),
+            evidence=evidence,
+            id="torch-cuda-match/no-torch",
+        )
+    return info(
+        "torch is not installed and no NVIDIA GPU is visible", evidence=evidence, id="torch-cuda-match/no-torch"
+    )
+
+
+def _no_cuda(gpus: dict[str, Any], torch_build: dict[str, Any], evidence):
+    """Torch cannot use a GPU at all: none is visible, or torch is a ROCm or CPU-only build on NVIDIA GPUs."""
+    devices, driver_cuda = gpus.get("devices") or [], gpus.get("cuda_version")
     version, cuda, hip = torch_build.get("version"), torch_build.get("cuda"), torch_build.get("hip")
     if not devices:
         why = gpus.get("error") or "no GPU found"
@@ -61,66 +107,64 @@ def torch_cuda_match(
             detail=f"Probe said: {why}. On a GPU machine this means the driver is missing or not "
             "loaded (check `nvidia-smi`), or the GPUs are hidden from this container.",
             evidence=evidence,
+            id="torch-cuda-match/no-gpu",
         )
-    gpu_text = describe_gpus(devices)
     if hip:
         return error(
             f"torch {version} is a ROCm (HIP {hip}) build, but this machine has NVIDIA GPUs",
-            detail=gpu_text,
+            detail=describe_gpus(devices),
             fix=_install_hint(driver_cuda),
             evidence=evidence,
+            id="torch-cuda-match/rocm-build",
+            explain="torch-cuda-match#cpu-only-build",
         )
     if not cuda:
         return error(
             f"torch {version} is a CPU-only build on a machine with {len(devices)} NVIDIA GPU(s)",
-            detail=f"{gpu_text}; torch.cuda.is_available() will be False and training runs on the CPU.",
+            detail=f"{describe_gpus(devices)}; torch.cuda.is_available() will be False and training runs on the CPU.",
             fix=f"pip uninstall -y torch && {_install_hint(driver_cuda)}",
             evidence=evidence,
+            id="torch-cuda-match/cpu-only-build",
+            explain="torch-cuda-match#cpu-only-build",
         )
+    return None
 
-    findings = []
+
+def _driver_support(gpus: dict[str, Any], version, cuda: str, evidence):
+    """Torch's CUDA against the newest the driver supports: unknown, a newer major (fails) or minor (mostly runs)."""
+    driver_cuda = gpus.get("cuda_version")
     t, d = version_tuple(cuda), version_tuple(driver_cuda)
     if d is None:
-        findings.append(
-            warning(
-                f"torch {version} is built for CUDA {cuda}; the driver's CUDA version is unknown",
-                fix="run `nvidia-smi` and read 'CUDA Version' in its header",
-                evidence=evidence,
-            )
+        return warning(
+            f"torch {version} is built for CUDA {cuda}; the driver's CUDA version is unknown",
+            fix="run `nvidia-smi` and read 'CUDA Version' in its header",
+            evidence=evidence,
+            id="torch-cuda-match/driver-cuda-unknown",
         )
-    elif t[0] > d[0]:
-        findings.append(
-            error(
-                f"torch {version} needs CUDA {cuda} but driver {gpus.get('driver_version')} supports only CUDA {driver_cuda}",
-                detail="CUDA runtimes of a newer major version do not run on an older driver: torch.cuda.is_available() "
-                "is False with 'The NVIDIA driver on your system is too old'.",
-                fix=f"upgrade the NVIDIA driver to one for CUDA {t[0]}.x, or {_install_hint(driver_cuda)}",
-                evidence=evidence,
-            )
+    if t[0] > d[0]:
+        return error(
+            f"torch {version} needs CUDA {cuda} but driver {gpus.get('driver_version')} "
+            f"supports only CUDA {driver_cuda}",
+            detail="CUDA runtimes of a newer major version do not run on an older driver: "
+            "torch.cuda.is_available() "
+            "is False with 'The NVIDIA driver on your system is too old'.",
+            fix=f"upgrade the NVIDIA driver to one for CUDA {t[0]}.x, or {_install_hint(driver_cuda)}",
+            evidence=evidence,
+            id="torch-cuda-match/driver-too-old",
+            explain="torch-cuda-match#driver-too-old",
         )
-    elif t[:2] > d[:2]:
-        findings.append(
-            warning(
-                f"torch {version} (CUDA {cuda}) is newer than the driver's CUDA {driver_cuda}",
-                detail="It runs through CUDA minor-version compatibility, but code JIT-compiled for the newer toolkit "
-                "(Triton kernels of torch.compile and liger-kernel, PTX) can fail with 'the provided PTX was "
-                "compiled with an unsupported toolchain'.",
-                fix=f"upgrade the driver to one that supports CUDA {cuda}, or {_install_hint(driver_cuda)}",
-                evidence=evidence,
-            )
+    if t[:2] > d[:2]:
+        return warning(
+            f"torch {version} (CUDA {cuda}) is newer than the driver's CUDA {driver_cuda}",
+            detail="It runs through CUDA minor-version compatibility, but code JIT-compiled for the newer toolkit "
+            "(Triton kernels of torch.compile and liger-kernel, PTX) can fail with 'the provided PTX was "
+            "compiled with an unsupported toolchain'.",
+            fix=f"upgrade the driver to one that supports CUDA {cuda}, or {_install_hint(driver_cuda)}",
+            evidence=evidence,
+            id="torch-cuda-match/driver-older-minor",
+            explain="torch-cuda-match#driver-too-old",
         )
-    findings += _architecture_support(devices, version, cuda, driver_cuda, evidence)
-    findings += _toolkit(toolkit, packages, version, cuda, evidence)
-    if not any(f.severity.rank >= 2 for f in findings):
-        findings.insert(
-            0,
-            ok(
-                f"torch {version} (CUDA {cuda}) on driver {gpus.get('driver_version')} (CUDA ≤ {driver_cuda})",
-                detail=gpu_text,
-                evidence=evidence,
-            ),
-        )
-    return findings
+    return None
 
 
 def _architecture_support(devices, version, cuda, driver_cuda, evidence):
@@ -132,10 +176,13 @@ def _architecture_support(devices, version, cuda, driver_cuda, evidence):
             out.append(
                 error(
                     f"torch {version} (CUDA {cuda}) has no kernels for {', '.join(names)} (sm_{cc[0]}{cc[1]})",
-                    detail=f"Compute capability {cc[0]}.{cc[1]} needs a torch built with CUDA ≥ {needed[0]}.{needed[1]}; "
+                    detail=f"Compute capability {cc[0]}.{cc[1]} "
+                    f"needs a torch built with CUDA ≥ {needed[0]}.{needed[1]}; "
                     "this one fails with 'no kernel image is available for execution on the device'.",
                     fix=_install_hint(driver_cuda),
                     evidence=evidence,
+                    id="torch-cuda-match/no-arch-kernels",
+                    explain="torch-cuda-match#no-arch-kernels",
                 )
             )
     below, newest = MAX_CUDA_FOR_OLD_CC
@@ -147,6 +194,8 @@ def _architecture_support(devices, version, cuda, driver_cuda, evidence):
                 detail="CUDA 13 dropped GPUs below compute capability 7.5 (Maxwell, Pascal, Volta).",
                 fix="pip install torch --index-url https://download.pytorch.org/whl/cu126",
                 evidence=evidence,
+                id="torch-cuda-match/arch-dropped",
+                explain="torch-cuda-match#no-arch-kernels",
             )
         )
     return out
@@ -163,7 +212,8 @@ def _toolkit(toolkit, packages, version, cuda, evidence):
         if "deepspeed" in builds:
             return [
                 warning(
-                    'no nvcc found, but DeepSpeed compiles its CUDA ops (FusedAdam, the default for an "AdamW" optimizer '
+                    "no nvcc found, but DeepSpeed compiles its CUDA ops "
+                    '(FusedAdam, the default for an "AdamW" optimizer '
                     "block) on first use",
                     detail=f"CUDA_HOME={toolkit.get('cuda_home')}; a run that needs such an op fails "
                     "with 'MissingCUDAException: CUDA_HOME does not exist, unable to compile CUDA op(s)', "
@@ -171,6 +221,8 @@ def _toolkit(toolkit, packages, version, cuda, evidence):
                     "with g++ alone (DeepSpeed 0.19).",
                     fix=f"install the CUDA {cuda} toolkit and export CUDA_HOME=/usr/local/cuda-{cuda}",
                     evidence=evidence,
+                    id="torch-cuda-match/no-nvcc",
+                    explain="torch-cuda-match#no-nvcc",
                 )
             ]
         return []
@@ -179,13 +231,17 @@ def _toolkit(toolkit, packages, version, cuda, evidence):
         return [
             severity(
                 f"nvcc is CUDA {nvcc} but torch {version} was built with CUDA {cuda}",
-                detail="Building CUDA extensions fails: 'The detected CUDA version ({}) mismatches the version that was "
+                detail="Building CUDA extensions fails: "
+                "'The detected CUDA version ({}) mismatches the version that was "
                 "used to compile PyTorch ({})'{}.".format(
                     nvcc, cuda, f" — this affects {', '.join(builds)}" if builds else ""
                 ),
-                fix=f"point CUDA_HOME at a CUDA {version_tuple(cuda)[0]}.x toolkit (found by {toolkit.get('found_by')}: "
+                fix=f"point CUDA_HOME at a CUDA {version_tuple(cuda)[0]}.x toolkit "
+                f"(found by {toolkit.get('found_by')}: "
                 f"{toolkit.get('cuda_home')}), e.g. export CUDA_HOME=/usr/local/cuda-{cuda}",
                 evidence=evidence,
+                id="torch-cuda-match/nvcc-mismatch",
+                explain="torch-cuda-match#nvcc-mismatch",
             )
         ]
     return []

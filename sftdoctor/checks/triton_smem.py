@@ -18,7 +18,13 @@ from sftdoctor.run.smem import TUNED_ON, gpu_class, per_block
 
 
 @check(
-    "triton-shared-memory", "shared memory per block that Triton kernels get on these GPUs (when the run compiles any)"
+    "triton-shared-memory",
+    "shared memory per block that Triton kernels get on these GPUs (when the run compiles any)",
+    messages={
+        "capability-unknown": "the GPUs' shared memory per block is unknown",
+        "as-tuned": "the GPUs have the shared memory per block A100/H100-tuned kernels expect",
+        "small": "the GPUs have less shared memory per block than A100/H100-tuned kernels may need",
+    },
 )
 def triton_shared_memory(gpus: dict[str, Any], plan=None):
     found = devices(gpus)
@@ -35,6 +41,7 @@ def triton_shared_memory(gpus: dict[str, Any], plan=None):
             f"cannot tell the shared memory per block of {', '.join(unknown)} (compute capability unknown)",
             detail="Triton raises OutOfResources when a kernel needs more than the GPU's per-block limit.",
             evidence=evidence,
+            id="triton-shared-memory/capability-unknown",
         )
     smallest = min(known.values())
     names = ", ".join(sorted(name for name, limit in known.items() if limit == smallest))
@@ -48,6 +55,7 @@ def triton_shared_memory(gpus: dict[str, Any], plan=None):
             f"{names}: {smallest} B of shared memory per block, what A100/H100-tuned Triton kernels expect",
             detail=f"{gpu_class(smallest)}.",
             evidence=evidence,
+            id="triton-shared-memory/as-tuned",
         )
     return info(
         f"{names}: {smallest} B of shared memory per block ({gpu_class(smallest)}); {who} tuned on A100/H100 "
@@ -57,6 +65,7 @@ def triton_shared_memory(gpus: dict[str, Any], plan=None):
         "matmul templates and models with their own Triton kernels are what usually exceed 99 KB.",
         fix="if a run fails with 'out of resource: shared memory', see `sftdoctor explain triton-shared-memory`",
         evidence=evidence,
+        id="triton-shared-memory/small",
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from sftdoctor.errors import InputError, parse_problem, read_text
 from sftdoctor.facts.run_records import non_finite, read_run
-from sftdoctor.run import rundir
+from sftdoctor.run import layout
 
 # The order a difference is shown in: what changes the numbers a run computes comes before where it runs.
 AREAS = ("data", "plan", "stack", "gpus", "env")
@@ -97,18 +97,18 @@ def recorded(path: Path) -> Recorded:
     path = Path(path)
     if not path.is_dir():
         raise InputError(path, "not a folder; expected a run directory of `sftdoctor train`")
-    if not os.path.lexists(path / rundir.RESOLVED):
-        raise InputError(path, f"holds no {rundir.RESOLVED}; expected a run directory of `sftdoctor train`")
-    plan = _json(path / rundir.RESOLVED, "run record")
+    if not os.path.lexists(path / layout.RESOLVED):
+        raise InputError(path, f"holds no {layout.RESOLVED}; expected a run directory of `sftdoctor train`")
+    plan = _json(path / layout.RESOLVED, "run record")
     everything = ("data", *FACT_AREAS)
-    if not os.path.lexists(path / rundir.FACTS):
+    if not os.path.lexists(path / layout.FACTS):
         return Recorded(path, plan, None, {}, (Gap(everything, NO_FACTS),))
     try:
-        kept = _json(path / rundir.FACTS, "facts record")
+        kept = _json(path / layout.FACTS, "facts record")
     except InputError as exc:  # a damaged optional record: those areas are not compared, the rest is
         return Recorded(path, plan, None, {}, (Gap(everything, f"has a facts.json that cannot be used: {exc}"),))
-    facts, gaps = _facts(path / rundir.FACTS, kept)
-    files, gap = _data_files(path / rundir.FACTS, kept.get("data_files"))
+    facts, gaps = _facts(path / layout.FACTS, kept)
+    files, gap = _data_files(path / layout.FACTS, kept.get("data_files"))
     return Recorded(path, plan, facts, files, tuple(gaps + ([gap] if gap else [])))
 
 
@@ -280,11 +280,11 @@ def where_they_part(a: Path, b: Path) -> dict[str, Any]:
     """The first logged step where the train losses differ by more than PART of the larger, or where one is a
     number and the other is not; where both stopped being numbers ("both_non_finite", never agreement); each
     run's first non-finite loss; the last values. {"error": why} when they cannot be compared."""
-    absent = [str(p) for p in (a, b) if not os.path.lexists(p / rundir.METRICS)]
+    absent = [str(p) for p in (a, b) if not os.path.lexists(p / layout.METRICS)]
     if absent:
         return {
             "error": f"{' and '.join(dict.fromkeys(absent))} {'has' if len(set(absent)) == 1 else 'have'} no "
-            f"{rundir.METRICS}"
+            f"{layout.METRICS}"
         }
     try:
         sa, sb = _losses(a), _losses(b)

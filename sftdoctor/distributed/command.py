@@ -227,30 +227,12 @@ def sweep(records: list[dict[str, Any]], rank: int, store, budget: float, cuda: 
         if name == "across nodes" and len(networks) == len(nodes):  # the slowest node's ports set the pace
             result["expected"] = min(networks, key=lambda e: e["busbw_gbps"])
         if rank in ranks:
-            began, n = time.monotonic(), len(ranks)
+            began = time.monotonic()
             for size in (s for s in SIZES if s <= limit):
                 store.set(f"phase/{rank}", f"{name}: all-reduce of {size} bytes")
-                # Each rank adds rank + 1: the first sum is n(n+1)/2, each further one multiplies by n. float64
-                # keeps these exact (or within 1e-12) for thousands of ranks, and nothing is refilled in the timing.
-                tensor = torch.full((size // 8,), float(ranks.index(rank) + 1), dtype=torch.float64, device=device)
-                warm = time.perf_counter()
-                dist.all_reduce(tensor, group=group)  # warm-up, and how many timed ones fit in ~0.2 s
-                if cuda:
-                    torch.cuda.synchronize()
-                iters = min(max(int(0.2 / max(time.perf_counter() - warm, 1e-6)), 3), 20)
-                iters = int(dist_max(iters, group, device))  # every rank of the group must run as many
-                start = time.perf_counter()
-                for _ in range(iters):
-                    dist.all_reduce(tensor, group=group)
-                if cuda:
-                    torch.cuda.synchronize()
-                seconds = (time.perf_counter() - start) / iters
-                expected = n * (n + 1) / 2 * n**iters
-                wrong |= not bool(torch.isclose(tensor, torch.full_like(tensor, expected), rtol=1e-12, atol=0).all())
-                algbw = size / seconds / 1e9
-                result["sizes"].append(
-                    {"bytes": size, "seconds": seconds, "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (n - 1) / n}
-                )
+                timing, right = time_all_reduce(size, ranks.index(rank), len(ranks), group, device, cuda)
+                wrong |= not right
+                result["sizes"].append(timing)
                 over = time.monotonic() - began > budget / max(len(groups), 1)
                 if dist_max(int(over), group, device):  # the group stops together, or some rank would hang
                     break
@@ -263,6 +245,33 @@ def sweep(records: list[dict[str, Any]], rank: int, store, budget: float, cuda: 
     return {"groups": groups_done, "wrong_ranks": [r for r, f in enumerate(gathered) if f.item()]}
 
 
+def time_all_reduce(size: int, index: int, n: int, group, device, cuda: bool) -> tuple[dict[str, float], bool]:
+    """One size's all-reduce in a group of n ranks, this one the index-th: its timing, and whether the sum came out
+    right."""
+    import torch
+    import torch.distributed as dist
+
+    # Each rank adds rank + 1: the first sum is n(n+1)/2, each further one multiplies by n. float64
+    # keeps these exact (or within 1e-12) for thousands of ranks, and nothing is refilled in the timing.
+    tensor = torch.full((size // 8,), float(index + 1), dtype=torch.float64, device=device)
+    warm = time.perf_counter()
+    dist.all_reduce(tensor, group=group)  # warm-up, and how many timed ones fit in ~0.2 s
+    if cuda:
+        torch.cuda.synchronize()
+    iters = min(max(int(0.2 / max(time.perf_counter() - warm, 1e-6)), 3), 20)
+    iters = int(dist_max(iters, group, device))  # every rank of the group must run as many
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(tensor, group=group)
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = (time.perf_counter() - start) / iters
+    expected = n * (n + 1) / 2 * n**iters
+    right = bool(torch.isclose(tensor, torch.full_like(tensor, expected), rtol=1e-12, atol=0).all())
+    algbw = size / seconds / 1e9
+    return {"bytes": size, "seconds": seconds, "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (n - 1) / n}, right
+
+
 def main(
     bound: float,
     budget: float,
@@ -272,11 +281,8 @@ def main(
     drill: str | None,
     plugins: bool = True,
 ) -> int:
-    import torch
     import torch.distributed as dist
 
-    from sftdoctor import render
-    from sftdoctor.checks import load_checks, run_checks
     from sftdoctor.facts import Facts, Inputs
 
     job = launcher()
@@ -297,41 +303,58 @@ def main(
     records, missing = join(store, rank, world, mine, bound)
     cluster: dict[str, Any] = {"ranks": records, "missing": missing, "bound_s": bound, "world_size": world}
     if not missing:
-        cuda = torch.cuda.is_available() and mine["gpu"] is not None
-        if cuda:  # the same GPU the record names: the only visible one, else cuda:LOCAL_RANK
-            torch.cuda.set_device(0 if mine["gpus_visible"] == 1 else local_rank)
-        dist.init_process_group(
-            "nccl" if cuda else "gloo",
-            store=dist.PrefixStore("pg/", store),
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=bound),
-        )
-        try:
-            cluster["sweep"] = sweep(records, rank, store, budget, cuda)
-        except Exception as exc:  # a collective that did not finish in time
-            phases = {
-                r: store.get(f"phase/{r}").decode() if store.check([f"phase/{r}"]) else "never started"
-                for r in range(world)
-            }
-            cluster["sweep"] = {
-                "error": f"{type(exc).__name__}: {str(exc)[:200]}",
-                "where": "; ".join(f"rank {r}: {p}" for r, p in phases.items()),
-            }
+        cluster["sweep"] = swept(job, mine, records, store, budget, bound)
     if rank != 0:
         store.wait(["verdict"], timedelta(seconds=3 * bound + 60))
         code = int(store.get("verdict"))
     else:
-        registry = load_checks(plugins)
-        findings, skipped = run_checks(registry.phase("distributed"), Facts.replay({"cluster": cluster}))
-        findings = registry.problems + findings
-        (out / "findings.json").write_text(json.dumps([f.to_json() for f in findings], indent=2, default=str) + "\n")
-        if as_json:
-            render.render_json(findings, skipped, {"cluster": cluster})
-        else:
-            render.render_table(findings, skipped)
-        code = render.exit_code(findings)
+        code = verdict(cluster, out, as_json, plugins)
         store.set("verdict", str(code))
     if dist.is_initialized():
         dist.destroy_process_group()
     return code
+
+
+def swept(job, mine: dict[str, Any], records: list[dict[str, Any]], store, budget: float, bound: float):
+    """The sweep, in a process group of every rank, or what stopped it and where each rank was."""
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available() and mine["gpu"] is not None
+    if cuda:  # the same GPU the record names: the only visible one, else cuda:LOCAL_RANK
+        torch.cuda.set_device(0 if mine["gpus_visible"] == 1 else job.local_rank)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        store=dist.PrefixStore("pg/", store),
+        rank=job.rank,
+        world_size=job.world,
+        timeout=timedelta(seconds=bound),
+    )
+    try:
+        return sweep(records, job.rank, store, budget, cuda)
+    except Exception as exc:  # a collective that did not finish in time
+        phases = {
+            r: store.get(f"phase/{r}").decode() if store.check([f"phase/{r}"]) else "never started"
+            for r in range(job.world)
+        }
+        return {
+            "error": f"{type(exc).__name__}: {str(exc)[:200]}",
+            "where": "; ".join(f"rank {r}: {p}" for r, p in phases.items()),
+        }
+
+
+def verdict(cluster: dict[str, Any], out: Path, as_json: bool, plugins: bool) -> int:
+    """Rank 0's: the distributed checks on the cluster's record, written to OUT/findings.json and shown."""
+    from sftdoctor import render
+    from sftdoctor.checks import load_checks, run_checks
+    from sftdoctor.facts import Facts
+
+    registry = load_checks(plugins)
+    findings, skipped = run_checks(registry.phase("distributed"), Facts.replay({"cluster": cluster}))
+    findings = registry.problems + findings
+    (out / "findings.json").write_text(json.dumps([f.to_json() for f in findings], indent=2, default=str) + "\n")
+    if as_json:
+        render.render_json(findings, skipped, {"cluster": cluster})
+    else:
+        render.render_table(findings, skipped)
+    return render.exit_code(findings)

@@ -17,11 +17,9 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from sftdoctor.errors import GateError
+
 KEY = "sftdoctor/gate"
-
-
-class GateError(Exception):
-    """Not every node reached the gate in time (the message says which did)."""
 
 
 def _count(store, name: str) -> int:

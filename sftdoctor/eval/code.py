@@ -375,6 +375,33 @@ class JsonlWriter:
                     os.unlink(self.temporary)
 
 
+def _samples(
+    table: dict[str, Any], completions: Path | None, generated: list[dict[str, Any]] | None
+) -> tuple[Counter, Iterable[dict[str, Any]], Path | str]:
+    """How many samples each task has, the samples (streamed from the file, or generated), and where they come
+    from."""
+    if completions is not None:
+        counts = count_completions(completions, table)  # the first pass checks every line; the second streams
+        samples = (sample for sample in read_completions(completions) if _known(sample, table, completions) is None)
+        return counts, samples, completions
+    if generated is not None:
+        return count_generated(generated, table), generated, "--model"
+    raise InputError("eval", "give --completions FILE, or --model TARGET --samples N")
+
+
+def _refuse_settings(workers: int, timeout_s: float, sandbox: str) -> None:
+    """InputError for a setting the samples cannot run with, or a sandbox this machine cannot give."""
+    if workers < 1:
+        raise InputError("--workers", f"{workers}; expected at least 1")
+    if not (timeout_s > 0 and math.isfinite(timeout_s)):
+        raise InputError("--timeout", f"{timeout_s}; expected a positive number of seconds")
+    why = sandboxes.available(sandbox)
+    if why is not None:
+        raise InputError(
+            "--sandbox", f"{why}; generated code only ever runs in a sandbox (there is no unsandboxed mode)"
+        )
+
+
 def evaluate_code(
     problems: Path,
     completions: Path | None,
@@ -394,26 +421,9 @@ def evaluate_code(
     sandbox cannot run here (the CLI exits 2). Exit code 0: evaluated; 1: some samples could not be run
     (status error: the sandbox failed, not the program), so the scores are incomplete."""
     table = read_problems(problems)
-    if completions is not None:
-        counts = count_completions(completions, table)
-        samples: Iterable[dict[str, Any]] = (
-            sample for sample in read_completions(completions) if _known(sample, table, completions) is None
-        )
-        source: Path | str = completions
-    elif generated is not None:
-        counts, samples, source = count_generated(generated, table), generated, "--model"
-    else:
-        raise InputError("eval", "give --completions FILE, or --model TARGET --samples N")
+    counts, samples, source = _samples(table, completions, generated)
     ks = choose_ks(tuple(ks), counts, source)
-    if workers < 1:
-        raise InputError("--workers", f"{workers}; expected at least 1")
-    if not (timeout_s > 0 and math.isfinite(timeout_s)):
-        raise InputError("--timeout", f"{timeout_s}; expected a positive number of seconds")
-    why = sandboxes.available(sandbox)
-    if why is not None:
-        raise InputError(
-            "--sandbox", f"{why}; generated code only ever runs in a sandbox (there is no unsandboxed mode)"
-        )
+    _refuse_settings(workers, timeout_s, sandbox)
     box = sandboxes.sandbox(sandbox)
     limits = sandboxes.Limits(wall_s=timeout_s, cpu_s=max(1, math.ceil(timeout_s)), output_bytes=RESULT_TAIL)
     start = time.monotonic()

@@ -76,18 +76,11 @@ def _run_eval(
         check_output(wanted.run_dir / "findings.jsonl", "TARGET", [], "the run's findings")
     manager = harness.task_manager(tasks, include.resolve() if include else None)  # before any model loads
     device_ = device()
-    batch = (
-        ("auto" if device_ == "cuda" else 8)
-        if batch_size == "default"
-        else batch_size
-        if batch_size == "auto"
-        else int(batch_size)
-    )
     common = {
         "include": include.resolve() if include else None,
         "num_fewshot": num_fewshot,
         "limit": limit,
-        "batch_size": batch,
+        "batch_size": _batch(batch_size, device_),
         "device": device_,
     }
     doc: dict[str, Any] = {
@@ -98,19 +91,33 @@ def _run_eval(
     if against is not None:
         doc["base"] = {"target": against.to_json(), **_evaluated(against, tasks, manager, common)}
     if previous is not None:
-        problems = harness.differences(previous["settings"], doc["settings"])
-        if problems:
-            raise InputError(
-                compare,
-                "evaluated with other settings, so the numbers do not compare: " + "; ".join(problems),
-                key="--compare",
-            )
-        doc["compared"] = {"file": str(compare), "metrics": previous["metrics"]}
+        doc["compared"] = _compared(previous, doc, compare)
     write_json(path, doc)
     if wanted.run_dir is not None:
         _record(wanted.run_dir, doc)
     print(json.dumps(doc, indent=2, default=float) if json_out else "\n" + table(doc) + f"\nresults: {path}")
     return 0
+
+
+def _batch(batch_size: str, device_: str) -> int | str:
+    """--batch-size as lm-eval takes it: "auto" on a GPU and 8 on a CPU by default."""
+    if batch_size == "default":
+        return "auto" if device_ == "cuda" else 8
+    return batch_size if batch_size == "auto" else int(batch_size)
+
+
+def _compared(previous: dict[str, Any], doc: dict[str, Any], compare: Path) -> dict[str, Any]:
+    """The earlier result's metrics, beside this one's; InputError when its settings differ."""
+    from sftdoctor.eval import harness
+
+    problems = harness.differences(previous["settings"], doc["settings"])
+    if problems:
+        raise InputError(
+            compare,
+            "evaluated with other settings, so the numbers do not compare: " + "; ".join(problems),
+            key="--compare",
+        )
+    return {"file": str(compare), "metrics": previous["metrics"]}
 
 
 def _evaluated(target: Target, tasks: list[str], manager, common: dict[str, Any]) -> dict[str, Any]:
@@ -425,32 +432,90 @@ def main(
 ) -> int:
     """lm-eval on TARGET (and --base), or (--code) generated code scored in a sandbox. Bad input raises
     InputError; a missing part of the stack, ModuleNotFoundError."""
-    if code_problems is not None:
-        if target or tasks:
-            raise InputError("eval", "give --code PROBLEMS or TARGET --tasks, not both")
-        if k_values is not None and not all(k.isdecimal() and int(k) > 0 for k in names(k_values)):
-            raise InputError("--k", f"expected positive integers separated by commas, got {k_values!r}")
-        try:
-            with interruptible():
-                return run_code_eval(
-                    code_problems,
-                    completions,
-                    code_model,
-                    samples=samples,
-                    ks=tuple(int(k) for k in names(k_values)),
-                    sandbox=sandbox_kind,
-                    workers=workers,
-                    timeout_s=timeout_s,
-                    max_new_tokens=max_new_tokens,
-                    temperature=temperature,
-                    out=out,
-                    json_out=as_json,
-                )
-        except Interrupted as exc:
-            print(
-                "\nsftdoctor: interrupted; the running samples were killed and no results were written", file=sys.stderr
+    if code_problems is None:
+        return _tasks_eval(
+            target,
+            tasks,
+            base=base,
+            include=include,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            batch_size=batch_size,
+            compare=compare,
+            out=out,
+            as_json=as_json,
+        )
+    if target or tasks:
+        raise InputError("eval", "give --code PROBLEMS or TARGET --tasks, not both")
+    return _code_eval(
+        code_problems,
+        completions,
+        code_model,
+        samples=samples,
+        k_values=k_values,
+        sandbox_kind=sandbox_kind,
+        workers=workers,
+        timeout_s=timeout_s,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        out=out,
+        as_json=as_json,
+    )
+
+
+def _code_eval(
+    code_problems: Path,
+    completions: Path | None,
+    code_model: str | None,
+    *,
+    samples: int,
+    k_values: str | None,
+    sandbox_kind: str,
+    workers: int | None,
+    timeout_s: float,
+    max_new_tokens: int,
+    temperature: float,
+    out: Path | None,
+    as_json: bool,
+) -> int:
+    """--code: the completions (given, or generated by --model) scored in a sandbox."""
+    if k_values is not None and not all(k.isdecimal() and int(k) > 0 for k in names(k_values)):
+        raise InputError("--k", f"expected positive integers separated by commas, got {k_values!r}")
+    try:
+        with interruptible():
+            return run_code_eval(
+                code_problems,
+                completions,
+                code_model,
+                samples=samples,
+                ks=tuple(int(k) for k in names(k_values)),
+                sandbox=sandbox_kind,
+                workers=workers,
+                timeout_s=timeout_s,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                out=out,
+                json_out=as_json,
             )
-            return 128 + exc.signum
+    except Interrupted as exc:
+        print("\nsftdoctor: interrupted; the running samples were killed and no results were written", file=sys.stderr)
+        return 128 + exc.signum
+
+
+def _tasks_eval(
+    target: str | None,
+    tasks: str | None,
+    *,
+    base: str | None,
+    include: Path | None,
+    limit: int | None,
+    num_fewshot: int | None,
+    batch_size: str | None,
+    compare: Path | None,
+    out: Path | None,
+    as_json: bool,
+) -> int:
+    """lm-eval's tasks on TARGET (and --base)."""
     if not target:
         raise InputError("eval", "give TARGET (a run directory, checkpoint, model folder or hub id) and --tasks")
     if not names(tasks):

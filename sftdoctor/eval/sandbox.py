@@ -52,6 +52,46 @@ from sftdoctor.eval import cgroup, seccomp
 STATUSES = ("passed", "failed", "timeout", "killed", "error")
 KINDS = ("bubblewrap", "docker")
 NOBODY = 65534
+
+
+# bwrap's namespaces and privileges (Bubblewrap.command).
+BWRAP_ISOLATION = (
+    # A user namespace: the program is an unprivileged uid inside, with no capabilities on the host,
+    # and RLIMIT_NPROC counts the processes of this sandbox only.
+    "--unshare-user",
+    "--uid",
+    str(NOBODY),
+    "--gid",
+    str(NOBODY),
+    "--disable-userns",  # no nested user namespace, where it would hold all capabilities (attack surface)
+    "--unshare-pid",  # its own PID namespace: it sees no host process, and all of it dies with its init
+    "--unshare-net",  # no network: a namespace with only its own loopback (not the host's 127.0.0.1)
+    "--unshare-ipc",  # no host SysV IPC or POSIX message queues
+    "--unshare-uts",
+    "--hostname",
+    "sandbox",
+    "--unshare-cgroup-try",  # its cgroup path is not the host's
+    "--die-with-parent",  # SIGKILL to the sandbox if bwrap (or this evaluator) dies
+    "--new-session",  # setsid: no controlling terminal, so no TIOCSTI keystrokes into the user's shell
+    "--cap-drop",
+    "ALL",  # when bwrap itself runs with privileges: none for the program
+)
+# The sample's whole environment.
+BWRAP_ENVIRONMENT = (
+    "--clearenv",
+    "--setenv",
+    "PATH",
+    "/usr/bin:/bin",
+    "--setenv",
+    "HOME",
+    "/tmp",
+    "--setenv",
+    "LANG",
+    "C.UTF-8",
+    "--setenv",
+    "PYTHONDONTWRITEBYTECODE",
+    "1",
+)
 INSTALL_BUBBLEWRAP = "apt-get install bubblewrap (dnf install bubblewrap; pacman -S bubblewrap)"
 # The first interpreter that lives under /usr is used: /usr is bound read-only anyway, and an interpreter
 # under a home directory (pyenv, conda) would need part of the home bound into the sandbox.
@@ -217,38 +257,28 @@ class Bubblewrap:
         python = os.path.realpath(self.python)
         return [
             shutil.which("bwrap") or "bwrap",
-            # A user namespace: the program is an unprivileged uid inside, with no capabilities on the host,
-            # and RLIMIT_NPROC counts the processes of this sandbox only.
-            "--unshare-user",
-            "--uid",
-            str(NOBODY),
-            "--gid",
-            str(NOBODY),
-            "--disable-userns",  # no nested user namespace, where it would hold all capabilities (attack surface)
-            "--unshare-pid",  # its own PID namespace: it sees no host process, and all of it dies with its init
-            "--unshare-net",  # no network: a namespace with only its own loopback (not the host's 127.0.0.1)
-            "--unshare-ipc",  # no host SysV IPC or POSIX message queues
-            "--unshare-uts",
-            "--hostname",
-            "sandbox",
-            "--unshare-cgroup-try",  # its cgroup path is not the host's
-            "--die-with-parent",  # SIGKILL to the sandbox if bwrap (or this evaluator) dies
-            "--new-session",  # setsid: no controlling terminal, so no TIOCSTI keystrokes into the user's shell
-            "--cap-drop",
-            "ALL",  # when bwrap itself runs with privileges: none for the program
-            "--clearenv",
-            "--setenv",
-            "PATH",
-            "/usr/bin:/bin",
-            "--setenv",
-            "HOME",
+            *BWRAP_ISOLATION,
+            *BWRAP_ENVIRONMENT,
+            *self._mounts(python, limits, fds),
+            "--chdir",
             "/tmp",
-            "--setenv",
-            "LANG",
-            "C.UTF-8",
-            "--setenv",
-            "PYTHONDONTWRITEBYTECODE",
-            "1",
+            "--seccomp",
+            str(fds["seccomp"]),
+            "--json-status-fd",
+            str(fds["json"]),
+            "--",
+            # -I: isolated (no PYTHON* variables, no user site, no script dir on sys.path); -S: no site-packages.
+            python,
+            "-I",
+            "-S",
+            "-c",
+            harness(limits, fds["status"]),
+        ]
+
+    @staticmethod
+    def _mounts(python: str, limits: Limits, fds: dict[str, int]) -> list[str]:
+        """What the sandbox sees: the system read-only, a bounded /tmp, the sample and its test."""
+        return [
             # The system read-only: /usr (with the interpreter and its standard library) and the usual
             # symlinks or directories; nothing of /etc but the linker's cache, no home, no /root, no /work.
             "--ro-bind",
@@ -281,19 +311,6 @@ class Bubblewrap:
             TEST_NAME,
             "--remount-ro",
             "/",  # bwrap's own root tmpfs, where the mount points live: read-only too
-            "--chdir",
-            "/tmp",
-            "--seccomp",
-            str(fds["seccomp"]),
-            "--json-status-fd",
-            str(fds["json"]),
-            "--",
-            # -I: isolated (no PYTHON* variables, no user site, no script dir on sys.path); -S: no site-packages.
-            python,
-            "-I",
-            "-S",
-            "-c",
-            harness(limits, fds["status"]),
         ]
 
     def run(self, program: Program | str, limits: Limits, cancel: Cancel | None = None) -> Outcome:
@@ -357,7 +374,7 @@ class _Files:
         return self
 
     def _file(self, data: bytes):
-        f = tempfile.TemporaryFile()
+        f = tempfile.TemporaryFile()  # noqa: SIM115 - the child reads it; closed with the others in __exit__
         self.opened.append(f)
         f.write(data)
         f.flush()

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from sftdoctor import __version__
-from sftdoctor.errors import InputError, InputErrors, did_you_mean, loads_finite, parse_problem, read_text
-from sftdoctor.facts.catalogue import CATALOGUE
+from sftdoctor.errors import InputError, SftdoctorError, did_you_mean, loads_finite, parse_problem, read_text
+from sftdoctor.facts.catalogue import table
 
 SCHEMA = 2
 READS = (1, 2)  # schema 1 named the run config "run_config"; it is derived from the inputs, so ignored
@@ -39,24 +39,14 @@ class Inputs:
 
 @dataclass(frozen=True)
 class Probe:
-    target: str | Callable[[Facts], Any]  # "module:function" under sftdoctor.facts, imported when first asked for
+    func: Callable[[Facts], Any]  # the fact's probe (its @fact declaration, facts.catalogue)
     inputs: tuple[str, ...] = ()  # Inputs fields it derives from: with one given, computed even in a replay
     why_missing: str = "not available on this machine"
 
-    @property
-    def func(self) -> Callable[[Facts], Any]:
-        if callable(self.target):
-            return self.target
-        import importlib
-
-        module, function = self.target.split(":")
-        return getattr(importlib.import_module(f"sftdoctor.facts.{module}"), function)
-
 
 def _probes() -> dict[str, Probe]:
-    """The probe of each preflight fact in the catalogue; its module is imported only when the fact is asked for (a
-    plain `check` pays for no run-config probe)."""
-    return {name: Probe(fact.probe, fact.inputs, fact.why_missing) for name, fact in CATALOGUE.items() if fact.probe}
+    """The probe of each preflight fact in the catalogue."""
+    return {name: Probe(fact.probe, fact.inputs, fact.why_missing) for name, fact in table().items() if fact.probe}
 
 
 class Facts:
@@ -80,7 +70,7 @@ class Facts:
         return facts
 
     def known(self, name: str) -> bool:
-        return name in CATALOGUE
+        return name in table()
 
     def get(self, name: str) -> Any:
         if name not in self._values and name not in self._missing:
@@ -109,11 +99,12 @@ class Facts:
                 )
             return
         if probe is None:  # a fact of another phase (a run's moment, a job's ranks), or none at all
-            self._missing[name] = CATALOGUE[name].why_missing if name in CATALOGUE else f"no fact {name!r}"
+            declared = table().get(name)
+            self._missing[name] = declared.why_missing if declared else f"no fact {name!r}"
             return
         try:
             value = probe.func(self)
-        except (InputError, InputErrors):
+        except SftdoctorError:
             raise  # bad input is the user's to fix: the CLI reports it and exits 2
         except Exception as exc:  # a probe bug must not sink the suite
             self._missing[name] = f"probe {name} failed: {type(exc).__name__}: {exc}"
@@ -174,11 +165,11 @@ def load_snapshot(path: Path, probes: dict[str, Probe]) -> tuple[dict[str, Any],
     for name, value in doc["facts"].items():
         if name in LEGACY:
             continue
-        fact = CATALOGUE.get(name)
+        fact = table().get(name)
         if fact is None:
             raise InputError(
                 path,
-                f"unknown fact{did_you_mean(name, CATALOGUE)}; known facts: {', '.join(probes)}",
+                f"unknown fact{did_you_mean(name, table())}; known facts: {', '.join(probes)}",
                 key=f"facts.{name}",
             )
         if "config" in fact.inputs:

@@ -1,242 +1,136 @@
-"""Every fact a check can ask for, declared once: its name, the phase whose checks receive it, what its value
-is, and, for a fact of the machine or of the run's configs, the probe that reads it.
+"""Every fact a check can ask for. A fact is declared once, beside its probe, in its module of sftdoctor.facts:
 
-A check asks for facts by naming them as its parameters. The check registry holds each check to this table
-when it loads (as pluggy holds a hook implementation to its spec): a check that names a fact that does not
-exist, or one that only another phase receives, is refused with a did-you-mean instead of never running.
+    @fact("gpus", "the driver, its CUDA, and each GPU (NVML or nvidia-smi)", shape={...})
+    def probe_gpus(facts): ...
 
-Probes are named "module:function" under sftdoctor.facts and imported when a fact is first asked for, so
-that reading this table costs nothing.
+A fact that no probe reads (a moment of a run, a job's ranks, a run's records) is declared with the same call
+as a constant of the module whose records it is: `CURVES = fact("curves", "...", phase="postrun")`.
+
+This module derives the catalogue from those declarations: it imports every module of the package (a new
+one needs no registration) and collects them. The check registry holds each check to it (as pluggy holds a
+hook implementation to its spec): a check that names a fact that does not exist, or one that only another
+phase receives, is refused with a did-you-mean; a replayed snapshot is held to each fact's shape.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
 PHASES = ("preflight", "runtime", "distributed", "postrun")
+RUN_BY = {  # what hands each phase's facts to its checks (`sftdoctor explain plugins` says it)
+    "preflight": "`sftdoctor check` and the gate of `train`",
+    "runtime": "during training, whenever the run produces them",
+    "distributed": "`sftdoctor check --distributed`",
+    "postrun": "`sftdoctor report` and the end of `train`",
+}
 RUN_CONFIG = ("config",)
 MODEL = ("config", "model_config")
 DEEPSPEED = ("config", "deepspeed")
+NOT_HERE = "not available on this machine"
+
+
+class FactDeclarationError(Exception):
+    """A fact declared twice, or declared wrong: raised when the catalogue is read, so that every test fails."""
 
 
 @dataclass(frozen=True)
 class Fact:
+    name: str
     doc: str  # what the value is, one line
-    phase: str = "preflight"  # the checks that receive it: preflight (`check`, the gate of `train`), runtime (the
-    # watchers, during a run), distributed (`check --distributed`) or postrun (the curve readers)
-    probe: str | None = None  # "module:function" under sftdoctor.facts, for a preflight fact
+    phase: str = "preflight"  # the checks that receive it (PHASES)
+    probe: Callable[[Any], Any] | None = None  # reads it, for a preflight fact: a function of the Facts
     inputs: tuple[str, ...] = ()  # Inputs fields it derives from: with one given, computed even in a replay
-    why_missing: str = "not available on this machine"
+    why_missing: str = NOT_HERE
     is_object: bool = True  # a JSON object when recorded (a replayed snapshot is held to it)
+    shape: Any = None  # the inner shape of its recorded value (facts.shapes' spec language); None: not held to one
+    required: tuple[str, ...] = ()  # keys the checks index without .get: a recorded value must have them
+    consistent: Callable[[Any], tuple[str, str] | None] | None = None  # (where, what) a well-formed value contradicts
+    where: str = ""  # module:line of the declaration
+
+    def __call__(self, probe: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """`@fact(...)` on a probe: the declaration, with its probe, is attached to the function."""
+        probe.__sftdoctor_fact__ = replace(self, probe=probe)
+        return probe
 
 
-CATALOGUE: dict[str, Fact] = {
-    # ---- the machine and its stack (recorded by `sftdoctor facts`, replayed with --facts)
-    "packages": Fact("installed distributions: name -> version", probe="packages:probe_packages"),
-    "package_requires": Fact(
-        "what trl, transformers, peft and accelerate declare they need (Requires-Dist): name -> requirement strings",
-        probe="requirements:probe_package_requires",
-        why_missing="none of trl, transformers, peft, accelerate is installed",
-    ),
-    "torch_build": Fact(
-        "torch's version and the CUDA/HIP it was built for",
-        probe="packages:probe_torch_build",
-        why_missing="torch is not installed",
-    ),
-    "deepspeed_defaults": Fact(
-        "the installed DeepSpeed's version and its defaults the checks compare with",
-        probe="packages:probe_deepspeed_defaults",
-        why_missing="deepspeed is not installed",
-    ),
-    "flash_attn": Fact("flash-attn: installed, importable, its wheel", probe="packages:probe_flash_attn"),
-    "bitsandbytes": Fact("bitsandbytes: installed, importable, its CUDA library", probe="packages:probe_bitsandbytes"),
-    "gpus": Fact("the driver, its CUDA, and each GPU (NVML or nvidia-smi)", probe="gpus:probe_gpus"),
-    "topology": Fact(
-        "the GPU/NIC link matrix of `nvidia-smi topo -m`",
-        probe="topology:probe_topology",
-        inputs=("topology",),
-        why_missing="no `nvidia-smi topo -m` available (give a saved one with --topology)",
-    ),
-    "nics": Fact(
-        "InfiniBand/RoCE ports (`ibstat`)",
-        probe="nics:probe_nics",
-        why_missing="no `ibstat` (InfiniBand/RoCE tools) on this machine",
-    ),
-    "toolkit": Fact("CUDA_HOME and the nvcc found there", probe="system:probe_toolkit"),
-    "env": Fact("the NCCL_*, TORCH_*, CUDA_* and launcher variables set", probe="system:probe_env"),
-    "rendezvous": Fact(
-        "the master address and port a launch would use, taken or free, and a free port",
-        probe="system:probe_rendezvous",
-    ),
-    # Derived from the run config's output_dir and measured where the command runs (a replay of another machine's
-    # facts judges the disk here: the one the run will write to when it is launched from here).
-    "disk_space": Fact(
-        "free and total bytes of the filesystem [training] output_dir will be on (statvfs)",
-        probe="disk:probe_disk_space",
-        inputs=RUN_CONFIG,
-        why_missing="no run config given (--config), so no output_dir",
-    ),
-    "slurm": Fact(
-        "the Slurm allocation this runs in: job, nodes, hosts",
-        probe="slurm:probe_slurm",
-        why_missing="not inside a Slurm allocation (SLURM_JOB_ID is not set)",
-    ),
-    "transformers_features": Fact(
-        "what the installed transformers supports (by feature)",
-        probe="stack:probe_transformers_features",
-        why_missing="transformers is not installed",
-    ),
-    # ---- the run's configs (computed from the inputs given, replay or not)
-    "run": Fact(
-        "the run config (RunConfig)",
-        probe="configs:probe_run_config",
-        inputs=RUN_CONFIG,
-        why_missing="no run config given (--config)",
-        is_object=False,
-    ),
-    "model_config": Fact(
-        "the model's config.json, summarised",
-        probe="configs:probe_model_config",
-        inputs=MODEL,
-        why_missing="no model config given (--model-config, or [model].path in --config)",
-    ),
-    "deepspeed_config": Fact(
-        "the DeepSpeed JSON",
-        probe="configs:probe_deepspeed_config",
-        inputs=DEEPSPEED,
-        why_missing="no DeepSpeed config given (--deepspeed, or [deepspeed] config in --config)",
-    ),
-    "data": Fact(
-        "the run's data files: rows, formats, problems",
-        probe="data:probe_data",
-        inputs=RUN_CONFIG,
-        why_missing="no run config given (--config)",
-    ),
-    "chat_template": Fact(
-        "the tokenizer's chat template, rendered",
-        probe="tokenizer:probe_chat_template",
-        inputs=RUN_CONFIG,
-        why_missing="no run config, or its tokenizer has no files here",
-    ),
-    "packing_probe": Fact(
-        "packed batches built by the real collator: isolated or not",
-        probe="packing_probe:probe_packing",
-        inputs=RUN_CONFIG,
-        why_missing="packing is off, or no run config / model config to probe",
-    ),
-    "model_shape": Fact(
-        "parameters and largest tensor, counted on the meta device",
-        probe="model_shape:probe_model_shape",
-        inputs=MODEL,
-        why_missing="no model config, or an architecture sftdoctor counts only where there are GPUs",
-    ),
-    "lora_modules": Fact(
-        "the model's linear layers as peft sees them, and the adapters [lora] builds",
-        probe="lora_modules:probe_lora_modules",
-        inputs=MODEL,
-        why_missing="no [lora] in the run config, or no model config.json to list its layers from",
-    ),
-    "unused_parameters": Fact(
-        "the trainable parameters one text-only training step on the shrunk model leaves "
-        "without a gradient (what DDP's reducer would wait for)",
-        probe="unused_params:probe_unused_parameters",
-        inputs=MODEL,
-        why_missing="not a DDP run (one process, or DeepSpeed), or no model config.json to build the model from",
-    ),
-    "token_rows": Fact(
-        "the base checkpoint's embedding rows of the tokens the chat template writes (safetensors slices)",
-        probe="token_rows:probe_token_rows",
-        inputs=MODEL,
-        why_missing="needs a run config whose model has pretrained safetensors weights here and a "
-        "chat template that writes added tokens",
-    ),
-    "contamination": Fact(
-        "the training rows' n-gram overlap (13 words; 25 or 50 characters in scripts without "
-        "spaces) with the [eval] tasks' documents and the eval files",
-        probe="contamination:probe_contamination",
-        inputs=RUN_CONFIG,
-        why_missing="needs a run config with [eval] tasks or a [data] eval file",
-    ),
-    "token_ids": Fact(
-        "the token ids of every training and eval row, as the run's tokenizer and chat template give "
-        "them, against the model's vocab_size (embedding rows)",
-        probe="token_ids:probe_token_ids",
-        inputs=RUN_CONFIG,
-        why_missing="needs a run config whose model config.json (vocab_size) and tokenizer files are here",
-    ),
-    "data_prep": Fact(
-        "the time rank 0 spends preparing the data (TRL's SFTTrainer on a sample of the rows, extrapolated)",
-        probe="data_prep:probe_data_prep",
-        inputs=RUN_CONFIG,
-        why_missing="needs a run config of 2+ processes whose model has a config.json and tokenizer here",
-    ),
-    "eval_tasks": Fact(
-        "the [eval] tasks, found in lm-eval's registry",
-        probe="eval_tasks:probe_eval_tasks",
-        inputs=RUN_CONFIG,
-        why_missing="no [eval] in the run config (or no --config)",
-    ),
-    "launch_inputs": Fact(
-        "what `train` needs beyond the config's keys, refused before anything runs: the run "
-        "directory can be made, the [report] backend is installed, hub models are cached or reachable",
-        probe="launch_inputs:probe_launch_inputs",
-        inputs=RUN_CONFIG,
-        why_missing="no run config given (--config)",
-    ),
-    "plan": Fact(
-        "the run's settings, decided once (run.resolve's Plan)",
-        probe="configs:probe_plan",
-        inputs=RUN_CONFIG,
-        why_missing="no run config given (--config)",
-        is_object=False,
-    ),
-    "training_targets": Fact(
-        "the labels the run's trainer builds: EOS, BOS, the masked prompt, generate()'s stop",
-        probe="targets_probe:probe_training_targets",
-        inputs=RUN_CONFIG,
-        why_missing="the run's model has no config.json and tokenizer files here to build its trainer from",
-    ),
-    "resume_checkpoint": Fact(
-        "the checkpoint --resume would load: its DeepSpeed world size and ZeRO stage (file names)",
-        probe="resume_checkpoint:probe_resume_checkpoint",
-        inputs=RUN_CONFIG,
-        why_missing="no complete checkpoint in the run's output_dir: nothing to resume",
-    ),
-    # ---- one moment of a run (sftdoctor.train.watch passes them to the runtime checks)
-    "step_stats": Fact(
-        "one optimizer step, before it is taken: finite or not, loss, gradient norm, ranks; when a "
-        "non-finite one stops the run, its rows and their fp32 re-runs",
-        phase="runtime",
-    ),
-    "log_stats": Fact("a logged loss with its recent history", phase="runtime"),
-    "scale_stats": Fact("fp16 dynamic loss scaling: the scale and the steps it skipped", phase="runtime"),
-    "hang": Fact(
-        "the watchdog's report of a stall: each rank's step, phase and stack, and the flight recorder's "
-        "dumps read by torch's analyzer",
-        phase="runtime",
-    ),
-    # ---- every rank of a job (`check --distributed`)
-    "cluster": Fact(
-        "each rank's record, who joined, and the all-reduce sweep",
-        phase="distributed",
-        why_missing="only under `sftdoctor check --distributed` (every rank of a job)",
-    ),
-    # ---- a finished or stopped run (`sftdoctor report`, the end of `train`)
-    "curves": Fact("a run's logged series, its schedule and checkpoints (facts.run_records)", phase="postrun"),
-}
+def fact(
+    name: str,
+    doc: str,
+    *,
+    phase: str = "preflight",
+    inputs: tuple[str, ...] = (),
+    why_missing: str = NOT_HERE,
+    is_object: bool = True,
+    shape: Any = None,
+    required: tuple[str, ...] = (),
+    consistent: Callable[[Any], tuple[str, str] | None] | None = None,
+) -> Fact:
+    """Declare a fact: decorate its probe with it, or (no probe) assign it to a module constant."""
+    if phase not in PHASES:
+        raise FactDeclarationError(f"fact {name!r}: phase must be one of {PHASES}, not {phase!r}")
+    caller = sys._getframe(1)  # where it is declared, to name both places of a name declared twice
+    where = f"{caller.f_globals.get('__name__')}:{caller.f_lineno}"
+    return Fact(
+        name, doc, phase, None, tuple(inputs), why_missing, is_object, shape, tuple(required), consistent, where
+    )
+
+
+def declared_in(module: Any) -> list[Fact]:
+    """The facts a module declares (a decorated probe, or a Fact constant), in the order of its namespace; one it
+    imports from another module is the same declaration, which the catalogue counts once."""
+    found = [getattr(value, "__sftdoctor_fact__", value) for value in vars(module).values()]
+    return [f for f in found if isinstance(f, Fact)]
+
+
+@functools.cache
+def table() -> dict[str, Fact]:
+    """Every declared fact by name, phase by phase: read from the modules of sftdoctor.facts, once."""
+    import importlib
+    import pkgutil
+
+    import sftdoctor.facts as package
+
+    found: dict[str, Fact] = {}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if info.name.startswith("_") or info.ispkg:
+            continue
+        for declared in declared_in(importlib.import_module(f"{package.__name__}.{info.name}")):
+            if declared.name in found and found[declared.name] != declared:
+                raise FactDeclarationError(
+                    f"fact {declared.name!r} is declared twice: at {found[declared.name].where} and at {declared.where}"
+                )
+            if (declared.probe is None) == (declared.phase == "preflight"):
+                raise FactDeclarationError(
+                    f"fact {declared.name!r} ({declared.where}): a preflight fact is declared on its probe "
+                    "(@fact), a fact of another phase has none"
+                )
+            found[declared.name] = declared
+    # phase by phase; the machine's facts before those of the run's configs (as `sftdoctor facts` prints them)
+    order = sorted(found.values(), key=lambda f: (PHASES.index(f.phase), "config" in f.inputs))
+    return {f.name: f for f in order}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CATALOGUE":  # the derived table, built when first read (its modules import this one)
+        return table()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def fact_names(phase: str) -> list[str]:
-    return [name for name, fact in CATALOGUE.items() if fact.phase == phase]
+    return [name for name, declared in table().items() if declared.phase == phase]
 
 
 def unavailable_to(name: str, phase: str) -> str | None:
     """Why a check of `phase` cannot ask for the fact `name`, or None."""
     from sftdoctor.errors import did_you_mean
 
-    fact = CATALOGUE.get(name)
-    if fact is None:
-        return f"asks for the fact {name!r}, which does not exist{did_you_mean(name, CATALOGUE)}"
-    if fact.phase != phase:
-        return f"asks for the fact {name!r}, which only {fact.phase} checks receive, not {phase} ones"
+    declared = table().get(name)
+    if declared is None:
+        return f"asks for the fact {name!r}, which does not exist{did_you_mean(name, table())}"
+    if declared.phase != phase:
+        return f"asks for the fact {name!r}, which only {declared.phase} checks receive, not {phase} ones"
     return None

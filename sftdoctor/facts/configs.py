@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sftdoctor.errors import InputError, InputErrors, loads_finite, parse_problem, read_text
+from sftdoctor.facts.catalogue import DEEPSPEED, MODEL, RUN_CONFIG, fact
 from sftdoctor.facts.packages import module_file
 
 
@@ -39,6 +40,13 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
 # ---------------------------------------------------------------- run config (TOML)
 
 
+@fact(
+    "run",
+    "the run config (RunConfig)",
+    inputs=RUN_CONFIG,
+    why_missing="no run config given (--config)",
+    is_object=False,
+)
 def probe_run_config(facts):
     """The typed run config (sftdoctor.run.RunConfig)."""
     if facts.inputs.config is None:
@@ -48,12 +56,21 @@ def probe_run_config(facts):
     return load_run_config(facts.inputs.config)
 
 
+@fact(
+    "plan",
+    "the run's settings, decided once (run.resolve's Plan)",
+    inputs=RUN_CONFIG,
+    why_missing="no run config given (--config)",
+    is_object=False,
+)
 def probe_plan(facts):
-    """The run's settings, decided once by sftdoctor.run.resolve from the run config and the other facts."""
-    from sftdoctor.run import resolve
-
+    """The run's settings, decided once by sftdoctor.run.decide from the run config and the other facts."""
     run = facts.get("run")
-    return resolve(run, facts) if run is not None else None
+    if run is None:
+        return None
+    from sftdoctor.run import decide  # here, past the run config: a plain `check` imports no resolver
+
+    return decide(run, facts)
 
 
 # ---------------------------------------------------------------- model config.json
@@ -206,6 +223,12 @@ def resolve_model_config(path: Path) -> Path:
     return path / "config.json" if path.is_dir() else path
 
 
+@fact(
+    "model_config",
+    "the model's config.json, summarised",
+    inputs=MODEL,
+    why_missing="no model config given (--model-config, or [model].path in --config)",
+)
 def probe_model_config(facts) -> dict[str, Any] | None:
     path = facts.inputs.model_config
     if path is None:
@@ -224,6 +247,12 @@ def probe_model_config(facts) -> dict[str, Any] | None:
 # ---------------------------------------------------------------- DeepSpeed JSON
 
 
+@fact(
+    "deepspeed_config",
+    "the DeepSpeed JSON",
+    inputs=DEEPSPEED,
+    why_missing="no DeepSpeed config given (--deepspeed, or [deepspeed] config in --config)",
+)
 def probe_deepspeed_config(facts) -> dict[str, Any] | None:
     path = facts.inputs.deepspeed
     if path is None:

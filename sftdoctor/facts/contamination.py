@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sftdoctor.errors import InputError, regular_file
+from sftdoctor.facts.catalogue import RUN_CONFIG, fact
 from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.probe_cache import cached
 
@@ -62,15 +63,36 @@ _CJK = (
     "\u3005-\u3007\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f"
 )
 _SOUTHEAST = "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u19e0-\u19ff\ua9e0-\ua9ff\uaa60-\uaa7f"
+
+
+class _Deferred:
+    """A pattern compiled at its first use, which then takes its name in this module: compiling these Unicode
+    classes costs milliseconds that a plain `check` (whose catalogue imports this module) never uses."""
+
+    def __init__(self, name: str, pattern: str):
+        self.name, self.pattern = name, pattern
+
+    def __getattr__(self, attribute: str) -> Any:
+        compiled = globals()[self.name] = re.compile(self.pattern)
+        return getattr(compiled, attribute)
+
+
 # One unit: a character of those scripts, or a word (a run of other word characters), as \w+ splits spaced text.
-_UNIT = re.compile(rf"[{_CJK}{_SOUTHEAST}]|[^\W{_CJK}{_SOUTHEAST}]+")
+_UNIT = _Deferred("_UNIT", rf"[{_CJK}{_SOUTHEAST}]|[^\W{_CJK}{_SOUTHEAST}]+")
 _WORD = re.compile(r"\w+")
-_UNSPACED = re.compile(rf"[{_CJK}{_SOUTHEAST}]")
-_IS_CJK = re.compile(rf"[{_CJK}]")
-_IS_SOUTHEAST = re.compile(rf"[{_SOUTHEAST}]")
+_UNSPACED = _Deferred("_UNSPACED", rf"[{_CJK}{_SOUTHEAST}]")
+_IS_CJK = _Deferred("_IS_CJK", rf"[{_CJK}]")
+_IS_SOUTHEAST = _Deferred("_IS_SOUTHEAST", rf"[{_SOUTHEAST}]")
 PIECE = 1 << 20  # characters of a training row tokenized at once: a 100 MB row never becomes 100 M strings
 
 
+@fact(
+    "contamination",
+    "the training rows' n-gram overlap (13 words; 25 or 50 characters in scripts without spaces) with the [eval] "
+    "tasks' documents and the eval files",
+    inputs=RUN_CONFIG,
+    why_missing="needs a run config with [eval] tasks or a [data] eval file",
+)
 def probe_contamination(facts) -> dict[str, Any] | None:
     run = facts.get("run")
     if run is None or facts.get("data") is None or (run.eval is None and not run.data.eval):
@@ -284,7 +306,7 @@ def _runs(minimum: int) -> re.Pattern:
 
 @functools.cache
 def _stretches(minimum: int) -> re.Pattern:
-    return re.compile("[^%s]{%d,}" % (Codebook.UNKNOWN, max(minimum, 1)))
+    return re.compile(f"[^{Codebook.UNKNOWN}]{{{max(minimum, 1)},}}")
 
 
 def pieces(text: str, overlap: int, split=units) -> Iterator[list[str]]:

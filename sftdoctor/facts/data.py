@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sftdoctor.errors import InputError, parse_problem
+from sftdoctor.facts.catalogue import RUN_CONFIG, fact
 from sftdoctor.facts.packages import module_file
 
 # format -> the keys that identify it (in this order of detection) and the shape the trainer gets
@@ -342,6 +343,12 @@ def eval_split(rows: int, fraction: float) -> tuple[int, int]:
     return rows - held, held
 
 
+@fact(
+    "data",
+    "the run's data files: rows, formats, problems",
+    inputs=RUN_CONFIG,
+    why_missing="no run config given (--config)",
+)
 def probe_data(facts) -> dict[str, Any] | None:
     run = facts.get("run")
     if run is None:

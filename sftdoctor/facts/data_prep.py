@@ -16,11 +16,11 @@ datasets uses (SFTConfig.dataset_num_proc; 1 when unset, as in sftdoctor's recip
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.catalogue import RUN_CONFIG, fact
 from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.probe_cache import cached, folder_files
 
@@ -31,6 +31,12 @@ TIMEOUT_S = 600
 TEXT_FORMATS = (".jsonl", ".json")
 
 
+@fact(
+    "data_prep",
+    "the time rank 0 spends preparing the data (TRL's SFTTrainer on a sample of the rows, extrapolated)",
+    inputs=RUN_CONFIG,
+    why_missing="needs a run config of 2+ processes whose model has a config.json and tokenizer here",
+)
 def probe_data_prep(facts) -> dict[str, Any] | None:
     from sftdoctor.facts.tokenizer import tokenizer_folder
 
@@ -158,6 +164,8 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
 def _time_preparation(plan, rows: list[Any]) -> dict[str, Any]:
     """Seconds SFTTrainer's construction spends on `rows` beyond what it spends on two of them (the model, the
     accelerator and each map's fixed cost), the fastest of REPEATS."""
+    import tempfile  # here: the catalogue imports this module for every `check`
+
     import torch
     from datasets import Dataset
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -6,6 +6,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.catalogue import RUN_CONFIG, fact
+from sftdoctor.facts.shapes import OPT_COUNT, OPT_STR
+
 
 def nearest_existing(path: Path) -> Path:
     """The folder itself, or the nearest parent that exists: the filesystem the folder will be created on."""
@@ -15,6 +18,19 @@ def nearest_existing(path: Path) -> Path:
     return path
 
 
+@fact(
+    "disk_space",
+    "free and total bytes of the filesystem [training] output_dir will be on (statvfs)",
+    inputs=RUN_CONFIG,
+    why_missing="no run config given (--config), so no output_dir",
+    shape={
+        "output_dir": OPT_STR,
+        "probed": OPT_STR,
+        "free_bytes": OPT_COUNT,
+        "total_bytes": OPT_COUNT,
+        "error": OPT_STR,
+    },
+)
 def probe_disk_space(facts) -> dict[str, Any] | None:
     run = facts.get("run")
     if run is None:

@@ -12,12 +12,19 @@ import difflib
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.catalogue import RUN_CONFIG, fact
 from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.probe_cache import cached
 
 TIMEOUT_S = 300
 
 
+@fact(
+    "eval_tasks",
+    "the [eval] tasks, found in lm-eval's registry",
+    inputs=RUN_CONFIG,
+    why_missing="no [eval] in the run config (or no --config)",
+)
 def probe_eval_tasks(facts) -> dict[str, Any] | None:
     run = facts.get("run")
     if run is None or run.eval is None:

@@ -28,12 +28,9 @@ Gloo's dumps name none), so that no sentence built on it speaks for a rank it ha
 
 from __future__ import annotations
 
-import argparse
 import ast
 import io
-import logging
 import os
-import pickle
 import re
 import stat
 from pathlib import Path
@@ -50,9 +47,16 @@ SHOWN = 3  # groups described at most
 MAX_RANKS = 1 << 17  # a rank number beyond the largest jobs there are is not a rank (rank-99999999999)
 
 
-class _Plain(pickle.Unpickler):
-    def find_class(self, module, name):  # a dump holds dicts, lists, tuples, str, numbers: never a class
-        raise pickle.UnpicklingError(f"not a flight-recorder dump (it names {module}.{name})")
+def _unpickle(data: bytes) -> Any:
+    """The containers a dump holds, built by an unpickler that refuses every class (pickle is imported here: the
+    catalogue imports this module for every `check`)."""
+    import pickle
+
+    class Plain(pickle.Unpickler):
+        def find_class(self, module, name):  # a dump holds dicts, lists, tuples, str, numbers: never a class
+            raise pickle.UnpicklingError(f"not a flight-recorder dump (it names {module}.{name})")
+
+    return Plain(io.BytesIO(data)).load()
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -66,7 +70,7 @@ def load(path: Path) -> dict[str, Any]:
     except InputError as exc:
         raise ValueError(f"{path.name}: {exc.message}{_link(path)}") from None
     try:
-        dump = _Plain(io.BytesIO(data)).load()
+        dump = _unpickle(data)
     except Exception as exc:  # a truncated or foreign pickle
         raise ValueError(f"{path.name}: not a readable flight-recorder dump ({exc})") from None
     if not (isinstance(dump, dict) and isinstance(dump.get("entries"), list) and "version" in dump):
@@ -183,6 +187,9 @@ def analyse(
     coverage = _coverage(dumps, world, _sizes(dumps), seen)
     world = coverage["world"]
     _fill_groups(details, world, groups or {})
+    import argparse  # here: the catalogue imports this module for every `check`
+    import logging
+
     args = argparse.Namespace(verbose=False, just_print_entries=False, allow_incomplete_ranks=True, mismatch_cap=10)
     quiet = logging.getLogger("Flight Recorder")
     was, quiet.disabled = quiet.disabled, True  # the analyzer prints its findings; ours are the findings

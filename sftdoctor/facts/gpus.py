@@ -17,6 +17,9 @@ import subprocess
 import sys
 from typing import Any
 
+from sftdoctor.facts.catalogue import fact
+from sftdoctor.facts.shapes import OPT_COUNT, OPT_INT, OPT_STR, OPT_VERSION
+
 
 def _no_kernel_driver() -> str | None:
     """On Linux (not WSL) a loaded NVIDIA driver exposes /proc/driver/nvidia; without it NVML and
@@ -28,6 +31,25 @@ def _no_kernel_driver() -> str | None:
     return "no NVIDIA kernel driver loaded (/proc/driver/nvidia/version is absent)"
 
 
+@fact(
+    "gpus",
+    "the driver, its CUDA, and each GPU (NVML or nvidia-smi)",
+    shape={
+        "driver_version": OPT_VERSION,
+        "cuda_version": OPT_VERSION,
+        "devices": [
+            {
+                "index": OPT_INT,
+                "name": OPT_STR,
+                "uuid": OPT_STR,
+                "pci_bus_id": OPT_STR,
+                "compute_capability": OPT_VERSION,
+                "memory_total_mib": OPT_COUNT,
+                "nvlink_links_up": OPT_COUNT,
+            }
+        ],
+    },
+)
 def probe_gpus(facts) -> dict[str, Any]:
     reason = _no_kernel_driver()
     if reason:

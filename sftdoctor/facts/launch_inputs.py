@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sftdoctor.errors import InputError, InputErrors
+from sftdoctor.facts.catalogue import RUN_CONFIG, fact
 from sftdoctor.facts.checkpoint_files import checkpoint_problem
 from sftdoctor.facts.configs import hub_cache_dir, hub_unreachable
 from sftdoctor.files import folder_problem
@@ -45,6 +46,13 @@ def require(facts) -> None:
         )
 
 
+@fact(
+    "launch_inputs",
+    "what `train` needs beyond the config's keys, refused before anything runs: the run directory can be made, the "
+    "[report] backend is installed, hub models are cached or reachable",
+    inputs=RUN_CONFIG,
+    why_missing="no run config given (--config)",
+)
 def probe_launch_inputs(facts) -> dict[str, Any] | None:
     run = facts.get("run")
     if run is None:

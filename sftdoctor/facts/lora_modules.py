@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.catalogue import MODEL, fact
 from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.model_shape import MAX_BUILT_LAYERS, _with_layers
 from sftdoctor.facts.probe_cache import cached, folder_files
@@ -26,6 +27,12 @@ TIMEOUT_S = 300
 NUMBER = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)")
 
 
+@fact(
+    "lora_modules",
+    "the model's linear layers as peft sees them, and the adapters [lora] builds",
+    inputs=MODEL,
+    why_missing="no [lora] in the run config, or no model config.json to list its layers from",
+)
 def probe_lora_modules(facts) -> dict[str, Any] | None:
     run, model = facts.get("run"), facts.get("model_config")
     if run is None or run.lora is None or not model or not isinstance(model.get("config"), dict):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sftdoctor.errors import InputError
+from sftdoctor.facts.catalogue import MODEL, fact
 from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.configs import read_json_object
 from sftdoctor.run.gpus import devices
@@ -77,6 +78,12 @@ def shape_in_child(path: str) -> tuple[Shape | None, str | None]:
     return (shape, None) if shape else (None, dimension_problem(config))
 
 
+@fact(
+    "model_shape",
+    "parameters and largest tensor, counted on the meta device",
+    inputs=MODEL,
+    why_missing="no model config, or an architecture sftdoctor counts only where there are GPUs",
+)
 def probe_model_shape(facts) -> dict[str, Any] | None:
     summary = facts.get("model_config")
     if not summary or not isinstance(summary.get("config"), dict):

@@ -8,6 +8,8 @@ import shutil
 import subprocess
 from typing import Any
 
+from sftdoctor.facts.catalogue import fact
+
 _CA = re.compile(r"^CA '([^']+)'")
 _PORT = re.compile(r"^\s+Port (\d+):")
 _FIELD = re.compile(r"^\s+(State|Rate|Link layer):\s*(.*?)\s*$")
@@ -36,6 +38,7 @@ def active_gbps(nics: dict[str, Any] | None) -> float:
     return sum(p["rate_gbps"] or 0 for p in (nics or {}).get("ports", []) if p.get("state") == "Active")
 
 
+@fact("nics", "InfiniBand/RoCE ports (`ibstat`)", why_missing="no `ibstat` (InfiniBand/RoCE tools) on this machine")
 def probe_nics(facts) -> dict[str, Any] | None:
     if shutil.which("ibstat") is None:
         return None

@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.catalogue import fact
 from sftdoctor.facts.distributions import direct_url
 from sftdoctor.facts.distributions import version as _version
+from sftdoctor.facts.shapes import OPT_BOOL, OPT_STR, OPT_VERSION
 
 # Distribution names as published on PyPI.
 PACKAGES = (
@@ -35,6 +37,7 @@ PACKAGES = (
 )
 
 
+@fact("packages", "installed distributions: name -> version", shape={str: OPT_STR})
 def probe_packages(facts) -> dict[str, str | None]:
     return {name: _version(name) for name in PACKAGES}
 
@@ -74,6 +77,12 @@ def constants_of(path: Path) -> dict[str, Any]:
     return found
 
 
+@fact(
+    "torch_build",
+    "torch's version and the CUDA/HIP it was built for",
+    why_missing="torch is not installed",
+    shape={"version": OPT_VERSION, "cuda": OPT_VERSION, "hip": OPT_VERSION, "git_version": OPT_STR},
+)
 def probe_torch_build(facts) -> dict[str, Any] | None:
     """torch's build flavour from torch/version.py (written at build time): CUDA, HIP or CPU."""
     path = module_file("torch", "version.py")
@@ -88,6 +97,12 @@ def probe_torch_build(facts) -> dict[str, Any] | None:
     }
 
 
+@fact(
+    "deepspeed_defaults",
+    "the installed DeepSpeed's version and its defaults the checks compare with",
+    why_missing="deepspeed is not installed",
+    shape={"version": OPT_VERSION, "gradient_clipping": (float, None), "installed_ops": {str: bool}},
+)
 def probe_deepspeed_defaults(facts) -> dict[str, Any] | None:
     """Defaults of the installed DeepSpeed that change what an omitted config key means."""
     path = module_file("deepspeed", "runtime", "constants.py")
@@ -126,6 +141,17 @@ _FLASH_IMPORT = "import torch, flash_attn; from flash_attn import flash_attn_fun
 _BNB_IMPORT = "import torch, bitsandbytes; from bitsandbytes.nn import Linear4bit; print(bitsandbytes.__version__)"
 
 
+@fact(
+    "flash_attn",
+    "flash-attn: installed, importable, its wheel",
+    shape={
+        "installed": OPT_BOOL,
+        "version": OPT_STR,
+        "import_ok": OPT_BOOL,
+        "import_error": OPT_STR,
+        "wheel": OPT_STR,
+    },
+)
 def probe_flash_attn(facts) -> dict[str, Any]:
     """Whether flash-attn imports against this torch. Runs in a child process: importing it
     loads torch and CUDA, and an ABI mismatch only shows as an ImportError there. With the wheel's URL
@@ -136,6 +162,7 @@ def probe_flash_attn(facts) -> dict[str, Any]:
     return found
 
 
+@fact("bitsandbytes", "bitsandbytes: installed, importable, its CUDA library")
 def probe_bitsandbytes(facts) -> dict[str, Any]:
     """Whether bitsandbytes (QLoRA's 4- and 8-bit layers) imports against this torch, in a child process."""
     return _imports("bitsandbytes", _BNB_IMPORT)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.catalogue import RUN_CONFIG, fact
 from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.probe_cache import cached, folder_files
 
@@ -19,12 +20,18 @@ TIMEOUT_S = 600
 TOLERANCE = 1e-4  # float32 logits of a 2-layer model: equal up to kernel rounding when isolated
 
 
+@fact(
+    "packing_probe",
+    "packed batches built by the real collator: isolated or not",
+    inputs=RUN_CONFIG,
+    why_missing="packing is off, or no run config / model config to probe",
+)
 def probe_packing(facts) -> dict[str, Any] | None:
-    from sftdoctor.run.resolve import attn_implementation
-
     run, model = facts.get("run"), facts.get("model_config")
     if run is None or not model or run.training.packing is False:
         return None
+    from sftdoctor.run.resolve import attn_implementation  # past the run config: `facts` alone needs no resolver
+
     attn = attn_implementation(run, facts.get("gpus"), facts.get("packages") or {})
     request = {"config": model["path"], "attn_implementation": attn, "trust_remote_code": run.model.trust_remote_code}
     path = Path(model["path"])

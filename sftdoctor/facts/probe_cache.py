@@ -13,11 +13,9 @@ Where: $SFTDOCTOR_CACHE (a folder, or "off"), else $XDG_CACHE_HOME/sftdoctor, el
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable
-from importlib import metadata
 from pathlib import Path
 from stat import S_ISREG
 from typing import Any
@@ -62,6 +60,8 @@ def folder_files(folder: Path | None) -> list[Path]:
 
 
 def _key(request: Any, files: Iterable[Path]) -> str:
+    import hashlib  # here, as in the two below: the catalogue imports this module for every `check`
+
     digest = hashlib.sha256(json.dumps([request, _stack(), _own_code()], sort_keys=True, default=str).encode())
     for path in files:
         digest.update(_file_digest(Path(path)).encode())
@@ -69,6 +69,8 @@ def _key(request: Any, files: Iterable[Path]) -> str:
 
 
 def _file_digest(path: Path) -> str:
+    import hashlib
+
     try:
         stat = path.stat()
         if not S_ISREG(stat.st_mode):  # a FIFO would be drained (or block), /dev/zero read without end
@@ -82,6 +84,8 @@ def _file_digest(path: Path) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _stack() -> dict[str, str | None]:
+    from importlib import metadata
+
     versions = {}
     for name in STACK:
         try:
@@ -93,6 +97,8 @@ def _stack() -> dict[str, str | None]:
 
 @functools.lru_cache(maxsize=1)
 def _own_code() -> str:
+    import hashlib
+
     digest = hashlib.sha256()
     package = Path(__file__).parents[1]
     for path in sorted(package.rglob("*.py")):

@@ -389,7 +389,8 @@ RENAMES: tuple[Rename, ...] = tuple(
             "processing_class",
             "4.46.0",
             "5.0.0",
-            "transformers PR #32385 (v4.46.0) deprecated Trainer.tokenizer; absent from 5.0.0's trainer.py; raises here",
+            "transformers PR #32385 (v4.46.0) deprecated Trainer.tokenizer; "
+            "absent from 5.0.0's trainer.py; raises here",
             r"\w*Trainer",
         ),  # an AttributeError names the object's own class: any subclass
         # ---- transformers: from_pretrained (an unknown keyword reaches the model class's __init__)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from sftdoctor.facts.catalogue import fact
 from sftdoctor.facts.distributions import normalize, requires
 from sftdoctor.facts.renames import STACK
 from sftdoctor.run.gpus import version_tuple
@@ -17,6 +18,12 @@ _REQUIREMENT = re.compile(
 _CLAUSE = re.compile(r"^\s*(?P<op>~=|===|==|!=|<=|>=|<|>)\s*(?P<version>[\w.*+!-]+)\s*$")
 
 
+@fact(
+    "package_requires",
+    "what trl, transformers, peft and accelerate declare they need (Requires-Dist): name -> requirement strings",
+    why_missing="none of trl, transformers, peft, accelerate is installed",
+    shape={str: [str]},
+)
 def probe_package_requires(facts) -> dict[str, list[str]]:
     """name -> its Requires-Dist lines, for each library of the rename table that is installed."""
     found = {name: lines for name in STACK if (lines := requires(name)) is not None}

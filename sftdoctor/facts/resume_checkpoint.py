@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.catalogue import RUN_CONFIG, fact
 from sftdoctor.run.checkpoints import newest_complete, step_of
 
 _OPTIM = re.compile(r"^(?:bf16_|fp16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
@@ -22,6 +23,12 @@ _ZERO3_MODEL = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_\d+_model_states\.pt$")
 _MODEL = re.compile(r"^mp_rank_\d+_model_states\.pt$")
 
 
+@fact(
+    "resume_checkpoint",
+    "the checkpoint --resume would load: its DeepSpeed world size and ZeRO stage (file names)",
+    inputs=RUN_CONFIG,
+    why_missing="no complete checkpoint in the run's output_dir: nothing to resume",
+)
 def probe_resume_checkpoint(facts) -> dict[str, Any] | None:
     """None when the run's output_dir holds no complete checkpoint (nothing to resume)."""
     plan = facts.get("plan")

@@ -22,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from sftdoctor.errors import InputError, parse_problem, read_text
-from sftdoctor.run import rundir
+from sftdoctor.facts.catalogue import fact
+from sftdoctor.run import layout
 from sftdoctor.run.checkpoints import checkpoints, is_complete
 from sftdoctor.run.schedule import schedule_of
+
+CURVES = fact("curves", "a run's logged series, its schedule and checkpoints (facts.run_records)", phase="postrun")
 
 # What the curves need, by the names metrics.jsonl uses, and the other names logs use for them.
 SERIES = (
@@ -50,7 +53,7 @@ ALIASES = {
 NAMES = {**{name: name for name in SERIES}, **ALIASES}
 STEP_KEYS = ("step", "current_steps", "global_step")
 TRAINER_STATE = "trainer_state.json"
-LOG_FILES = (rundir.METRICS, TRAINER_STATE, "trainer_log.jsonl")
+LOG_FILES = (layout.METRICS, TRAINER_STATE, "trainer_log.jsonl")
 
 
 def _number(value: Any) -> float | None:
@@ -215,7 +218,7 @@ def log_file(path: Path) -> Path:
         return saved[-1] / TRAINER_STATE
     raise InputError(
         path,
-        f"holds no {rundir.METRICS} or {TRAINER_STATE} (expected a sftdoctor run directory or a "
+        f"holds no {layout.METRICS} or {TRAINER_STATE} (expected a sftdoctor run directory or a "
         "Trainer output directory)",
     )
 
@@ -240,7 +243,7 @@ PLAN_SHAPE = {
 def _plan(folder: Path) -> dict[str, Any]:
     """The run's resolved settings; {} for a Trainer's directory, which has none. One that is there but
     unreadable is bad input: read as "no settings", the schedule would pass unchecked."""
-    path = folder / rundir.RESOLVED
+    path = folder / layout.RESOLVED
     if not _there(path):
         return {}
     try:
@@ -261,7 +264,7 @@ def _plan(folder: Path) -> dict[str, Any]:
 def _stopped(folder: Path, problems: list[str]) -> dict[str, Any] | None:
     """The watcher's record of why it stopped the run; one that cannot be read is said (in `problems`), never
     read as "not stopped"."""
-    path = folder / rundir.STOPPED
+    path = folder / layout.STOPPED
     if not _there(path):
         return None
     try:
@@ -302,7 +305,7 @@ def read_run(path: Path) -> dict[str, Any]:
         schedule = schedule_of(plan, planned) if plan else None
     except (TypeError, ValueError, ArithmeticError, AttributeError) as exc:  # e.g. a min_lr_rate of "a"
         raise InputError(
-            folder / rundir.RESOLVED,
+            folder / layout.RESOLVED,
             "lr_scheduler, learning_rate, warmup and lr_scheduler_kwargs do "
             f"not make a schedule ({type(exc).__name__}: {exc})",
         ) from None

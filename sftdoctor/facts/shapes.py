@@ -1,5 +1,6 @@
-"""The inner shape of each recorded fact the checks read, declared once: a replayed snapshot is held to it, so
-a malformed one is bad input naming the fact and the place inside it, never a check that crashes.
+"""The language of a recorded fact's inner shape, which its declaration gives (`@fact(..., shape=...)`, see
+facts.catalogue): a replayed snapshot is held to it, so a malformed one is bad input naming the fact and the
+place inside it, never a check that crashes.
 
 A spec is a type (`str`, `int`, `float` for any number, `bool`), `VERSION` (a string like "12.4"), `COUNT`
 (an integer >= 0), a tuple
@@ -22,87 +23,30 @@ OPT_STR, OPT_INT, OPT_BOOL, OPT_VERSION, OPT_COUNT = (
     (COUNT, None),
 )
 
-SHAPES: dict[str, Any] = {
-    "gpus": {
-        "driver_version": OPT_VERSION,
-        "cuda_version": OPT_VERSION,
-        "devices": [
-            {
-                "index": OPT_INT,
-                "name": OPT_STR,
-                "uuid": OPT_STR,
-                "pci_bus_id": OPT_STR,
-                "compute_capability": OPT_VERSION,
-                "memory_total_mib": OPT_COUNT,
-                "nvlink_links_up": OPT_COUNT,
-            }
-        ],
-    },
-    "topology": {
-        "source": OPT_STR,
-        "devices": [str],
-        "nics": {str: str},
-        "links": {str: {str: str}},
-        "incomplete": {str: str},
-        "inconsistent": OPT_STR,
-    },
-    "flash_attn": {
-        "installed": OPT_BOOL,
-        "version": OPT_STR,
-        "import_ok": OPT_BOOL,
-        "import_error": OPT_STR,
-        "wheel": OPT_STR,
-    },
-    "torch_build": {"version": OPT_VERSION, "cuda": OPT_VERSION, "hip": OPT_VERSION, "git_version": OPT_STR},
-    "toolkit": {"cuda_home": OPT_STR, "nvcc": OPT_STR, "nvcc_version": OPT_VERSION, "found_by": OPT_STR},
-    "rendezvous": {
-        "master_addr": OPT_STR,
-        "master_port": OPT_COUNT,
-        "free_port": OPT_COUNT,
-        "in_use": OPT_BOOL,
-        "local": OPT_BOOL,
-        "source": OPT_STR,
-    },
-    "slurm": {
-        "job_id": str,
-        "nnodes": OPT_COUNT,
-        "node_id": OPT_COUNT,
-        "nodelist": OPT_STR,
-        "hosts": [str],
-        "hosts_from": OPT_STR,
-        "gpus_on_node": OPT_COUNT,
-        "restart_count": OPT_COUNT,
-    },
-    "deepspeed_defaults": {"version": OPT_VERSION, "gradient_clipping": (float, None), "installed_ops": {str: bool}},
-    "disk_space": {
-        "output_dir": OPT_STR,
-        "probed": OPT_STR,
-        "free_bytes": OPT_COUNT,
-        "total_bytes": OPT_COUNT,
-        "error": OPT_STR,
-    },
-    "transformers_features": {str: (bool, str, None)},
-    "env": {str: OPT_STR},
-    "packages": {str: OPT_STR},
-    "package_requires": {str: [str]},
-}
-
-
-REQUIRED = {"topology": ("devices", "links")}  # what the checks index without .get
-
 
 def fact_problem(name: str, value: Any) -> tuple[str, str] | None:
-    """(where inside the fact, what is wrong) for a recorded fact, or None."""
-    missing = next((key for key in REQUIRED.get(name, ()) if isinstance(value, dict) and key not in value), None)
+    """(where inside the fact, what is wrong) for a recorded fact, or None: held to its declaration's `required`
+    keys, its `shape` and its `consistent` test (facts.catalogue)."""
+    from sftdoctor.facts.catalogue import table
+
+    declared = table().get(name)
+    if declared is None:
+        return None
+    missing = next((key for key in declared.required if isinstance(value, dict) and key not in value), None)
     if missing:
         return f".{missing}", "missing"
-    found = problem(value, SHAPES[name]) if name in SHAPES else None
-    if found is None and name == "topology":  # well-formed, but its rows may still disagree
-        from sftdoctor.facts.topology import contradiction
-
-        if pair := contradiction(value["links"]):
-            found = ".links", f"{pair[0]}: {pair[1]}"
+    found = problem(value, declared.shape) if declared.shape is not None else None
+    if found is None and declared.consistent is not None:  # well-formed, but its parts may still disagree
+        found = declared.consistent(value)
     return found
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SHAPES":  # each recorded fact's shape, as its declaration gives it
+        from sftdoctor.facts.catalogue import table
+
+        return {n: declared.shape for n, declared in table().items() if declared.shape is not None}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _name(spec: Any) -> str:

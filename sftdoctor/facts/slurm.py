@@ -16,6 +16,9 @@ import shutil
 import subprocess
 from typing import Any
 
+from sftdoctor.facts.catalogue import fact
+from sftdoctor.facts.shapes import OPT_COUNT, OPT_STR
+
 SCONTROL_TIMEOUT_S = 10
 
 
@@ -91,6 +94,21 @@ def _int(value: str | None) -> int | None:
     return int(value) if value and value.strip().isdecimal() else None
 
 
+@fact(
+    "slurm",
+    "the Slurm allocation this runs in: job, nodes, hosts",
+    why_missing="not inside a Slurm allocation (SLURM_JOB_ID is not set)",
+    shape={
+        "job_id": str,
+        "nnodes": OPT_COUNT,
+        "node_id": OPT_COUNT,
+        "nodelist": OPT_STR,
+        "hosts": [str],
+        "hosts_from": OPT_STR,
+        "gpus_on_node": OPT_COUNT,
+        "restart_count": OPT_COUNT,
+    },
+)
 def probe_slurm(facts) -> dict[str, Any] | None:
     env = os.environ
     if not env.get("SLURM_JOB_ID"):

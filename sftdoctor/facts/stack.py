@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from sftdoctor.facts.catalogue import fact
 from sftdoctor.facts.packages import module_file
 
 
@@ -16,6 +17,12 @@ def _read(*parts: str) -> str:
         return ""
 
 
+@fact(
+    "transformers_features",
+    "what the installed transformers supports (by feature)",
+    why_missing="transformers is not installed",
+    shape={str: (bool, str, None)},
+)
 def probe_transformers_features(facts) -> dict[str, Any] | None:
     optimization = _read("optimization.py")
     training_args = _read("training_args.py")

@@ -12,7 +12,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.run.resolve import TORCHRUN_DEFAULT_PORT
+from sftdoctor.facts.catalogue import fact
+from sftdoctor.facts.shapes import OPT_BOOL, OPT_COUNT, OPT_STR, OPT_VERSION
+from sftdoctor.run import TORCHRUN_DEFAULT_PORT
 
 # Exact names, and prefixes, of the environment variables that change how a run behaves.
 ENV_NAMES = {
@@ -36,6 +38,7 @@ ENV_NAMES = {
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCH_FR_", "SLURM_JOB_NUM_NODES")
 
 
+@fact("env", "the NCCL_*, TORCH_*, CUDA_* and launcher variables set", shape={str: OPT_STR})
 def probe_env(facts) -> dict[str, str]:
     return {
         name: value for name, value in sorted(os.environ.items()) if name in ENV_NAMES or name.startswith(ENV_PREFIXES)
@@ -58,6 +61,11 @@ def _cuda_home() -> tuple[str | None, str | None]:
 _NVCC_RELEASE = re.compile(r"release (\d+\.\d+)")
 
 
+@fact(
+    "toolkit",
+    "CUDA_HOME and the nvcc found there",
+    shape={"cuda_home": OPT_STR, "nvcc": OPT_STR, "nvcc_version": OPT_VERSION, "found_by": OPT_STR},
+)
 def probe_toolkit(facts) -> dict[str, Any]:
     home, found_by = _cuda_home()
     nvcc = Path(home, "bin", "nvcc") if home else None
@@ -73,6 +81,18 @@ def probe_toolkit(facts) -> dict[str, Any]:
     return result
 
 
+@fact(
+    "rendezvous",
+    "the master address and port a launch would use, taken or free, and a free port",
+    shape={
+        "master_addr": OPT_STR,
+        "master_port": OPT_COUNT,
+        "free_port": OPT_COUNT,
+        "in_use": OPT_BOOL,
+        "local": OPT_BOOL,
+        "source": OPT_STR,
+    },
+)
 def probe_rendezvous(facts) -> dict[str, Any]:
     """The master address and port a launch would use, whether that port is taken here, and a free port
     (for "auto", or a taken default on one node: run.resolve.master_port decides)."""

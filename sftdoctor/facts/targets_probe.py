@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.catalogue import RUN_CONFIG, fact
 from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.probe_cache import cached, folder_files
 
@@ -89,6 +89,12 @@ TIMEOUT_S = 600
 NO_TEMPLATE = "chat rows and no chat template to render them"
 
 
+@fact(
+    "training_targets",
+    "the labels the run's trainer builds: EOS, BOS, the masked prompt, generate()'s stop",
+    inputs=RUN_CONFIG,
+    why_missing="the run's model has no config.json and tokenizer files here to build its trainer from",
+)
 def probe_training_targets(facts) -> dict[str, Any] | None:
     from sftdoctor.facts.tokenizer import tokenizer_folder
 
@@ -194,6 +200,8 @@ def full_length(tokenizer, row: dict[str, Any], shape: str) -> int:
 
 
 def targets(plan_json: dict[str, Any]) -> dict[str, Any]:
+    import tempfile  # here: the catalogue imports this module for every `check`
+
     import torch
     from datasets import Dataset
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -225,22 +233,8 @@ def targets(plan_json: dict[str, Any]) -> dict[str, Any]:
     answers = _answers(rows, plan.data_shape)
     eot, eos = end_of_turn(tokenizer), tokenizer.eos_token_id
     stops = sorted({i for i in (eos, eot) if i is not None})
-    found, collated = [], samples(batch)
-    for ids, labels in collated:
-        targets = [i for i, label in enumerate(labels) if label != -100]
-        # the last target that is not whitespace: a template may train the newline after its end-of-turn token
-        last = next((i for i in reversed(targets) if ids[i] in stops or tokenizer.decode([ids[i]]).strip()), -1)
-        found.append(
-            {
-                "tokens": len(ids),
-                "targets": len(targets),
-                "last_target_is_stop": last >= 0 and ids[last] in stops,
-                # a stop token after the answer that is not a target: masked (pad = eos masked by id)
-                "stop_masked": any(token in stops for token in ids[last + 1 :]),
-                "leading_bos": _leading(ids, tokenizer.bos_token_id),
-                "stray_targets": _stray(tokenizer, ids, labels, answers) if answers else [],
-            }
-        )
+    collated = samples(batch)
+    found = [_sample(tokenizer, ids, labels, stops, answers) for ids, labels in collated]
     first_ids, first_labels = collated[0] if collated else ([], [])
     return {
         "samples": found,
@@ -260,6 +254,22 @@ def targets(plan_json: dict[str, Any]) -> dict[str, Any]:
         "first_sample": marked(tokenizer, first_ids, first_labels),
         "chat_template": plan.chat_template,
         **templates,
+    }
+
+
+def _sample(tokenizer, ids: list[int], labels: list[int], stops: list[int], answers) -> dict[str, Any]:
+    """What the collator made of one sample: its tokens and targets, and how its answer ends."""
+    targets = [i for i, label in enumerate(labels) if label != -100]
+    # the last target that is not whitespace: a template may train the newline after its end-of-turn token
+    last = next((i for i in reversed(targets) if ids[i] in stops or tokenizer.decode([ids[i]]).strip()), -1)
+    return {
+        "tokens": len(ids),
+        "targets": len(targets),
+        "last_target_is_stop": last >= 0 and ids[last] in stops,
+        # a stop token after the answer that is not a target: masked (pad = eos masked by id)
+        "stop_masked": any(token in stops for token in ids[last + 1 :]),
+        "leading_bos": _leading(ids, tokenizer.bos_token_id),
+        "stray_targets": _stray(tokenizer, ids, labels, answers) if answers else [],
     }
 
 

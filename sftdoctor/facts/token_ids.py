@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.catalogue import RUN_CONFIG, fact
 from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.probe_cache import cached, folder_files
 
@@ -45,6 +46,13 @@ NOTHING = frozenset()  # a conversation shape whose render writes no out-of-rang
 SPECIALS = ("pad", "eos", "bos", "unk")
 
 
+@fact(
+    "token_ids",
+    "the token ids of every training and eval row, as the run's tokenizer and chat template give them, against the "
+    "model's vocab_size (embedding rows)",
+    inputs=RUN_CONFIG,
+    why_missing="needs a run config whose model config.json (vocab_size) and tokenizer files are here",
+)
 def probe_token_ids(facts) -> dict[str, Any] | None:
     from sftdoctor.facts.tokenizer import tokenizer_folder
 

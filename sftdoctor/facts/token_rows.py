@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sftdoctor.errors import InputError, read_text, regular_file
+from sftdoctor.facts.catalogue import MODEL, fact
 from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.probe_cache import cached, folder_files
 from sftdoctor.facts.tokenizer import read_template, special_tokens, tokenizer_folder
@@ -36,6 +37,13 @@ OUTPUT_SUFFIXES = ("lm_head.weight", "embed_out.weight", "output.weight")
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")  # safetensors' names of what a trained row holds
 
 
+@fact(
+    "token_rows",
+    "the base checkpoint's embedding rows of the tokens the chat template writes (safetensors slices)",
+    inputs=MODEL,
+    why_missing="needs a run config whose model has pretrained safetensors weights here and a chat template that "
+    "writes added tokens",
+)
 def probe_token_rows(facts) -> dict[str, Any] | None:
     run, model = facts.get("run"), facts.get("model_config")
     if run is None or run.model.weights != "pretrained" or not model:

@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.catalogue import RUN_CONFIG, fact
 from sftdoctor.facts.configs import hub_cache_config
 from sftdoctor.facts.packages import module_file
 from sftdoctor.facts.probe_cache import cached
@@ -168,6 +169,12 @@ def marked_equivalent(template: str, tokens: dict[str, str]) -> dict[str, str] |
     return None
 
 
+@fact(
+    "chat_template",
+    "the tokenizer's chat template, rendered",
+    inputs=RUN_CONFIG,
+    why_missing="no run config, or its tokenizer has no files here",
+)
 def probe_chat_template(facts) -> dict[str, Any] | None:
     run = facts.get("run")
     if run is None:

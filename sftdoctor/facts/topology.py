@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from sftdoctor.errors import InputError, read_bytes
+from sftdoctor.facts.catalogue import fact
+from sftdoctor.facts.shapes import OPT_STR
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|\[[0-9;]*m(?=\S)")
 _LINK = re.compile(r"X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC|PSB|NA|N/A")
@@ -201,6 +203,28 @@ def read_topology_file(path: Path) -> dict[str, Any]:
     return {"source": str(path), **parse_topology(text, str(path))}
 
 
+def links_problem(topology: dict[str, Any]) -> tuple[str, str] | None:
+    """(where, what) when a recorded matrix's rows disagree about a link, or None."""
+    pair = contradiction(topology["links"])
+    return (".links", f"{pair[0]}: {pair[1]}") if pair else None
+
+
+@fact(
+    "topology",
+    "the GPU/NIC link matrix of `nvidia-smi topo -m`",
+    inputs=("topology",),
+    why_missing="no `nvidia-smi topo -m` available (give a saved one with --topology)",
+    shape={
+        "source": OPT_STR,
+        "devices": [str],
+        "nics": {str: str},
+        "links": {str: {str: str}},
+        "incomplete": {str: str},
+        "inconsistent": OPT_STR,
+    },
+    required=("devices", "links"),
+    consistent=links_problem,
+)
 def probe_topology(facts) -> dict[str, Any] | None:
     if facts.inputs.topology is not None:
         return read_topology_file(facts.inputs.topology)

@@ -6,9 +6,10 @@ Imports the training stack only inside its functions."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sftdoctor.run import Plan
+if TYPE_CHECKING:  # the catalogue imports this module for every `check`: no resolver at run time
+    from sftdoctor.run import Plan
 
 
 def load_tokenizer(plan: Plan):

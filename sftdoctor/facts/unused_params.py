@@ -24,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.facts.catalogue import MODEL, fact
 from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.probe_cache import cached, folder_files
 from sftdoctor.run.unused_params import grouped, kinds
@@ -33,6 +34,13 @@ ROWS, TOKENS = 2, 16
 MAX_LISTED = 64  # name patterns kept: a stack of layers is one pattern, so real models need a handful
 
 
+@fact(
+    "unused_parameters",
+    "the trainable parameters one text-only training step on the shrunk model leaves without a gradient (what DDP's "
+    "reducer would wait for)",
+    inputs=MODEL,
+    why_missing="not a DDP run (one process, or DeepSpeed), or no model config.json to build the model from",
+)
 def probe_unused_parameters(facts) -> dict[str, Any] | None:
     run, model = facts.get("run"), facts.get("model_config")
     if run is None or not model or not isinstance(model.get("config"), dict) or not ddp_run(run, facts):

@@ -1,7 +1,7 @@
 """`sftdoctor plan RUN.toml`: from the run config to the plan, its memory fit and its timing.
 
 Planning for another machine (--gpu-memory, --gpus, --nodes) changes the facts and the run config the
-one resolve() sees, so precision, batch and accumulation are decided exactly as for a run there.
+one decide() sees, so precision, batch and accumulation are decided exactly as for a run there.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sftdoctor.facts import Facts, Inputs, Overlay
 from sftdoctor.facts.model_shape import shape_in_child
 from sftdoctor.plan.render import render, timing, to_json
 from sftdoctor.plan.tokens import dataset_tokens, steps_and_tokens
-from sftdoctor.run import Plan, resolve
+from sftdoctor.run import Plan, decide
 from sftdoctor.run.gpus import devices, smallest_memory
 from sftdoctor.run.memory import Fit
 from sftdoctor.run.resolve import memory_fit
@@ -67,7 +67,7 @@ def make(
         run = run.with_values("launch", nnodes=nodes)
     count = run.launch.nproc_per_node if isinstance(run.launch.nproc_per_node, int) else max(1, len(devices(found)))
     gpus = target_gpus(found, count, gpu_memory)
-    plan = resolve(run, Overlay(facts, run=run, gpus=gpus))
+    plan = decide(run, Overlay(facts, run=run, gpus=gpus))
     shape_fact = facts.get("model_shape")
     shape = Shape(**shape_fact) if shape_fact and "error" not in shape_fact else None
     if shape is None:

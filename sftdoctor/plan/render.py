@@ -77,10 +77,12 @@ def render(planned: Fit, timing_: dict[str, Any]) -> str:
     run, shape = planned.run, planned.run.shape
     memory = f"{planned.gpu_memory / GIB:.1f} GiB" if planned.gpu_memory else "unknown memory"
     lines = [
-        f"model      {shape.model_type}: {shape.parameters:,} parameters ({shape.layers} layers, hidden {shape.hidden}, "
+        f"model      {shape.model_type}: {shape.parameters:,} parameters "
+        f"({shape.layers} layers, hidden {shape.hidden}, "
         f"vocab {shape.vocab}; counted {shape.counted_by})",
         f"GPUs       {run.world} x {memory} ({run.per_node} per node)",
-        f"run        {run.seq_len:,} tokens per row, global batch {planned.global_batch}, {run.precision}, {run.attention}",
+        f"run        {run.seq_len:,} tokens per row, global batch {planned.global_batch}, "
+        f"{run.precision}, {run.attention}",
         *_adapters(planned),
         *_unreachable(planned),
         "",
@@ -131,7 +133,8 @@ def _row(c: Candidate, lora: bool) -> str:
     base = f" {BASE[s.quantize or 'none']:>6}" if lora else ""
     return (
         f"  {s.zero_stage:>4} {'yes' if s.offload_optimizer else 'no':>7} {'on' if s.checkpointing else 'off':>4} "
-        f"{s.micro_batch:>6} {c.accumulation:>5} {'on' if s.liger else 'off':>5}{base} {c.estimate.gpu_peak / GIB:9.1f} "
+        f"{s.micro_batch:>6} {c.accumulation:>5} {'on' if s.liger else 'off':>5}{base} "
+        f"{c.estimate.gpu_peak / GIB:9.1f} "
         f"{'yes' if c.fits else 'no':>5} {c.compute:7.2f} {c.communication:4.1f}"
     )
 

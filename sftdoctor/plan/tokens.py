@@ -50,7 +50,10 @@ def steps_and_tokens(tokens: dict[str, Any] | None, plan) -> dict[str, Any]:
         per_step, rows_per_epoch, basis = global_batch * max_length, rows, "rows x max_length (an upper bound)"
     elif plan.packing:
         per_step, rows_per_epoch = global_batch * max_length, math.ceil(tokens["tokens"] / max_length)
-        basis = f"{tokens['tokens']:,} tokens packed into rows of {max_length} (from {tokens['sampled_rows']} rows tokenized)"
+        basis = (
+            f"{tokens['tokens']:,} tokens packed into rows of {max_length} "
+            f"(from {tokens['sampled_rows']} rows tokenized)"
+        )
     else:
         per_step, rows_per_epoch = int(global_batch * tokens["mean_tokens"]), tokens["rows"]
         basis = f"{tokens['mean_tokens']:.0f} tokens per row on average (from {tokens['sampled_rows']} rows tokenized)"

@@ -23,10 +23,10 @@ from sftdoctor.facts.catalogue import fact_names
 from sftdoctor.facts.run_records import json_safe, non_finite, read_run, said
 from sftdoctor.files import write_atomic
 from sftdoctor.findings import Finding, Severity
-from sftdoctor.render import exit_code, render_table
+from sftdoctor.render import exit_code, render_table, silenced_line
 from sftdoctor.report import page
 from sftdoctor.report.panels import COLOURS, Axis, PlottedRun, render, shown
-from sftdoctor.run import rundir
+from sftdoctor.run import layout
 
 AXES = ("step", "tokens")
 
@@ -97,7 +97,7 @@ def _findings(path: Path, problems: list[str]) -> list[dict[str, Any]]:
 def record_postrun(folder: Path, records: list[dict[str, Any]]) -> None:
     """findings.jsonl with this report's post-run records in place of earlier ones (atomically); every other
     line is kept as it was, one that is not a finding record included."""
-    path = folder / rundir.FINDINGS
+    path = folder / layout.FINDINGS
     kept = [line for _, line, r in _records(path) if r is None or r.get("phase") != "postrun"]
     write_atomic(
         path, "".join(line + "\n" for line in kept) + "".join(json.dumps(r, default=str) + "\n" for r in records)
@@ -108,9 +108,9 @@ def findings_of(folder: Path, problems: list[str] | None = None) -> list[dict[st
     """The run's recorded findings but the post-run ones (this report makes those): the preflight gate's and
     the watchers', and the rehearsal's (its own findings.jsonl, in the rehearsal's run directory)."""
     problems = [] if problems is None else problems
-    own = [r for r in _findings(folder / rundir.FINDINGS, problems) if r.get("phase") != "postrun"]
+    own = [r for r in _findings(folder / layout.FINDINGS, problems) if r.get("phase") != "postrun"]
     rehearsal = [
-        {**r, "phase": "rehearsal", "step": 0} for r in _findings(folder / rundir.REHEARSAL / rundir.FINDINGS, problems)
+        {**r, "phase": "rehearsal", "step": 0} for r in _findings(folder / layout.REHEARSAL / layout.FINDINGS, problems)
     ]
     return own + rehearsal
 
@@ -162,7 +162,7 @@ def load(paths: list[Path], by: str, plugins: bool) -> list[Judged]:
 
 def ours(folder: Path) -> bool:
     """A sftdoctor run directory (its findings.jsonl is ours to update); a Trainer's is only read."""
-    return (folder / rundir.RESOLVED).is_file() or (folder / rundir.FINDINGS).is_file()
+    return (folder / layout.RESOLVED).is_file() or (folder / layout.FINDINGS).is_file()
 
 
 @dataclass
@@ -176,8 +176,8 @@ def write(judged: list[Judged], output: Path, by: str) -> Written:
     runs = [j.run for j in judged]
     axis = Axis(by)
     output.mkdir(parents=True, exist_ok=True)
-    target, old = output / rundir.PANELS, output / f".{rundir.PANELS}.old"
-    html, html_tmp = output / rundir.REPORT, output / f".{rundir.REPORT}.tmp"
+    target, old = output / layout.PANELS, output / f".{layout.PANELS}.old"
+    html, html_tmp = output / layout.REPORT, output / f".{layout.REPORT}.tmp"
     drawn, staging = [], None
     try:  # the staging folder made inside: a SIGTERM right after mkdtemp still removes it
         staging = Path(tempfile.mkdtemp(prefix=".report-", dir=output))
@@ -258,9 +258,14 @@ def show(written: Written, as_json: bool) -> int:
         if len(written.judged) > 1:
             print(f"{j.run.label} ({os.path.normpath(j.run.curves['path'])}):")
         render_table(j.verdicts, j.skipped)
+        silenced = sorted(
+            {r["id"] for r in j.run.findings if r.get("silenced") is True and isinstance(r.get("id"), str)}
+        )
+        if silenced:
+            print(f"sftdoctor: silenced in this run: {silenced_line(silenced)}")
     print(
         f"sftdoctor: report written: {os.path.normpath(written.html)} ({len(written.panels)} panels in "
-        f"{os.path.normpath(written.html.parent / rundir.PANELS)})"
+        f"{os.path.normpath(written.html.parent / layout.PANELS)})"
     )
     return exit_code(findings)
 

@@ -16,7 +16,8 @@ from sftdoctor.render import MARKS, SKIP_MARK
 from sftdoctor.run.schedule import floor
 
 STYLE = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1000px;color:#222;padding:0 12px}
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1000px;color:#222;\
+padding:0 12px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .muted{color:#666}table{border-collapse:collapse;width:100%;margin:6px 0 12px;font-size:13px}
 td,th{border-bottom:1px solid #eee;padding:4px 6px;text-align:left;vertical-align:top}th{background:#f6f6f6}
@@ -107,16 +108,15 @@ def verdict_rows(judged: list) -> str:
             more = "".join(f"<div class='muted'>{esc(t)}</div>" for t in (f.detail,) if t)
             fix = f"<div>fix: {esc(f.fix)}</div>" if f.fix and f.severity.rank >= Severity.WARNING.rank else ""
             explain = (
-                f"<div class='muted'>sftdoctor explain {esc(f.explain)}</div>"
-                if f.severity.rank >= Severity.WARNING.rank
-                else ""
+                f"<div class='muted'>{esc(f.explain_command)}</div>" if f.severity.rank >= Severity.WARNING.rank else ""
             )
             rows.append(
                 f"<tr><td class='{f.severity.value}'>{mark} {esc(f.id)}</td><td>{esc(f.title)}{more}{fix}"
                 f"{explain}</td></tr>"
             )
         rows += [
-            f"<tr><td class='skipped'>{SKIP_MARK} {esc(s.id)}</td><td class='skipped'>skipped: {esc(s.reason)}</td></tr>"
+            f"<tr><td class='skipped'>{SKIP_MARK} {esc(s.id)}</td>"
+            f"<td class='skipped'>skipped: {esc(s.reason)}</td></tr>"
             for s in j.skipped
         ]
         head = f"<h3>{esc(j.run.label)}</h3>" if len(judged) > 1 else ""
@@ -130,7 +130,8 @@ def finding_rows(judged: list) -> str:
         for number, step, record in j.run.marks:
             severity = record.get("severity", "")
             marked.append(
-                f"<tr><td>{number}</td><td>{esc(j.run.label)}</td><td>{esc(record.get('phase', ''))}</td><td>{step}</td>"
+                f"<tr><td>{number}</td><td>{esc(j.run.label)}</td><td>{esc(record.get('phase', ''))}</td>"
+                f"<td>{step}</td>"
                 f"<td class='{esc(severity)}'>{esc(record.get('id', ''))}</td><td>{esc(record.get('title', ''))}"
                 + (f"<div>fix: {esc(record['fix'])}</div>" if record.get("fix") else "")
                 + "</td></tr>"

@@ -100,7 +100,8 @@ class Model(Section):
         _str,
         required=True,
         local_or_hub=True,
-        doc="model to fine-tune: a folder with config.json (relative to this file), or a hub id",
+        doc="model to fine-tune: a folder with config.json (relative to this file), or a hub id (read from the "
+        "local Hugging Face cache when there)",
     )
     weights: str = key(
         "one of pretrained, random",
@@ -121,12 +122,14 @@ class Model(Section):
         "auto",
         doc="auto = flash_attention_2 where installed and every GPU is Ampere or newer, else sdpa",
     )
-    trust_remote_code: bool = key("true or false", _bool, False)
+    trust_remote_code: bool = key(
+        "true or false", _bool, False, doc="let transformers run the model repository's own code"
+    )
     repair_untrained_tokens: bool = key(
         "true or false",
         _bool,
         False,
-        doc="set the embedding rows of the chat template's tokens that the base "
+        doc="set the embedding rows (and an untied head's) of the chat template's tokens that the base "
         "checkpoint never trained (all zeros) to the mean of the trained rows, "
         "at load (`sftdoctor explain untrained-tokens`)",
     )
@@ -150,7 +153,13 @@ class Data(Section):
         path="files",
         doc="rows with `messages` (chat), `prompt`+`completion`, or `text`",
     )
-    eval: tuple[str, ...] = key("a JSONL/JSON/Parquet file or a list of them", _strs, (), path="files")
+    eval: tuple[str, ...] = key(
+        "a JSONL/JSON/Parquet file or a list of them",
+        _strs,
+        (),
+        path="files",
+        doc="the eval split (or `eval_fraction`, not both)",
+    )
     eval_fraction: float = key(
         "a number from 0 to 0.5",
         _float(0.0, 0.5),
@@ -161,7 +170,9 @@ class Data(Section):
         "one of auto, messages, sharegpt, alpaca, prompt_completion, text",
         _choice("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text"),
         "auto",
-        doc="auto = recognised from the first row; sharegpt and alpaca rows train as messages",
+        doc="auto = recognised from the first row; sharegpt (`conversations` of `from`/`value`) and alpaca "
+        "(`instruction`, `input`, `output`, `system`) rows train as messages; every row is checked before launch "
+        "(file and line named)",
     )
     max_length: int = key(
         "an integer from 16 to 1048576", _int(16, 2**20), 2048, doc="tokens per sample (per packed row)"
@@ -210,10 +221,10 @@ class Training(Section):
         _auto_or_bool,
         "auto",
         doc="auto = on with a varlen attention kernel (flash-attn) when a probe proves packed "
-        "samples stay isolated; else one sample per row, batched by length",
+        "samples stay isolated; else one sample per row, batched by length; true makes unproven isolation an error",
     )
     liger_kernel: bool | str = key('true, false or "auto"', _auto_or_bool, "auto", doc="auto = on CUDA when installed")
-    seed: int = key("an integer from 0 to 4294967295", _int(0, 2**32 - 1), 42)
+    seed: int = key("an integer from 0 to 4294967295", _int(0, 2**32 - 1), 42, doc="also the data order")
     logging_steps: int = key("an integer from 1 to 1000000000", _int(1, 10**9), 10)
     save_steps: int = key("an integer from 1 to 1000000000", _int(1, 10**9), 500)
     save_total_limit: int = key("an integer from 1 to 1000000000", _int(1, 10**9), 2)
@@ -256,9 +267,16 @@ class Launch(Section):
         'a port 1-65535 or "auto"',
         _int(1, 65535, auto=True),
         29500,
-        doc="default 29500, or a free port when 29500 is taken on a single node",
+        doc="default 29500, or a free port when 29500 is taken on a single node; auto = a free port (one node "
+        "only); a port you set that is taken is an error",
     )
-    max_restarts: int = key("an integer from 0 to 1000", _int(0, 1000), 0)
+    max_restarts: int = key(
+        "an integer from 0 to 1000",
+        _int(0, 1000),
+        0,
+        doc="torchrun restarts the worker group after a failed rank; training resumes from the newest complete "
+        "checkpoint",
+    )
     join_timeout_s: int = key(
         "an integer from 5 to 86400",
         _int(5, 86400),
@@ -273,19 +291,30 @@ class Launch(Section):
         "inside a Slurm job, else 30",
     )
     distributed_check: bool = key(
-        "true or false", _bool, True, doc="with 2+ processes, every rank runs `check --distributed` before training"
+        "true or false",
+        _bool,
+        True,
+        doc="with 2+ processes, every rank runs `check --distributed` before the model loads (a few seconds): "
+        "another stack on a node, two ranks on one GPU, a rank that never joins or wrong all-reduce sums stop the run",
     )
     rehearse: bool = key(
         "true or false",
         _bool,
         True,
-        doc="before a multi-process or DeepSpeed run, rehearse it on the shrunk model (--no-rehearse)",
+        doc="before a multi-process or DeepSpeed run, rehearse it on the shrunk model with the same launcher, "
+        "DeepSpeed config, data path and scheduler, a save and a resume (--no-rehearse skips it); a failing "
+        "rehearsal stops the run with its root cause, triaged from RUN_DIR/rehearsal.log",
     )
 
 
 @dataclass(frozen=True)
 class Report(Section):
-    to: str = key("one of none, tensorboard, wandb", _choice("none", "tensorboard", "wandb"), "none")
+    to: str = key(
+        "one of none, tensorboard, wandb",
+        _choice("none", "tensorboard", "wandb"),
+        "none",
+        doc="where the trainer also logs (the backend must be installed; wandb without credentials logs offline)",
+    )
 
 
 @dataclass(frozen=True)
@@ -334,7 +363,8 @@ class Lora(Section):
         '"all-linear" or a list of module names',
         _modules,
         "all-linear",
-        doc="all-linear = every linear layer but the output head (peft's rule)",
+        doc="all-linear = every linear layer but the output head (peft's rule); the lora-targets check lists "
+        "the model's own",
     )
     modules_to_save: tuple[str, ...] = key(
         "a list of module names",
@@ -342,16 +372,20 @@ class Lora(Section):
         (),
         doc="trained in full and saved with the adapter (e.g. embed_tokens, lm_head)",
     )
-    use_rslora: bool = key("true or false", _bool, False, doc="rank-stabilised scaling, alpha / sqrt(r)")
-    use_dora: bool = key("true or false", _bool, False, doc="weight-decomposed LoRA (DoRA)")
+    use_rslora: bool = key("true or false", _bool, False, doc="rank-stabilised scaling, alpha / sqrt(r) (peft 0.7+)")
+    use_dora: bool = key("true or false", _bool, False, doc="weight-decomposed LoRA (DoRA; peft 0.9+)")
     quantize: str = key(
         "one of none, 4bit, 8bit",
         _choice("none", "4bit", "8bit"),
         "none",
-        doc="QLoRA: the frozen base in 4-bit NF4 (double quantisation) or 8-bit, with bitsandbytes on CUDA",
+        doc="QLoRA: the frozen base in 4-bit NF4 (double quantisation) or 8-bit, computing in the run's precision, "
+        "with bitsandbytes on CUDA",
     )
     merge: bool = key(
-        "true or false", _bool, False, doc="also write base + adapter merged into one 16-bit model in final-merged/"
+        "true or false",
+        _bool,
+        False,
+        doc="also write base + adapter merged into one model in final-merged/ (the run's 16-bit dtype; fp32 on a CPU)",
     )
 
 
@@ -424,6 +458,21 @@ class Slurm(Section):
     )
 
 
+@dataclass(frozen=True)
+class Checks(Section):
+    """[checks]: findings turned off, in `train`'s gate, its runtime watchers and `check --config` alike (as
+    `--disable`)."""
+
+    # the ids are checked against the check registry where the checks run (sftdoctor.checks.known_ids), a layer above
+    disable: tuple[str, ...] = key(
+        "a list of check ids or message ids (CHECK/slug)",
+        _names,
+        (),
+        doc='silence these: a check id silences all its findings, a message id (e.g. "nccl-env/port-busy") that one; '
+        "a silenced finding is still shown, marked silenced, and never stops the run (`sftdoctor check --list`)",
+    )
+
+
 SECTIONS: dict[str, type[Section]] = {
     "model": Model,
     "data": Data,
@@ -435,6 +484,7 @@ SECTIONS: dict[str, type[Section]] = {
     "lora": Lora,
     "eval": Eval,
     "slurm": Slurm,
+    "checks": Checks,
 }
 OPTIONAL = {"lora", "eval"}  # absent from the TOML: None in the RunConfig, not a section of defaults
 
@@ -474,6 +524,7 @@ class RunConfig:
     lora: Lora | None = None
     eval: Eval | None = None
     slurm: Slurm = Slurm()
+    checks: Checks = Checks()
 
     def given(self, section: str, name: str) -> bool:
         return getattr(self, section).is_given(name)

@@ -186,7 +186,7 @@ def llama_linear(shape: Shape) -> dict[str, Any]:
 
 
 def adapters(lora: dict[str, Any], shape: Shape) -> Adapters:
-    """Plan.lora as the memory model reads it: the exact trainable count resolve() made from the model's own
+    """Plan.lora as the memory model reads it: the exact trainable count decide() made from the model's own
     layers, or else the count on the Shape's Llama-named layers."""
     listing = llama_linear(shape)
     trainable = lora.get("trainable_params")
@@ -582,10 +582,10 @@ def candidate(run: Workload, s: Setting, global_batch: int, gpu_memory: int) -> 
 def candidates(
     run: Workload, global_batch: int, gpu_memory: int, liger_available: bool, quantize: str | None = None
 ) -> list[Candidate]:
-    """Every ZeRO stage (and optimizer offload for 2 and 3) x checkpointing x micro-batch (liger on where available) that reaches
-    `global_batch` exactly, fastest first; none when the ranks cannot share it evenly. A LoRA run keeps its
-    base (`quantize`); a 16-bit one that fits nowhere is also tried on a 4-bit base: QLoRA changes the weights
-    the adapters train over, so it is offered only where no 16-bit base fits."""
+    """Every ZeRO stage (and optimizer offload for 2 and 3) x checkpointing x micro-batch (liger on where
+    available) that reaches `global_batch` exactly, fastest first; none when the ranks cannot share it evenly.
+    A LoRA run keeps its base (`quantize`); a 16-bit one that fits nowhere is also tried on a 4-bit base: QLoRA
+    changes the weights the adapters train over, so it is offered only where no 16-bit base fits."""
     out = _grid(run, global_batch, gpu_memory, liger_available, quantize)
     if run.lora is not None and quantize in (None, "none") and not any(c.fits for c in out):
         out += _grid(run, global_batch, gpu_memory, liger_available, "4bit")

@@ -1,4 +1,4 @@
-"""resolve(run config, facts) -> Plan: the one place where every setting of a run is decided.
+"""decide(run config, facts) -> Plan: the one place where every setting of a run is decided.
 
 `sftdoctor check`, `plan`, the gate and launcher of `sftdoctor train`, the recipe every worker runs and
 the watchers all read this Plan; resolved.json in the run directory is `Plan.to_json()`. Pure and cheap
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.run import rundir
+from sftdoctor.run import TORCHRUN_DEFAULT_PORT, layout
 from sftdoctor.run.config import RunConfig
 from sftdoctor.run.embeddings import repair_ids
 from sftdoctor.run.gpus import FLASH_MIN_CC, bf16_capable, devices, lacking, smallest_memory
@@ -25,7 +25,6 @@ from sftdoctor.run.smem import TRITON_MIN_CC
 
 PLAN_VERSION = 9  # 2: chat_template; 3: lora, checkpointing_reentrant; 4: evaluation; 5: join_timeout_s;
 # 6: stop_grace_s; 7: length_grouping; 8: repair_token_ids; 9: ddp_find_unused_parameters
-TORCHRUN_DEFAULT_PORT = 29500
 SLURM_PORTS = (20000, 30000)  # inside an allocation: 20000 + job id mod 10000, below the ephemeral range
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 DISTRIBUTED_CHECK_MAX_S = 120.0
@@ -127,6 +126,7 @@ class Plan:
     rehearsal: bool = False
     data_limit: int | None = None
     drill: dict[str, Any] | None = None
+    silenced: tuple[str, ...] = ()  # the ids the gate silenced: [checks] disable and --disable
     reasons: dict[str, str] = field(default_factory=dict)
     version: int = PLAN_VERSION
 
@@ -496,121 +496,184 @@ def ddp_timeout(hang_timeout_s: float) -> int:
 # ---------------------------------------------------------------- the plan
 
 
-def resolve(run: RunConfig, facts: Any) -> Plan:
-    """Decide every setting of `run` on the machine `facts` describe (anything with `.get(fact name)`)."""
+def decide(run: RunConfig, facts: Any) -> Plan:
+    """Decide every setting of `run` on the machine `facts` describe (anything with `.get(fact name)`). The facts
+    are read in this order, so that of two inputs a probe refuses, the same one is reported first."""
     gpus, packages = facts.get("gpus"), facts.get("packages") or {}
     features = facts.get("transformers_features")
-    t, data = run.training, facts.get("data") or {}
+    data = facts.get("data") or {}
     slurm = facts.get("slurm")
-    nproc, nnodes = world(run, gpus, slurm)
-    world_size = nproc * nnodes
-    per_device = t.per_device_batch_size
-    global_batch = t.global_batch_size or per_device * world_size
-    accum = accumulation(global_batch, per_device, world_size)
+    scale = _scale(run, gpus, slurm)
     chosen, why_precision = precision(run, gpus)
-    ds, ds_source = deepspeed_json(run, facts.get("deepspeed_config") if run.deepspeed.config else None)
-    stage, offload_optimizer, offload_params = zero_settings(ds)
-    rows = (data.get("train") or {}).get("rows")
-    steps = total_steps(run, rows, global_batch)
-    warmup_args, warmup_steps = warmup(run, features, steps)
+    zero = _zero(run, facts)
+    schedule = _schedule(run, features, (data.get("train") or {}).get("rows"), scale["global_batch_size"])
     attn = attn_implementation(run, gpus, packages)
-    packed, why_packing = packing(run, attn, facts.get("packing_probe") if t.packing == "auto" else None)
-    port, why_port = master_port(run, facts.get("rendezvous"), slurm)
-    rank, why_rank = node_rank(run, facts.get("rendezvous"), slurm, nnodes)
-    addr, why_addr = master_addr(run, slurm)
-    grace, why_grace = stop_grace(run, slurm)
-    shape = (data.get("train") or {}).get("shape")
-    model_keys = (facts.get("model_config") or {}).get("raw_keys") or ()
-    template, why_template = chat_template(run, shape, facts.get("chat_template"))
-    lora = lora_settings(run, chosen, stage, facts.get("lora_modules"))
-    moe = any(k in model_keys for k in MOE_KEYS)
-    ddp = world_size > 1 and ds is None
-    find_unused, why_unused = find_unused_parameters(ddp, moe, facts.get("unused_parameters") if ddp else None)
+    packed, why_packing = packing(run, attn, facts.get("packing_probe") if run.training.packing == "auto" else None)
+    meeting, why_meeting = _meeting(run, facts.get("rendezvous"), slurm, scale["nnodes"])
+    moe = any(k in ((facts.get("model_config") or {}).get("raw_keys") or ()) for k in MOE_KEYS)
+    template, why_template = chat_template(run, (data.get("train") or {}).get("shape"), facts.get("chat_template"))
+    ddp = scale["world_size"] > 1 and zero["deepspeed"] is None
+    model, why_unused = _model(run, facts, chosen, zero, ddp, moe)
     plan = Plan(
-        nproc_per_node=nproc,
-        nnodes=nnodes,
-        node_rank=rank,
-        join_timeout_s=run.launch.join_timeout_s,
-        stop_grace_s=grace,
-        world_size=world_size,
-        cuda=bool(devices(gpus)),
-        per_device_batch_size=per_device,
-        global_batch_size=global_batch,
-        gradient_accumulation_steps=accum,
-        nearest_global_batch_sizes=() if accum else nearest_global_batches(global_batch, per_device, world_size),
-        model_path=run.model.path,
-        tokenizer_path=run.model.tokenizer or run.model.path,
-        weights=run.model.weights,
-        trust_remote_code=run.model.trust_remote_code,
+        **scale,
+        **zero,
+        **schedule,
+        **meeting,
+        **model,
+        **_text(run, facts, data, packed, features, template),
+        **_watch(run, scale["world_size"], zero["deepspeed"]),
         precision=chosen,
-        load_dtype=load_dtype(chosen, ds, lora is not None),
         attn_implementation=attn,
         liger_kernel=liger_kernel(run, gpus, packages),
         liger_available=bool(packages.get("liger-kernel")),
         moe=moe,
-        ddp_find_unused_parameters=find_unused,
-        train_files=tuple(run.data.train),
-        eval_files=tuple(run.data.eval),
-        eval_fraction=run.data.eval_fraction,
-        data_shape=shape,
-        data_format=(data.get("train") or {}).get("format"),
-        data_rows=rows,
-        max_length=run.data.max_length,
-        packing=packed,
-        length_grouping={} if packed else length_grouping(features),
-        assistant_only_loss=assistant_only_loss(shape, facts.get("chat_template")),
-        chat_template=template,
-        repair_token_ids=repair_ids(facts.get("token_rows")) if run.model.repair_untrained_tokens else (),
-        learning_rate=t.learning_rate,
-        lr_scheduler=t.lr_scheduler,
-        lr_scheduler_kwargs=lr_scheduler_kwargs(run, features),
-        warmup=warmup_args,
-        warmup_steps=warmup_steps,
-        epochs=t.epochs,
-        max_steps=t.max_steps,
-        total_steps=steps,
-        weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm,
-        checkpointing=t.gradient_checkpointing is True,
-        checkpointing_arg=(features or {}).get("checkpointing_arg") or "gradient_checkpointing",
-        checkpointing_reentrant=False,
-        lora=lora,
-        evaluation=evaluation(run),
-        seed=t.seed,
-        logging_steps=t.logging_steps,
-        save_steps=t.save_steps,
-        save_total_limit=t.save_total_limit,
-        eval_steps=eval_interval(run),
-        deepspeed=ds,
-        deepspeed_source=ds_source,
-        zero_stage=stage,
-        offload_optimizer=offload_optimizer,
-        offload_params=offload_params,
-        master_addr=addr,
-        master_port=port,
-        max_restarts=run.launch.max_restarts,
-        distributed_check=run.launch.distributed_check and world_size > 1,
-        rehearse=run.launch.rehearse and (world_size > 1 or ds is not None),
-        distributed_check_bound_s=min(float(run.watch.hang_timeout_s), DISTRIBUTED_CHECK_MAX_S),
-        hang_timeout_s=float(run.watch.hang_timeout_s),
-        ddp_timeout_s=ddp_timeout(run.watch.hang_timeout_s),
-        on_nan=run.watch.on_nan,
-        max_skips=run.watch.max_skips,
-        loss_spike_factor=run.watch.loss_spike_factor,
-        report_to=run.report.to,
-        output_dir=t.output_dir,
         reasons={
             "precision": why_precision,
-            "master_port": why_port,
-            "node_rank": why_rank,
-            "master_addr": why_addr,
-            "stop_grace_s": why_grace,
+            **why_meeting,
             "packing": why_packing,
             "ddp_find_unused_parameters": why_unused,
             **({"chat_template": why_template} if why_template else {}),
         },
     )
     return with_checkpointing(plan, run, gpus, facts)
+
+
+def _scale(run: RunConfig, gpus: dict[str, Any] | None, slurm: dict[str, Any] | None) -> dict[str, Any]:
+    """How many processes on how many nodes, and the batch they share."""
+    nproc, nnodes = world(run, gpus, slurm)
+    world_size = nproc * nnodes
+    per_device = run.training.per_device_batch_size
+    global_batch = run.training.global_batch_size or per_device * world_size
+    accum = accumulation(global_batch, per_device, world_size)
+    return {
+        "nproc_per_node": nproc,
+        "nnodes": nnodes,
+        "world_size": world_size,
+        "cuda": bool(devices(gpus)),
+        "per_device_batch_size": per_device,
+        "global_batch_size": global_batch,
+        "gradient_accumulation_steps": accum,
+        "nearest_global_batch_sizes": () if accum else nearest_global_batches(global_batch, per_device, world_size),
+    }
+
+
+def _zero(run: RunConfig, facts: Any) -> dict[str, Any]:
+    """The DeepSpeed JSON the run trains with, if any, and its ZeRO stage and offloads."""
+    ds, ds_source = deepspeed_json(run, facts.get("deepspeed_config") if run.deepspeed.config else None)
+    stage, offload_optimizer, offload_params = zero_settings(ds)
+    return {
+        "deepspeed": ds,
+        "deepspeed_source": ds_source,
+        "zero_stage": stage,
+        "offload_optimizer": offload_optimizer,
+        "offload_params": offload_params,
+    }
+
+
+def _schedule(run: RunConfig, features: dict[str, Any] | None, rows: int | None, global_batch: int) -> dict[str, Any]:
+    """The optimizer's schedule, how long it runs, and when it logs, saves and evaluates."""
+    t = run.training
+    steps = total_steps(run, rows, global_batch)
+    warmup_args, warmup_steps = warmup(run, features, steps)
+    return {
+        "learning_rate": t.learning_rate,
+        "lr_scheduler": t.lr_scheduler,
+        "lr_scheduler_kwargs": lr_scheduler_kwargs(run, features),
+        "warmup": warmup_args,
+        "warmup_steps": warmup_steps,
+        "epochs": t.epochs,
+        "max_steps": t.max_steps,
+        "total_steps": steps,
+        "weight_decay": t.weight_decay,
+        "max_grad_norm": t.max_grad_norm,
+        "checkpointing": t.gradient_checkpointing is True,
+        "checkpointing_arg": (features or {}).get("checkpointing_arg") or "gradient_checkpointing",
+        "checkpointing_reentrant": False,
+        "evaluation": evaluation(run),
+        "seed": t.seed,
+        "logging_steps": t.logging_steps,
+        "save_steps": t.save_steps,
+        "save_total_limit": t.save_total_limit,
+        "eval_steps": eval_interval(run),
+    }
+
+
+def _meeting(
+    run: RunConfig, rendezvous: dict[str, Any] | None, slurm: dict[str, Any] | None, nnodes: int
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Where the nodes meet and this node's rank there, how long they wait, and how a stop is given its grace;
+    with the reason of each decision."""
+    port, why_port = master_port(run, rendezvous, slurm)
+    rank, why_rank = node_rank(run, rendezvous, slurm, nnodes)
+    addr, why_addr = master_addr(run, slurm)
+    grace, why_grace = stop_grace(run, slurm)
+    fields = {
+        "node_rank": rank,
+        "master_addr": addr,
+        "master_port": port,
+        "join_timeout_s": run.launch.join_timeout_s,
+        "stop_grace_s": grace,
+        "max_restarts": run.launch.max_restarts,
+    }
+    reasons = {"master_port": why_port, "node_rank": why_rank, "master_addr": why_addr, "stop_grace_s": why_grace}
+    return fields, reasons
+
+
+def _model(
+    run: RunConfig, facts: Any, chosen: str, zero: dict[str, Any], ddp: bool, moe: bool
+) -> tuple[dict[str, Any], str]:
+    """The model loaded, its dtype and adapters, and whether DDP looks for parameters a step leaves unused (with
+    why)."""
+    lora = lora_settings(run, chosen, zero["zero_stage"], facts.get("lora_modules"))
+    find_unused, why_unused = find_unused_parameters(ddp, moe, facts.get("unused_parameters") if ddp else None)
+    fields = {
+        "model_path": run.model.path,
+        "tokenizer_path": run.model.tokenizer or run.model.path,
+        "weights": run.model.weights,
+        "trust_remote_code": run.model.trust_remote_code,
+        "load_dtype": load_dtype(chosen, zero["deepspeed"], lora is not None),
+        "lora": lora,
+        "ddp_find_unused_parameters": find_unused,
+    }
+    return fields, why_unused
+
+
+def _text(
+    run: RunConfig, facts: Any, data: dict[str, Any], packed: bool, features: dict[str, Any] | None, template
+) -> dict[str, Any]:
+    """The data trained on: its files, shape and rows, how they are packed or grouped, the chat template and the
+    loss's tokens."""
+    train = data.get("train") or {}
+    return {
+        "train_files": tuple(run.data.train),
+        "eval_files": tuple(run.data.eval),
+        "eval_fraction": run.data.eval_fraction,
+        "data_shape": train.get("shape"),
+        "data_format": train.get("format"),
+        "data_rows": train.get("rows"),
+        "max_length": run.data.max_length,
+        "packing": packed,
+        "length_grouping": {} if packed else length_grouping(features),
+        "assistant_only_loss": assistant_only_loss(train.get("shape"), facts.get("chat_template")),
+        "chat_template": template,
+        "repair_token_ids": repair_ids(facts.get("token_rows")) if run.model.repair_untrained_tokens else (),
+    }
+
+
+def _watch(run: RunConfig, world_size: int, ds: dict[str, Any] | None) -> dict[str, Any]:
+    """What checks the launch and watches the run, and where it records."""
+    return {
+        "distributed_check": run.launch.distributed_check and world_size > 1,
+        "rehearse": run.launch.rehearse and (world_size > 1 or ds is not None),
+        "distributed_check_bound_s": min(float(run.watch.hang_timeout_s), DISTRIBUTED_CHECK_MAX_S),
+        "hang_timeout_s": float(run.watch.hang_timeout_s),
+        "ddp_timeout_s": ddp_timeout(run.watch.hang_timeout_s),
+        "on_nan": run.watch.on_nan,
+        "max_skips": run.watch.max_skips,
+        "loss_spike_factor": run.watch.loss_spike_factor,
+        "report_to": run.report.to,
+        "output_dir": run.training.output_dir,
+    }
 
 
 def with_checkpointing(plan: Plan, run: RunConfig, gpus: dict[str, Any] | None, facts: Any) -> Plan:
@@ -708,7 +771,7 @@ def for_launch(
         data_limit=REHEARSAL_ROWS,
         gradient_accumulation_steps=1,
         global_batch_size=plan.per_device_batch_size * plan.world_size,
-        output_dir=str(Path(plan.output_dir) / rundir.REHEARSAL),
+        output_dir=str(Path(plan.output_dir) / layout.REHEARSAL),
     )
 
 

@@ -12,7 +12,7 @@ import contextlib
 import signal
 from pathlib import Path
 
-from sftdoctor.errors import InputError, InputErrors
+from sftdoctor.errors import SftdoctorError
 from sftdoctor.sweep import results
 from sftdoctor.sweep import study as studies
 from sftdoctor.sweep.config import Sweep, display, load_sweep
@@ -81,7 +81,7 @@ def main(path: Path, facts_file: Path | None = None, dry_run: bool = False, plug
             )
             try:
                 outcome = run_trial(spec, study, trial, plugins=plugins, facts_file=facts_file, stop=stop, say=say)
-            except (InputError, InputErrors):
+            except SftdoctorError:
                 from optuna.trial import TrialState
 
                 study.tell(trial, state=TrialState.FAIL)

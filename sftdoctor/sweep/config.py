@@ -2,7 +2,8 @@
 
     [sweep]
     base = "run.toml"           # the run config every trial starts from (relative to this file)
-    objective = "eval_loss"     # or "eval:TASK/METRIC": a metric `sftdoctor eval` writes for a task of the base's [eval]
+    objective = "eval_loss"     # or "eval:TASK/METRIC": a metric `sftdoctor eval` writes for a task
+                                # of the base's [eval]
     trials = 16                 # the budget, over every worker
 
     [space]
@@ -469,64 +470,67 @@ def _range(
     section: str, k: str, kind: str, value: Any, step: Any, spec: Key, path: Path, where: str, errors: list[InputError]
 ) -> Dim | None:
     ints = kind in ("int", "log_int")
-    fits = (lambda v: isinstance(v, int) and not isinstance(v, bool)) if ints else _number
-    if not isinstance(value, list) or len(value) != 2 or not all(fits(v) for v in value):
-        what = "integers" if ints else "numbers"
-        errors.append(InputError(path, f"{kind}: expected [LOW, HIGH], two {what}, got {value!r}", key=where))
+    problem = (
+        _bounds_problem(kind, value, ints)
+        or _step_problem(value, step, ints)
+        or _values_problem(section, k, kind, value, step, spec, ints)
+    )
+    if problem:
+        errors.append(InputError(path, problem, key=where))
         return None
     low, high = value
+    return Dim(section, k, kind, (), low, high, step)
+
+
+def _fits(v: Any, ints: bool) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) if ints else _number(v)
+
+
+def _bounds_problem(kind: str, value: Any, ints: bool) -> str | None:
+    """What is wrong with [LOW, HIGH] itself, if anything."""
+    if not isinstance(value, list) or len(value) != 2 or not all(_fits(v, ints) for v in value):
+        what = "integers" if ints else "numbers"
+        return f"{kind}: expected [LOW, HIGH], two {what}, got {value!r}"
+    low, high = value
     if low >= high:
-        errors.append(
-            InputError(
-                path,
-                f"{kind}: empty range [{show(low)}, {show(high)}]: LOW must be below HIGH (one value: choices = [...])",
-                key=where,
-            )
-        )
-        return None
+        return f"{kind}: empty range [{show(low)}, {show(high)}]: LOW must be below HIGH (one value: choices = [...])"
     if kind.startswith("log_") and low <= 0:
-        errors.append(
-            InputError(path, f"{kind}: a log range needs bounds above 0, got [{show(low)}, {show(high)}]", key=where)
-        )
+        return f"{kind}: a log range needs bounds above 0, got [{show(low)}, {show(high)}]"
+    return None
+
+
+def _step_problem(value: list, step: Any, ints: bool) -> str | None:
+    """What is wrong with the step, if one is given: not positive, or not dividing the range."""
+    if step is None:
         return None
-    if step is not None:
-        if not fits(step) or step <= 0:
-            errors.append(
-                InputError(
-                    path, f"step: expected a positive {'integer' if ints else 'number'}, got {step!r}", key=where
-                )
-            )
-            return None
-        count = (high - low) / step
-        if not math.isfinite(count) or abs(count - round(count)) > 1e-9 * max(1.0, abs(count)):
-            errors.append(
-                InputError(path, f"step {show(step)} does not divide the range [{show(low)}, {show(high)}]", key=where)
-            )
-            return None
+    if not _fits(step, ints) or step <= 0:
+        return f"step: expected a positive {'integer' if ints else 'number'}, got {step!r}"
+    low, high = value
+    count = (high - low) / step
+    if not math.isfinite(count) or abs(count - round(count)) > 1e-9 * max(1.0, abs(count)):
+        return f"step {show(step)} does not divide the range [{show(low)}, {show(high)}]"
+    return None
+
+
+def _values_problem(section: str, k: str, kind: str, value: list, step: Any, spec: Key, ints: bool) -> str | None:
+    """A bound the key does not take, or (a float range) a value between that it does not take."""
+    low, high = value
     for bound in (low, high):
         if not spec.accepts(bound):
-            errors.append(
-                InputError(
-                    path, f"{kind}: {show(bound)} is not a value of {section}.{k}: expected {spec.expected}", key=where
-                )
-            )
-            return None
-    if not ints:  # a value between, as optuna gives it (a float): a float key takes it, an integer key does not
-        if kind == "log_uniform":
-            inside = math.exp(math.log(low) + (math.log(high) - math.log(low)) * 0.37)
-        else:
-            inside = low + (high - low) * 0.37 if step is None else low + step
-        if not spec.accepts(float(inside)):
-            errors.append(
-                InputError(
-                    path,
-                    f"{kind} gives values like {float(inside)!r}, which {section}.{k} does not "
-                    f"take (expected {spec.expected}): use int = [...] or choices",
-                    key=where,
-                )
-            )
-            return None
-    return Dim(section, k, kind, (), low, high, step)
+            return f"{kind}: {show(bound)} is not a value of {section}.{k}: expected {spec.expected}"
+    if ints:
+        return None
+    # a value between, as optuna gives it (a float): a float key takes it, an integer key does not
+    if kind == "log_uniform":
+        inside = math.exp(math.log(low) + (math.log(high) - math.log(low)) * 0.37)
+    else:
+        inside = low + (high - low) * 0.37 if step is None else low + step
+    if not spec.accepts(float(inside)):
+        return (
+            f"{kind} gives values like {float(inside)!r}, which {section}.{k} does not "
+            f"take (expected {spec.expected}): use int = [...] or choices"
+        )
+    return None
 
 
 def _assemble(section: SweepSection, space: tuple[Dim, ...], base: RunConfig, base_raw: dict, path: Path) -> Sweep:
@@ -556,63 +560,11 @@ def _assemble(section: SweepSection, space: tuple[Dim, ...], base: RunConfig, ba
             )
         )
     if match:
-        task = match[1]
-        tasks = base.eval.tasks if base.eval is not None else ()
-        if task not in tasks:
-            errors.append(
-                InputError(
-                    path,
-                    f"objective {section.objective}: the base's [eval] tasks are "
-                    f"{', '.join(tasks) or 'none (no [eval] table)'}; add {task} to them "
-                    f"({section.base}){did_you_mean(task, tasks)}",
-                    key="[sweep].objective",
-                )
-            )
+        errors += _task_objective(section, match[1], base, path)
     else:
-        swept = {d.name for d in space}
-        if not (base.data.eval or base.data.eval_fraction) and not swept & {"data.eval", "data.eval_fraction"}:
-            errors.append(
-                InputError(
-                    path,
-                    f"objective eval_loss needs eval data: [data] eval or eval_fraction in {section.base}",
-                    key="[sweep].objective",
-                )
-            )
-        t = base.training
-        every = eval_interval(base)
-        if t.max_steps and every > t.max_steps and not swept & {"training.eval_steps", "training.max_steps"}:
-            errors.append(
-                InputError(
-                    path,
-                    f"objective eval_loss: the base evaluates every {every} steps "
-                    f"(eval_steps{'' if t.eval_steps else ', from save_steps'}) and stops at "
-                    f"step {t.max_steps}: no evaluation would run",
-                    key="[sweep].objective",
-                )
-            )
-        elif t.max_steps and t.max_steps % every:
-            notes.append(
-                f"the objective is the loss of each run's last evaluation, at step "
-                f"{t.max_steps // every * every} of {t.max_steps} (eval_steps {every} does not divide "
-                "max_steps)"
-            )
+        _loss_objective(section, space, base, path, errors, notes)
     errors += _points(space, base_raw, path)
-    if sampler == "grid" and not errors:
-        size = grid_size(space)
-        if section.trials is not None and section.trials > size:
-            notes.append(f"the grid has {size} points: the budget is {size}, not {section.trials}")
-        trials = min(section.trials or size, size)
-    elif section.trials is None:
-        errors.append(
-            InputError(
-                path,
-                f"missing; expected {keys(SweepSection)['trials'].expected} (the budget: how many trials to run)",
-                key="[sweep].trials",
-            )
-        )
-        trials = 0
-    else:
-        trials = section.trials
+    trials = _budget(section, space, sampler, path, errors, notes)
     output = _output_dir(section, path, errors)
     if errors:
         raise InputErrors(errors)
@@ -633,6 +585,81 @@ def _assemble(section: SweepSection, space: tuple[Dim, ...], base: RunConfig, ba
         output_dir=output,
         notes=tuple(notes),
     )
+
+
+def _task_objective(section: SweepSection, task: str, base: RunConfig, path: Path) -> list[InputError]:
+    """An lm-eval objective: its task must be one the base evaluates."""
+    tasks = base.eval.tasks if base.eval is not None else ()
+    if task in tasks:
+        return []
+    return [
+        InputError(
+            path,
+            f"objective {section.objective}: the base's [eval] tasks are "
+            f"{', '.join(tasks) or 'none (no [eval] table)'}; add {task} to them "
+            f"({section.base}){did_you_mean(task, tasks)}",
+            key="[sweep].objective",
+        )
+    ]
+
+
+def _loss_objective(
+    section: SweepSection,
+    space: tuple[Dim, ...],
+    base: RunConfig,
+    path: Path,
+    errors: list[InputError],
+    notes: list[str],
+) -> None:
+    """The eval_loss objective: the base must have eval data and evaluate before it stops."""
+    swept = {d.name for d in space}
+    if not (base.data.eval or base.data.eval_fraction) and not swept & {"data.eval", "data.eval_fraction"}:
+        errors.append(
+            InputError(
+                path,
+                f"objective eval_loss needs eval data: [data] eval or eval_fraction in {section.base}",
+                key="[sweep].objective",
+            )
+        )
+    t = base.training
+    every = eval_interval(base)
+    if t.max_steps and every > t.max_steps and not swept & {"training.eval_steps", "training.max_steps"}:
+        errors.append(
+            InputError(
+                path,
+                f"objective eval_loss: the base evaluates every {every} steps "
+                f"(eval_steps{'' if t.eval_steps else ', from save_steps'}) and stops at "
+                f"step {t.max_steps}: no evaluation would run",
+                key="[sweep].objective",
+            )
+        )
+    elif t.max_steps and t.max_steps % every:
+        notes.append(
+            f"the objective is the loss of each run's last evaluation, at step "
+            f"{t.max_steps // every * every} of {t.max_steps} (eval_steps {every} does not divide "
+            "max_steps)"
+        )
+
+
+def _budget(
+    section: SweepSection, space: tuple[Dim, ...], sampler: str, path: Path, errors: list[InputError], notes: list[str]
+) -> int:
+    """How many trials: the grid's size at most; required for the other samplers."""
+    if sampler == "grid" and not errors:
+        size = grid_size(space)
+        if section.trials is not None and section.trials > size:
+            notes.append(f"the grid has {size} points: the budget is {size}, not {section.trials}")
+        return min(section.trials or size, size)
+    if section.trials is None:
+        errors.append(
+            InputError(
+                path,
+                f"missing; expected {keys(SweepSection)['trials'].expected} (the budget: how many trials to run)",
+                key="[sweep].trials",
+            )
+        )
+        return 0
+    return section.trials
 
 
 def _output_dir(section: SweepSection, path: Path, errors: list[InputError]) -> Path:

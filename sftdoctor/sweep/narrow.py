@@ -55,14 +55,10 @@ def narrow(sweep: Sweep, facts_file: Path | None = None) -> Narrowed:
 
 
 def _narrow(sweep: Sweep, facts_file: Path | None, folder: Path) -> Narrowed:
-    from sftdoctor.errors import InputErrors
-    from sftdoctor.facts import Facts, Inputs, Overlay
-    from sftdoctor.run import resolve, validate
+    from sftdoctor.facts import Facts, Inputs
     from sftdoctor.run.gpus import describe_gpus, devices, smallest_memory
-    from sftdoctor.run.resolve import memory_fit
     from sftdoctor.run.shape import Shape
 
-    names = [d.name for d in sweep.space]
     first = {d.name: d.candidates()[0] for d in sweep.space}
     config = folder / "run.toml"
     config.write_text(dumps(sweep.trial_raw(first, folder / "run")), encoding="utf-8")
@@ -78,17 +74,7 @@ def _narrow(sweep: Sweep, facts_file: Path | None, folder: Path) -> Narrowed:
         return not_narrowed(
             sweep, f"the model's size is unknown: {(shape_fact or {}).get('error') or facts.why_missing('model_shape')}"
         )
-    shape = Shape(**shape_fact)
-    sized: list[tuple[dict[str, Any], bool, int]] = []
-    for values in itertools.product(*(d.candidates() for d in sweep.space)):
-        params = dict(zip(names, values))
-        try:
-            run = validate(sweep.trial_raw(params, folder / "run"), config)
-        except InputErrors:  # a combination the run config refuses: its trial is pruned by that, not sized
-            continue
-        plan = resolve(run, Overlay(facts, run=run))
-        current = memory_fit(plan, shape, memory).current
-        sized.append((params, current.fits, current.estimate.gpu_peak))
+    sized = _sized(sweep, facts, config, folder, Shape(**shape_fact), memory)
     where = f"{describe_gpus(devices(gpus))}, {memory / 2**30:.1f} GiB"
     if not sized:
         return not_narrowed(sweep, "no corner of the space is a valid run config")
@@ -100,6 +86,43 @@ def _narrow(sweep: Sweep, facts_file: Path | None, folder: Path) -> Narrowed:
             fits=False,
             smallest_gib=smallest,
         )
+    space, dropped = _drop(sweep, sized)
+    if not dropped:
+        return Narrowed(tuple(space), f"every choice fits {where} with some setting of the others")
+    said = "; ".join(
+        f"{name} = {', '.join(show(x['value']) for x in xs)} (at least "
+        f"{min(x['peak_gib'] for x in xs):.1f} GiB per GPU)"
+        for name, xs in dropped.items()
+    )
+    return Narrowed(tuple(space), f"narrowed for {where}: dropped {said}", dropped)
+
+
+def _sized(
+    sweep: Sweep, facts, config: Path, folder: Path, shape, memory: int
+) -> list[tuple[dict[str, Any], bool, int]]:
+    """Each corner of the space the run config takes: its values, whether it fits and its predicted peak."""
+    from sftdoctor.errors import InputErrors
+    from sftdoctor.facts import Overlay
+    from sftdoctor.run import decide, validate
+    from sftdoctor.run.resolve import memory_fit
+
+    names = [d.name for d in sweep.space]
+    sized = []
+    for values in itertools.product(*(d.candidates() for d in sweep.space)):
+        params = dict(zip(names, values))
+        try:
+            run = validate(sweep.trial_raw(params, folder / "run"), config)
+        except InputErrors:  # a combination the run config refuses: its trial is pruned by that, not sized
+            continue
+        plan = decide(run, Overlay(facts, run=run))
+        current = memory_fit(plan, shape, memory).current
+        sized.append((params, current.fits, current.estimate.gpu_peak))
+    return sized
+
+
+def _drop(sweep: Sweep, sized: list[tuple[dict[str, Any], bool, int]]) -> tuple[list, dict[str, list[dict]]]:
+    """The space without the choices that fit with no setting of the others, and those dropped, with their
+    smallest peak."""
     space, dropped = [], {}
     for d in sweep.space:
         if d.kind != "choices":
@@ -114,11 +137,4 @@ def _narrow(sweep: Sweep, facts_file: Path | None, folder: Path) -> Narrowed:
                 peak = min(p for _, p in with_it) / 2**30
                 dropped.setdefault(d.name, []).append({"value": value, "peak_gib": round(peak, 2)})
         space.append(d.with_choices(tuple(kept)))
-    if not dropped:
-        return Narrowed(tuple(space), f"every choice fits {where} with some setting of the others")
-    said = "; ".join(
-        f"{name} = {', '.join(show(x['value']) for x in xs)} (at least "
-        f"{min(x['peak_gib'] for x in xs):.1f} GiB per GPU)"
-        for name, xs in dropped.items()
-    )
-    return Narrowed(tuple(space), f"narrowed for {where}: dropped {said}", dropped)
+    return space, dropped

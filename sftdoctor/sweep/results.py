@@ -23,7 +23,7 @@ from typing import Any
 from sftdoctor.files import write_atomic
 from sftdoctor.sweep.config import Sweep, dumps, show
 from sftdoctor.sweep.study import retried
-from sftdoctor.sweep.trial import CONFIG, trial_dir
+from sftdoctor.sweep.trial import trial_dir
 
 BEST, HISTORY, IMPORTANCES, REPORT = "best.toml", "history.png", "importances.png", "report"
 OVERLAID = 3
@@ -269,7 +269,3 @@ def write(study, sweep: Sweep, plugins: bool = True) -> Written:
         except Exception as exc:  # a broken metrics line: the sweep's results stand without the report
             out.skipped.append(f"{REPORT}/: {type(exc).__name__}: {exc}")
     return out
-
-
-def best_config_path(sweep: Sweep, number: int) -> Path:
-    return trial_dir(sweep, number) / CONFIG

@@ -252,7 +252,10 @@ def open_study(sweep: Sweep, space: tuple[Dim, ...], narrowing: dict[str, Any]):
 def describe_change(stored: dict[str, Any], sweep: Sweep) -> str:
     written = [d.to_json() for d in sweep.space]
     if stored.get("objective") != sweep.objective or stored.get("direction") != sweep.direction:
-        return f"objective {stored.get('objective')} ({stored.get('direction')}), now {sweep.objective} ({sweep.direction})"
+        return (
+            f"objective {stored.get('objective')} ({stored.get('direction')}), "
+            f"now {sweep.objective} ({sweep.direction})"
+        )
     if stored.get("written") != written:
         return "the [space] differs"
     return "the base run config differs"

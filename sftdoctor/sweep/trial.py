@@ -36,7 +36,7 @@ from sftdoctor.files import write_atomic
 from sftdoctor.findings import Severity
 from sftdoctor.run import load_run_config
 from sftdoctor.run.checkpoints import newest_complete
-from sftdoctor.run.rundir import METRICS, STOPPED
+from sftdoctor.run.layout import METRICS, STOPPED
 from sftdoctor.sweep.config import Sweep, display, dumps, show
 from sftdoctor.sweep.study import HEARTBEAT_S
 from sftdoctor.train import gate as train_gate
@@ -238,7 +238,10 @@ def pruned_by_pruner(study, sweep: Sweep, number: int, step: int, value: float, 
             f"{there} at that step"
         )
     else:
-        title = f"the hyperband pruner stopped it at step {step}: eval_loss {value:.4f} is not among the best of its bracket"
+        title = (
+            f"the hyperband pruner stopped it at step {step}: eval_loss {value:.4f} "
+            "is not among the best of its bracket"
+        )
     return {"id": "pruner", "title": title}
 
 
@@ -274,7 +277,7 @@ def run_trial(
         return Outcome("interrupted", seconds=time.perf_counter() - began)
     if blocked:
         train_gate.record_preflight(run_dir, findings)
-        errors = [f for f in findings if f.severity is Severity.ERROR]
+        errors = [f for f in findings if f.severity is Severity.ERROR and not f.silenced]
         first = errors[0]
         why = {"id": first.id, "title": first.title, "fix": first.fix, "errors": [f"{f.id}: {f.title}" for f in errors]}
         return Outcome("pruned", why=why, seconds=time.perf_counter() - began)

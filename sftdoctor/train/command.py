@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -21,6 +22,7 @@ from sftdoctor.train.gate import (
     record_preflight,
     rejoining,
     require_training_stack,
+    silenced_ids,
 )
 from sftdoctor.train.launch import batch_job, failure_cause, rehearse, start, worker_env
 from sftdoctor.train.processes import SIGNAL_EXIT
@@ -37,13 +39,16 @@ def main(
     plugins: bool = True,
     rehearse_first: bool = True,
     batch: str | None = None,
+    disable: tuple[str, ...] = (),
 ) -> int:
-    """`batch`: "write" the run as a Slurm batch script instead of training, or "submit" it too."""
+    """`batch`: "write" the run as a Slurm batch script instead of training, or "submit" it too. `disable`: the
+    --disable option's values, silenced in the gate with the config's [checks] disable, and recorded in the plan."""
     require_training_stack()
-    facts, findings, blocked = preflight(config, plugins)
+    facts, findings, blocked = preflight(config, plugins, disable=disable)
     plan = for_launch(
         facts.get("plan"), rehearsal=smoke, drill=drill, plugins=plugins, forced=force, rehearse=rehearse_first
     )
+    plan = dataclasses.replace(plan, silenced=silenced_ids(facts, disable))
     check_drill(drill, plan)
     print("\n" + describe(plan), flush=True)
     if dry_run:

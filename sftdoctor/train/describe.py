@@ -25,7 +25,10 @@ def memory_summary(plan: Plan, facts: Facts) -> str:
 
     shape, gpus = facts.get("model_shape"), facts.get("gpus")
     if not devices(gpus) or not smallest_memory(gpus):
-        return "memory          not planned: no GPU of known memory here (sftdoctor plan --gpu-memory plans for another machine)"
+        return (
+            "memory          not planned: no GPU of known memory here "
+            "(sftdoctor plan --gpu-memory plans for another machine)"
+        )
     if shape is None or "error" in shape:
         return f"memory          not planned: {(shape or {}).get('error') or facts.why_missing('model_shape')}"
     return summary(memory_fit(plan, Shape(**shape), smallest_memory(gpus)))
@@ -56,6 +59,13 @@ def loading(plan: Plan, run_dir: Path) -> list[str]:
 
 def describe(plan: Plan) -> str:
     accumulation = plan.gradient_accumulation_steps or "no whole"
+    loss = (
+        "assistant turns only"
+        if plan.assistant_only_loss
+        else "completions only"
+        if plan.data_shape == "prompt_completion"
+        else "every token"
+    )
     lines = [
         f"world size      {plan.world_size} ({plan.nproc_per_node} per node x {plan.nnodes} node"
         f"{'s' if plan.nnodes > 1 else ''})",
@@ -64,11 +74,11 @@ def describe(plan: Plan) -> str:
         f"tokens per step <= {plan.tokens_per_step_max:,} (max_length {plan.max_length})",
         f"packing         {'on' if plan.packing else 'off'} ({plan.reasons.get('packing')})",
         f"checkpointing   {'on' if plan.checkpointing else 'off'} ({plan.reasons.get('checkpointing')})",
-        f"precision       {plan.precision} (weights loaded in {plan.load_dtype}); attention {plan.attn_implementation}; "
+        f"precision       {plan.precision} (weights loaded in {plan.load_dtype}); "
+        f"attention {plan.attn_implementation}; "
         f"liger-kernel {'on' if plan.liger_kernel else 'off'}",
         f"schedule        {schedule(plan)}",
-        f"loss            {'assistant turns only' if plan.assistant_only_loss else 'completions only' if plan.data_shape == 'prompt_completion' else 'every token'}"
-        + (f"; chat template {Path(plan.chat_template).name}" if plan.chat_template else ""),
+        f"loss            {loss}" + (f"; chat template {Path(plan.chat_template).name}" if plan.chat_template else ""),
         f"deepspeed       {'off' if plan.deepspeed is None else f'ZeRO-{plan.zero_stage} ({plan.deepspeed_source})'}",
         f"run directory   {os.path.normpath(plan.output_dir)}",
     ]

@@ -12,35 +12,44 @@ from pathlib import Path
 from typing import Any
 
 from sftdoctor import render
-from sftdoctor.checks import load_checks, run_checks
+from sftdoctor.checks import load_checks, run_checks, silence, split_ids, to_silence
 from sftdoctor.distributed import gate as shared_gate
 from sftdoctor.facts import Facts, Inputs, launch_inputs
 from sftdoctor.files import write_atomic
 from sftdoctor.findings import Severity
 from sftdoctor.run import Plan
-from sftdoctor.run.rundir import FACTS, FINDINGS
+from sftdoctor.run.layout import FACTS, FINDINGS
 from sftdoctor.train import compat
 from sftdoctor.train.launch import rendezvous_id
 from sftdoctor.train.run_dir import owner
 
 
-def gate(facts: Facts, plugins: bool) -> tuple[list, bool]:
-    """The preflight suite on this machine and this config; (findings, any error)."""
+def gate(facts: Facts, plugins: bool, disable: tuple[str, ...] = ()) -> tuple[list, bool]:
+    """The preflight suite on this machine and this config, the findings of the ids turned off (--disable, the
+    config's [checks] disable) shown silenced, as `check --config` does; (findings, any error not silenced)."""
     registry = load_checks(plugins)
+    ids = to_silence(registry, disable, facts)  # an unknown id refused before any check runs
     findings, skipped = run_checks(registry.phase("preflight"), facts)
-    findings = registry.problems + findings
+    findings = registry.problems + silence(findings, ids)
     render.render_table(findings, skipped)
     return findings, render.exit_code(findings) == 1
 
 
-def preflight(config: Path, plugins: bool, facts_file: Path | None = None) -> tuple[Facts, list, bool]:
+def preflight(
+    config: Path, plugins: bool, facts_file: Path | None = None, disable: tuple[str, ...] = ()
+) -> tuple[Facts, list, bool]:
     """The gate of `sftdoctor train`, and of every trial of `sftdoctor sweep`: the run config and its data read
     (bad input raises, before anything runs), the preflight checks run and shown; (facts, findings, any
     error). `facts_file`: judge a recorded machine's facts (`sftdoctor facts`) instead of this one's."""
     facts = Facts(Inputs(config=config, facts=facts_file))
     launch_inputs.require(facts)  # bad input, as `check --config` refuses it: exit 2 before anything runs
-    findings, blocked = gate(facts, plugins)
+    findings, blocked = gate(facts, plugins, disable)
     return facts, findings, blocked
+
+
+def silenced_ids(facts: Facts, disable: tuple[str, ...]) -> tuple[str, ...]:
+    """The ids the gate silenced (already checked there), for the plan: --disable's and [checks] disable."""
+    return tuple(dict.fromkeys((*split_ids(disable), *facts.get("run").checks.disable)))
 
 
 def record_preflight(run_dir: Path, findings: list, forced: bool = False) -> None:
@@ -99,7 +108,7 @@ def rejoining(plan: Plan) -> bool:
 def nodes_agree(plan: Plan, findings: list, blocked: bool) -> bool:
     """Every node's gate verdict, shared (sftdoctor.distributed.gate): whether all of them let the run start. Says
     which node stops it, or which never came."""
-    errors = [f.title for f in findings if f.severity is Severity.ERROR]
+    errors = [f.title for f in findings if f.severity is Severity.ERROR and not f.silenced]
     print(
         f"\nsftdoctor: waiting for all {plan.nnodes} nodes' checks at {plan.master_addr}:{plan.master_port}", flush=True
     )

@@ -19,8 +19,8 @@ from sftdoctor import render
 from sftdoctor.facts.launch_inputs import in_hub_cache
 from sftdoctor.run import Plan
 from sftdoctor.run.checkpoints import newest_complete, step_of
+from sftdoctor.run.layout import LOG, METRICS, STOPPED
 from sftdoctor.run.resolve import REHEARSAL_SAVE_AT
-from sftdoctor.run.rundir import LOG, METRICS, STOPPED
 from sftdoctor.train import compat, noise
 from sftdoctor.train.describe import loading
 from sftdoctor.train.evaluation import evaluate_run, result_line
@@ -112,8 +112,7 @@ def start(
     echo, log = log is None, log or node_file(run_dir, LOG, plan)
     began, log_from = time.perf_counter(), log.stat().st_size if log.exists() else 0
     records_from = line_count(run_dir / METRICS)
-    resumed_from = newest_complete(run_dir) if resume else None
-    first_step = step_of(resumed_from) if resumed_from else 0
+    first_step = step_of(resumed) if resume and (resumed := newest_complete(run_dir)) else 0
     try:
         code, sig = run_workers(
             command(resolved_path, plan, resume, stop_after),
@@ -127,20 +126,7 @@ def start(
         if not owner(plan):
             shutil.rmtree(resolved_path.parent, ignore_errors=True)
     if sig is not None:  # asked to stop (Ctrl-C, scancel): `sftdoctor report RUN_DIR` draws it later
-        checkpoint = newest_complete(run_dir)
-        step = max((s for s in (last_step(run_dir), checkpoint and step_of(checkpoint)) if s), default=None)
-        print(
-            f"\nsftdoctor: stopped by {signal.Signals(sig).name}"
-            + (f" after step {step}" if step is not None else "")
-            + f"; newest complete checkpoint: {os.path.normpath(checkpoint) if checkpoint else 'none yet'}"
-            + (
-                f"; resume with: sftdoctor train {os.path.normpath(config)} --resume"
-                if config and not plan.rehearsal
-                else ""
-            ),
-            flush=True,
-        )
-        return SIGNAL_EXIT[sig]
+        return stopped_by_signal(plan, run_dir, sig, config)
     drawn = echo and not plan.rehearsal and owner(plan)  # the run (not a rehearsal) gets its report, however it ended
     if code and stopped.exists():  # a watcher stopped the run: its own exit code, whatever torchrun says
         record = json.loads(stopped.read_text())
@@ -161,32 +147,61 @@ def start(
         if drawn:
             print_report_line(run_dir, plan)
     elif not stop_after and not plan.rehearsal:
-        evaluated = evaluate_run(plan, run_dir, env, log) if plan.evaluation and owner(plan) else None
-        where = report_of(run_dir, plan) if owner(plan) else f"written by node 0 ({plan.master_addr})"
-        text = summary(
-            run_dir,
-            read_records(run_dir / METRICS, records_from),
-            time.perf_counter() - began,
-            first_step,
-            newest_complete(run_dir),
-            loading(plan, run_dir),
-            report=where,
-        )
-        line = result_line(run_dir) if evaluated == 0 else None
-        print("\n" + text + (f"\n  eval         {line}" if line else ""), flush=True)
+        evaluated = ended_well(plan, run_dir, env, log, records_from, began, first_step)
         if evaluated:
-            how = (
-                f"was stopped by {signal.Signals(evaluated - 128).name}"
-                if evaluated in SIGNAL_EXIT.values()
-                else f"failed (exit {evaluated})"
-            )
-            print(
-                f"\nsftdoctor: the evaluation {how}; the trained model is in "
-                f"{os.path.normpath(run_dir / 'final')} (line {line_count(log)} of {os.path.normpath(log)})",
-                flush=True,
-            )
             return evaluated
     return code
+
+
+def stopped_by_signal(plan: Plan, run_dir: Path, sig: int, config: Path | None) -> int:
+    """The line for a run asked to stop (Ctrl-C, scancel): after which step, the checkpoint to resume from."""
+    checkpoint = newest_complete(run_dir)
+    step = max((s for s in (last_step(run_dir), checkpoint and step_of(checkpoint)) if s), default=None)
+    print(
+        f"\nsftdoctor: stopped by {signal.Signals(sig).name}"
+        + (f" after step {step}" if step is not None else "")
+        + f"; newest complete checkpoint: {os.path.normpath(checkpoint) if checkpoint else 'none yet'}"
+        + (
+            f"; resume with: sftdoctor train {os.path.normpath(config)} --resume"
+            if config and not plan.rehearsal
+            else ""
+        ),
+        flush=True,
+    )
+    return SIGNAL_EXIT[sig]
+
+
+def ended_well(
+    plan: Plan, run_dir: Path, env: dict[str, str], log: Path, records_from: int, began: float, first_step: int
+) -> int | None:
+    """A run that trained to its end: its evaluation (node 0, when asked for), then the summary block. The
+    evaluation's exit code, or None when there was none."""
+    evaluated = evaluate_run(plan, run_dir, env, log) if plan.evaluation and owner(plan) else None
+    where = report_of(run_dir, plan) if owner(plan) else f"written by node 0 ({plan.master_addr})"
+    text = summary(
+        run_dir,
+        read_records(run_dir / METRICS, records_from),
+        time.perf_counter() - began,
+        first_step,
+        newest_complete(run_dir),
+        loading(plan, run_dir),
+        report=where,
+        silenced=plan.silenced,
+    )
+    line = result_line(run_dir) if evaluated == 0 else None
+    print("\n" + text + (f"\n  eval         {line}" if line else ""), flush=True)
+    if evaluated:
+        how = (
+            f"was stopped by {signal.Signals(evaluated - 128).name}"
+            if evaluated in SIGNAL_EXIT.values()
+            else f"failed (exit {evaluated})"
+        )
+        print(
+            f"\nsftdoctor: the evaluation {how}; the trained model is in "
+            f"{os.path.normpath(run_dir / 'final')} (line {line_count(log)} of {os.path.normpath(log)})",
+            flush=True,
+        )
+    return evaluated
 
 
 def report_of(run_dir: Path, plan: Plan) -> str | None:

@@ -12,7 +12,7 @@ from typing import Any
 from sftdoctor.files import write_atomic
 from sftdoctor.run import Plan
 from sftdoctor.run.checkpoints import newest_complete
-from sftdoctor.run.rundir import METRICS, RESOLVED
+from sftdoctor.run.layout import METRICS, RESOLVED
 from sftdoctor.train.summary import read_records
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sftdoctor.facts.trainer_inputs import load_data, load_tokenizer, peft_config, sft_config
 from sftdoctor.run import Plan
-from sftdoctor.run.rundir import METRICS
+from sftdoctor.run.layout import METRICS
 
 
 def rank() -> int:
@@ -126,6 +126,11 @@ def _adapter_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def fires(drill: dict | None, kind: str, step: int) -> bool:
+    """Whether a drill of this kind is asked for at this step (the one being computed) on this rank."""
+    return bool(drill) and drill["kind"] == kind and step == drill["step"] and drill["rank"] in (None, rank())
+
+
 def watched_trainer_class(drill: dict | None):
     """SFTTrainer that keeps the last micro-batch's loss and the step's inputs (no sync: references only) for
     the watchers, and injects the nan-loss and nan-row drills."""
@@ -143,25 +148,13 @@ def watched_trainer_class(drill: dict | None):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             if model.training:  # the step's micro-batches, for tracing a non-finite step to its rows
                 keep(self, inputs)
-                if (
-                    drill
-                    and drill["kind"] == "nan-row"
-                    and self.state.global_step + 1 == drill["step"]
-                    and drill["rank"] in (None, rank())
-                    and len(self.sftdoctor_step_inputs) == 1
-                ):
+                if fires(drill, "nan-row", self.state.global_step + 1) and len(self.sftdoctor_step_inputs) == 1:
                     self.poison_first_sequence(inputs)
             result = super().compute_loss(
                 model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
             )
             loss = result[0] if return_outputs else result
-            if (
-                drill
-                and drill["kind"] == "nan-loss"
-                and model.training
-                and self.state.global_step + 1 == drill["step"]
-                and drill["rank"] in (None, rank())
-            ):
+            if model.training and fires(drill, "nan-loss", self.state.global_step + 1):
                 loss = loss * float("nan")
                 result = (loss, result[1]) if return_outputs else loss
             if model.training:

@@ -20,7 +20,7 @@ from sftdoctor.errors import InputError
 from sftdoctor.files import write_atomic
 from sftdoctor.run import Plan
 from sftdoctor.run.config import RunConfig
-from sftdoctor.run.rundir import BATCH
+from sftdoctor.run.layout import BATCH
 
 REQUEUE_EXIT = 143  # the launcher's exit on SIGTERM: the time limit's signal, a pre-emption, `scancel --signal=TERM`
 
@@ -58,6 +58,8 @@ def script(plan: Plan, config: Path, run: RunConfig) -> str:
         if value is not None:
             options.append(f"{flag}={value}")
     command = [sys.executable, "-m", "sftdoctor", "train", str(config.resolve()), "--resume"]
+    if plan.silenced:  # the job's gate silences what this one did (--disable is not in the config)
+        command.append(f"--disable={','.join(plan.silenced)}")
     return "\n".join(
         [
             "#!/bin/bash",

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from sftdoctor.render import silenced_line
+
 
 def read_records(path: Path, skip: int = 0) -> list[dict[str, Any]]:
     """metrics.jsonl's records after the first `skip` lines (those of earlier launches)."""
@@ -54,9 +56,11 @@ def summary(
     checkpoint: Path | None,
     next_steps: list[str],
     report: str | None = None,
+    silenced: tuple[str, ...] = (),
 ) -> str:
     """`records`: this launch's metrics.jsonl records; `first_step`: the step it started after (0, or the
-    checkpoint it resumed from); `report`: what to say of the run's report.html."""
+    checkpoint it resumed from); `report`: what to say of the run's report.html; `silenced`: the ids the gate
+    silenced (the plan's)."""
     path = os.path.normpath
     train, evaluation, end = _last(records, "loss"), _last(records, "eval_loss"), _last(records, "train_runtime")
     last_step = max((r.get("step", 0) for r in records), default=first_step)
@@ -87,6 +91,8 @@ def summary(
         f"  findings     {path(run_dir / 'findings.jsonl')}; metrics {path(run_dir / 'metrics.jsonl')}; "
         f"log {path(run_dir / 'train.log')}"
     )
+    if silenced:
+        lines.append(f"  silenced     {silenced_line(silenced)}")
     if report:
         lines.append(f"  report       {report}")
     lines += [f"  next         {step}" for step in next_steps]

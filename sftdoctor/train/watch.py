@@ -28,7 +28,8 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from sftdoctor import render
-from sftdoctor.checks import load_checks, run_check
+from sftdoctor.checks import load_checks, run_check, silence, silenced_by
+from sftdoctor.errors import RunStopped
 from sftdoctor.facts import flight_recorder
 from sftdoctor.facts.catalogue import fact_names
 from sftdoctor.facts.flight_recorder import FR_DIR
@@ -36,7 +37,7 @@ from sftdoctor.files import write_atomic
 from sftdoctor.findings import Finding
 from sftdoctor.run import Plan
 from sftdoctor.run.checkpoints import newest_complete
-from sftdoctor.run.rundir import FINDINGS, STOPPED
+from sftdoctor.run.layout import FINDINGS, STOPPED
 from sftdoctor.train import compat, rows
 
 NAN_EXIT = 86  # stopped on a non-finite loss
@@ -44,18 +45,14 @@ HANG_EXIT = 87  # stopped by the hang watchdog
 FR_KEY = "sftdoctor/flight-recorder"
 STACKS_KEY = "sftdoctor/hang/stacks"
 PID_KEY = "sftdoctor/hang/pid"
-SWAP_MARGIN_S = 30.0  # the swap's reads beyond its own deadline: the dumps of 64 ranks take seconds on a live store
+# The swap's reads beyond its own deadline: the dumps of 64 ranks take seconds on a live store. The tests' runs of 2
+# ranks set SFTDOCTOR_SWAP_MARGIN_S lower rather than wait out 30 s on a frozen store.
+SWAP_MARGIN_S = float(os.environ.get("SFTDOCTOR_SWAP_MARGIN_S") or 30.0)
 DONE_KEY = "sftdoctor/hang/done"
 ROWS_KEY = "sftdoctor/nan-rows"
 REPORT_WAIT_S = 120.0  # the reporting rank's analysis: 0.1 s at 2 ranks, 7 s at 64 (bench/flight_recorder.py)
 TRAINING_PHASE = "forward/backward"
 SPIKE_QUIET = 50  # steps after a loss-spike finding before the next one (a divergence is one event)
-
-
-class RunStopped(Exception):
-    def __init__(self, code: int, finding: Finding):
-        super().__init__(finding.title)
-        self.code, self.finding = code, finding
 
 
 def rank_world() -> tuple[int, int]:
@@ -86,11 +83,16 @@ class RuntimeFacts:
 class Reporter:
     """Runs the runtime checks, built-in and third-party alike, on the facts of the moment: every check whose
     required facts are there runs (the others wait for theirs). Rank 0 prints the findings and appends them
-    to findings.jsonl."""
+    to findings.jsonl. A finding of an id the plan silences (--disable, [checks] disable) is marked silenced
+    there, as the gate marks it: still shown and recorded, and `acts` says the watchers must not act on it."""
 
-    def __init__(self, run_dir: Path, plugins: bool):
-        self.run_dir = run_dir
+    def __init__(self, run_dir: Path, plugins: bool, silenced: tuple[str, ...] = ()):
+        self.run_dir, self.silenced = run_dir, tuple(silenced)
         self.specs = load_checks(plugins).phase("runtime")
+
+    def acts(self, id: str) -> bool:
+        """Whether the watchers act on this check's or message's finding (stop the run): not when silenced."""
+        return not silenced_by(id, self.silenced)
 
     def check(self, **facts: Any) -> list[Finding]:
         moment, found = RuntimeFacts(facts), []
@@ -98,7 +100,7 @@ class Reporter:
             if all(name in facts for name, required in spec.facts if required):
                 outcome = run_check(spec, moment)
                 found += outcome if isinstance(outcome, list) else []
-        return found
+        return silence(found, self.silenced)
 
     def publish(self, findings: list[Finding], step: int, force: bool = False) -> None:
         if not findings or (rank_world()[0] != 0 and not force):
@@ -285,11 +287,14 @@ class HangWatchdog(threading.Thread):
             }
             findings = self.reporter.check(hang=hang)
             self.reporter.publish(findings, self.step, force=True)
-            if findings:
+            if findings and self.reporter.acts("nccl-timeout"):
                 self.reporter.stopped(HANG_EXIT, findings[0])
             _set(store, DONE_KEY)
         else:  # a rank that exits ends the job (torchrun stops the rest): wait for the report (seconds at 64 ranks)
             _wait(store, DONE_KEY, REPORT_WAIT_S)
+        if not self.reporter.acts("nccl-timeout"):  # silenced: reported once, the run left to NCCL's own timeout
+            self.done.set()
+            return
         time.sleep(1.0)  # let the other ranks finish their dumps
         os._exit(HANG_EXIT)
 
@@ -453,7 +458,7 @@ class Guard(TrainerCallback):
 
     def __init__(self, trainer, plan: Plan, run_dir: Path):
         self.trainer, self.plan, self.run_dir = trainer, plan, run_dir
-        self.reporter = Reporter(run_dir, plan.plugins)
+        self.reporter = Reporter(run_dir, plan.plugins, plan.silenced)
         self.grad_norm = None
         self.last_finite: dict[str, float | None] = {"loss": None, "grad_norm": None}
         self.skips = 0
@@ -469,7 +474,8 @@ class Guard(TrainerCallback):
 
     # -- lifecycle
     def on_train_begin(self, args, state, control, **kwargs):
-        if self.plan.on_nan == "skip" and not self.plan.deepspeed and self.plan.precision != "fp16":
+        skips = self.plan.on_nan == "skip" or not self.reporter.acts("nan-loss")
+        if skips and not self.plan.deepspeed and self.plan.precision != "fp16":
             optimizer = self.trainer.optimizer
             step = optimizer.step
 
@@ -533,7 +539,10 @@ class Guard(TrainerCallback):
 
     def _non_finite(self, state, value: float, bad_ranks: list[int]) -> None:
         step = state.global_step + 1
-        stopping = self.plan.on_nan == "stop" or self.skips >= self.plan.max_skips
+        # nan-loss silenced: the user accepts non-finite steps; each is still dropped (as on_nan = "skip"), never
+        # counted against max_skips, and the run goes on
+        accepted = not self.reporter.acts("nan-loss")
+        stopping = not accepted and (self.plan.on_nan == "stop" or self.skips >= self.plan.max_skips)
         # Under DeepSpeed the engine has already stepped inside backward (accelerate) and skipped the update
         # itself (DeepSpeed 0.19: non-finite gradient norm -> "OVERFLOW! Skipping step"); under fp16 AMP the
         # loss scaler skips it. Only bf16/fp32 without DeepSpeed need our skip.
@@ -552,8 +561,10 @@ class Guard(TrainerCallback):
             "checkpoint": str(newest_complete(self.run_dir) or "") or None,
             "action": "stopped; no checkpoint of these weights is written"
             if stopping
-            else f"update skipped ({self.skips + 1} of at most {self.plan.max_skips})"
-            + (f" by {skipped_by}" if skipped_by else ""),
+            else "update skipped"
+            + ("" if accepted else f" ({self.skips + 1} of at most {self.plan.max_skips})")
+            + (f" by {skipped_by}" if skipped_by else "")
+            + ("; nan-loss silenced: the run goes on" if accepted else ""),
         }
         if stopping:
             self.watchdog.beat(step, "attributing a non-finite loss", slack=4.0)
@@ -637,10 +648,11 @@ class Guard(TrainerCallback):
         """One divergence or one stuck scale is one event: `quiet_id`'s findings wait SPIKE_QUIET steps after
         the last one; every other check's findings (third-party ones included) are published as they come."""
         last = self.quiet_since.get(quiet_id, -SPIKE_QUIET)
-        loud = [f for f in findings if f.id != quiet_id or step - last >= SPIKE_QUIET]
-        if any(f.id == quiet_id for f in loud):
+        quiet = [f.id.partition("/")[0] == quiet_id for f in findings]  # any of the check's messages (`id/slug`)
+        loud = [(f, hush) for f, hush in zip(findings, quiet) if not hush or step - last >= SPIKE_QUIET]
+        if any(hush for _, hush in loud):
             self.quiet_since[quiet_id] = step
-        self.reporter.publish(loud, step)
+        self.reporter.publish([f for f, _ in loud], step)
 
 
 # ---------------------------------------------------------------- drills

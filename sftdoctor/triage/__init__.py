@@ -131,9 +131,9 @@ def _groups(match) -> dict:
 
 
 def _summary(summaries: dict[str, Summary], sig: Signature) -> Summary:
-    key = sig.summary or sig.id
+    key = sig.summariser or sig.id
     if key not in summaries:
-        summaries[key] = SUMMARIES[sig.summary]() if sig.summary else Generic(sig)
+        summaries[key] = SUMMARIES[sig.summariser]() if sig.summariser else Generic(sig)
     return summaries[key]
 
 

@@ -12,7 +12,7 @@ from sftdoctor.checks._collectives import dumps_finding
 from sftdoctor.errors import InputError, read_text
 from sftdoctor.facts.child import in_child
 from sftdoctor.facts.flight_recorder import FR_DIR, dumps_in
-from sftdoctor.run.rundir import RESOLVED
+from sftdoctor.run.layout import RESOLVED
 from sftdoctor.triage import Diagnosis, add_dumps_finding, diagnose
 from sftdoctor.triage.render import render_diagnosis, render_diagnosis_json
 from sftdoctor.triage.sniff import SAMPLE, unreadable
@@ -46,7 +46,7 @@ def main(
 
 def triage(log_file: str, as_json: bool, jobs: int) -> int:
     try:
-        stream = sys.stdin.buffer if log_file == "-" else open(log_file, "rb")
+        stream = sys.stdin.buffer if log_file == "-" else open(log_file, "rb")  # noqa: SIM115 - `with stream` below
     except OSError as exc:
         raise InputError(log_file, f"cannot read the log: {exc.strerror or exc}") from None
     with stream:

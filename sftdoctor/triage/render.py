@@ -14,7 +14,8 @@ from sftdoctor.triage import Diagnosis
 def render_diagnosis(diagnosis: Diagnosis, out=None) -> None:
     out = out or sys.stdout
     out.write(
-        f"{diagnosis.source}: {diagnosis.lines:,} line{'' if diagnosis.lines == 1 else 's'}, {diagnosis.bytes / 2**20:.1f} MiB\n"
+        f"{diagnosis.source}: {diagnosis.lines:,} line{'' if diagnosis.lines == 1 else 's'}, "
+        f"{diagnosis.bytes / 2**20:.1f} MiB\n"
     )
     out.write(verdict_line(diagnosis) + "\n")
     render_table([loc.finding for loc in diagnosis.findings], [], out=out, with_summary=False)

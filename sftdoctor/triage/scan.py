@@ -46,8 +46,8 @@ class Line:
     preceding: bytes = b""  # what came before the line (up to PRECEDING bytes; less at a chunk's start)
 
     def joined(self, lines: int = 2, separator: str = " ") -> str:
-        """The line and the next `lines` non-blank lines (at least `LOOKAHEAD` are there), cleaned, joined by `separator`
-        (spaces for a message that goes on; "" for a line a terminal cut at its width)."""
+        """The line and the next `lines` non-blank lines (at least `LOOKAHEAD` are there), cleaned, joined by
+        `separator` (spaces for a message that goes on; "" for a line a terminal cut at its width)."""
         return separator.join([self.text, *self.after(lines)])
 
     def after(self, lines: int) -> list[str]:

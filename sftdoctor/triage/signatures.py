@@ -7,7 +7,7 @@ regex     what to match in the decoded line (Python syntax, named groups = speci
           NAME_2, NAME_3 fill NAME, for alternatives); the escaped needle when left out
 role      root     a cause in itself (a CUDA OOM, a version mismatch)
           symptom  a finding, but often the consequence of a root found before it
-          context  feeds a summary (loss values, torchrun's failure block), no finding alone
+          context  feeds a summariser (loss values, torchrun's failure block), no finding alone
           cascade  what follows a failure (ChildFailedError, SIGTERM to the others): counted
           benign   looks alarming, is not: the line is dropped before the others are tried
 severity  of the finding: error, warning, or info (an advisory or a deprecation notice: shown, never a
@@ -16,10 +16,10 @@ title     one line; `{group}` fields are filled from the first match
 fix       one line
 only_if   words of which the line must also hold one (for frequent needles: a Trainer dict is
           looked at only if it holds a nan or an inf); the other lines are counted and the last
-          few handed to the summary with the next line that is looked at
+          few handed to the summariser with the next line that is looked at
 wraps     N (1 or 2): the message may wrap onto the next N lines; the regex sees them joined by spaces
-summary   the summariser that turns matches into findings (summaries.py); default: one
-          finding per signature
+summariser  which of summaries.py's summarisers turns the matches into findings; default: one finding
+          per signature
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ class Signature:
     severity: str = "error"
     title: str = ""
     fix: str = ""
-    summary: str = ""
+    summariser: str = ""
     wraps: int = 0
     only_if: tuple[str, ...] = ()
 
 
 def _signature(topic: str, entry: dict) -> Signature:
-    known = {"id", "needle", "regex", "role", "severity", "title", "fix", "summary", "wraps", "only_if"}
+    known = {"id", "needle", "regex", "role", "severity", "title", "fix", "summariser", "wraps", "only_if"}
     if unknown := set(entry) - known:
         raise ValueError(f"kb topic {topic}: signature {entry.get('id')!r} has unknown keys {sorted(unknown)}")
     if entry["role"] not in ROLES:

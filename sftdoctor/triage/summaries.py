@@ -192,15 +192,7 @@ class NcclWatchdog(Summary):
             notes.append(f"last completed NCCL work {work['last_completed']}, last enqueued {work['last_enqueued']}")
         failed = ctx.first_failure
         if failed.get("exitcode") is not None:
-            who = next(
-                (
-                    f"{label} {failed[key]}"
-                    for key, label in (("rank", "rank"), ("local_rank", "local rank"))
-                    if failed.get(key) is not None
-                ),
-                "a rank",
-            )
-            notes.append(f"the launcher saw {who} fail first (exitcode {failed['exitcode']})")
+            notes.append(f"the launcher saw {_who_failed(failed)} fail first (exitcode {failed['exitcode']})")
         detail = "; ".join(notes + [f"first at {where(self.first)}: {clip(self.first.text)}"])
         specifics = {
             "op": op,
@@ -217,6 +209,18 @@ class NcclWatchdog(Summary):
         evidence = _evidence(self.sig, self.first, self.count, timed_out, specifics)
         finding = Finding(Severity.ERROR, title, detail, fix, explain, evidence, self.sig.topic)
         return [Located(self.first.number, self.sig.role, finding)]
+
+
+def _who_failed(failed: dict[str, Any]) -> str:
+    """The rank (or local rank) torchrun's failure block names, in words."""
+    return next(
+        (
+            f"{label} {failed[key]}"
+            for key, label in (("rank", "rank"), ("local_rank", "local rank"))
+            if failed.get(key) is not None
+        ),
+        "a rank",
+    )
 
 
 def _majority(values):
@@ -1007,6 +1011,49 @@ class Crash(Summary):
     def shows_failure(self, ctx: Context) -> bool:
         return bool(self.exceptions or self.tracebacks or self.other or (ctx.first_failure.get("exitcode") or 0))
 
+    def _exception_said(self, line: Line, launcher: str) -> tuple[str, str, dict[str, Any]]:
+        """Title, detail and evidence of an exception no signature explains."""
+        quote = clip(line.joined(1) if line.text.rstrip().endswith(":") else line.text)
+        who = f"rank {line.rank}, " if line.rank is not None else ""
+        title = f"the run failed: {quote} ({who}line {line.number}; cause not recognised)"
+        detail = (
+            "the innermost exception of the first rank to fail, where no known failure signature matched"
+            + (f"; {ranks} ranks raised one" if (ranks := sum(r is not None for r in self.exceptions)) > 1 else "")
+            + launcher
+        )
+        return title, detail, {"line": line.number, "rank": line.rank, "text": quote}
+
+    def _no_exception_line(
+        self, failed: dict[str, Any], cascade: int, launcher: str
+    ) -> tuple[Line | None, str, str, dict[str, Any]]:
+        """The line shown, title, detail and evidence of a failure the log gives no exception line for: a cut
+        traceback, another sign of failure, the launcher's word, or only the job torn down."""
+        line = min(self.tracebacks.values(), key=lambda found: found.number, default=None) or self.other
+        if line is not None and line in self.tracebacks.values():
+            sign = "a Python traceback with no exception line (the paste or the log was cut before it)"
+        elif line is not None:
+            sign = self.what
+        elif (line := failed.get("at")) is not None:
+            sign, launcher = (
+                f"the launcher saw {_who_failed(failed)} fail (exitcode {failed['exitcode']}) and the log holds no "
+                "traceback",
+                "",
+            )
+        else:
+            sign = "the launcher tore the job down and the log holds no traceback"
+        title = f"the run failed: {sign}; cause not recognised"
+        detail = (
+            f"first at {where(line)}: {clip(line.text)}"
+            if line is not None
+            else f"{cascade} cascade line{'s' if cascade != 1 else ''} (the launcher tearing the job down)"
+        ) + launcher
+        evidence = {
+            "line": line.number if line else None,
+            "rank": line.rank if line else None,
+            "text": clip(line.text) if line else None,
+        }
+        return line, title, detail, evidence
+
     def unrecognised(self, ctx: Context, cascade: int) -> Located | None:
         """The finding for a log that shows a failure no signature explains, or None when it shows none."""
         if not (self.shows_failure(ctx) or cascade):
@@ -1020,47 +1067,9 @@ class Crash(Summary):
             else ""
         )
         if line is not None:
-            quote = clip(line.joined(1) if line.text.rstrip().endswith(":") else line.text)
-            who = f"rank {line.rank}, " if line.rank is not None else ""
-            title = f"the run failed: {quote} ({who}line {line.number}; cause not recognised)"
-            detail = (
-                "the innermost exception of the first rank to fail, where no known failure signature matched"
-                + (f"; {ranks} ranks raised one" if (ranks := sum(r is not None for r in self.exceptions)) > 1 else "")
-                + launcher
-            )
-            evidence = {"line": line.number, "rank": line.rank, "text": quote}
+            title, detail, evidence = self._exception_said(line, launcher)
         else:
-            line = min(self.tracebacks.values(), key=lambda found: found.number, default=None) or self.other
-            if line is not None and line in self.tracebacks.values():
-                sign = "a Python traceback with no exception line (the paste or the log was cut before it)"
-            elif line is not None:
-                sign = self.what
-            elif (line := failed.get("at")) is not None:
-                who = next(
-                    (
-                        f"{label} {failed[key]}"
-                        for key, label in (("rank", "rank"), ("local_rank", "local rank"))
-                        if failed.get(key) is not None
-                    ),
-                    "a rank",
-                )
-                sign, launcher = (
-                    f"the launcher saw {who} fail (exitcode {failed['exitcode']}) and the log holds no traceback",
-                    "",
-                )
-            else:
-                sign = "the launcher tore the job down and the log holds no traceback"
-            title = f"the run failed: {sign}; cause not recognised"
-            detail = (
-                f"first at {where(line)}: {clip(line.text)}"
-                if line is not None
-                else f"{cascade} cascade line{'s' if cascade != 1 else ''} (the launcher tearing the job down)"
-            ) + launcher
-            evidence = {
-                "line": line.number if line else None,
-                "rank": line.rank if line else None,
-                "text": clip(line.text) if line else None,
-            }
+            line, title, detail, evidence = self._no_exception_line(failed, cascade, launcher)
         fix = (
             "read the lines above that one, under the same rank's prefix; with no traceback, rerun with "
             "`torchrun --tee 3 --log-dir logs/` (one file per rank) or @record on main, which puts the failing rank's "
@@ -1162,16 +1171,8 @@ class StoreLost(Summary):
                 f"{who} found rank 0's TCPStore gone ({error or 'closed'}) and this log shows no failure: at the "
                 "end of a run, rank 0 exiting first (harmless); else rank 0's own lines say why it stopped"
             )
-            finding = Finding(
-                Severity.INFO,
-                title,
-                f"first at {where(first)}: {clip(first.text)}",
-                "nothing to do; a dist.barrier() before destroy_process_group() quiets it",
-                "store-lost",
-                _evidence(self._sig(), first, len(seen), ranks, specifics),
-                "store-lost",
-            )
-            return [Located(first.number, "context", finding)]
+            fix = "nothing to do; a dist.barrier() before destroy_process_group() quiets it"
+            return self._not_the_failure(title, fix, first, len(seen), ranks, specifics)
         cause, named, at = self._cause(failed)
         if not died_of_it and at is None and not cause:
             # only the heartbeat's and the client's warnings, in a run that failed elsewhere: the store went away as
@@ -1180,16 +1181,7 @@ class StoreLost(Summary):
                 f"{who} found rank 0's TCPStore gone ({error or 'closed'}) as the failed job was torn down: "
                 "rank 0 (or node 0's torchrun agent) exited; the failure itself is elsewhere"
             )
-            finding = Finding(
-                Severity.INFO,
-                title,
-                f"first at {where(first)}: {clip(first.text)}",
-                self._sig().fix,
-                "store-lost",
-                _evidence(self._sig(), first, len(seen), ranks, specifics),
-                "store-lost",
-            )
-            return [Located(first.number, "context", finding)]
+            return self._not_the_failure(title, self._sig().fix, first, len(seen), ranks, specifics)
         title = f"{who} lost rank 0's TCPStore ({error or 'its socket closed'}): rank 0 died first" + (
             f": {cause}" if cause else "; its own lines (or node 0's) say why"
         )
@@ -1214,6 +1206,13 @@ class StoreLost(Summary):
             "store-lost",
         )
         return [Located(shown.number, "symptom" if named else "root", finding)]
+
+    def _not_the_failure(self, title: str, fix: str, first: Line, count: int, ranks, specifics) -> list[Located]:
+        """An info finding: the store went away, and that is not why the run failed (if it did)."""
+        evidence = _evidence(self._sig(), first, count, ranks, specifics)
+        detail = f"first at {where(first)}: {clip(first.text)}"
+        finding = Finding(Severity.INFO, title, detail, fix, "store-lost", evidence, "store-lost")
+        return [Located(first.number, "context", finding)]
 
     def _cause(self, failed: dict[str, Any]) -> tuple[str | None, bool, Line | None]:
         """(why rank 0 died, as the log says; whether another signature names it as a root cause; its line)."""

@@ -97,7 +97,7 @@ def test_deepspeed_0_18_3_with_accumulation_divides_gradients_twice(run, accumul
     findings = run(
         "known-bad-versions", packages={**CURRENT, "deepspeed": "0.18.3"}, torch_build=TORCH, plan=plan(accumulation)
     )
-    assert ("deepspeed-0.18.3-accumulation" in advisories(findings)) is hit
+    assert ("deepspeed-accumulation-scaled-twice" in advisories(findings)) is hit
 
 
 @pytest.mark.parametrize(

@@ -56,11 +56,11 @@ def test_every_version_unreadable_is_a_warning_not_a_pass(run):
     "version, expected",
     [
         ("v0.14.0", ["deepspeed-overlap-comm-zero12"]),  # a leading v: 0.14.0, before the fix
-        ("0.18.3+cpu", ["deepspeed-0.18.3-accumulation", "deepspeed-overlap-comm-zero12"]),  # local: still 0.18.3
+        ("0.18.3+cpu", ["deepspeed-accumulation-scaled-twice", "deepspeed-overlap-comm-zero12"]),  # local: still 0.18.3
         ("0.18.3rc1", ["deepspeed-overlap-comm-zero12"]),  # before 0.18.3: not in [0.18.3, 0.18.4)
         ("0.18.3.dev0", ["deepspeed-overlap-comm-zero12"]),
-        ("0.18.3.post1", ["deepspeed-0.18.3-accumulation", "deepspeed-overlap-comm-zero12"]),
-        ("0.18.4.dev0", ["deepspeed-0.18.3-accumulation", "deepspeed-overlap-comm-zero12"]),  # before 0.18.4
+        ("0.18.3.post1", ["deepspeed-accumulation-scaled-twice", "deepspeed-overlap-comm-zero12"]),
+        ("0.18.4.dev0", ["deepspeed-accumulation-scaled-twice", "deepspeed-overlap-comm-zero12"]),  # before 0.18.4
         ("0.19.0rc1", ["deepspeed-overlap-comm-zero12"]),  # before the fixed 0.19.0
         ("0.19.0.dev0", ["deepspeed-overlap-comm-zero12"]),
         ("0.19.0+cpu", []),

@@ -4,6 +4,7 @@ import json
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -199,7 +200,7 @@ def test_plugins_load_unless_switched_off(monkeypatch, value, on):
 
 def test_an_empty_select_is_bad_input():
     proc = subprocess.run([sys.executable, "-m", "sftdoctor", "check", "--select", ","], capture_output=True, text=True)
-    assert proc.returncode == 2 and "--select: expected check ids" in proc.stderr
+    assert proc.returncode == 2 and "--select: expected check or message ids" in proc.stderr
 
 
 def test_a_plugin_that_fails_to_import_is_a_warning(tmp_path):
@@ -249,7 +250,132 @@ def test_every_builtin_check_asks_only_for_facts_of_its_phase():
 
 
 def test_the_plugins_topic_names_every_fact_a_check_can_ask_for():
+    """`explain plugins` lists them from the catalogue (kb.facts_by_phase), never by hand."""
+    from sftdoctor import kb
     from sftdoctor.facts.catalogue import CATALOGUE
 
-    text = (Path(__file__).resolve().parents[2] / "sftdoctor" / "kb" / "topics" / "plugins.md").read_text()
+    text = kb.topic("plugins").body
     assert [name for name in CATALOGUE if f"`{name}`" not in text] == []
+    assert "- a `runtime` check (during training, whenever the run produces them): `step_stats`" in text
+
+
+# ---------------------------------------------------------------- refused at import, refused at load
+
+BUILTIN_TYPO = """
+from sftdoctor.checks import check
+from sftdoctor.findings import ok
+
+@check("zz-typo", "a built-in check with a misspelt fact")
+def zz_typo({params}):
+    return ok("never")
+"""
+
+
+def builtin_module(tmp_path, monkeypatch, name: str, source: str) -> str:
+    """A module put under the sftdoctor.checks package path, as a new built-in check module is."""
+    import sftdoctor.checks as package
+
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path)])
+    monkeypatch.delitem(sys.modules, f"sftdoctor.checks.{name}", raising=False)
+    return f"sftdoctor.checks.{name}"
+
+
+@pytest.mark.parametrize(
+    "params, says",
+    [
+        ("step_stat", "asks for the fact 'step_stat', which does not exist (did you mean 'step_stats'?)"),
+        ("gpus, hang", "asks for the fact 'hang', which only runtime checks receive, not preflight ones"),
+    ],
+)
+def test_a_builtin_check_asking_for_a_fact_it_can_never_receive_fails_at_import(tmp_path, monkeypatch, params, says):
+    """As pluggy refuses a hook that does not match its spec: the module's own tests fail, not a user's run."""
+    import importlib
+
+    from sftdoctor.checks import CheckDeclarationError
+
+    module = builtin_module(tmp_path, monkeypatch, "zz_typo", BUILTIN_TYPO.format(params=params))
+    with pytest.raises(CheckDeclarationError) as raised:
+        importlib.import_module(module)
+    assert str(raised.value) == f"check 'zz-typo' ({module}.zz_typo) {says}"
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    with pytest.raises(CheckDeclarationError):  # and so does every command, which loads it
+        load_checks(plugins=False)
+
+
+@pytest.mark.parametrize("slug", ["Shm", "shm_size", "", "-shm", "shm/x"])
+def test_a_message_slug_that_is_not_kebab_case_is_refused_at_declaration(slug):
+    from sftdoctor.checks import CheckDeclarationError
+
+    with pytest.raises(CheckDeclarationError, match=f"check 'demo': message {slug!r}: expected a kebab-case slug"):
+        check("demo", "x", messages={slug: "what it says"})
+
+
+def test_every_builtin_message_is_kebab_case_unique_and_says_what_it_reports():
+    import re
+
+    ids = [i for spec in load_checks(plugins=False).checks.values() for i in sorted(spec.ids)]
+    assert len(ids) == len(set(ids))
+    for spec in load_checks(plugins=False).checks.values():
+        for slug, said in spec.messages.items():
+            assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", slug), (spec.id, slug)
+            assert said.strip() and "\n" not in said, (spec.id, slug)
+
+
+def test_every_kb_section_a_builtin_finding_points_to_exists():
+    """`explain="TOPIC#slug"` in a check module names a section of that topic (`sftdoctor explain TOPIC/slug`)."""
+    import re
+
+    from sftdoctor import kb
+
+    folder = Path(__file__).resolve().parents[2] / "sftdoctor" / "checks"
+    pointed = {m for f in folder.glob("*.py") for m in re.findall(r'explain="([a-z0-9-]+#[a-z0-9-]+)"', f.read_text())}
+    missing = []
+    for where in sorted(pointed):
+        name, slug = where.split("#")
+        if slug not in kb.sections(kb.topic(name).body):
+            missing.append(where)
+    assert missing == []
+
+
+@check("demo-messages", "x", messages={"shm": "shared memory is small", "port": "the port is busy"})
+def _demo_messages(env):
+    return [ok("fine", id="demo-messages/shm"), ok("also", id=env.get("ID", "demo-messages/port"))]
+
+
+def test_a_builtin_finding_of_an_undeclared_id_is_one_error_finding_naming_it():
+    spec = replace(spec_of(_demo_messages), origin="sftdoctor")
+    declared = run_check(spec, Facts.replay({"env": {}}))
+    assert [f.id for f in declared] == ["demo-messages/shm", "demo-messages/port"]
+    [broken] = run_check(spec, Facts.replay({"env": {"ID": "demo-messages/shmm"}}))
+    assert broken.severity.value == "error" and broken.id == "demo-messages"
+    assert "returned a finding of id 'demo-messages/shmm', which it does not declare" in broken.title
+    # a plugin's own ids are its business: kept as it gave them
+    plugin = run_check(replace(spec, origin="plugin site"), Facts.replay({"env": {"ID": "site/x"}}))
+    assert [f.id for f in plugin] == ["demo-messages/shm", "site/x"]
+
+
+REFUSED_PLUGIN = """
+from sftdoctor.checks import check
+from sftdoctor.findings import ok
+
+@check("site-typo", "a plugin check with a misspelt fact")
+def site_typo(step_stat):
+    return ok("never")
+"""
+
+
+def test_a_refused_plugin_check_is_listed_and_selecting_it_says_why(tmp_path):
+    """A plugin keeps the soft refusal (a plugin-load warning), but --list shows it and --select says why."""
+    env = install_plugin(tmp_path, REFUSED_PLUGIN)
+    listed = subprocess.run(
+        [sys.executable, "-m", "sftdoctor", "check", "--list"], capture_output=True, text=True, env=env
+    )
+    why = "it asks for the fact 'step_stat', which does not exist (did you mean 'step_stats'?)"
+    assert f"site-typo              refused     {why}  [plugin site (mysite_checks)]" in listed.stdout.splitlines()
+    code, said = check_json(env, "site-typo")
+    assert code == 2
+    assert (
+        said.strip()
+        == f"sftdoctor: error: --select: check 'site-typo' from plugin site (mysite_checks) was refused: {why}"
+    )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from cli_contract import ENV, sftdoctor
-from hostile import SPECIAL, no_hang, special_file
+from hostile import SPECIAL, no_hang, special_file, wrong_type
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -260,3 +260,83 @@ def test_check_and_train_agree_on_hostile_configs(
         or (fraction and train_rows == 1)
     )
     assert (code == 2) == bool(expect_refusal), said
+
+
+# ---------------------------------------------------------------- [checks] disable, as --disable
+
+
+def test_an_unknown_id_in_checks_disable_is_refused_alike(tmp_path, bare_model):
+    config = example(tmp_path, bare_model, {"checks": {"disable": ["chat-template", "dsk-full"]}})
+    refused(
+        config,
+        "[checks].disable",
+        "no check or message 'dsk-full' (did you mean 'disk-full'?); see `sftdoctor check --list`",
+    )
+
+
+def silenced_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith("~  ")]
+
+
+@pytest.mark.slow  # the whole gate, in check and train --dry-run: 2-4 s
+def test_a_silenced_error_lets_check_and_the_dry_run_pass_alike(tmp_path, bare_model):
+    """The bare model has no tokenizer: chat-template is an error, in both; silenced in the run config, it is still
+    printed, marked silenced, in both, and neither refuses. --disable on the command line does the same."""
+    config = example(tmp_path, bare_model, {"checks": {"disable": ["chat-template"]}})
+    root = config.parent
+    with no_hang(60):
+        checked = sftdoctor(["check", "--config", config], root, [root])
+        dry = sftdoctor(["train", "--dry-run", "--no-rehearse", config], root, [root])
+    assert (checked.exit_code, dry.exit_code) == (0, 0), (checked.stdout[-2000:], dry.stdout[-2000:])
+    assert silenced_lines(checked.stdout) == silenced_lines(dry.stdout) != []
+    assert all(line.split()[1].startswith("chat-template") for line in silenced_lines(checked.stdout))
+    plain = example(tmp_path / "plain", bare_model)
+    with no_hang(60):
+        option = sftdoctor(["check", "--config", plain, "--disable", "chat-template"], plain.parent, [plain.parent])
+        dry = sftdoctor(
+            ["train", "--dry-run", "--no-rehearse", "--disable", "chat-template", plain], plain.parent, [plain.parent]
+        )
+    assert (option.exit_code, dry.exit_code) == (0, 0)
+    assert silenced_lines(option.stdout) == silenced_lines(dry.stdout)
+    ids = [[line.split()[1] for line in silenced_lines(out)] for out in (option.stdout, checked.stdout)]
+    assert ids[0] == ids[1]
+
+
+DISABLE_VALUES = st.one_of(
+    wrong_type(["x"]),
+    st.lists(
+        st.sampled_from(["", " ", "nccl-env", "nccl-env/port-busy", "nccl-env/", "dsk-full", "x\ny", "☃"]), max_size=3
+    ),
+)
+
+
+@pytest.mark.slow  # check --config on 60 drawn configs: about 30 s
+@given(value=DISABLE_VALUES)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_checks_disable_is_a_verdict_or_one_line_naming_the_file(tmp_path_factory, bare_model, value):
+    """tests/hostile.py's vocabulary (wrong types, empty strings, unknown ids) in [checks] disable: check keeps the
+    CLI contract, and refuses exactly what is not a list of known ids."""
+    root = tmp_path_factory.mktemp("disable")
+    config = example(root, bare_model, {"checks": {"disable": value}} if value is not None else None)
+    with no_hang(60):
+        result = sftdoctor(["check", "--config", config, "--select", "nccl-env"], root, [config])
+    known = isinstance(value, list) and all(v in ("nccl-env", "nccl-env/port-busy") for v in value)
+    if value == {}:
+        known = False
+    assert (result.exit_code == 2) == (value is not None and not known), result.stderr
+    if result.exit_code == 2 and "not valid TOML" not in result.stderr:  # a null or a table: no TOML for it
+        assert "[checks].disable" in result.stderr
+
+
+def test_an_unknown_disable_option_is_refused_alike(tmp_path, bare_model):
+    config = example(tmp_path, bare_model)
+    line = (
+        "sftdoctor: error: --disable: no check or message 'dsk-full' (did you mean 'disk-full'?); "
+        "see `sftdoctor check --list`"
+    )
+    with no_hang(60):
+        checked = sftdoctor(["check", "--config", config, "--disable", "dsk-full"], tmp_path, ["--disable"])
+        dry = sftdoctor(["train", "--dry-run", "--disable", "chat-template,dsk-full", config], tmp_path, ["--disable"])
+        trained = sftdoctor(["train", "--no-rehearse", "--disable", "dsk-full", config], tmp_path, ["--disable"])
+    for result in (checked, dry, trained):
+        assert (result.exit_code, result.stderr.splitlines()) == (2, [line])

@@ -34,9 +34,14 @@ def recorded(name: str, schedule: bool = False) -> dict:
 
 
 def said(curves: dict) -> dict[str, str]:
-    """check id -> the title of its warning or error (quiet checks left out)."""
+    """finding id (CHECK/message) -> the title of its warning or error (quiet checks left out)."""
     findings, _ = judge(curves, plugins=False)
     return {f.id: f.title for f in findings if f.severity.value in ("warning", "error")}
+
+
+def checks_of(said_: dict[str, str]) -> set[str]:
+    """The checks that said something, whichever of their messages."""
+    return {finding_id.split("/")[0] for finding_id in said_}
 
 
 def synthetic(**series) -> dict:
@@ -91,7 +96,7 @@ def test_every_real_log_follows_the_schedule_its_repository_configures(entry):
     """The LR formula (run/schedule.py) against 11 real logs of transformers 4.27-4.57 whose repositories
     configure the schedule: each followed it, whichever step its version logs the rate for."""
     said_ = said(recorded(entry["file"][:-5], schedule=True))
-    assert "lr-curve" not in said_, said_
+    assert "lr-curve" not in checks_of(said_), said_
 
 
 def test_the_logs_with_a_configured_schedule_are_counted():
@@ -110,7 +115,7 @@ def test_a_real_log_without_its_configuration_is_judged_on_its_shape_alone(entry
 def test_real_overfitting_is_named_with_the_step_of_the_best_eval_loss(name):
     curves = recorded(name)
     best = min(zip(curves["series"]["eval_loss"]["values"], curves["series"]["eval_loss"]["steps"]))[1]
-    title = said(curves)["overfitting"]
+    title = said(curves)["overfitting/eval-loss-rising"]
     assert (
         title == f"overfitting: the eval loss stayed above its best for 4 evaluations after step {best} while the "
         "train loss fell"
@@ -119,7 +124,7 @@ def test_real_overfitting_is_named_with_the_step_of_the_best_eval_loss(name):
 
 def test_a_trainer_state_alone_is_judged_against_the_trainers_default_threshold():
     curves = read_run(FIXTURES / "grad_clipped_mistral7b_medbot_lora.json")  # no training arguments at hand
-    assert said(curves)["grad-norm-curve"] == (
+    assert said(curves)["grad-norm-curve/mostly-clipped"] == (
         "the gradient norm was clipped on 83% of the logged steps: above 1.1x the "
         "threshold 1 (the Trainer's default; the log does not say)"
     )
@@ -130,11 +135,13 @@ def test_a_cosine_that_turns_back_up_against_its_configured_schedule():
     schedule = {"name": "cosine", "learning_rate": 1e-4, "total_steps": 600, "warmup_steps": 0, "min_lr_rate": 0.0}
     curves = synthetic(learning_rate=[1e-4 * 0.5 * (1 + math.cos(2 * math.pi * i / 60)) for i in range(60)])
     curves["schedule"] = schedule
-    assert said(curves)["lr-curve"].startswith("the learning rate oscillates: it turned 1 times after its peak")
+    assert said(curves)["lr-curve/oscillates"].startswith(
+        "the learning rate oscillates: it turned 1 times after its peak"
+    )
 
 
 def test_a_real_dpo_tail_that_only_wobbles_is_not_overfitting():
-    assert "overfitting" not in said(recorded("healthy_zephyr7b_dpo"))
+    assert "overfitting" not in checks_of(said(recorded("healthy_zephyr7b_dpo")))
 
 
 @pytest.mark.parametrize(
@@ -147,12 +154,14 @@ def test_a_real_dpo_tail_that_only_wobbles_is_not_overfitting():
     ],
 )  # LLaMA-Factory's default 1.0
 def test_real_runs_clipped_on_most_steps(name, share):
-    assert said(recorded(name))["grad-norm-curve"].startswith(f"the gradient norm was clipped on {share}")
+    assert said(recorded(name))["grad-norm-curve/mostly-clipped"].startswith(
+        f"the gradient norm was clipped on {share}"
+    )
 
 
 @pytest.mark.parametrize("name", ["plateau_quality_multiple_choice", "plateau_llama31_8b_token_compressor"])
 def test_real_runs_that_never_learned_are_a_plateau(name):
-    assert said(recorded(name))["loss-plateau"].startswith("the train loss stayed flat from the start")
+    assert said(recorded(name))["loss-plateau/flat"].startswith("the train loss stayed flat from the start")
 
 
 @pytest.mark.parametrize(
@@ -175,14 +184,14 @@ def test_a_floor_the_stack_dropped_is_named():
     an absolute min_lr that DeepSpeed's optimizer lacks, or passed to the plain cosine, looks like."""
     curves = recorded("lr_cosine_warmup_mistral7b_translator", schedule=True)
     curves["schedule"] = {**curves["schedule"], "name": "cosine_with_min_lr", "min_lr_rate": 0.1}
-    title = said(curves)["lr-curve"]
+    title = said(curves)["lr-curve/below-floor"]
     assert title.startswith("the learning rate fell below its floor:") and "the floor is 5e-06" in title
 
 
 def test_a_missing_warmup_is_named():
     curves = recorded("lr_linear_chatglm6b_ptuning", schedule=True)
     curves["schedule"] = {**curves["schedule"], "warmup_steps": 300}  # configured, but the real run had none
-    assert said(curves)["lr-curve"] == "no warmup: the learning rate was already 0.0199 at step 10"
+    assert said(curves)["lr-curve/no-warmup"] == "no warmup: the learning rate was already 0.0199 at step 10"
 
 
 def test_a_schedule_built_for_another_length_never_reaches_its_end():
@@ -190,7 +199,7 @@ def test_a_schedule_built_for_another_length_never_reaches_its_end():
     steps (the scheduler sized for epochs, the run cut by max_steps): it ended far above the floor."""
     curves = recorded("lr_linear_stopped_early", schedule=True)
     curves["schedule"] = {**curves["schedule"], "total_steps": 24000}
-    assert said(curves)["lr-curve"].startswith("the learning rate ended at 8.46e-06 at step 24000, not at")
+    assert said(curves)["lr-curve/wrong-end"].startswith("the learning rate ended at 8.46e-06 at step 24000, not at")
 
 
 # ---------------------------------------------------------------- synthetic shapes
@@ -207,18 +216,20 @@ def test_a_healthy_synthetic_run_is_quiet():
 
 def test_an_oscillating_learning_rate():
     lrs = [1e-4 * (0.5 + 0.5 * math.cos(math.pi * 3 * i / 60)) for i in range(60)]  # num_cycles 1.5: up and down
-    title = said(synthetic(learning_rate=lrs))["lr-curve"]
+    title = said(synthetic(learning_rate=lrs))["lr-curve/oscillates"]
     assert title.startswith("the learning rate oscillates: it turned 2 times after its peak")
 
 
 def test_a_gradient_norm_rising_over_the_last_third():
     norms = [0.5] * 40 + [0.5 * 1.06**i for i in range(20)]
-    assert said(synthetic(grad_norm=norms))["grad-norm-curve"].startswith("the gradient norm rose over the last third")
+    assert said(synthetic(grad_norm=norms))["grad-norm-curve/rising"].startswith(
+        "the gradient norm rose over the last third"
+    )
 
 
 def test_a_norm_just_over_the_threshold_is_not_called_clipped():
     """1.02 against 1.0 rescales an update by 2%: that is not training with a smaller step."""
-    assert "grad-norm-curve" not in said(synthetic(grad_norm=[1.02, 0.98, 1.05, 1.01] * 5))
+    assert "grad-norm-curve" not in checks_of(said(synthetic(grad_norm=[1.02, 0.98, 1.05, 1.01] * 5)))
 
 
 def test_overfitting_names_the_kept_checkpoint_of_the_best_step():
@@ -226,25 +237,25 @@ def test_overfitting_names_the_kept_checkpoint_of_the_best_step():
     curves["series"]["eval_loss"] = {"steps": [100, 200, 300, 400, 500, 600], "values": [2.0, 1.5, 1.4, 1.45, 1.5, 1.6]}
     curves["checkpoints"] = [300, 600]
     findings, _ = judge(curves, plugins=False)
-    [finding] = [f for f in findings if f.id == "overfitting"]
+    [finding] = [f for f in findings if f.id == "overfitting/eval-loss-rising"]
     assert finding.evidence["step"] == 300 and finding.evidence["checkpoint"] == "runs/synthetic/checkpoint-300"
     assert "runs/synthetic/checkpoint-300" in finding.detail
 
 
 def test_eval_and_train_loss_rising_together_is_not_overfitting():
     curves = synthetic(loss=[1.0 + 0.01 * i for i in range(60)], eval_loss=[1.0, 0.9, 0.95, 1.0, 1.05])
-    assert "overfitting" not in said(curves)
+    assert "overfitting" not in checks_of(said(curves))
 
 
 def test_a_learning_rate_of_zero_is_a_plateau_and_says_so():
     curves = synthetic(loss=[2.3 + 0.01 * math.sin(i) for i in range(40)], learning_rate=[0.0] * 40)
     findings, _ = judge(curves, plugins=False)
-    [finding] = [f for f in findings if f.id == "loss-plateau"]
+    [finding] = [f for f in findings if f.id == "loss-plateau/flat"]
     assert finding.evidence["zero_lr"] and "The learning rate was 0 on every logged step." in finding.detail
 
 
 def test_a_slow_steady_fall_is_learning_not_a_plateau():
-    assert "loss-plateau" not in said(synthetic(loss=[2.0 - 0.001 * i for i in range(60)]))  # 3% but steady
+    assert "loss-plateau" not in checks_of(said(synthetic(loss=[2.0 - 0.001 * i for i in range(60)])))  # 3% but steady
 
 
 def test_throughput_that_halves_after_a_checkpoint_and_stays_down():
@@ -252,8 +263,8 @@ def test_throughput_that_halves_after_a_checkpoint_and_stays_down():
     curves = synthetic(tokens_per_second=speeds)
     curves["checkpoints"] = [300]
     title, detail = (
-        said(curves)["throughput-drop"],
-        next(f.detail for f in judge(curves, plugins=False)[0] if f.id == "throughput-drop"),
+        said(curves)["throughput-drop/dropped"],
+        next(f.detail for f in judge(curves, plugins=False)[0] if f.id == "throughput-drop/dropped"),
     )
     assert title == "throughput fell by 50% at step 310 and did not recover: 12,000 to 6,000 tokens/s"
     assert detail == "It coincides with a checkpoint save at step 300."
@@ -262,24 +273,24 @@ def test_throughput_that_halves_after_a_checkpoint_and_stays_down():
 def test_a_throughput_drop_at_an_evaluation_says_so():
     curves = synthetic(tokens_per_second=[12000.0] * 30 + [6000.0] * 30, eval_loss=[2.0, 1.9, 1.8, 1.7])
     curves["series"]["eval_loss"]["steps"] = [100, 200, 305, 400]
-    [detail] = [f.detail for f in judge(curves, plugins=False)[0] if f.id == "throughput-drop"]
+    [detail] = [f.detail for f in judge(curves, plugins=False)[0] if f.id == "throughput-drop/dropped"]
     assert detail == "It coincides with an evaluation at step 305."
 
 
 def test_throughput_that_dips_at_each_save_and_recovers_is_quiet():
     speeds = [3000.0 if i % 10 == 0 else 12000.0 for i in range(60)]
-    assert "throughput-drop" not in said(synthetic(tokens_per_second=speeds))
+    assert "throughput-drop" not in checks_of(said(synthetic(tokens_per_second=speeds)))
 
 
 def test_gpu_memory_growing_step_after_step_is_a_leak():
     memory = [20.0] * 5 + [20.0 + 0.05 * i for i in range(55)]
-    title = said(synthetic(memory_allocated_gib=memory))["memory-growth"]
+    title = said(synthetic(memory_allocated_gib=memory))["memory-growth/leak"]
     assert title.startswith("GPU memory (allocated, the peak of each logging interval) grew from") and "a leak" in title
 
 
 def test_host_memory_that_steps_up_once_is_not_a_leak():
     rss = [8.0] * 30 + [9.0] * 30  # one allocation (a cache filled), then flat
-    assert "memory-growth" not in said(synthetic(host_rss_gib=rss))
+    assert "memory-growth" not in checks_of(said(synthetic(host_rss_gib=rss)))
 
 
 def test_too_few_points_are_skipped_with_the_count_needed():
@@ -297,10 +308,11 @@ def test_a_non_finite_point_is_a_finding_and_never_judged_over():
     curves["series"]["grad_norm"]["values"][5] = float("inf")
     findings, skipped = judge(curves, plugins=False)
     by_id = {f.id: f for f in findings}
-    assert by_id["loss-plateau"].severity.value == "error"
-    assert by_id["loss-plateau"].title == "the train loss is non-finite from step 580 (NaN): 3 of 60 logged points"
-    assert by_id["loss-plateau"].evidence["step"] == 580 and by_id["loss-plateau"].explain == "nan-loss"
-    assert by_id["grad-norm-curve"].title == (
+    plateau = by_id["loss-plateau/non-finite"]
+    assert plateau.severity.value == "error"
+    assert plateau.title == "the train loss is non-finite from step 580 (NaN): 3 of 60 logged points"
+    assert plateau.evidence["step"] == 580 and plateau.explain == "nan-loss"
+    assert by_id["grad-norm-curve/non-finite"].title == (
         "the gradient norm is non-finite at 1 of 60 logged points, first at step 60 (inf)"
     )
     assert not any(word in f.title for f in findings for word in ("fell", "stayed level"))
@@ -308,7 +320,7 @@ def test_a_non_finite_point_is_a_finding_and_never_judged_over():
 
 def test_a_rate_that_went_nan_is_not_said_to_follow_its_schedule():
     curves = synthetic(learning_rate=[1e-3] * 10 + [float("nan")] * 2)
-    [finding] = [f for f in judge(curves, plugins=False)[0] if f.id == "lr-curve"]
+    [finding] = [f for f in judge(curves, plugins=False)[0] if f.id == "lr-curve/non-finite"]
     assert finding.severity.value == "error"
     assert finding.title.startswith("the learning rate is non-finite from step 110")
 
@@ -321,7 +333,7 @@ def test_a_reader_whose_second_series_is_non_finite_is_skipped_saying_why():
         reasons["overfitting"] == "the train loss is non-finite at 1 of 6 logged points, first at step 30 (inf): "
         "not judged over those"
     )
-    assert {f.id: f.severity.value for f in findings}["loss-plateau"] == "error"
+    assert {f.id: f.severity.value for f in findings}["loss-plateau/non-finite"] == "error"
 
 
 def test_fp16_overflowed_steps_are_left_out_of_the_gradient_norm_and_said():
@@ -332,4 +344,4 @@ def test_fp16_overflowed_steps_are_left_out_of_the_gradient_norm_and_said():
     [finding] = [f for f in judge(curves, plugins=False)[0] if f.id == "grad-norm-curve"]
     assert finding.severity.value == "ok" and finding.title.endswith("; 1 overflowed fp16 steps (inf) left out")
     curves["series"]["grad_norm"]["values"][6] = float("nan")  # NaN is no overflow
-    assert said(curves)["grad-norm-curve"].startswith("the gradient norm is non-finite at 2 of 60")
+    assert said(curves)["grad-norm-curve/non-finite"].startswith("the gradient norm is non-finite at 2 of 60")

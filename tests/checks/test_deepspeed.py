@@ -137,7 +137,7 @@ def test_clipping_set_to_zero_warns(run):
 def test_every_real_config_gets_a_verdict(run):
     for entry in index("deepspeed"):
         findings = run("deepspeed-precision", deepspeed_config=ds(entry["file"]), deepspeed_defaults=DS_019)
-        assert findings and all(f.id == "deepspeed-precision" for f in findings), entry["file"]
+        assert findings and all(f.id.split("/")[0] == "deepspeed-precision" for f in findings), entry["file"]
         json.dumps([f.to_json() for f in findings])
 
 

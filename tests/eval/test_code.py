@@ -253,7 +253,8 @@ def test_evaluate_code_with_hostile_completions(tmp_path, capsys):
         ("sftdoctor/0", "    while True:\n        pass\n"),
         (
             "sftdoctor/0",
-            "    import os\n    while True:\n        try:\n            os.fork()\n        except OSError:\n            pass\n",
+            "    import os\n    while True:\n        try:\n            os.fork()\n"
+            "        except OSError:\n            pass\n",
         ),
         ("sftdoctor/1", "    return sum(c in 'aeiouAEIOU' for c in text)\n"),
         ("sftdoctor/1", "    import os, signal\n    os.killpg(0, signal.SIGKILL)\n"),

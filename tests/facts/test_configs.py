@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sftdoctor.checks._common import ds_precision_flags
-from sftdoctor.errors import InputError, InputErrors
+from sftdoctor.errors import InputError, SftdoctorError
 from sftdoctor.facts import Facts, Inputs
 from sftdoctor.facts.configs import LOADABLE_DTYPES, read_json_object, summarize_model_config
 
@@ -124,7 +124,7 @@ def test_config_loaders_give_a_value_or_a_clean_input_error(tmp_path_factory, da
         try:
             with in_process:
                 Facts(inputs).get(probe)
-        except (InputError, InputErrors) as exc:
+        except SftdoctorError as exc:
             assert str(name) in str(exc)
 
 

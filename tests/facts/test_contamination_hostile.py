@@ -106,13 +106,13 @@ def test_planted_chinese_is_found_through_the_cli_and_its_rule_named(tmp_path):
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
     assert lines[0].startswith(
-        "!  contamination  eval file a/test.jsonl: 1 of 3 documents (33.3%) occur in the "
+        "!  contamination/overlap  eval file a/test.jsonl: 1 of 3 documents (33.3%) occur in the "
         f"training rows (word 13-grams for 1, CJK character 25-grams for 2), e.g. {tmp_path}/a/"
         f"test.jsonl line 1 in {tmp_path}/train.jsonl line 41"
     )
     assert 'Shared 25 characters: "长江是中国最长的河流全长约6300公里流经青海西藏四川重"' in lines[1]
     assert lines[4].startswith(
-        "✓  contamination  eval file b/test.jsonl: none of 2 documents occurs in the 41 "
+        "✓  contamination          eval file b/test.jsonl: none of 2 documents occurs in the 41 "
         "training rows (word 13-grams for 1, CJK character 25-grams for 1)"
     )
 

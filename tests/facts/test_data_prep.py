@@ -10,7 +10,7 @@ from trainrun import write_config
 from sftdoctor.checks import load_checks, run_check
 from sftdoctor.facts import Facts, Inputs, Overlay
 from sftdoctor.facts.data_prep import _bound, probe_data_prep
-from sftdoctor.run import resolve
+from sftdoctor.run import decide
 
 
 @pytest.mark.slow
@@ -27,7 +27,7 @@ def test_the_tiny_examples_preparation_is_measured_and_fits_its_timeout(tmp_path
     )
     facts = Facts(Inputs(config=cfg))
     # the plan without the probes it does not need here (the unused-parameters probe builds a model of its own)
-    plan = resolve(facts.get("run"), Overlay(facts, unused_parameters=None))
+    plan = decide(facts.get("run"), Overlay(facts, unused_parameters=None))
     assert plan.world_size == 2 and plan.packing
     prep = probe_data_prep(Overlay(facts, plan=plan))
     assert prep["sample_rows"] == 256 and prep["baseline_rows"] == 2 and prep["rows_total"] == 1200

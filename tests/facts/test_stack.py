@@ -131,7 +131,7 @@ def test_a_transformers_4_source_reads_as_the_older_features(tmp_path):
             )
             include_num_input_tokens_seen: Optional[bool] = field(default=False)
             group_by_length: bool = field(default=False)
-    """)
+    """)  # noqa: E501 - transformers' training_args.py as it was written
     )
     assert probe_in_child([ROOT, tmp_path]) == {
         "cosine_with_min_lr": True,

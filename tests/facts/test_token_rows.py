@@ -65,7 +65,7 @@ def check(cfg):
         text=True,
         timeout=300,
     )
-    [finding] = [f for f in json.loads(proc.stdout)["findings"] if f["id"] == "untrained-tokens"]
+    [finding] = [f for f in json.loads(proc.stdout)["findings"] if f["id"].split("/")[0] == "untrained-tokens"]
     return proc.returncode, finding
 
 

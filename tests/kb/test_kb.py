@@ -60,7 +60,7 @@ def test_log_signatures_are_valid_and_point_to_summaries_that_exist():
 
     found = signatures()
     assert len(found) >= 30
-    assert all(s.summary in SUMMARIES for s in found if s.summary)
+    assert all(s.summariser in SUMMARIES for s in found if s.summariser)
     assert all(s.fix for s in found if s.role in ("root", "symptom"))
 
 
@@ -82,3 +82,63 @@ def test_a_signature_whose_needle_could_miss_its_regex_is_refused(entry, says):
 
     with pytest.raises(ValueError, match=re.escape(says)):
         _signature("topic", entry)
+
+
+BODY = """## Causes
+### port-busy: a previous run holds the port
+1. A crashed torchrun.
+
+```bash
+### not-a-section
+```
+### Which rank, and why
+Prose under a heading that is not a slug: not a section, and it ends the one above.
+### deprecated
+2. Old names.
+## Fix
+"""
+
+
+def test_a_section_is_a_level_3_slug_heading_up_to_the_next_heading_outside_code():
+    assert kb.sections(BODY) == {
+        "port-busy": "### port-busy: a previous run holds the port\n1. A crashed torchrun.\n\n```bash\n"
+        "### not-a-section\n```\n",
+        "deprecated": "### deprecated\n2. Old names.\n",
+    }
+
+
+@pytest.mark.parametrize("name", ["nccl-env/port-busy", "nccl-env#port-busy"])
+def test_topic_slash_section_is_that_section_alone_with_the_topics_title(name):
+    whole, part = kb.topic("nccl-env"), kb.topic(name)
+    assert part.name == "nccl-env/port-busy" and part.summary == whole.summary
+    assert part.body.startswith("### port-busy") and "## Fix" not in part.body and part.body.strip() in whole.body
+
+
+def test_an_unknown_section_is_bad_input_with_the_sections_there():
+    with pytest.raises(
+        InputError,
+        match="topic 'nccl-env' has no section 'port-bsy' \\(did you mean 'port-busy'\\?\\); its sections: port-busy, ",
+    ):
+        kb.topic("nccl-env/port-bsy")
+    with pytest.raises(InputError, match="topic 'cuda-oom' has no section 'x'; it has no sections"):
+        kb.topic("cuda-oom/x")
+    with pytest.raises(InputError, match="no topic 'ncc-env'"):
+        kb.topic("ncc-env/port-busy")
+
+
+def test_explain_prints_a_section_alone_and_the_topic_whole(capsys):
+    from sftdoctor.triage.command import main
+
+    assert main("nccl-env/port-busy") == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# nccl-env/port-busy\n\n" + kb.topic("nccl-env").summary + "\n\n### port-busy\n")
+    assert "## Symptoms" not in out and "### deprecated" not in out
+    assert main("nccl-env") == 0 and "## Symptoms" in capsys.readouterr().out
+
+
+def test_every_section_slug_of_a_topic_is_unique():
+    import re
+
+    for topic in kb.topics():
+        heads = re.findall(r"^### ([a-z0-9]+(?:-[a-z0-9]+)*)(?::.*)?$", topic.body, re.MULTILINE)
+        assert len(heads) == len(set(heads)), topic.name

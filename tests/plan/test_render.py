@@ -217,7 +217,8 @@ def test_summary_for_dry_run_names_the_fastest_setting_that_fits():
     peak, best = fitted.current.estimate.gpu_peak / GIB, fitted.recommended.estimate.gpu_peak / GIB
     assert summary(fitted).splitlines() == [
         f"memory          predicted peak {peak:.1f} GiB per GPU of 80.0 GiB (does NOT fit)",
-        f"                fastest that fits: ZeRO-2, checkpointing off, micro-batch 1 x 8 accumulation, liger on ({best:.1f} GiB)",
+        f"                fastest that fits: ZeRO-2, checkpointing off, micro-batch 1 x 8 accumulation, "
+        f"liger on ({best:.1f} GiB)",
         "                every term: sftdoctor plan RUN.toml",
     ]
 

@@ -85,7 +85,7 @@ def test_one_run_gets_its_page_panels_and_postrun_records_once(tmp_path):
     build([folder], plugins=False)  # a second report records the curve readers' findings once, not twice
     postrun = [r for r in records(folder) if r["phase"] == "postrun"]
     assert sorted(r["id"] for r in postrun) == sorted({r["id"] for r in postrun})
-    assert next(r for r in postrun if r["id"] == "throughput-drop")["step"] == 25
+    assert next(r for r in postrun if r["id"] == "throughput-drop/dropped")["step"] == 25
     assert records(folder)[:2] == [PREFLIGHT, RUNTIME]  # the run's own findings are kept as they were
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no staging left behind
 
@@ -96,7 +96,7 @@ def test_findings_are_numbered_and_marked_in_step_order(tmp_path):
     assert [(number, step, r["id"]) for number, step, r in judged.run.marks] == [
         (1, 0, "gpu-topology"),
         (2, 12, "loss-spike"),
-        (3, 25, "throughput-drop"),
+        (3, 25, "throughput-drop/dropped"),
     ]
 
 
@@ -164,13 +164,13 @@ def test_the_command_prints_the_verdicts_and_where_the_report_is(tmp_path):
     folder = run_dir(tmp_path / "run", drop_at=25)
     proc = cli(folder, "--no-plugins")
     assert proc.returncode == 0, proc.stderr
-    assert "!  throughput-drop  throughput fell by 50% at step 25" in proc.stdout
+    assert "!  throughput-drop/dropped  throughput fell by 50% at step 25" in proc.stdout
     assert proc.stdout.rstrip().endswith(
         f"sftdoctor: report written: {folder / 'report.html'} (5 panels in {folder / 'report'})"
     )
     as_json = json.loads(cli(folder, "--json", "--no-plugins").stdout)
     assert as_json["report"] == str(folder / "report.html")
-    assert {f["id"] for f in as_json["runs"][0]["findings"]} >= {"lr-curve", "throughput-drop"}
+    assert {f["id"] for f in as_json["runs"][0]["findings"]} >= {"lr-curve", "throughput-drop/dropped"}
 
 
 @pytest.mark.parametrize(
@@ -218,3 +218,11 @@ def test_sigterm_while_drawing_leaves_nothing_behind(tmp_path):
     assert proc.returncode == 143, err
     assert "interrupted; the report was not written" in err and "Traceback" not in err
     assert not (folder / "report.html").exists() and not [p for p in folder.iterdir() if p.name.startswith(".")]
+
+
+def test_the_ids_a_run_silenced_are_said_after_its_verdicts(tmp_path, capsys):
+    silenced = {**PREFLIGHT, "id": "gpu-topology/pcie", "silenced": True}
+    folder = run_dir(tmp_path / "run", findings=[silenced, {**RUNTIME, "silenced": False}])
+    command.show(build([folder], plugins=False), as_json=False)
+    out = capsys.readouterr().out.splitlines()
+    assert "sftdoctor: silenced in this run: gpu-topology/pcie ([checks] disable, --disable): shown marked " in out[-2]

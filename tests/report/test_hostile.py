@@ -38,10 +38,11 @@ def report(runs, root, out, *options):
 
 
 def verdicts(result, as_json: bool) -> dict[str, str]:
-    """check id -> the title its reader gave."""
+    """check id -> the title its reader gave (a message id `CHECK/slug` counts for its check)."""
     if as_json:
-        return {f["id"]: f["title"] for run in strict(result.stdout)["runs"] for f in run["findings"]}
-    return {m[1]: m[2] for m in re.finditer(r"^\S+\s+([a-z-]+)\s{2,}(.+)$", result.stdout, re.MULTILINE)}
+        return {f["id"].split("/")[0]: f["title"] for run in strict(result.stdout)["runs"] for f in run["findings"]}
+    found = re.finditer(r"^\S+\s+([a-z-]+)(?:/[a-z0-9-]+)?\s{2,}(.+)$", result.stdout, re.MULTILINE)
+    return {m[1]: m[2] for m in found}
 
 
 def row(step: int) -> int:
@@ -62,7 +63,7 @@ def test_a_loss_that_went_nan_is_a_finding_not_a_fall(tmp_path):
     for step in (22, 23, 24):
         mutate(run, ("non_finite", "metrics.jsonl", row(step), "loss", math.nan))
     judged, html = read(run)
-    [finding] = [f for f in judged.verdicts if f.id == "loss-plateau"]
+    [finding] = [f for f in judged.verdicts if f.id == "loss-plateau/non-finite"]
     assert finding.severity.value == "error"
     assert finding.title == "the train loss is non-finite from step 22 (NaN): 3 of 24 logged points"
     assert (22, finding.id) in [(step, r["id"]) for _, step, r in judged.run.marks]  # marked on the panels

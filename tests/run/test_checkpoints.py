@@ -16,7 +16,7 @@ def saved(output_dir, step, complete=True):
     """A checkpoint folder as transformers leaves it, marked complete or not (a save cut short)."""
     path = output_dir / f"checkpoint-{step}"
     path.mkdir(parents=True)
-    (path / "trainer_state.json").write_text('{"global_step": %d}' % step)
+    (path / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
     if complete:
         mark_complete(path, step)
     return path

@@ -46,10 +46,10 @@ def test_run_config_reports_every_problem_at_once_with_did_you_mean(tmp_path):
         load_run_config(path)
     lines = str(err.value).splitlines()
     assert len(lines) == 3
-    assert any("[model].precison: unknown key (did you mean 'precision'?)" in l for l in lines)
-    assert any("[launch].nnodes: expected an integer from 1 to 65536, got 0" in l for l in lines)
-    assert any("[trainig]" in l for l in lines)
-    assert all(l.startswith(str(path)) for l in lines)
+    assert any("[model].precison: unknown key (did you mean 'precision'?)" in line for line in lines)
+    assert any("[launch].nnodes: expected an integer from 1 to 65536, got 0" in line for line in lines)
+    assert any("[trainig]" in line for line in lines)
+    assert all(line.startswith(str(path)) for line in lines)
 
 
 def test_run_config_needs_the_model_path(tmp_path):
@@ -146,3 +146,24 @@ def test_eval_is_absent_or_names_its_tasks_and_an_existing_include_folder(tmp_pa
     with pytest.raises(InputErrors) as raised:
         load_run_config(write(tmp_path, model + "[eval]\n"))
     assert "[eval].tasks: missing; expected a list of lm-eval task names" in str(raised.value)
+
+
+def test_checks_disable_defaults_to_nothing_and_round_trips(tmp_path):
+    assert load_run_config(write(tmp_path, '[model]\npath = "m"\n')).checks.disable == ()
+    cfg = load_run_config(
+        write(tmp_path, '[model]\npath = "m"\n[checks]\ndisable = ["nccl-env/port-busy", "disk-full"]\n')
+    )
+    assert cfg.checks.disable == ("nccl-env/port-busy", "disk-full") and cfg.given("checks", "disable")
+    assert RunConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
+
+
+@pytest.mark.parametrize("value", ['"disk-full"', '[""]', "[1]", "true", '["a", ["b"]]', "{}"])
+def test_checks_disable_is_a_list_of_ids(tmp_path, value):
+    """The ids themselves are checked against the registry by whoever runs the checks (a layer above)."""
+    path = write(tmp_path, f'[model]\npath = "m"\n[checks]\ndisable = {value}\n')
+    with pytest.raises(InputErrors) as raised:
+        load_run_config(path)
+    assert [str(e) for e in raised.value.errors] == [
+        f"{path}: [checks].disable: expected a list of check ids or message ids (CHECK/slug), got "
+        f"{__import__('tomllib').loads('v = ' + value)['v']!r}"
+    ]

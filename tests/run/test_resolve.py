@@ -1,9 +1,9 @@
-"""resolve(): every decision of the plan, from the run config and recorded facts."""
+"""decide(): every decision of the plan, from the run config and recorded facts."""
 
 import pytest
 from conftest import make_run, plan_of, recorded_gpus
 
-from sftdoctor.run import Plan, for_launch, resolve
+from sftdoctor.run import Plan, decide, for_launch
 from sftdoctor.run.resolve import accumulation, ddp_timeout, nearest_global_batches
 
 H100x8 = "h100_sxm_8x_driver550_modal_glossary.txt"
@@ -229,7 +229,7 @@ def test_resolve_reads_any_object_with_get(tmp_path):
     class Recorded(dict):
         pass
 
-    assert resolve(make_run(tmp_path), Recorded(gpus=recorded_gpus(V100x4))).precision == "fp16"
+    assert decide(make_run(tmp_path), Recorded(gpus=recorded_gpus(V100x4))).precision == "fp16"
     assert ddp_timeout(300) == 1320
 
 

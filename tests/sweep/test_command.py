@@ -61,7 +61,7 @@ def test_a_trial_that_cannot_fit_the_gpus_is_pruned_with_the_finding_before_it_l
     found = trials(tmp_path / "sweeps" / "sweep")
     assert [t.state for t in found] == [TrialState.PRUNED, TrialState.PRUNED]
     for t in found:
-        assert t.user_attrs["why"]["id"] == "memory-fit", t.user_attrs
+        assert t.user_attrs["why"]["id"] == "memory-fit/does-not-fit", t.user_attrs
         assert (
             "per GPU of 1.5 GiB" in t.user_attrs["why"]["title"]
             and "more than the GPU has" in t.user_attrs["why"]["title"]

@@ -171,7 +171,8 @@ BAD = [
     ("learning_rate = {choices = [1e-4]}", "[space].learning_rate: expected a run-config key SECTION.KEY = {choices"),
     (
         'training.lr_scheduler = {choices = ["cosine", "linear"]}',
-        "with training.lr_scheduler = cosine, the trial's run config is invalid: [training]: a learning-rate floor needs "
+        "with training.lr_scheduler = cosine, the trial's run config is invalid: "
+        "[training]: a learning-rate floor needs "
         'lr_scheduler = "cosine_with_min_lr"',
     ),
 ]
@@ -219,7 +220,7 @@ def test_eval_loss_needs_eval_data_and_an_evaluation_inside_the_run(folder):
     (folder / "base.toml").write_text(BASE.replace("eval_steps = 5", "eval_steps = 50"))
     found = problems(folder, "lora.r = {choices = [8]}")
     assert any(
-        "evaluates every 50 steps (eval_steps) and stops at step 20: no evaluation would run" in l for l in found
+        "evaluates every 50 steps (eval_steps) and stops at step 20: no evaluation would run" in line for line in found
     )
 
 
@@ -338,7 +339,8 @@ VALID = {
 
 
 def as_toml(doc) -> str:
-    """Any JSON-like tree as TOML: tables of tables, inline tables below; None left out; nan and inf as TOML writes them."""
+    """Any JSON-like tree as TOML: tables of tables, inline tables below; None left out; nan and inf as TOML
+    writes them."""
 
     def value(v):
         if isinstance(v, float) and not math.isfinite(v):
@@ -428,7 +430,10 @@ def test_every_shipped_sweep_example_reads_and_narrows():
 def test_reading_a_sweep_file_imports_neither_optuna_nor_torch():
     import subprocess
 
-    code = "import sys, sftdoctor.sweep.config; print(sorted(m for m in ('optuna', 'torch', 'transformers') if m in sys.modules))"
+    code = (
+        "import sys, sftdoctor.sweep.config; "
+        "print(sorted(m for m in ('optuna', 'torch', 'transformers') if m in sys.modules))"
+    )
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
     )

@@ -60,7 +60,8 @@ def test_the_stacks_harmless_lines_are_kept_out_of_the_terminal_only():
     data = (
         b"DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully\n"
         b"/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:83: FutureWarning: "
-        b"`torch.distributed.all_gather_into_tensor` is deprecated. Please use `torch.distributed.all_gather_single` instead.\n"
+        b"`torch.distributed.all_gather_into_tensor` is deprecated. "
+        b"Please use `torch.distributed.all_gather_single` instead.\n"
         b"  return func(*args, **kwargs)\n"
         b"step 1/4  loss 5.9\n"
     )

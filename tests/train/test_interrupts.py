@@ -66,7 +66,8 @@ def left_running(proc) -> list[str]:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if os.getsid(int(pid)) == proc.pid:
-                alive.append(open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()[:120])
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    alive.append(f.read().replace(b"\0", b" ").decode()[:120])
         except OSError:
             pass
     return alive

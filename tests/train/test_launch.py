@@ -12,7 +12,8 @@ H100x8 = "h100_sxm_8x_driver550_modal_glossary.txt"
 
 def test_workers_load_a_cached_hub_model_offline(tmp_path, monkeypatch):
     """Every hub model in the cache: the workers never wait on a hub that may be unreachable. (A model neither
-    cached nor reachable, a report backend not installed: refused before the checks, tests/facts/test_launch_inputs.py.)"""
+    cached nor reachable, a report backend not installed: refused before the checks,
+    tests/facts/test_launch_inputs.py.)"""
     repo = tmp_path / "hub" / "models--Qwen--Qwen2.5-7B"
     (repo / "snapshots" / "abc").mkdir(parents=True)
     (repo / "snapshots" / "abc" / "config.json").write_text("{}")
@@ -28,18 +29,20 @@ def test_workers_load_a_cached_hub_model_offline(tmp_path, monkeypatch):
 
 
 def test_torchrun_gets_the_node_rank_as_who_hosts_the_rendezvous(tmp_path):
-    two = lambda rank: plan_of(
-        make_run(
-            tmp_path,
-            launch={
-                "nproc_per_node": 2,
-                "nnodes": 2,
-                "node_rank": rank,  # noqa: E731
-                "master_addr": "node0",
-                "master_port": 29400,
-            },
+    def two(rank):
+        return plan_of(
+            make_run(
+                tmp_path,
+                launch={
+                    "nproc_per_node": 2,
+                    "nnodes": 2,
+                    "node_rank": rank,
+                    "master_addr": "node0",
+                    "master_port": 29400,
+                },
+            )
         )
-    )
+
     head, other = command(tmp_path / "r.json", two(0), False, None), command(tmp_path / "r.json", two(1), True, None)
     assert "--rdzv-conf=is_host=true,join_timeout=600" in head and "--rdzv-conf=is_host=false,join_timeout=600" in other
     assert "--rdzv-endpoint=node0:29400" in head and "--nnodes=2" in head and other[-1] == "--resume"

@@ -267,7 +267,8 @@ def our_processes(mark: str) -> list[int]:
         if not entry.isdigit():
             continue
         try:
-            environ = open(f"/proc/{entry}/environ", "rb").read()
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
         except OSError:
             continue
         if f"SFTDOCTOR_TEST_MARK={mark}".encode() in environ.split(b"\0"):
@@ -282,7 +283,7 @@ def test_qlora_without_a_cuda_gpu_is_an_error_and_train_does_not_start(tmp_path)
     cfg = lora_config(tmp_path, lora={"quantize": "4bit"})
     code, findings = check_json(cfg)
     assert code == 1
-    qlora = [f for f in findings if f["id"] == "qlora"]
+    qlora = [f for f in findings if f["id"].split("/")[0] == "qlora"]
     assert qlora and all(f["severity"] == "error" for f in qlora)
     titles = [f["title"] for f in qlora]
     assert any("needs a CUDA GPU, and none is visible" in t for t in titles), titles
@@ -373,7 +374,7 @@ def test_a_misspelt_target_module_is_caught_before_training(tmp_path):
     cfg = lora_config(tmp_path, lora={"target_modules": ["q_proj", "c_attn"]})
     code, findings = check_json(cfg, "--select", "lora-targets")  # the train gate runs the same check
     assert code == 1
-    [finding] = [f for f in findings if f["id"] == "lora-targets"]
+    [finding] = [f for f in findings if f["id"] == "lora-targets/missing-targets"]
     assert finding["severity"] == "error"
     assert "c_attn" in finding["title"] and "q_proj" not in finding["evidence"]["missing"]
     assert finding["evidence"]["missing"] == ["c_attn"]

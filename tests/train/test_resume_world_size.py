@@ -38,7 +38,7 @@ def test_a_zero2_checkpoint_of_two_ranks_is_not_resumed_on_one(tmp_path, tiny_da
         timeout=300,
     )
     assert checked.returncode == 1, checked.stdout[-2000:] + checked.stderr[-2000:]
-    [finding] = [f for f in json.loads(checked.stdout)["findings"] if f["id"] == "zero-resume"]
+    [finding] = [f for f in json.loads(checked.stdout)["findings"] if f["id"] == "zero-resume/other-layout"]
     assert finding["severity"] == "error"
     assert finding["evidence"]["deepspeed"]["world_size"] == 2 and finding["evidence"]["launch"]["world_size"] == 1
     refused = train(one, "--resume")

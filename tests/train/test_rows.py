@@ -16,7 +16,7 @@ def test_a_padded_batch_is_cut_by_its_attention_mask_and_a_packed_one_where_posi
         "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
         "labels": torch.tensor([[1, 2, 3, -100], [4, 5, -100, -100]]),
     }
-    assert [(b, t.tolist(), l.tolist()) for b, t, l in sequences(padded)] == [
+    assert [(b, t.tolist(), labels.tolist()) for b, t, labels in sequences(padded)] == [
         (0, [1, 2, 3], [1, 2, 3]),
         (1, [4, 5], [4, 5]),
     ]

@@ -24,7 +24,7 @@ def test_the_bundled_example_trains_and_the_loss_falls(tmp_path):
     assert (run_dir / "final" / "model.safetensors").exists()
     assert complete(run_dir) == ["checkpoint-30", "checkpoint-60"]
     gate = [json.loads(line) for line in (run_dir / "findings.jsonl").read_text().splitlines()]
-    assert {"batch-size", "packing", "lr-scheduler"} <= {f["id"] for f in gate}
+    assert {"batch-size", "packing", "lr-scheduler"} <= {f["id"].split("/")[0] for f in gate}
     assert json.loads((run_dir / "resolved.json").read_text())["packing"] is True
     # What training-targets proved before the run: the model learned to stop. Greedy answers to training
     # prompts end with the end-of-turn token on their own, well before max_new_tokens.
@@ -66,8 +66,12 @@ def test_the_bundled_example_trains_and_the_loss_falls(tmp_path):
     # The report: the curve readers judged every curve of this healthy run and found nothing; the summary
     # names the page; the page opens offline in Chromium with every panel drawn.
     postrun = {r["id"]: r["severity"] for r in recorded if r["phase"] == "postrun"}
+    # Throughput alone depends on the machine: the suite's other workers share these CPU cores, and a tail a third
+    # slower than the start is a real drop, reported as such (throughput-drop/dropped), not a fault of this run.
+    throughput = {i: postrun.pop(i) for i in list(postrun) if i.split("/")[0] == "throughput-drop"}
+    assert throughput in ({"throughput-drop": "ok"}, {"throughput-drop/dropped": "warning"}), throughput
     assert postrun == dict.fromkeys(
-        ["lr-curve", "grad-norm-curve", "overfitting", "loss-plateau", "throughput-drop", "memory-growth"], "ok"
+        ["lr-curve", "grad-norm-curve", "overfitting", "loss-plateau", "memory-growth"], "ok"
     ), postrun
     assert f"  report       {run_dir / 'report.html'} (5 panels)" in summary
     seen = look(run_dir / "report.html", tmp_path / "report.png")
@@ -156,7 +160,9 @@ def test_a_failing_rehearsal_stops_the_run_and_a_failed_run_ends_with_its_root_c
     assert gated.returncode == 1 and "hard-codes train_batch_size = 999 (the run: 8)" in gated.stdout
     proc = train(cfg, "--force")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    [line] = [l for l in proc.stdout.splitlines() if l.startswith("sftdoctor: not starting: the rehearsal failed")]
+    [line] = [
+        text for text in proc.stdout.splitlines() if text.startswith("sftdoctor: not starting: the rehearsal failed")
+    ]
     assert (
         "fixes train_batch_size=999 but the run has train_batch_size (calculated)=8" in line and "rehearsal.log" in line
     )
@@ -321,7 +327,7 @@ def test_the_gate_refuses_an_error_and_force_records_it(tmp_path, tiny_data):
     assert "forced: 4, the nearest reachable global batch to the 6 asked" in forced.stdout
     assert (tmp_path / "out" / "final" / "config.json").is_file() and "step 1/1" in forced.stdout
     records = [json.loads(line) for line in (tmp_path / "out" / "findings.jsonl").read_text().splitlines()]
-    assert any(r["id"] == "batch-size" and r["severity"] == "error" and r["forced"] for r in records)
+    assert any(r["id"] == "batch-size/not-divisible" and r["severity"] == "error" and r["forced"] for r in records)
 
 
 @pytest.mark.parametrize("fmt", ["sharegpt", "alpaca"])

@@ -104,3 +104,12 @@ def test_sbatch_runs_the_run_and_sigterm_requeues_it_to_resume(tmp_path, tiny_da
     steps = [m["step"] for m in metrics(run_dir)]
     assert steps == list(range(1, 101))  # each step once: the resumed launch's records from step stop + 1
     assert json.loads((run_dir / "resolved.json").read_text())["reasons"]["node_rank"] == "one node"
+
+
+def test_the_job_silences_what_the_login_nodes_gate_silenced(tmp_path):
+    import dataclasses
+
+    plan, run = plan_and_run(tmp_path)
+    assert "--disable" not in script(plan, tmp_path / "run.toml", run)
+    plan = dataclasses.replace(plan, silenced=("nccl-env/port-busy", "disk-full"))
+    assert "--resume --disable=nccl-env/port-busy,disk-full\n" in script(plan, tmp_path / "run.toml", run)

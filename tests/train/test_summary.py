@@ -39,3 +39,13 @@ def test_a_resumed_run_counts_only_its_own_steps_and_the_log_is_read_from_where_
     text = summary(tmp_path, records, 75, 10, None, [])
     assert text.splitlines()[0] == "sftdoctor: run complete: 10 steps (steps 11-20, resumed) in 1m15s"
     assert "final model" not in text and "tokens/s" not in text  # no end record: no rate to claim
+
+
+def test_the_ids_the_gate_silenced_are_said_before_the_report(tmp_path):
+    text = summary(tmp_path, RECORDS, 21.4, 0, None, [], report="r.html", silenced=("nccl-env/port-busy", "disk-full"))
+    assert text.splitlines()[-2:] == [
+        "  silenced     nccl-env/port-busy, disk-full ([checks] disable, --disable): shown marked silenced, never "
+        "counted",
+        "  report       r.html",
+    ]
+    assert "  silenced  " not in summary(tmp_path, RECORDS, 21.4, 0, None, [])

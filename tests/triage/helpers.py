@@ -45,7 +45,7 @@ def everything(diagnosis):
     return (
         diagnosis.lines,
         diagnosis.bytes,
-        [(l.line, l.role, l.finding) for l in diagnosis.findings],
+        [(loc.line, loc.role, loc.finding) for loc in diagnosis.findings],
         diagnosis.root and diagnosis.root.line,
         dict(diagnosis.cascade),
         diagnosis.benign,

@@ -71,7 +71,7 @@ def test_shared_memory_inside_a_compile_failure_is_the_root_and_the_compile_fail
 
 @pytest.mark.parametrize("limit, gpus", [("65536", "T4"), ("98304", "V100"), ("166912", "A100"), ("232448", "H100")])
 def test_the_hardware_limit_names_its_gpu_class(limit, gpus):
-    log = f"triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 262144, Hardware limit: {limit}. Reducing block sizes or `num_stages` may help.\n"
+    log = f"triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 262144, Hardware limit: {limit}. Reducing block sizes or `num_stages` may help.\n"  # noqa: E501 - a real Triton log line, kept whole
     [finding] = [loc.finding for loc in diagnose(io.BytesIO(log.encode())).findings]
     assert gpus in finding.title and finding.evidence["limit"] == int(limit)
 
@@ -89,7 +89,7 @@ def test_other_resources_than_shared_memory_are_not_this_topic():
 
 def test_a_recompile_limit_alone_is_info_the_run_goes_on_eagerly():
     log = (
-        b"W0110 12:27:06.332000 158 torch/_dynamo/convert_frame.py:1551] [2/8] torch._dynamo hit config.recompile_limit (8)\n"
+        b"W0110 12:27:06.332000 158 torch/_dynamo/convert_frame.py:1551] [2/8] torch._dynamo hit config.recompile_limit (8)\n"  # noqa: E501 - a real log line, kept whole
         b"W0110 12:27:06.332000 158 torch/_dynamo/convert_frame.py:1551] [2/8]    function: 'forward' (model.py:12)\n"
     )
     diagnosis = diagnose(io.BytesIO(log))

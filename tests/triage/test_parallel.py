@@ -28,7 +28,7 @@ def test_a_large_file_split_across_processes_gives_the_same_diagnosis(tmp_path):
         split = diagnose(handle, str(log), jobs=2, range_size=4096)
     assert (split.lines, split.bytes) == (alone.lines, alone.bytes)
     assert located(split) == located(alone)
-    nan = next(l.finding for l in split.findings if l.finding.id == "nan-loss")
+    nan = next(loc.finding for loc in split.findings if loc.finding.id == "nan-loss")
     assert nan.evidence["first_bad_entry"] == 401 and nan.evidence["last_finite_loss"] == "1.0025"
 
 

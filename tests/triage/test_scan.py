@@ -108,7 +108,7 @@ class Generated(io.RawIOBase):
 def test_an_enormous_line_is_read_in_bounded_memory_and_a_signature_after_it_is_found():
     """66 MB without a newline (a tqdm bar that never ends), then a CUDA OOM: found, with a few MB held."""
     bar = (b"\xe2\x96\x88" * (1 << 20) for _ in range(22))
-    oom = b"\nRuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which 1.23 GiB is free.\n"
+    oom = b"\nRuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which 1.23 GiB is free.\n"  # noqa: E501 - a real log line, kept whole
     tracemalloc.start()
     try:
         diagnosis = diagnose(Generated(itertools.chain(bar, [oom])))

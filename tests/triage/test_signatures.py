@@ -23,7 +23,7 @@ def test_every_signature_points_to_a_topic_with_a_title_or_fix_a_reader_can_act_
     names = {t.name for t in kb.topics()}
     for sig in signatures():
         assert sig.topic in names, sig.id
-        if sig.role in ("root", "symptom") and not sig.summary:
+        if sig.role in ("root", "symptom") and not sig.summariser:
             assert sig.fix, sig.id
 
 

@@ -16,7 +16,8 @@ from sftdoctor.triage import trainer_lines
             " iteration      100/    1000 | lm loss: NAN | loss scale: 1.0 | grad norm: nan |",
             {"loss": "NAN", "loss_key": "lm loss", "grad_norm": "nan", "grad_norm_key": "grad norm"},
         ),
-        # nanoGPT train.py: f"iter {iter_num}: loss {lossf:.4f}, time ..."; estimate_loss: "step N: train loss X, val loss Y"
+        # nanoGPT train.py: f"iter {iter_num}: loss {lossf:.4f}, time ...";
+        # estimate_loss: "step N: train loss X, val loss Y"
         ("iter 3010: loss nan, time 1099.34ms, mfu 15.34%", {"loss": "nan", "loss_key": "loss"}),
         ("step 1000: train loss 2.3, val loss nan", {"loss": "nan", "loss_key": "val loss"}),
         # litgpt finetune: f"iter {i} step {s}: loss {loss:.4f}"; later "loss train: {:.3f}, val: {}"
@@ -38,7 +39,8 @@ from sftdoctor.triage import trainer_lines
             "{'loss': np.float64(nan), 'grad_norm': np.float64(inf)}",
             {"loss": "nan", "loss_key": "loss", "grad_norm": "inf", "grad_norm_key": "grad_norm"},
         ),
-        # torchtune: the bar's description f"{epoch}|{step}|Loss: {loss}"; its metric logger "loss:nan grad_norm:tensor(nan, ...)"
+        # torchtune: the bar's description f"{epoch}|{step}|Loss: {loss}";
+        # its metric logger "loss:nan grad_norm:tensor(nan, ...)"
         ("1|25|Loss: nan:  12%|█▏ | 25/200", {"loss": "nan", "loss_key": "Loss"}),
         (
             "Step 25 | loss:1.25 lr:2e-05 grad_norm:tensor(nan, device='cuda:0')",

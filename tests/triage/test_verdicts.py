@@ -101,7 +101,7 @@ Root Cause (first observed failure):
 [0]:
   rank      : 3 (local_rank: 3)
   exitcode  : 1 (pid: 4242)
-"""
+"""  # noqa: W291 - torchrun's "[rankN]: " prefix keeps its space on an empty line
     said, problem, finding = verdict(log)
     assert (said, problem) == ("failed-unrecognised", True)
     assert finding.title == "the run failed: KeyError: 'messages' (rank 3, line 5; cause not recognised)"

@@ -20,8 +20,8 @@ import time
 def main(model_dir, data, out, steps, batch, max_length, result):
     import torch
     from datasets import load_dataset
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import SFTConfig, SFTTrainer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig
 
     cuda = torch.cuda.is_available()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -41,6 +41,38 @@ def main(model_dir, data, out, steps, batch, max_length, result):
         **({} if cuda else {"bf16": False}),
     )
     records, state = [], {"real": 0, "slots": 0}
+
+    Counting, Steps = instrumented(records, state)
+
+    trainer = Counting(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer.add_callback(Steps())
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    for before, after in zip(records, records[1:]):
+        after["step_time_s"] = after["time"] - before["time"]
+    done = {
+        "records": records,
+        "bf16": bool(args.bf16),
+        "gradient_checkpointing": bool(args.gradient_checkpointing),
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        "packing": bool(args.packing),
+        "padding_free": bool(args.padding_free),
+        "optim": str(getattr(args.optim, "value", args.optim)),
+        "dtype": str(model.dtype),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "padding_fraction": 1 - float(state["real"]) / max(1, state["slots"]),
+        "max_memory_allocated": torch.cuda.max_memory_allocated() if cuda else None,
+    }
+    with open(result, "w") as handle:
+        json.dump(done, handle)
+
+
+def instrumented(records: list, state: dict):
+    """An SFTTrainer class that counts the real tokens and the padded slots it trains on (into `state`), and a
+    callback that records each logged step with those counts (into `records`)."""
+    from transformers import TrainerCallback
+    from trl import SFTTrainer
 
     class Counting(SFTTrainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -65,28 +97,7 @@ def main(model_dir, data, out, steps, batch, max_length, result):
                     }
                 )
 
-    trainer = Counting(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
-    trainer.add_callback(Steps())
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    trainer.train()
-    for before, after in zip(records, records[1:]):
-        after["step_time_s"] = after["time"] - before["time"]
-    done = {
-        "records": records,
-        "bf16": bool(args.bf16),
-        "gradient_checkpointing": bool(args.gradient_checkpointing),
-        "attn_implementation": getattr(model.config, "_attn_implementation", None),
-        "packing": bool(args.packing),
-        "padding_free": bool(args.padding_free),
-        "optim": str(getattr(args.optim, "value", args.optim)),
-        "dtype": str(model.dtype),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "padding_fraction": 1 - float(state["real"]) / max(1, state["slots"]),
-        "max_memory_allocated": torch.cuda.max_memory_allocated() if cuda else None,
-    }
-    with open(result, "w") as handle:
-        json.dump(done, handle)
+    return Counting, Steps
 
 
 if __name__ == "__main__":
