@@ -40,33 +40,15 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+EXAMPLES = ROOT / "examples"
+sys.path[:0] = [str(ROOT), str(EXAMPLES)]
+
+from make_tiny import QWEN2_05B  # noqa: E402  (the example's tokenizer, on Qwen2-0.5B's shape)
 
 from sftdoctor.train.processes import descendants  # noqa: E402  (the launcher's own walk of /proc)
 
-EXAMPLES = ROOT / "examples"
 WORKER = "sftdoctor.train.sft"
 
-QWEN2_05B = {  # Qwen/Qwen2-0.5B's config.json, less its vocabulary-independent extras
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
-    "dtype": "float32",
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 32768,
-    "max_window_layers": 24,
-    "vocab_size": 151936,
-    "rms_norm_eps": 1e-06,
-    "rope_theta": 1000000.0,
-    "tie_word_embeddings": True,
-    "use_cache": False,
-    "bos_token_id": None,
-    "eos_token_id": 2,
-    "pad_token_id": 0,
-}
 SIZES = {  # steps, repeats, per-device batch, max_length when not given
     "tiny": (20, 3, None, None),  # the example's own batch (8 x 2 accumulation) and max_length (256)
     "0.5b": (4, 1, 1, 128),

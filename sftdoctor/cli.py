@@ -146,6 +146,16 @@ def main():
     """Find what will break an LLM fine-tuning run before it starts, and say how to fix it."""
 
 
+def _one_of(*decls, choices: list[str], help: str):
+    """An option that names one of `choices`; the first is the default."""
+    return click.option(*decls, type=click.Choice(choices), default=choices[0], show_default=True, help=help)
+
+
+def _with_distributed(*decls, help, **attrs):
+    """An option that only `check --distributed` reads (refused without it by _options_of_one_mode)."""
+    return click.option(*decls, show_default=True, help="With --distributed: " + help, **attrs)
+
+
 def _options_of_one_mode(distributed: bool, disable: tuple[str, ...]) -> None:
     """An option of `check --distributed` without it, or --disable with it, would be silently ignored, and read as if
     it had been applied: refused."""
@@ -182,28 +192,17 @@ def _options_of_one_mode(distributed: bool, disable: tuple[str, ...]) -> None:
     help="Run on every rank under torchrun: one verdict for the whole job, "
     "with all-reduce bandwidth and correctness. --facts may name one snapshot per rank ({rank}, {node}).",
 )
-@click.option(
-    "--seconds",
-    type=Finite(min=0.1),
-    default=10.0,
-    show_default=True,
-    help="With --distributed: time budget of the all-reduce sweep.",
+@_with_distributed("--seconds", type=Finite(min=0.1), default=10.0, help="time budget of the all-reduce sweep.")
+@_with_distributed(
+    "--bound", type=Finite(min=1.0), default=60.0, help="seconds to wait for a rank to join, or a collective to finish."
 )
-@click.option(
-    "--bound",
-    type=Finite(min=1.0),
-    default=60.0,
-    show_default=True,
-    help="With --distributed: seconds to wait for a rank to join, or a collective to finish.",
-)
-@click.option(
+@_with_distributed(
     "--out",
     type=PATH,
     default=Path("sftdoctor-distributed"),
-    show_default=True,
-    help="With --distributed: where each rank's record and the findings are written.",
+    help="where each rank's record and the findings are written.",
 )
-@click.option("--drill", help="With --distributed: absent:RANK keeps that rank away, to see it named.")
+@_with_distributed("--drill", help="absent:RANK keeps that rank away, to see it named.")
 def check(
     config,
     model_config,
@@ -295,7 +294,7 @@ def facts(config, model_config, deepspeed, topology, facts_file):
     help="Write RUN_DIR/sbatch.sh, the run as a Slurm batch job ([slurm] in CONFIG), instead of training here.",
 )
 @click.option("--submit", is_flag=True, help="With --sbatch: also submit it (sbatch) and print the job id.")
-def train(config, resume, dry_run, smoke, force, drill, no_plugins, no_rehearse, disable, sbatch, submit):
+def train(config, drill, no_plugins, no_rehearse, sbatch, submit, **as_given):
     """Fine-tune with the settings in CONFIG (TOML), after the checks pass."""
     from sftdoctor.checks import plugins_enabled
     from sftdoctor.errors import InputError
@@ -307,17 +306,14 @@ def train(config, resume, dry_run, smoke, force, drill, no_plugins, no_rehearse,
         if submit and not sbatch:
             raise InputError("--submit", "goes with --sbatch")
         fault = parse_drill(drill) if drill is not None else None
+        # as_given: --resume, --dry-run, --smoke, --force and --disable, under the names train.command reads
         code = run_training(
             config,
-            resume=resume,
-            dry_run=dry_run,
-            smoke=smoke,
-            force=force,
             drill=fault,
             plugins=plugins_enabled(no_plugins),
             rehearse_first=not no_rehearse,
             batch="submit" if submit else "write" if sbatch else None,
-            disable=disable,
+            **as_given,
         )
     except ModuleNotFoundError as exc:
         _missing_stack(exc, "train")
@@ -450,11 +446,11 @@ MAX_GPU_MEMORY = 4 * 2**40
     "--tokens-per-second", type=Finite(min=1), help="Measured throughput (e.g. of a --smoke run) instead of MFU."
 )
 @click.option("--json", "as_json", is_flag=True, help="Every term of every candidate as one JSON document.")
-def plan(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second, as_json):
+def plan(config, as_json, **what_if):
     """Will CONFIG fit, what is the fastest setting that does, and how long will it take."""
     from sftdoctor.plan.command import main as plan_main
 
-    code = plan_main(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second, as_json)
+    code = plan_main(config, as_json, **what_if)
     sys.exit(code)
 
 
@@ -495,12 +491,10 @@ def plan(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_
 @click.option(
     "--k", "k_values", metavar="K,...", help="With --code: pass@k for these k (default: 1 and the samples per task)."
 )
-@click.option(
+@_one_of(
     "--sandbox",
     "sandbox_kind",
-    type=click.Choice(["bubblewrap", "docker"]),
-    default="bubblewrap",
-    show_default=True,
+    choices=["bubblewrap", "docker"],
     help="With --code: where the samples run (there is no unsandboxed mode).",
 )
 @click.option("--workers", type=click.IntRange(min=1), default=os.cpu_count() or 1, show_default="CPUs")
@@ -520,28 +514,7 @@ def plan(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_
     show_default=True,
     help="With --model (0.2: the pass@1 setting of Chen et al.).",
 )
-def eval_command(
-    target,
-    tasks,
-    base,
-    include,
-    limit,
-    num_fewshot,
-    batch_size,
-    compare,
-    out,
-    as_json,
-    code_problems,
-    completions,
-    code_model,
-    samples,
-    k_values,
-    sandbox_kind,
-    workers,
-    timeout_s,
-    max_new_tokens,
-    temperature,
-):
+def eval_command(target, tasks, **options):
     """Evaluate a fine-tuned model (a run directory, checkpoint, model folder or hub id) with
     lm-evaluation-harness, against its base with --base; or (--code) score generated code in a sandbox.
 
@@ -552,28 +525,7 @@ def eval_command(
     before = os.environ.get("TQDM_DISABLE")
     os.environ["TQDM_DISABLE"] = "1"
     try:
-        _eval(
-            target,
-            tasks,
-            base,
-            include,
-            limit,
-            num_fewshot,
-            batch_size,
-            compare,
-            out,
-            as_json,
-            code_problems,
-            completions,
-            code_model,
-            samples,
-            k_values,
-            sandbox_kind,
-            workers,
-            timeout_s,
-            max_new_tokens,
-            temperature,
-        )
+        _eval(target, tasks, options)
     finally:
         if before is None:
             os.environ.pop("TQDM_DISABLE", None)
@@ -581,55 +533,13 @@ def eval_command(
             os.environ["TQDM_DISABLE"] = before
 
 
-def _eval(
-    target,
-    tasks,
-    base,
-    include,
-    limit,
-    num_fewshot,
-    batch_size,
-    compare,
-    out,
-    as_json,
-    code_problems,
-    completions,
-    code_model,
-    samples,
-    k_values,
-    sandbox_kind,
-    workers,
-    timeout_s,
-    max_new_tokens,
-    temperature,
-):
+def _eval(target, tasks, options):
     from sftdoctor.eval.command import main as eval_main
 
     try:
-        code = eval_main(
-            target,
-            tasks,
-            base=base,
-            include=include,
-            limit=limit,
-            num_fewshot=num_fewshot,
-            batch_size=batch_size,
-            compare=compare,
-            out=out,
-            as_json=as_json,
-            code_problems=code_problems,
-            completions=completions,
-            code_model=code_model,
-            samples=samples,
-            k_values=k_values,
-            sandbox_kind=sandbox_kind,
-            workers=workers,
-            timeout_s=timeout_s,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-        )
+        code = eval_main(target, tasks, **options)
     except ModuleNotFoundError as exc:
-        _missing_stack(exc, "eval --model" if code_problems is not None else "eval")
+        _missing_stack(exc, "eval --model" if options["code_problems"] is not None else "eval")
     sys.exit(code)
 
 
@@ -680,14 +590,7 @@ def diff(run_a, run_b, as_json):
     help="Folder to write report.html and its panels in (default: the run directory; with several runs, "
     "./sftdoctor-report).",
 )
-@click.option(
-    "--x",
-    "by",
-    type=click.Choice(["step", "tokens"]),
-    default="step",
-    show_default=True,
-    help="Align the runs by optimizer step or by tokens seen.",
-)
+@_one_of("--x", "by", choices=["step", "tokens"], help="Align the runs by optimizer step or by tokens seen.")
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the curve readers' findings and the files written as JSON."
 )

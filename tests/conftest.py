@@ -17,6 +17,17 @@ from sftdoctor.facts.topology import parse_topology
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLES = Path(__file__).parents[1] / "examples"
+# the memory terms `sftdoctor plan` lists for a full fine-tune, per GPU then per node, in its order
+PLAN_TERMS = (
+    "weights",
+    "gradients",
+    "optimizer states",
+    "activations",
+    "logits and loss",
+    "fragmentation",
+    "CUDA context and NCCL",
+    "host RAM per node",
+)
 
 
 def pytest_configure(config):
@@ -157,6 +168,15 @@ NO_GPU = {
     "cuda_version": None,
     "devices": [],
     "error": "NVML: NVML Shared Library Not Found",
+}
+
+# What transformers 5 offers a plan (facts/stack.py's transformers_features, the parts plans read).
+TRANSFORMERS_5 = {
+    "cosine_with_min_lr": True,
+    "min_lr_rate": True,
+    "min_lr": True,
+    "checkpointing_arg": "activation_checkpointing",
+    "warmup_ratio": False,
 }
 
 

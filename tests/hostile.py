@@ -22,6 +22,7 @@ from pathlib import Path
 from hypothesis import strategies as st
 
 NON_FINITE = [math.nan, math.inf, -math.inf]
+OPTION_TEXT = ["", " ", "0", "-1", "1", "2"]  # empty, blank, zero, negative, small: an option's first suspects
 NON_FINITE_JSON = ["NaN", "Infinity", "-Infinity"]  # json.loads reads these; strict JSON has no such literal
 NON_FINITE_TEXT = ["nan", "inf", "-inf", "NaN", "Infinity", "-Infinity", "1e400", "-1e400"]
 EXTREME = [1e308, -1e308, 5e-324, 10**400]  # finite, but near the float's limits (10**400: json reads an int)

@@ -16,11 +16,15 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from trainrun import config
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -121,3 +125,38 @@ def two_hosts(names: tuple[str, str] = ("node0", "node1")):
         for host in hosts:
             subprocess.run(["ip", "netns", "del", host.netns], capture_output=True)
             shutil.rmtree(Path("/etc/netns") / host.netns, ignore_errors=True)
+
+
+# ---- sftdoctor across the two hosts
+
+
+def two_node_config(folder: Path, data: Path, port: int, training=None, deepspeed=None, extra=None, **launch) -> Path:
+    """A run of 6 steps (a checkpoint every 3) on two nodes of one process each, node0 at master_port `port`;
+    `launch` adds to or overrides [launch], `training` [training]; `deepspeed` and `extra` as trainrun.config's."""
+    return config(
+        folder,
+        data,
+        training={"max_steps": 6, "save_steps": 3, **(training or {})},
+        launch={"nnodes": 2, "nproc_per_node": 1, "master_addr": "node0", "master_port": port, **launch},
+        deepspeed=deepspeed,
+        extra=extra,
+    )
+
+
+def train_on(host: Host, cfg: Path, *flags: str, env=None) -> subprocess.Popen:
+    """`sftdoctor train` on a host, as a user runs it there."""
+    return _start(host, ["-m", "sftdoctor", "train", str(cfg), *flags], env)
+
+
+def torchrun(host: Host, port: int, *argv: str) -> subprocess.Popen:
+    """`sftdoctor ARGV` under the same torchrun command on each host: c10d rendezvous at node0 (torchrun hosts
+    the store on the host whose name matches the endpoint)."""
+    rendezvous = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=node0:{port}"]
+    return _start(host, ["-m", "torch.distributed.run", *rendezvous, "--rdzv-id=two-hosts", "-m", "sftdoctor", *argv])
+
+
+def _start(host: Host, args: list[str], env=None) -> subprocess.Popen:
+    """This Python with `args` on a host, from the repository's root, its output read as text."""
+    return host.popen(
+        [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env
+    )

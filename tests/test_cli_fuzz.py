@@ -202,13 +202,11 @@ def _misspell(word: str, i: int, how: str, letter: str) -> str:
 
 
 def _paths(node, prefix=()):
+    """Every path in a JSON document, the root's () first, each container's before its children's."""
     yield prefix
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _paths(v, prefix + (i,))
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in children:
+        yield from _paths(value, prefix + (key,))
 
 
 def _at(doc, path):
@@ -315,6 +313,12 @@ def random_bytes():
 def unconvertible():
     """What int() or the parsers' recursion cannot take."""
     return st.sampled_from(["[" * 3000 + "]" * 3000, '{"a": ' * 3000 + "1" + "}" * 3000, HUGE_LITERAL])
+
+
+def broken_bytes(text, around):
+    """A file's bytes broken one of three ways: `text` (a strategy of its text, broken), bytes of no structure, or
+    a value no parser can take (`unconvertible`) put in a file by `around` (value -> text)."""
+    return text.map(str.encode) | random_bytes() | unconvertible().map(lambda v: around(v).encode())
 
 
 def lone_surrogates():
@@ -508,9 +512,7 @@ def test_run_toml(tmp_path_factory, tiny_model, data):
         config.write_text(text, encoding="utf-8")
     else:
         raw = data.draw(
-            broken_text(RUN_TEXT).map(_packing_off).map(str.encode)
-            | random_bytes()
-            | unconvertible().map(lambda v: (RUN_TEXT + f"\n[more]\nx = {v}\n").encode()),
+            broken_bytes(broken_text(RUN_TEXT).map(_packing_off), lambda v: RUN_TEXT + f"\n[more]\nx = {v}\n"),
             label="text",
         )
         config.write_bytes(raw)
@@ -586,9 +588,7 @@ def test_deepspeed_json_text(tmp_path_factory, data):
     path = root / "ds.json"
     base = json.dumps(data.draw(st.sampled_from(DEEPSPEED), label="base"), indent=2)
     raw = data.draw(
-        broken_text(base).map(str.encode)
-        | random_bytes()
-        | unconvertible().map(lambda v: f'{{"train_batch_size": {v}}}'.encode()),
+        broken_bytes(broken_text(base), lambda v: f'{{"train_batch_size": {v}}}'),
         label="text",
     )
     path.write_bytes(raw)
@@ -729,9 +729,7 @@ def test_model_config(tmp_path_factory, tiny_model, data):
     base = path.read_text(encoding="utf-8")
     if data.draw(one_in(5), label="text"):
         raw = data.draw(
-            broken_text(base).map(str.encode)
-            | random_bytes()
-            | unconvertible().map(lambda v: f'{{"hidden_size": {v}}}'.encode()),
+            broken_bytes(broken_text(base), lambda v: f'{{"hidden_size": {v}}}'),
             label="raw",
         )
         path.write_bytes(raw)
@@ -806,9 +804,7 @@ def test_facts_snapshot(tmp_path_factory, tiny_model, snapshots, data):
     base = data.draw(st.sampled_from(snapshots), label="base")
     if data.draw(one_in(5), label="text"):
         raw = data.draw(
-            broken_text(json.dumps(base, indent=1)).map(str.encode)
-            | random_bytes()
-            | unconvertible().map(lambda v: f'{{"schema": {v}, "facts": {{}}}}'.encode()),
+            broken_bytes(broken_text(json.dumps(base, indent=1)), lambda v: f'{{"schema": {v}, "facts": {{}}}}'),
             label="raw",
         )
         path.write_bytes(raw)

@@ -19,7 +19,7 @@ import click
 import pytest
 from cli_contract import sftdoctor
 from conftest import FIXTURES
-from hostile import fed_fifo, no_hang, special_file
+from hostile import OPTION_TEXT, fed_fifo, no_hang, special_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,12 +31,7 @@ pytestmark = pytest.mark.slow  # 2,000 command lines in-process: about 20 s
 FUZZ = {"deadline": None, "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]}
 
 TEXT_VALUES = [
-    "",
-    " ",
-    "0",
-    "-1",
-    "1",
-    "2",
+    *OPTION_TEXT,
     "3.5",
     "nan",
     "inf",

@@ -1,5 +1,5 @@
-"""Helpers of the end-to-end training tests: write a run config over the tiny example's data, run
-`sftdoctor train` as a user would, read what the run left."""
+"""Helpers of the training tests: write a run config over the tiny example's data, run `sftdoctor train` (or
+start any command) as a user would, read what the run left; the tiny model, for a trainer in the test's process."""
 
 import json
 import subprocess
@@ -62,6 +62,34 @@ def train(cfg: Path, *flags, timeout=600, env=None):
         text=True,
         timeout=timeout,
         env=env,
+    )
+
+
+def tiny_qwen2(**overrides):
+    """The smallest real causal LM the trainers take, built in this process: a one-layer Qwen2 (vocabulary 64,
+    hidden size 16) of random weights, seeded 0; `overrides` are Qwen2Config fields (tie_word_embeddings)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            **overrides,
+        )
+    )
+
+
+def start(*argv, stderr=subprocess.PIPE) -> subprocess.Popen:
+    """`sftdoctor ARGV` started as a user starts it, for a test that watches or signals it while it runs; its
+    output read as text (stderr=subprocess.STDOUT: both in one stream)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "sftdoctor", *map(str, argv)], stdout=subprocess.PIPE, stderr=stderr, text=True
     )
 
 

@@ -81,55 +81,28 @@ class Context:
     def log(self, name: str) -> Path:
         return self.work / "logs" / name
 
-    def sftdoctor(
-        self, name: str, *args: str, timeout: float, ok: tuple[int, ...] = (0,), env: dict[str, str] | None = None
-    ) -> tuple[int, str, str]:
-        return procs.run(
-            [sys.executable, "-m", "sftdoctor", *args],
-            self.log(name),
-            timeout,
-            env=env or self.env(),
-            cwd=self.work,
-            ok=ok,
-        )
-
-    def child(
+    def python(
         self,
         name: str,
-        script: str,
-        *args: str,
+        args: list[str],
+        *,
         timeout: float,
-        env: dict[str, str] | None = None,
         ok: tuple[int, ...] = (0,),
+        env: dict[str, str] | None = None,
     ) -> tuple[int, str, str]:
-        return procs.run(
-            [sys.executable, str(CHILDREN / script), *args],
-            self.log(name),
-            timeout,
-            env=env or self.env(),
-            cwd=self.work,
-            ok=ok,
-        )
+        """`python ARGS` in the work folder, its output in logs/NAME: (exit code, stdout, stderr)."""
+        return procs.run([sys.executable, *args], self.log(name), timeout, env=env or self.env(), cwd=self.work, ok=ok)
 
-    def torchrun(
-        self,
-        name: str,
-        procs_: int,
-        *args: str,
-        timeout: float,
-        env: dict[str, str] | None = None,
-        ok: tuple[int, ...] = (0,),
-    ) -> tuple[int, str, str]:
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(procs_),
-            *args,
-        ]
-        return procs.run(command, self.log(name), timeout, env=env or self.env(), cwd=self.work, ok=ok)
+    def sftdoctor(self, name: str, *args: str, **run: Any) -> tuple[int, str, str]:
+        return self.python(name, ["-m", "sftdoctor", *args], **run)
+
+    def child(self, name: str, script: str, *args: str, **run: Any) -> tuple[int, str, str]:
+        return self.python(name, [str(CHILDREN / script), *args], **run)
+
+    def torchrun(self, name: str, procs_: int, *args: str, **run: Any) -> tuple[int, str, str]:
+        return self.python(
+            name, ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs_), *args], **run
+        )
 
 
 def last_json(text: str) -> Any:

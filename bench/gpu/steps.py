@@ -17,6 +17,8 @@ import workload as wl
 from context import Context, last_json
 
 GIB = 2**30
+# the findings of `check --distributed` that carry a link's all-reduce sweep (evidence["sizes"])
+BANDWIDTH_IDS = ("collective-bandwidth/measured", "collective-bandwidth/below-expected")
 CPU_PLAN_MEMORY = "16GiB"  # the rehearsal has no GPU to plan for: `sftdoctor plan --gpu-memory` this
 SFTDOCTOR_ATTN = ["eager", "sdpa", "flash_attention_2"]  # [model] attn_implementation's choices
 FLASH = {
@@ -527,7 +529,7 @@ def allreduce(ctx: Context) -> dict[str, Any]:
     )
     doc = last_json(out)
     found = {f["id"]: f for f in doc["findings"]}
-    bandwidth = [f for f in doc["findings"] if f["id"] == "collective-bandwidth"]
+    bandwidth = [f for f in doc["findings"] if f["id"] in BANDWIDTH_IDS]
     if not bandwidth:
         raise procs.ChildFailed(
             "check --distributed reported no collective-bandwidth finding",

@@ -14,6 +14,7 @@ import math
 import random
 import shutil
 import statistics
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,54 +22,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny" / "model"
 
-# Qwen/Qwen2-0.5B's config.json (https://huggingface.co/Qwen/Qwen2-0.5B/blob/main/config.json), less its
-# vocabulary-independent extras; the same dict as bench/lora_vs_full.py. 494,032,768 parameters (tied).
-QWEN2_05B = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
-    "dtype": "float32",
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 32768,
-    "max_window_layers": 24,
-    "vocab_size": 151936,
-    "rms_norm_eps": 1e-06,
-    "rope_theta": 1000000.0,
-    "tie_word_embeddings": True,
-    "use_cache": False,
-    "bos_token_id": None,
-    "eos_token_id": 2,
-    "pad_token_id": 0,
-}
+sys.path.insert(0, str(ROOT / "examples"))
 
-WORDS = [
-    "red",
-    "green",
-    "blue",
-    "cat",
-    "dog",
-    "sun",
-    "moon",
-    "tree",
-    "rock",
-    "bird",
-    "fish",
-    "star",
-    "rain",
-    "snow",
-    "wind",
-    "leaf",
-    "apple",
-    "pear",
-    "plum",
-    "lime",
-    "kiwi",
-    "fig",
-    "date",
-]  # examples/make_tiny.py's words: one token each
+from make_tiny import QWEN2_05B, WORDS  # noqa: E402  (WORDS: one token each in the tiny tokenizer)
 
 
 @dataclass

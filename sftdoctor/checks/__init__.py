@@ -129,6 +129,11 @@ class Refused:
     why: str
 
 
+def plugin_problem(message: str, fix: str) -> Finding:
+    """A `plugin-load` warning: a plugin's check that was not loaded, and what to do about it."""
+    return Finding(Severity.WARNING, message, fix=fix, id="plugin-load", explain="plugins")
+
+
 @dataclass
 class Registry:
     checks: dict[str, CheckSpec] = field(default_factory=dict)
@@ -140,24 +145,18 @@ class Registry:
         if wrong:  # it would be skipped on every run, or never be called: refused here, where it is seen
             self.refused.setdefault(spec.id, Refused(spec, f"it {wrong}"))
             self.problems.append(
-                Finding(
-                    Severity.WARNING,
+                plugin_problem(
                     f"check {spec.id!r} from {spec.origin} not loaded: it {wrong}",
-                    fix=f"name a fact of the {spec.phase} phase (`sftdoctor explain plugins` lists them)",
-                    id="plugin-load",
-                    explain="plugins",
+                    f"name a fact of the {spec.phase} phase (`sftdoctor explain plugins` lists them)",
                 )
             )
             return
         if spec.id in self.checks:
             first = self.checks[spec.id].origin
             self.problems.append(
-                Finding(
-                    Severity.WARNING,
+                plugin_problem(
                     f"check {spec.id!r} from {spec.origin} ignored: {first} already defines it",
-                    fix=f"rename the check in {spec.origin}",
-                    id="plugin-load",
-                    explain="plugins",
+                    f"rename the check in {spec.origin}",
                 )
             )
             return
@@ -221,12 +220,9 @@ def load_checks(plugins: bool = True) -> Registry:
                 registry.scan(load_entry_point(value), origin)
             except Exception as exc:  # a broken plugin must not take the suite down
                 registry.problems.append(
-                    Finding(
-                        Severity.WARNING,
+                    plugin_problem(
                         f"{origin} failed to load: {type(exc).__name__}: {exc}",
-                        fix="fix or uninstall the plugin, or run with --no-plugins",
-                        id="plugin-load",
-                        explain="plugins",
+                        "fix or uninstall the plugin, or run with --no-plugins",
                     )
                 )
     return registry

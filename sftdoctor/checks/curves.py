@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from sftdoctor.checks import NotApplicable, check
@@ -95,6 +96,36 @@ def went_non_finite(curves: dict[str, Any], name: str, check: str) -> Finding | 
     )
 
 
+def curve_check(
+    id: str,
+    summary: str,
+    series: str | Callable[[dict[str, Any]], str],
+    messages: dict[str, str],
+    needs: tuple[int, str] | None = None,
+):
+    """Declare a post-run reader of one logged series (`series`: its name, or a function of the curves that
+    names it), called as reader(curves, steps, values) with the series' finite points. A series that holds a NaN
+    or an infinity gets its own finding (`went_non_finite`, the message `non-finite`) instead of the reader's
+    verdict over the rest; one with fewer points than `needs` (how many, and what they are) is not judged."""
+
+    def mark(reader: Callable[..., Any]) -> Callable[[dict[str, Any]], Any]:
+        def read(curves: dict[str, Any]):
+            name = series(curves) if callable(series) else series
+            gone = went_non_finite(curves, name, id)
+            if gone is not None:
+                return gone
+            steps, values = points(curves, name)
+            if needs is not None:
+                enough(values, *needs)
+            return reader(curves, steps, values)
+
+        # not functools.wraps: the registry would read the facts from the reader's signature behind __wrapped__
+        read.__name__, read.__qualname__, read.__doc__ = reader.__name__, reader.__qualname__, reader.__doc__
+        return check(id, summary, phase="postrun", messages={**NON_FINITE, **messages})(read)
+
+    return mark
+
+
 def enough(values: list, needed: int, what: str) -> None:
     if len(values) < needed:
         raise NotApplicable(f"{len(values)} logged {what}: too few to judge ({needed} needed)")
@@ -162,24 +193,20 @@ def best_offset(schedule: dict[str, Any], steps: list[int], lrs: list[float], la
     return min(range(0, 2 + lag), key=error)
 
 
-@check(
+@curve_check(
     "lr-curve",
     "the logged learning rate against the configured schedule: its warmup, its floor, no oscillation",
-    phase="postrun",
+    "learning_rate",
     messages={
-        **NON_FINITE,
         "oscillates": "the learning rate turns back after its peak",
         "below-floor": "the learning rate fell below its floor",
         "wrong-end": "the learning rate ended elsewhere than the schedule's end value",
         "no-warmup": "no warmup: the rate was high from the start",
         "off-schedule": "the learning rate left the configured schedule",
     },
+    needs=(4, "learning rates"),
 )
-def lr_curve(curves: dict[str, Any]):
-    if gone := went_non_finite(curves, "learning_rate", "lr-curve"):
-        return gone
-    steps, lrs = points(curves, "learning_rate")
-    enough(lrs, 4, "learning rates")
+def lr_curve(curves: dict[str, Any], steps: list[int], lrs: list[float]):
     peak = max(lrs)
     after = lrs.index(peak)
     turns = [after + i for i in reversals(lrs[after:], REVERSAL * peak)] if peak > 0 else []
@@ -318,21 +345,17 @@ def _off_schedule(schedule, steps, lrs, expected, first):
 # ---------------------------------------------------------------- gradient norm
 
 
-@check(
+@curve_check(
     "grad-norm-curve",
     "the gradient norm: clipped on most steps, or rising over the last third of the run",
-    phase="postrun",
+    "grad_norm",
     messages={
-        **NON_FINITE,
         "mostly-clipped": "the gradient norm was clipped on most steps",
         "rising": "the gradient norm rose over the last third of the run",
     },
+    needs=(8, "gradient norms"),
 )
-def grad_norm_curve(curves: dict[str, Any]):
-    if gone := went_non_finite(curves, "grad_norm", "grad-norm-curve"):
-        return gone
-    steps, norms = points(curves, "grad_norm")
-    enough(norms, 8, "gradient norms")
+def grad_norm_curve(curves: dict[str, Any], steps: list[int], norms: list[float]):
     found = []
     clip, assumed = curves.get("max_grad_norm"), False
     if clip is None:  # a Trainer's (or LLaMA-Factory's) log: neither records the threshold
@@ -409,20 +432,16 @@ def best_checkpoint(curves: dict[str, Any], step: int) -> str:
     )
 
 
-@check(
+@curve_check(
     "overfitting",
     "eval loss rising for several evaluations while the train loss falls",
-    phase="postrun",
+    "eval_loss",
     messages={
-        **NON_FINITE,
         "eval-loss-rising": "the eval loss stayed above its best while the train loss fell",
     },
+    needs=(PATIENCE + 1, "eval losses"),
 )
-def overfitting(curves: dict[str, Any]):
-    if gone := went_non_finite(curves, "eval_loss", "overfitting"):
-        return gone
-    steps, evals = points(curves, "eval_loss")
-    enough(evals, PATIENCE + 1, "eval losses")
+def overfitting(curves: dict[str, Any], steps: list[int], evals: list[float]):
     best = min(range(len(evals)), key=evals.__getitem__)
     after = len(evals) - 1 - best
     rose = evals[-1] - evals[best]
@@ -462,20 +481,16 @@ def overfitting(curves: dict[str, Any]):
 # ---------------------------------------------------------------- train loss
 
 
-@check(
+@curve_check(
     "loss-plateau",
     "a train loss that does not fall from the start: learning rate too low, or nothing trains",
-    phase="postrun",
+    "loss",
     messages={
-        **NON_FINITE,
         "flat": "the train loss stayed flat from the start",
     },
+    needs=(8, "train losses"),
 )
-def loss_plateau(curves: dict[str, Any]):
-    if gone := went_non_finite(curves, "loss", "loss-plateau"):
-        return gone
-    steps, losses = points(curves, "loss")
-    enough(losses, 8, "train losses")
+def loss_plateau(curves: dict[str, Any], steps: list[int], losses: list[float]):
     head = statistics.median(losses[: max(2, len(losses) // 10)])
     tail = statistics.median(losses[-max(2, len(losses) // 4) :])
     drop = (head - tail) / abs(head) if head else 0.0
@@ -510,19 +525,15 @@ def loss_plateau(curves: dict[str, Any]):
 # ---------------------------------------------------------------- throughput
 
 
-@check(
+@curve_check(
     "throughput-drop",
     "tokens/s falling by more than a third and not recovering",
-    phase="postrun",
+    "tokens_per_second",
     messages={
-        **NON_FINITE,
         "dropped": "throughput fell and did not recover",
     },
 )
-def throughput_drop(curves: dict[str, Any]):
-    if gone := went_non_finite(curves, "tokens_per_second", "throughput-drop"):
-        return gone
-    steps, speeds = points(curves, "tokens_per_second")
+def throughput_drop(curves: dict[str, Any], steps: list[int], speeds: list[float]):
     steps, speeds = steps[1:], speeds[1:]  # the first interval holds the start-up (allocation, compilation)
     enough(speeds, 8, "throughputs (after the first)")
     baseline = statistics.median(speeds[: max(3, len(speeds) // 3)])
@@ -558,23 +569,25 @@ def throughput_drop(curves: dict[str, Any]):
 # ---------------------------------------------------------------- memory
 
 
-@check(
-    "memory-growth",
-    "memory growing step after step (a leak)",
-    phase="postrun",
-    messages={
-        **NON_FINITE,
-        "leak": "memory grew step after step",
-    },
-)
-def memory_growth(curves: dict[str, Any]):
+def memory_series(curves: dict[str, Any]) -> str:
+    """The memory series a run logged: the GPU's allocated memory, else the host's resident memory."""
     name = next((n for n in ("memory_allocated_gib", "host_rss_gib") if curves["series"].get(n)), None)
     if name is None:
         raise NotApplicable("no memory was logged")
-    if gone := went_non_finite(curves, name, "memory-growth"):
-        return gone
-    steps, values = points(curves, name)
-    enough(values, 8, "memory readings")
+    return name
+
+
+@curve_check(
+    "memory-growth",
+    "memory growing step after step (a leak)",
+    memory_series,
+    messages={
+        "leak": "memory grew step after step",
+    },
+    needs=(8, "memory readings"),
+)
+def memory_growth(curves: dict[str, Any], steps: list[int], values: list[float]):
+    name = memory_series(curves)
     skip = len(values) // 5  # the first steps allocate the optimizer states and the caches
     steps, values = steps[skip:], values[skip:]
     quarter = max(2, len(values) // 4)

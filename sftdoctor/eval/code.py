@@ -34,8 +34,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
-from sftdoctor.errors import InputError, Interrupted, did_you_mean, one_line, parse_problem, reading, regular_file
+from sftdoctor.errors import InputError, Interrupted, did_you_mean, one_line, reading, regular_file
 from sftdoctor.eval import sandbox as sandboxes
+from sftdoctor.facts.json_lines import json_line
 
 PROBLEM_KEYS = ("task_id", "prompt", "test", "entry_point")
 COMPLETION_KEYS = ("task_id", "completion")
@@ -130,14 +131,12 @@ def _records(path: Path, what: str) -> Iterator[tuple[int, dict]]:
                 return
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except (ValueError, RecursionError) as exc:
-                raise InputError(
-                    path,
-                    f"not valid JSON ({parse_problem(exc)}); expected one JSON object per line",
-                    key=f"line {number}",
-                ) from None
+            record = json_line(
+                line,
+                path,
+                lambda why: f"not valid JSON ({why}); expected one JSON object per line",
+                key=f"line {number}",
+            )
             if not isinstance(record, dict):
                 raise InputError(
                     path, f"a JSON {type(record).__name__}; expected one JSON object per line", key=f"line {number}"

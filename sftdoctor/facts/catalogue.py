@@ -3,6 +3,9 @@
     @fact("gpus", "the driver, its CUDA, and each GPU (NVML or nvidia-smi)", shape={...})
     def probe_gpus(facts): ...
 
+A probe derived from other facts names them, `@fact("data", ..., needs=("run",))`, and receives their values,
+`def probe_data(facts, run)`: it runs only when they are all present (else the fact is absent, its why_missing).
+
 A fact that no probe reads (a moment of a run, a job's ranks, a run's records) is declared with the same call
 as a constant of the module whose records it is: `CURVES = fact("curves", "...", phase="postrun")`.
 
@@ -50,11 +53,25 @@ class Fact:
     required: tuple[str, ...] = ()  # keys the checks index without .get: a recorded value must have them
     consistent: Callable[[Any], tuple[str, str] | None] | None = None  # (where, what) a well-formed value contradicts
     where: str = ""  # module:line of the declaration
+    needs: tuple[str, ...] = ()  # facts its probe reads first: absent when one is, else handed to the probe
 
-    def __call__(self, probe: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def __call__(self, probe: Callable[..., Any]) -> Callable[[Any], Any]:
         """`@fact(...)` on a probe: the declaration, with its probe, is attached to the function."""
+        probe = _given_needs(probe, self.needs) if self.needs else probe
         probe.__sftdoctor_fact__ = replace(self, probe=probe)
         return probe
+
+
+def _given_needs(probe: Callable[..., Any], needs: tuple[str, ...]) -> Callable[[Any], Any]:
+    """The probe as a function of the facts alone: every fact it needs is read (in order, each probed once), and
+    with all of them present (not None, not empty) it is called as `probe(facts, *their values)`; else None."""
+
+    @functools.wraps(probe)
+    def read_needs_first(facts: Any) -> Any:
+        values = [facts.get(name) for name in needs]
+        return probe(facts, *values) if all(values) else None
+
+    return read_needs_first
 
 
 def fact(
@@ -68,14 +85,27 @@ def fact(
     shape: Any = None,
     required: tuple[str, ...] = (),
     consistent: Callable[[Any], tuple[str, str] | None] | None = None,
+    needs: tuple[str, ...] = (),
 ) -> Fact:
-    """Declare a fact: decorate its probe with it, or (no probe) assign it to a module constant."""
+    """Declare a fact: decorate its probe with it, or (no probe) assign it to a module constant. `needs` names
+    the facts it derives from: without one of them it is absent, and its probe is not run."""
     if phase not in PHASES:
         raise FactDeclarationError(f"fact {name!r}: phase must be one of {PHASES}, not {phase!r}")
     caller = sys._getframe(1)  # where it is declared, to name both places of a name declared twice
     where = f"{caller.f_globals.get('__name__')}:{caller.f_lineno}"
     return Fact(
-        name, doc, phase, None, tuple(inputs), why_missing, is_object, shape, tuple(required), consistent, where
+        name,
+        doc,
+        phase,
+        None,
+        tuple(inputs),
+        why_missing,
+        is_object,
+        shape,
+        tuple(required),
+        consistent,
+        where,
+        tuple(needs),
     )
 
 

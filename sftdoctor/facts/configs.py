@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sftdoctor.errors import InputError, InputErrors, loads_finite, parse_problem, read_text
 from sftdoctor.facts.catalogue import DEEPSPEED, MODEL, RUN_CONFIG, fact
 from sftdoctor.facts.packages import module_file
+from sftdoctor.run.shape import NEEDED
 
 
 def read_json_object(path: Path, what: str) -> dict[str, Any]:
@@ -62,12 +64,10 @@ def probe_run_config(facts):
     inputs=RUN_CONFIG,
     why_missing="no run config given (--config)",
     is_object=False,
+    needs=("run",),
 )
-def probe_plan(facts):
+def probe_plan(facts, run):
     """The run's settings, decided once by sftdoctor.run.decide from the run config and the other facts."""
-    run = facts.get("run")
-    if run is None:
-        return None
     from sftdoctor.run import decide  # here, past the run config: a plain `check` imports no resolver
 
     return decide(run, facts)
@@ -93,16 +93,8 @@ DTYPES = {
 }
 DTYPE_KEYS = ("dtype", "torch_dtype")
 SUB_CONFIGS = ("text_config", "llm_config", "language_config")  # a multimodal model's language part
-_SHAPE_KEYS = (
-    "hidden_size",
-    "num_hidden_layers",
-    "intermediate_size",
-    "vocab_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "tie_word_embeddings",
-    "max_position_embeddings",
-)
+# what run.shape's closed form needs, and what the checks read beside it
+_SHAPE_KEYS = (*NEEDED, "num_key_value_heads", "tie_word_embeddings", "max_position_embeddings")
 
 
 def normalize_dtype(value: Any) -> str | None:
@@ -223,6 +215,22 @@ def resolve_model_config(path: Path) -> Path:
     return path / "config.json" if path.is_dir() else path
 
 
+def _given_or_named(facts, field: str, named: Callable[[Any], Any]) -> Any:
+    """The file given on the command line for the Inputs `field`, else the one the run config names (`named(run)`,
+    None when it names none), else None."""
+    path = getattr(facts.inputs, field)
+    if path is None:
+        run = facts.get("run")
+        path = named(run) if run is not None else None
+    return path
+
+
+def _model_config_of(run) -> Path | None:
+    """The config.json of the run's [model].path: the local folder, or a hub id's in the local cache (offline)."""
+    local = Path(run.model.path)
+    return local if local.exists() else hub_cache_config(run.model.path)
+
+
 @fact(
     "model_config",
     "the model's config.json, summarised",
@@ -230,16 +238,9 @@ def resolve_model_config(path: Path) -> Path:
     why_missing="no model config given (--model-config, or [model].path in --config)",
 )
 def probe_model_config(facts) -> dict[str, Any] | None:
-    path = facts.inputs.model_config
+    path = _given_or_named(facts, "model_config", _model_config_of)
     if path is None:
-        run = facts.get("run")
-        if run is None:
-            return None
-        model = run.model.path
-        local = Path(model)
-        path = local if local.exists() else hub_cache_config(model)
-        if path is None:
-            return None  # a hub id not in the local cache: nothing to read offline
+        return None
     path = resolve_model_config(Path(path))
     return summarize_model_config(path, read_json_object(path, "model config.json"))
 
@@ -254,12 +255,9 @@ def probe_model_config(facts) -> dict[str, Any] | None:
     why_missing="no DeepSpeed config given (--deepspeed, or [deepspeed] config in --config)",
 )
 def probe_deepspeed_config(facts) -> dict[str, Any] | None:
-    path = facts.inputs.deepspeed
+    path = _given_or_named(facts, "deepspeed", lambda run: run.deepspeed.config or None)
     if path is None:
-        run = facts.get("run")
-        path = run.deepspeed.config if run is not None else None
-        if not path:
-            return None
+        return None
     config = read_json_object(Path(path), "DeepSpeed config")
     if module_file("deepspeed", "__init__.py") is not None:  # asked of the installed DeepSpeed itself
         from sftdoctor.facts.deepspeed_probe import problems_in_child

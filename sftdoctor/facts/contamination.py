@@ -92,10 +92,10 @@ PIECE = 1 << 20  # characters of a training row tokenized at once: a 100 MB row 
     "tasks' documents and the eval files",
     inputs=RUN_CONFIG,
     why_missing="needs a run config with [eval] tasks or a [data] eval file",
+    needs=("run",),
 )
-def probe_contamination(facts) -> dict[str, Any] | None:
-    run = facts.get("run")
-    if run is None or facts.get("data") is None or (run.eval is None and not run.data.eval):
+def probe_contamination(facts, run) -> dict[str, Any] | None:
+    if facts.get("data") is None or (run.eval is None and not run.data.eval):
         return None
     absolute = lambda names: [str(Path(n).resolve()) for n in names]  # noqa: E731 - the child may change folder
     request = {

@@ -18,6 +18,7 @@ from typing import Any
 
 from sftdoctor.errors import InputError, parse_problem
 from sftdoctor.facts.catalogue import RUN_CONFIG, fact
+from sftdoctor.facts.json_lines import json_line
 from sftdoctor.facts.packages import module_file
 
 # format -> the keys that identify it (in this order of detection) and the shape the trainer gets
@@ -129,13 +130,13 @@ def rows(path: Path) -> Iterator[tuple[str, Any]]:
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
-                try:
-                    row = json.loads(line)
-                except (ValueError, RecursionError) as exc:
-                    raise InputError(
-                        path,
-                        f"line {number}: not a JSON object ({parse_problem(exc)}); expected one JSON object a line",
-                    ) from None
+                row = json_line(
+                    line,
+                    path,
+                    lambda why, number=number: (
+                        f"line {number}: not a JSON object ({why}); expected one JSON object a line"
+                    ),
+                )
                 if "\\ud" in line.lower():  # an escaped UTF-16 surrogate: valid JSON, but paired or not?
                     _check_unicode(row, path, f"line {number}")
                 yield f"line {number}", row
@@ -348,11 +349,9 @@ def eval_split(rows: int, fraction: float) -> tuple[int, int]:
     "the run's data files: rows, formats, problems",
     inputs=RUN_CONFIG,
     why_missing="no run config given (--config)",
+    needs=("run",),
 )
-def probe_data(facts) -> dict[str, Any] | None:
-    run = facts.get("run")
-    if run is None:
-        return None
+def probe_data(facts, run) -> dict[str, Any] | None:
     strict = not mixed_columns_load()
     for key, files in (("[data].train", run.data.train), ("[data].eval", run.data.eval)):
         parquet = [f for f in files if Path(f).suffix.lower() == ".parquet"]

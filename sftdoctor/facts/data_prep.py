@@ -36,12 +36,12 @@ TEXT_FORMATS = (".jsonl", ".json")
     "the time rank 0 spends preparing the data (TRL's SFTTrainer on a sample of the rows, extrapolated)",
     inputs=RUN_CONFIG,
     why_missing="needs a run config of 2+ processes whose model has a config.json and tokenizer here",
+    needs=("plan",),
 )
-def probe_data_prep(facts) -> dict[str, Any] | None:
+def probe_data_prep(facts, plan) -> dict[str, Any] | None:
     from sftdoctor.facts.tokenizer import tokenizer_folder
 
-    plan = facts.get("plan")
-    if plan is None or plan.world_size <= 1 or not facts.get("model_config"):
+    if plan.world_size <= 1 or not facts.get("model_config"):
         return None  # one process: no rank waits for another's preparation
     folder = tokenizer_folder(plan.tokenizer_path)
     if folder is None:

@@ -30,11 +30,9 @@ def nearest_existing(path: Path) -> Path:
         "total_bytes": OPT_COUNT,
         "error": OPT_STR,
     },
+    needs=("run",),
 )
-def probe_disk_space(facts) -> dict[str, Any] | None:
-    run = facts.get("run")
-    if run is None:
-        return None
+def probe_disk_space(facts, run) -> dict[str, Any] | None:
     output_dir = Path(run.training.output_dir)
     probed = nearest_existing(output_dir)
     try:

@@ -24,10 +24,10 @@ TIMEOUT_S = 300
     "the [eval] tasks, found in lm-eval's registry",
     inputs=RUN_CONFIG,
     why_missing="no [eval] in the run config (or no --config)",
+    needs=("run",),
 )
-def probe_eval_tasks(facts) -> dict[str, Any] | None:
-    run = facts.get("run")
-    if run is None or run.eval is None:
+def probe_eval_tasks(facts, run) -> dict[str, Any] | None:
+    if run.eval is None:
         return None
     if not (facts.get("packages") or {}).get("lm_eval"):
         return {"installed": False}

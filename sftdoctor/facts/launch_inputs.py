@@ -52,11 +52,9 @@ def require(facts) -> None:
     "[report] backend is installed, hub models are cached or reachable",
     inputs=RUN_CONFIG,
     why_missing="no run config given (--config)",
+    needs=("run",),
 )
-def probe_launch_inputs(facts) -> dict[str, Any] | None:
-    run = facts.get("run")
-    if run is None:
-        return None
+def probe_launch_inputs(facts, run) -> dict[str, Any] | None:
     errors, models = problems(run, facts.inputs.config or run.path)
     if errors:
         raise InputErrors(errors)

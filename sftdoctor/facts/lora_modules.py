@@ -32,18 +32,27 @@ NUMBER = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)")
     "the model's linear layers as peft sees them, and the adapters [lora] builds",
     inputs=MODEL,
     why_missing="no [lora] in the run config, or no model config.json to list its layers from",
+    needs=("run", "model_config"),
 )
-def probe_lora_modules(facts) -> dict[str, Any] | None:
-    run, model = facts.get("run"), facts.get("model_config")
-    if run is None or run.lora is None or not model or not isinstance(model.get("config"), dict):
+def probe_lora_modules(facts, run, model) -> dict[str, Any] | None:
+    if run.lora is None or not isinstance(model.get("config"), dict):
         return None
+    request, folder = build_request(run, model)
+    return cached("lora-modules", {**request, "config": None}, folder_files(folder), lambda: _child(request))
+
+
+def build_request(run, model: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+    """What a child process builds the run's model from (its config.json, trust_remote_code, [lora] or None), and
+    the model's folder, whose files key the probe cache."""
     path = Path(model["path"])
     folder = path.parent if path.name == "config.json" else path
     lora = run.lora
     request = {
         "config": str(folder / "config.json"),
         "trust": run.model.trust_remote_code,
-        "lora": {
+        "lora": None
+        if lora is None
+        else {
             "r": lora.r,
             "target_modules": lora.target_modules
             if isinstance(lora.target_modules, str)
@@ -52,7 +61,7 @@ def probe_lora_modules(facts) -> dict[str, Any] | None:
             "use_dora": lora.use_dora,
         },
     }
-    return cached("lora-modules", {**request, "config": None}, folder_files(folder), lambda: _child(request))
+    return request, folder
 
 
 def _child(request: dict[str, Any]) -> dict[str, Any]:

@@ -83,10 +83,10 @@ def shape_in_child(path: str) -> tuple[Shape | None, str | None]:
     "parameters and largest tensor, counted on the meta device",
     inputs=MODEL,
     why_missing="no model config, or an architecture sftdoctor counts only where there are GPUs",
+    needs=("model_config",),
 )
-def probe_model_shape(facts) -> dict[str, Any] | None:
-    summary = facts.get("model_config")
-    if not summary or not isinstance(summary.get("config"), dict):
+def probe_model_shape(facts, summary) -> dict[str, Any] | None:
+    if not isinstance(summary.get("config"), dict):
         return None
     shape = closed_form(summary["config"])
     if shape is None and devices(facts.get("gpus")):

@@ -25,10 +25,10 @@ TOLERANCE = 1e-4  # float32 logits of a 2-layer model: equal up to kernel roundi
     "packed batches built by the real collator: isolated or not",
     inputs=RUN_CONFIG,
     why_missing="packing is off, or no run config / model config to probe",
+    needs=("run", "model_config"),
 )
-def probe_packing(facts) -> dict[str, Any] | None:
-    run, model = facts.get("run"), facts.get("model_config")
-    if run is None or not model or run.training.packing is False:
+def probe_packing(facts, run, model) -> dict[str, Any] | None:
+    if run.training.packing is False:
         return None
     from sftdoctor.run.resolve import attn_implementation  # past the run config: `facts` alone needs no resolver
 

@@ -54,8 +54,22 @@ class Rename:
         return self.new or self.note or "no replacement"
 
 
+_V5_GUIDE = "transformers MIGRATION_GUIDE_V5.md; raises here"
+_V5_UNANNOUNCED = "transformers MIGRATION_GUIDE_V5.md ('without deprecation cycle'); raises here"
+
+
 def _args(library, owner, raised_by, olds, new, deprecated, removed, source, note=""):
     return [Rename(library, owner, ARGUMENT, old, new, deprecated, removed, source, raised_by, note) for old in olds]
+
+
+def _training_args(olds, new, deprecated, removed, source, note=""):
+    """Arguments of TrainingArguments, which every TRL config subclasses (TRAINING_ARGS names them all)."""
+    return _args("transformers", "TrainingArguments", TRAINING_ARGS, olds, new, deprecated, removed, source, note)
+
+
+def _dropped_in_v5(olds, note, source=_V5_GUIDE):
+    """TrainingArguments that transformers 5.0 removed with nothing in their place: `note` says what to do."""
+    return _training_args(olds, None, None, "5.0.0", source, note)
 
 
 def _imports(library, module, olds, new, deprecated, removed, source, note=""):
@@ -220,20 +234,14 @@ RENAMES: tuple[Rename, ...] = tuple(
             note="truncate the prompts in the dataset before training",
         ),
         # ---- transformers: TrainingArguments (and every TRL config, which subclass it)
-        *_args(
-            "transformers",
-            "TrainingArguments",
-            TRAINING_ARGS,
+        *_training_args(
             ["evaluation_strategy"],
             "eval_strategy",
             "4.41.0",
             "4.51.0",
             "transformers PR #30190 (v4.41.0) renamed it; present in the 4.50.0 wheel, absent from 4.51.0; raises here",
         ),
-        *_args(
-            "transformers",
-            "TrainingArguments",
-            TRAINING_ARGS,
+        *_training_args(
             ["no_cuda"],
             "use_cpu",
             None,
@@ -241,94 +249,15 @@ RENAMES: tuple[Rename, ...] = tuple(
             "4.37.2 already warns 'no_cuda is deprecated'; MIGRATION_GUIDE_V5.md, 'Removing deprecated arguments in "
             "TrainingArguments'; raises here",
         ),
-        *_args(
-            "transformers",
-            "TrainingArguments",
-            TRAINING_ARGS,
-            ["per_gpu_train_batch_size"],
-            "per_device_train_batch_size",
-            None,
-            "5.0.0",
-            "transformers MIGRATION_GUIDE_V5.md; raises here",
-        ),
-        *_args(
-            "transformers",
-            "TrainingArguments",
-            TRAINING_ARGS,
-            ["per_gpu_eval_batch_size"],
-            "per_device_eval_batch_size",
-            None,
-            "5.0.0",
-            "transformers MIGRATION_GUIDE_V5.md; raises here",
-        ),
-        *_args(
-            "transformers",
-            "TrainingArguments",
-            TRAINING_ARGS,
-            ["push_to_hub_token"],
-            "hub_token",
-            None,
-            "5.0.0",
-            "transformers MIGRATION_GUIDE_V5.md; raises here",
-        ),
-        *_args(
-            "transformers",
-            "TrainingArguments",
-            TRAINING_ARGS,
-            ["include_inputs_for_metrics"],
-            "include_for_metrics",
-            None,
-            "5.0.0",
-            "transformers MIGRATION_GUIDE_V5.md; raises here",
-        ),
-        *_args(
-            "transformers",
-            "TrainingArguments",
-            TRAINING_ARGS,
-            ["fp16_backend", "half_precision_backend"],
-            None,
-            None,
-            "5.0.0",
-            "transformers MIGRATION_GUIDE_V5.md; raises here",
-            note="drop it: torch.amp is the only backend",
-        ),
-        *_args(
-            "transformers",
-            "TrainingArguments",
-            TRAINING_ARGS,
-            ["use_mps_device"],
-            None,
-            None,
-            "5.0.0",
-            "transformers MIGRATION_GUIDE_V5.md; raises here",
-            note="drop it: MPS is used when present",
-        ),
-        *_args(
-            "transformers",
-            "TrainingArguments",
-            TRAINING_ARGS,
-            ["overwrite_output_dir"],
-            None,
-            None,
-            "5.0.0",
-            "transformers MIGRATION_GUIDE_V5.md ('without deprecation cycle'); raises here",
-            note="drop it; resume with resume_from_checkpoint",
-        ),
-        *_args(
-            "transformers",
-            "TrainingArguments",
-            TRAINING_ARGS,
-            ["logging_dir"],
-            None,
-            None,
-            "5.0.0",
-            "transformers MIGRATION_GUIDE_V5.md ('without deprecation cycle'); raises here",
-            note="set the TENSORBOARD_LOGGING_DIR environment variable",
-        ),
-        *_args(
-            "transformers",
-            "TrainingArguments",
-            TRAINING_ARGS,
+        *_training_args(["per_gpu_train_batch_size"], "per_device_train_batch_size", None, "5.0.0", _V5_GUIDE),
+        *_training_args(["per_gpu_eval_batch_size"], "per_device_eval_batch_size", None, "5.0.0", _V5_GUIDE),
+        *_training_args(["push_to_hub_token"], "hub_token", None, "5.0.0", _V5_GUIDE),
+        *_training_args(["include_inputs_for_metrics"], "include_for_metrics", None, "5.0.0", _V5_GUIDE),
+        *_dropped_in_v5(["fp16_backend", "half_precision_backend"], "drop it: torch.amp is the only backend"),
+        *_dropped_in_v5(["use_mps_device"], "drop it: MPS is used when present"),
+        *_dropped_in_v5(["overwrite_output_dir"], "drop it; resume with resume_from_checkpoint", _V5_UNANNOUNCED),
+        *_dropped_in_v5(["logging_dir"], "set the TENSORBOARD_LOGGING_DIR environment variable", _V5_UNANNOUNCED),
+        *_training_args(
             ["group_by_length"],
             None,
             None,
@@ -336,10 +265,7 @@ RENAMES: tuple[Rename, ...] = tuple(
             "present in the 5.1.0 wheel, absent from 5.2.0; raises here",
             note='train_sampling_strategy="group_by_length"',
         ),
-        *_args(
-            "transformers",
-            "TrainingArguments",
-            TRAINING_ARGS,
+        *_training_args(
             ["warmup_ratio"],
             "warmup_steps",
             "5.0.0",
@@ -347,10 +273,7 @@ RENAMES: tuple[Rename, ...] = tuple(
             "5.0.0 warns 'warmup_ratio is deprecated'; present in the 5.14.0 wheel, absent from 5.15.0; raises here "
             "(a warmup_steps below 1 is a ratio)",
         ),
-        *_args(
-            "transformers",
-            "TrainingArguments",
-            TRAINING_ARGS,
+        *_training_args(
             ["dispatch_batches", "split_batches"],
             None,
             "4.38.0",
@@ -359,10 +282,7 @@ RENAMES: tuple[Rename, ...] = tuple(
             "to accelerator_config'); present in the 4.50.0 wheel, absent from 4.51.0; raises here",
             note='accelerator_config={"dispatch_batches": ..., "split_batches": ...}',
         ),
-        *_args(
-            "transformers",
-            "TrainingArguments",
-            TRAINING_ARGS,
+        *_training_args(
             ["gradient_checkpointing"],
             "activation_checkpointing",
             "5.24.0",

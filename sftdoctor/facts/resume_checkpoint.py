@@ -28,12 +28,10 @@ _MODEL = re.compile(r"^mp_rank_\d+_model_states\.pt$")
     "the checkpoint --resume would load: its DeepSpeed world size and ZeRO stage (file names)",
     inputs=RUN_CONFIG,
     why_missing="no complete checkpoint in the run's output_dir: nothing to resume",
+    needs=("plan",),
 )
-def probe_resume_checkpoint(facts) -> dict[str, Any] | None:
+def probe_resume_checkpoint(facts, plan) -> dict[str, Any] | None:
     """None when the run's output_dir holds no complete checkpoint (nothing to resume)."""
-    plan = facts.get("plan")
-    if plan is None:
-        return None
     checkpoint = newest_complete(plan.output_dir)
     return describe(checkpoint) if checkpoint is not None else None
 

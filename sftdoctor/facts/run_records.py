@@ -23,6 +23,7 @@ from typing import Any
 
 from sftdoctor.errors import InputError, parse_problem, read_text
 from sftdoctor.facts.catalogue import fact
+from sftdoctor.facts.json_lines import json_line
 from sftdoctor.run import layout
 from sftdoctor.run.checkpoints import checkpoints, is_complete
 from sftdoctor.run.schedule import schedule_of
@@ -172,12 +173,9 @@ class Reader:
         for number, line in enumerate(complete, 1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except (ValueError, RecursionError) as exc:
-                raise InputError(
-                    self.source, f"expected one JSON object per line: {parse_problem(exc)}", key=f"line {number}"
-                ) from None
+            record = json_line(
+                line, self.source, lambda why: f"expected one JSON object per line: {why}", key=f"line {number}"
+            )
             self.record(f"line {number}", record)
 
     def trainer_state(self, text: str) -> None:

@@ -94,12 +94,12 @@ NO_TEMPLATE = "chat rows and no chat template to render them"
     "the labels the run's trainer builds: EOS, BOS, the masked prompt, generate()'s stop",
     inputs=RUN_CONFIG,
     why_missing="the run's model has no config.json and tokenizer files here to build its trainer from",
+    needs=("plan",),
 )
-def probe_training_targets(facts) -> dict[str, Any] | None:
+def probe_training_targets(facts, plan) -> dict[str, Any] | None:
     from sftdoctor.facts.tokenizer import tokenizer_folder
 
-    plan = facts.get("plan")
-    if plan is None or facts.get("data") is None or not facts.get("model_config"):
+    if facts.get("data") is None or not facts.get("model_config"):
         return None
     folder = tokenizer_folder(plan.tokenizer_path)
     if folder is None or not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):

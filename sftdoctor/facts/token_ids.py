@@ -52,12 +52,12 @@ SPECIALS = ("pad", "eos", "bos", "unk")
     "model's vocab_size (embedding rows)",
     inputs=RUN_CONFIG,
     why_missing="needs a run config whose model config.json (vocab_size) and tokenizer files are here",
+    needs=("plan", "model_config"),
 )
-def probe_token_ids(facts) -> dict[str, Any] | None:
+def probe_token_ids(facts, plan, model) -> dict[str, Any] | None:
     from sftdoctor.facts.tokenizer import tokenizer_folder
 
-    plan, model = facts.get("plan"), facts.get("model_config")
-    if plan is None or facts.get("data") is None or not model or not isinstance(model.get("vocab_size"), int):
+    if facts.get("data") is None or not isinstance(model.get("vocab_size"), int):
         return None
     folder = tokenizer_folder(plan.tokenizer_path)
     if folder is None or not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):

@@ -43,10 +43,10 @@ FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")  # safetensor
     inputs=MODEL,
     why_missing="needs a run config whose model has pretrained safetensors weights here and a chat template that "
     "writes added tokens",
+    needs=("run", "model_config"),
 )
-def probe_token_rows(facts) -> dict[str, Any] | None:
-    run, model = facts.get("run"), facts.get("model_config")
-    if run is None or run.model.weights != "pretrained" or not model:
+def probe_token_rows(facts, run, model) -> dict[str, Any] | None:
+    if run.model.weights != "pretrained":
         return None
     path = Path(model["path"])
     folder = path.parent if path.name == "config.json" else path

@@ -174,11 +174,9 @@ def marked_equivalent(template: str, tokens: dict[str, str]) -> dict[str, str] |
     "the tokenizer's chat template, rendered",
     inputs=RUN_CONFIG,
     why_missing="no run config, or its tokenizer has no files here",
+    needs=("run",),
 )
-def probe_chat_template(facts) -> dict[str, Any] | None:
-    run = facts.get("run")
-    if run is None:
-        return None
+def probe_chat_template(facts, run) -> dict[str, Any] | None:
     folder = tokenizer_folder(run.model.tokenizer or run.model.path)
     if folder is None:
         return None

@@ -26,6 +26,7 @@ from typing import Any
 
 from sftdoctor.facts.catalogue import MODEL, fact
 from sftdoctor.facts.child import in_child, serve
+from sftdoctor.facts.lora_modules import build_request
 from sftdoctor.facts.probe_cache import cached, folder_files
 from sftdoctor.run.unused_params import grouped, kinds
 
@@ -40,28 +41,12 @@ MAX_LISTED = 64  # name patterns kept: a stack of layers is one pattern, so real
     "reducer would wait for)",
     inputs=MODEL,
     why_missing="not a DDP run (one process, or DeepSpeed), or no model config.json to build the model from",
+    needs=("run", "model_config"),
 )
-def probe_unused_parameters(facts) -> dict[str, Any] | None:
-    run, model = facts.get("run"), facts.get("model_config")
-    if run is None or not model or not isinstance(model.get("config"), dict) or not ddp_run(run, facts):
+def probe_unused_parameters(facts, run, model) -> dict[str, Any] | None:
+    if not isinstance(model.get("config"), dict) or not ddp_run(run, facts):
         return None
-    path = Path(model["path"])
-    folder = path.parent if path.name == "config.json" else path
-    lora = run.lora
-    request = {
-        "config": str(folder / "config.json"),
-        "trust": run.model.trust_remote_code,
-        "lora": None
-        if lora is None
-        else {
-            "r": lora.r,
-            "target_modules": lora.target_modules
-            if isinstance(lora.target_modules, str)
-            else list(lora.target_modules),
-            "modules_to_save": list(lora.modules_to_save),
-            "use_dora": lora.use_dora,
-        },
-    }
+    request, folder = build_request(run, model)
     return cached("unused-parameters", {**request, "config": None}, folder_files(folder), lambda: _child(request))
 
 

@@ -80,19 +80,11 @@ def make(
     return plan, fitted, timing(fitted, counted, names[0] if names else None, mfu, peak_tflops, tokens_per_second)
 
 
-def main(
-    config: Path,
-    gpu_memory: int | None = None,
-    gpus_per_node: int | None = None,
-    nodes: int | None = None,
-    mfu: float = 0.4,
-    peak_tflops: float | None = None,
-    tokens_per_second: float | None = None,
-    as_json: bool = False,
-) -> int:
-    """Exit 0: the run fits; 1: it does not. Bad input raises InputError(s)."""
+def main(config: Path, as_json: bool = False, **what_if) -> int:
+    """Exit 0: the run fits; 1: it does not. `what_if`: make()'s machine and speed to plan for. Bad input raises
+    InputError(s)."""
     import json
 
-    _, fitted, timed = make(config, gpu_memory, gpus_per_node, nodes, mfu, peak_tflops, tokens_per_second)
+    _, fitted, timed = make(config, **what_if)
     print(json.dumps(to_json(fitted, timed), indent=2) if as_json else render(fitted, timed))
     return 0 if fitted.current.fits else 1

@@ -143,16 +143,21 @@ def draw_lr(ax, axis: Axis, runs: list[PlottedRun]) -> None:
             )
         floor = schedules.floor(schedule)
         if floor > 0:
-            ax.axhline(floor, color=run.colour, linestyle="--", linewidth=0.8, alpha=0.6)
-            ax.annotate(
-                f"floor {floor:.3g}",
-                (0, floor),
-                xycoords=("axes fraction", "data"),
-                fontsize=7,
-                color=run.colour,
-                xytext=(3, 3),
-                textcoords="offset points",
-            )
+            level(ax, floor, f"floor {floor:.3g}", run.colour, linewidth=0.8, alpha=0.6)
+
+
+def level(ax, value: float, label: str, colour, linewidth: float, alpha: float) -> None:
+    """A dashed horizontal line at `value` (a run's floor or threshold), labelled at the panel's left edge."""
+    ax.axhline(value, color=colour, linestyle="--", linewidth=linewidth, alpha=alpha)
+    ax.annotate(
+        label,
+        (0, value),
+        xycoords=("axes fraction", "data"),
+        fontsize=7,
+        color=colour,
+        xytext=(3, 3),
+        textcoords="offset points",
+    )
 
 
 def draw_grad_norm(ax, axis: Axis, runs: list[PlottedRun]) -> None:
@@ -164,16 +169,7 @@ def draw_grad_norm(ax, axis: Axis, runs: list[PlottedRun]) -> None:
                 highest, lowest = max(highest or 0, max(values)), min(lowest or math.inf, min(values))
         clip = run.curves.get("max_grad_norm")
         if clip:
-            ax.axhline(clip, color=run.colour, linestyle="--", linewidth=0.9, alpha=0.7)
-            ax.annotate(
-                f"clipping threshold {clip:g}",
-                (0, clip),
-                xycoords=("axes fraction", "data"),
-                fontsize=7,
-                color=run.colour,
-                xytext=(3, 3),
-                textcoords="offset points",
-            )
+            level(ax, clip, f"clipping threshold {clip:g}", run.colour, linewidth=0.9, alpha=0.7)
     if highest and lowest and highest / lowest > 100:
         ax.set_yscale("log")
 

@@ -98,16 +98,20 @@ class Generic(Summary):
         title = fill(sig.title, self.groups) if sig.title else first.text
         seen = f"; {self.count} times" if self.count > 1 else ""
         on = f" on {ranks_text(self.ranks)}" if len(self.ranks) > 1 else ""
-        finding = Finding(
+        finding = _sig_finding(
             Severity(sig.severity),
+            sig,
             title,
             f"first at {where(first)}{seen}{on}: {clip(first.text)}",
             sig.fix,
-            sig.topic,
             _evidence(sig, first, self.count, self.ranks, self.groups),
-            sig.topic,
         )
         return [Located(first.number, sig.role, finding)]
+
+
+def _sig_finding(severity: Severity, sig: Signature, title: str, detail: str, fix, evidence: dict) -> Finding:
+    """The finding of a matched signature: its kb topic is both what to explain and the finding's id."""
+    return Finding(severity, title, detail, fix, sig.topic, evidence, sig.topic)
 
 
 def _evidence(sig: Signature, first: Line, count: int, ranks, specifics: dict[str, Any]) -> dict[str, Any]:
@@ -316,14 +320,13 @@ class CudaOom(Summary):
         if len(self.ranks) > 1:
             notes.append(f"seen on {ranks_text(self.ranks)}")
         detail = "; ".join(notes + [f"first at {where(self.first)}: {clip(self.first.text)}"])
-        finding = Finding(
+        finding = _sig_finding(
             Severity.ERROR,
+            self.sig,
             title,
             detail,
             self.sig.fix,
-            self.sig.topic,
             _evidence(self.sig, self.first, self.count, self.ranks, f),
-            self.sig.topic,
         )
         return [Located(self.first.number, "root", finding)]
 
@@ -482,14 +485,8 @@ class LossLog(Summary):
         }
         fix = nan_fix(trend, self.settings, self.sig.id.startswith("megatron"))
         specifics["settings"] = self.settings.shown() or None
-        finding = Finding(
-            Severity.ERROR,
-            title,
-            detail,
-            fix,
-            self.sig.topic,
-            _evidence(self.sig, line, self.bad, set(), specifics),
-            self.sig.topic,
+        finding = _sig_finding(
+            Severity.ERROR, self.sig, title, detail, fix, _evidence(self.sig, line, self.bad, set(), specifics)
         )
         return [Located(line.number, "root", finding)]
 
@@ -507,14 +504,8 @@ class LossLog(Summary):
             f"{clip(line.text)}"
         )
         specifics = {"intervals": intervals, "skipped_iterations": iterations}
-        finding = Finding(
-            Severity.WARNING,
-            title,
-            detail,
-            sig.fix,
-            sig.topic,
-            _evidence(sig, line, intervals, set(), specifics),
-            sig.topic,
+        finding = _sig_finding(
+            Severity.WARNING, sig, title, detail, sig.fix, _evidence(sig, line, intervals, set(), specifics)
         )
         return [Located(line.number, "root", finding)]
 
@@ -717,14 +708,8 @@ class LossScale(Summary):
                 Located(
                     line.number,
                     "root",
-                    Finding(
-                        Severity.ERROR,
-                        title,
-                        detail,
-                        sig.fix,
-                        sig.topic,
-                        _evidence(sig, line, 1, set(), specifics),
-                        sig.topic,
+                    _sig_finding(
+                        Severity.ERROR, sig, title, detail, sig.fix, _evidence(sig, line, 1, set(), specifics)
                     ),
                 )
             )
@@ -739,14 +724,13 @@ class LossScale(Summary):
                 Located(
                     self.first.number,
                     "root",
-                    Finding(
+                    _sig_finding(
                         severity,
+                        self.sig,
                         title,
                         detail,
                         self.sig.fix,
-                        self.sig.topic,
                         _evidence(self.sig, self.first, self.overflows, set(), specifics),
-                        self.sig.topic,
                     ),
                 )
             )
@@ -803,14 +787,13 @@ class NcclError(Summary):
                 "give the container more shared memory (docker --shm-size=16g or --ipc=host; Kubernetes: an emptyDir "
                 "with medium: Memory on /dev/shm), or NCCL_SHM_DISABLE=1 (slower); `sftdoctor explain nccl-error`"
             )
-        finding = Finding(
+        finding = _sig_finding(
             Severity.ERROR,
+            self.sig,
             title,
             detail,
             fix,
-            self.sig.topic,
             _evidence(self.sig, self.first, self.count, self.ranks, specifics),
-            self.sig.topic,
         )
         return [Located(self.first.number, self.sig.role, finding)]
 
@@ -929,14 +912,13 @@ class CudaBuild(Summary):
         seen = f"; {self.count} times" if self.count > 1 else ""
         detail = f"first at {where(line)}{seen}: {clip(line.text)}"
         specifics = {"torch": torch_cuda, **groups} if sig.id != "xformers-built-for" else groups
-        finding = Finding(
+        finding = _sig_finding(
             Severity.ERROR,
+            sig,
             title,
             detail,
             fill(sig.fix, groups),
-            sig.topic,
             _evidence(sig, line, self.count, set(), specifics),
-            sig.topic,
         )
         return [Located(line.number, "root", finding)]
 

@@ -1,22 +1,11 @@
 """The hang finding when a rank sent nothing (its process frozen: stopped, in D state, or its host gone), on the
 facts the watchdog recorded: rank 0's report, stacks and dump of the 2-rank hang drill, nothing from rank 1."""
 
-import shutil
-from pathlib import Path
-
 import pytest
+from flight_dumps import claims_all, only_rank_0
 
 from sftdoctor.checks import load_checks, run_check
 from sftdoctor.facts.flight_recorder import read
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"
-ALL_RANKS = (
-    "every rank",
-    "none completed",
-    "collective itself is stuck",
-    "collectives match",
-    "no rank is inside a collective",
-)
 
 
 class Moment:
@@ -41,10 +30,7 @@ def nccl_timeout(hang):
 
 @pytest.fixture(scope="module")
 def rank_0_only(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("run") / "flight-recorder"
-    folder.mkdir()
-    shutil.copy(FIXTURES / "gloo-hang-drill" / "rank-0", folder / "rank-0")
-    return read(folder, 2, {"0": [0, 1], "1": [0, 1]})
+    return read(only_rank_0(tmp_path_factory.mktemp("run")), 2, {"0": [0, 1], "1": [0, 1]})
 
 
 def frozen(fr, process=None):
@@ -78,7 +64,7 @@ def test_a_rank_that_sent_nothing_is_named_first_and_nothing_is_said_for_it(rank
         "no dump)."
     )
     assert "Rank 1 sent no dump: nothing is known of rank 1" in finding.detail
-    assert not any(words in finding.title + finding.detail for words in ALL_RANKS)
+    assert not claims_all(finding.title + finding.detail)
     for what in ("ps -o stat= -p PID", "cat /proc/PID/stack", "py-spy dump --pid PID", "dmesg", "NFS", "nvidia-smi"):
         assert what in finding.fix
 

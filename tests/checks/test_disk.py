@@ -9,7 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, make_run, plan_of
+from conftest import EXAMPLES, FIXTURES, make_run, plan_of
+from trainrun import config, train
 
 from sftdoctor.run.saves import GIB, OTHER_FILES, budget, bytes_per_param
 from sftdoctor.run.shape import closed_form
@@ -89,30 +90,13 @@ def test_the_predicted_checkpoint_matches_a_real_save_of_the_tiny_example(tmp_pa
     """A real `sftdoctor train` (CPU, fp32, no DeepSpeed) saving at step 2: model.safetensors + optimizer.pt within
     [1.00, 1.05] of 12 B x parameters (measured: +1.7%, safetensors' header and the optimizer pickle's framing),
     the whole folder within the OTHER_FILES allowance."""
-    tiny = Path(__file__).parents[2] / "examples" / "tiny"
-    (tmp_path / "run.toml").write_text(f"""
-[model]
-path = "{tiny / "model"}"
-weights = "random"
-[data]
-train = "{tiny / "data" / "train.jsonl"}"
-max_length = 128
-[training]
-global_batch_size = 4
-per_device_batch_size = 4
-max_steps = 2
-save_steps = 2
-packing = false
-output_dir = "{tmp_path / "run"}"
-[launch]
-nproc_per_node = 1
-""")
-    done = subprocess.run(
-        [sys.executable, "-m", "sftdoctor", "train", str(tmp_path / "run.toml")],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    cfg = config(
+        tmp_path,
+        EXAMPLES / "tiny",
+        training={"global_batch_size": 4, "max_steps": 2, "packing": False, "output_dir": str(tmp_path / "run")},
+        launch={"nproc_per_node": 1},
     )
+    done = train(cfg, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     ckpt = tmp_path / "run" / "checkpoint-2"
     params = 123_456  # the tiny Qwen2, tied embeddings (facts.model_shape counts the same)

@@ -1,15 +1,8 @@
 """batch-size, lr-scheduler and gradient-checkpointing: verdicts on the plans of real machines."""
 
-from conftest import make_run, plan_of, recorded_gpus, severities
+from conftest import TRANSFORMERS_5, make_run, plan_of, recorded_gpus, severities
 
 H100x8 = "h100_sxm_8x_driver550_modal_glossary.txt"
-NEW = {
-    "cosine_with_min_lr": True,
-    "min_lr_rate": True,
-    "min_lr": True,
-    "checkpointing_arg": "activation_checkpointing",
-    "warmup_ratio": False,
-}
 
 
 def test_batch_size_check(run, tmp_path):
@@ -43,8 +36,10 @@ def test_lr_scheduler_check(run, tmp_path):
     assert severities(old) == ["error"]
     fine = run(
         "lr-scheduler",
-        plan=plan_of(make_run(tmp_path, training={"min_lr_rate": 0.0, "max_steps": 1000}), transformers_features=NEW),
-        transformers_features=NEW,
+        plan=plan_of(
+            make_run(tmp_path, training={"min_lr_rate": 0.0, "max_steps": 1000}), transformers_features=TRANSFORMERS_5
+        ),
+        transformers_features=TRANSFORMERS_5,
     )
     assert severities(fine) == ["ok"] and "floor of 0 x learning_rate (min_lr_rate)" in fine[0].title
     assert "30 of ~1000" in fine[0].title
@@ -60,7 +55,9 @@ def test_warmup_is_judged_against_the_steps_the_data_gives(run, tmp_path):
 def test_gradient_checkpointing_check(run, tmp_path):
     on = run(
         "gradient-checkpointing",
-        plan=plan_of(make_run(tmp_path, training={"gradient_checkpointing": True}), transformers_features=NEW),
+        plan=plan_of(
+            make_run(tmp_path, training={"gradient_checkpointing": True}), transformers_features=TRANSFORMERS_5
+        ),
     )
     assert severities(on) == ["ok"] and "TrainingArguments.activation_checkpointing" in on[0].title
     (tmp_path / "ds.json").write_text("{}")
@@ -73,15 +70,17 @@ def test_gradient_checkpointing_check(run, tmp_path):
 
 
 def test_an_absolute_floor_is_an_error_only_where_the_stack_cannot_take_a_rate_under_deepspeed(run, tmp_path):
-    old = {**NEW, "min_lr_rate": False}  # a transformers that knows only min_lr
+    old = {**TRANSFORMERS_5, "min_lr_rate": False}  # a transformers that knows only min_lr
     ds = make_run(tmp_path, deepspeed={"zero_stage": 2})
     [crash] = run("lr-scheduler", plan=plan_of(ds, transformers_features=old), transformers_features=old)
     assert (
         crash.severity.value == "error" and "no attribute" not in crash.title and "optimizer.defaults" in crash.detail
     )
-    assert severities(run("lr-scheduler", plan=plan_of(ds, transformers_features=NEW), transformers_features=NEW)) == [
-        "ok"
-    ]
+    assert severities(
+        run(
+            "lr-scheduler", plan=plan_of(ds, transformers_features=TRANSFORMERS_5), transformers_features=TRANSFORMERS_5
+        )
+    ) == ["ok"]
     assert severities(
         run("lr-scheduler", plan=plan_of(make_run(tmp_path), transformers_features=old), transformers_features=old)
     ) == ["ok"]  # without DeepSpeed the optimizer has its defaults

@@ -1,9 +1,9 @@
 """Runtime checks: the findings the watchers publish, from the facts the trainer streams."""
 
 import math
-from pathlib import Path
 
 import pytest
+from flight_dumps import FLIGHT_RECORDER
 
 from sftdoctor.checks import load_checks, run_check
 from sftdoctor.train.watch import TRAINING_PHASE, RuntimeFacts
@@ -67,15 +67,14 @@ def report(step, phase=TRAINING_PHASE, where="graph.py:829 _engine_run_backward"
     return {"step": step, "phase": phase, "stalled_s": 300.0, "where": where}
 
 
+def rank_1_behind(timeout_s, stacks, ranks, **more):
+    """The watchdog's hang fact: no progress for `timeout_s`, rank 1 behind; `ranks` their reports."""
+    return {"timeout_s": timeout_s, "behind": [1], "stacks": stacks, **more, "ranks": ranks}
+
+
 def test_hang_finding_names_the_rank_and_where_each_rank_is(runtime):
     [finding] = runtime(
-        "nccl-timeout",
-        hang={
-            "timeout_s": 300,
-            "behind": [1],
-            "stacks": "runs/x/stacks",
-            "ranks": {"0": report(7), "1": report(6, where="io.py:5 read")},
-        },
+        "nccl-timeout", hang=rank_1_behind(300, "runs/x/stacks", {"0": report(7), "1": report(6, where="io.py:5 read")})
     )
     assert finding.title == "hang: no progress for 300 s; behind: rank 1"
     assert "rank 1: step 6" in finding.detail and "io.py:5 read" in finding.detail and "runs/x/stacks" in finding.detail
@@ -84,18 +83,9 @@ def test_hang_finding_names_the_rank_and_where_each_rank_is(runtime):
 def test_hang_finding_says_which_collective_from_the_flight_recorder(runtime):
     from sftdoctor.facts.flight_recorder import read
 
-    fr = read(
-        Path(__file__).parents[1] / "fixtures" / "flight_recorder" / "gloo-hang-drill", 2, {"0": [0, 1], "1": [0, 1]}
-    )
+    fr = read(FLIGHT_RECORDER / "gloo-hang-drill", 2, {"0": [0, 1], "1": [0, 1]})
     [finding] = runtime(
-        "nccl-timeout",
-        hang={
-            "timeout_s": 8,
-            "behind": [1],
-            "stacks": "s",
-            "flight_recorder": fr,
-            "ranks": {"0": report(3), "1": report(3, "drill")},
-        },
+        "nccl-timeout", hang=rank_1_behind(8, "s", {"0": report(3), "1": report(3, "drill")}, flight_recorder=fr)
     )
     assert (
         finding.title

@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hosts import two_hosts
-from trainrun import config
+from hosts import torchrun, train_on, two_node_config
 
 from sftdoctor.facts.system import free_port
 from sftdoctor.triage import diagnose
@@ -20,56 +19,6 @@ from sftdoctor.triage import diagnose
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 OTHER_TORCH = "2.12.1+cpu"
-
-
-@pytest.fixture
-def hosts():
-    with two_hosts() as pair:
-        yield pair
-
-
-def torchrun(host, port, *argv):
-    """The same torchrun command on each host, c10d rendezvous at node0 (as in test_two_hosts.py)."""
-    return host.popen(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=2",
-            "--nproc-per-node=1",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=node0:{port}",
-            "--rdzv-id=two-hosts",
-            "-m",
-            "sftdoctor",
-            *argv,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
-
-
-def run_config(folder: Path, data: Path, port: int, **launch) -> Path:
-    """A two-node run at node0:port (as in test_two_hosts.py)."""
-    return config(
-        folder,
-        data,
-        training={"max_steps": 6, "save_steps": 3},
-        launch={"nnodes": 2, "nproc_per_node": 1, "master_addr": "node0", "master_port": port, **launch},
-    )
-
-
-def train_on(host, cfg: Path, *flags):
-    """`sftdoctor train` on a host, as a user runs it there."""
-    return host.popen(
-        [sys.executable, "-m", "sftdoctor", "train", str(cfg), *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
 
 
 def torch_version_file() -> tuple[Path, str]:
@@ -179,7 +128,7 @@ def test_a_firewall_on_the_rendezvous_port_stops_both_nodes_at_the_gate_each_nam
     node0 hosts the gate's store on master_port and names who came after join_timeout_s; node1's connect gets no
     answer and it gives up after the same timeout. Neither launches torchrun."""
     port = free_port()
-    cfg = run_config(tmp_path, tiny_data["text"], port, rehearse=False, join_timeout_s=10)
+    cfg = two_node_config(tmp_path, tiny_data["text"], port, rehearse=False, join_timeout_s=10)
     drop_inbound(hosts[0])
     codes, (t0, out0), (t1, out1) = train_everywhere(hosts, cfg)
     # the checks take 17 s on an idle 2-core machine, over 60 s on a busy one; then 10 s at the gate
@@ -203,7 +152,7 @@ def test_a_firewall_open_only_on_the_rendezvous_port_stops_both_nodes_at_the_wor
     random) cannot be reached from node1. The distributed check bounds the wait (hang_timeout_s); each node's
     launcher names its side."""
     port = free_port()
-    cfg = run_config(tmp_path, tiny_data["text"], port, rehearse=False, join_timeout_s=20)
+    cfg = two_node_config(tmp_path, tiny_data["text"], port, rehearse=False, join_timeout_s=20)
     cfg.write_text(cfg.read_text() + "[watch]\nhang_timeout_s = 30\n")  # the check's join bound: 30 s
     drop_inbound(hosts[0], port)
     codes, (t0, out0), (t1, out1) = train_everywhere(hosts, cfg)

@@ -64,45 +64,20 @@ def test_a_model_and_its_base_side_by_side_with_settings_recorded_next_to_the_mo
     assert set(doc["base"]["metrics"]) == {"tiny_count_choice", "tiny_count_gen"}
 
 
+def count_choice(target, limit: int, out, *flags):
+    """`sftdoctor eval` of tiny_count_choice on `limit` rows, its result written to `out`."""
+    return invoke(target, "--tasks", "tiny_count_choice", "--include", TASKS, "--limit", limit, "--out", out, *flags)
+
+
 @pytest.mark.slow
 def test_a_result_compares_only_with_one_of_the_same_settings(models, tmp_path):
     first = tmp_path / "a.json"
-    assert (
-        invoke(
-            models / "base", "--tasks", "tiny_count_choice", "--include", TASKS, "--limit", 5, "--out", first
-        ).exit_code
-        == 0
-    )
-    same = invoke(
-        models / "adapter",
-        "--tasks",
-        "tiny_count_choice",
-        "--include",
-        TASKS,
-        "--limit",
-        5,
-        "--out",
-        tmp_path / "b.json",
-        "--compare",
-        first,
-        "--json",
-    )
+    assert count_choice(models / "base", 5, first).exit_code == 0
+    same = count_choice(models / "adapter", 5, tmp_path / "b.json", "--compare", first, "--json")
     assert same.exit_code == 0, same.output
     doc = json.loads(same.output[same.output.index("{") :])
     assert doc["compared"]["file"] == str(first) and "tiny_count_choice" in doc["compared"]["metrics"]
-    other = invoke(
-        models / "adapter",
-        "--tasks",
-        "tiny_count_choice",
-        "--include",
-        TASKS,
-        "--limit",
-        6,
-        "--out",
-        tmp_path / "c.json",
-        "--compare",
-        first,
-    )
+    other = count_choice(models / "adapter", 6, tmp_path / "c.json", "--compare", first)
     assert other.exit_code == 2
     assert "evaluated with other settings" in other.output and "limit: 5 vs 6" in other.output
     assert not (tmp_path / "c.json").exists()  # refused before anything was written

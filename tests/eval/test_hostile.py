@@ -16,7 +16,7 @@ import click
 import pytest
 from cli_contract import sftdoctor
 from conftest import EXAMPLES
-from hostile import NON_FINITE_JSON, SPECIAL, no_hang, special_file, wrong_type
+from hostile import NON_FINITE_JSON, OPTION_TEXT, SPECIAL, no_hang, special_file, wrong_type
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -363,12 +363,7 @@ def test_check_config_refuses_a_run_whose_eval_task_has_no_data(tmp_path, tmp_pa
 
 PATH_OPTIONS = {"--include", "--compare", "--out", "--code", "--completions"}
 TEXT = [
-    "",
-    " ",
-    "0",
-    "-1",
-    "1",
-    "2",
+    *OPTION_TEXT,
     "nan",
     "inf",
     "1e400",

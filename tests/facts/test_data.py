@@ -29,32 +29,29 @@ def test_jsonl_json_and_parquet_give_rows_and_shape(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "content, message",
+    "content, data_format, message",
     [
         (
             '{"text": "a"}\n{"messages": []}\n',
+            "auto",
             r"line 2: text is NoneType, expected a string; the rows are text \(this row looks like messages\)",
         ),
-        ('{"text": "a"\n', "line 1: not a JSON object"),
-        ('{"input": "a"}\n', r"line 1: no known format; found \['input'\]"),
+        ('{"text": "a"\n', "auto", "line 1: not a JSON object"),
+        ('{"input": "a"}\n', "auto", r"line 1: no known format; found \['input'\]"),
+        pytest.param(
+            '{"text": "a"}\n',
+            "messages",
+            r"line 1: expected a non-empty list of turns, got NoneType; the rows are "
+            r"messages \(this row looks like text\) \(\[data\].format\)",
+            id="a format that disagrees with the rows is named",
+        ),
     ],
 )
-def test_bad_data_files_are_input_errors(tmp_path, content, message):
+def test_bad_data_files_are_input_errors(tmp_path, content, data_format, message):
     path = tmp_path / "d.jsonl"
     path.write_text(content)
     with pytest.raises(InputError, match=message):
-        describe([str(path)])
-
-
-def test_a_format_that_disagrees_with_the_rows_is_named(tmp_path):
-    path = tmp_path / "d.jsonl"
-    path.write_text('{"text": "a"}\n')
-    with pytest.raises(
-        InputError,
-        match=r"line 1: expected a non-empty list of turns, got NoneType; the rows are "
-        r"messages \(this row looks like text\) \(\[data\].format\)",
-    ):
-        describe([str(path)], "messages")
+        describe([str(path)], data_format)
 
 
 def write_rows(path, rows):

@@ -9,32 +9,12 @@ from pathlib import Path
 
 import pytest
 from cli_contract import sftdoctor
+from flight_dumps import FLIGHT_RECORDER, claims_all, only_rank_0
 from hostile import SPECIAL, no_hang, special_file
 
 from sftdoctor.checks._collectives import describe, dumps_finding, whole
 from sftdoctor.facts.flight_recorder import dumps_in, read
 from sftdoctor.triage.command import world_of
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"
-ALL_RANKS = (
-    "every rank",
-    "none completed",
-    "collective itself is stuck",
-    "collectives match",
-    "no rank is inside a collective",
-)
-
-
-def only_rank_0(tmp_path: Path) -> Path:
-    """Rank 0's dump of the 2-rank hang drill, as if rank 1 froze before it could dump."""
-    folder = tmp_path / "flight-recorder"
-    folder.mkdir()
-    shutil.copy(FIXTURES / "gloo-hang-drill" / "rank-0", folder / "rank-0")
-    return folder
-
-
-def claims_all(text: str) -> bool:
-    return any(words in text for words in ALL_RANKS)
 
 
 def test_rank_0s_dump_alone_speaks_for_rank_0_and_names_rank_1_as_sending_none(tmp_path):
@@ -62,7 +42,7 @@ def nccl_pair(tmp_path: Path) -> Path:
     """The public NCCL case with both ranks inside the same gather: the one case "every rank" may be said."""
     import json
 
-    doc = json.loads((FIXTURES / "miaai-117.json").read_text())
+    doc = json.loads((FLIGHT_RECORDER / "miaai-117.json").read_text())
     for rank, dump in doc["dumps"].items():
         for e in dump["entries"]:
             e["process_group"] = tuple(e["process_group"])
@@ -109,7 +89,7 @@ def test_a_dump_that_is_not_one_is_named_and_the_others_read(tmp_path, kind):
 
 
 def hostile(path: Path, kind: str) -> None:
-    good = (FIXTURES / "gloo-hang-drill" / "rank-1").read_bytes()
+    good = (FLIGHT_RECORDER / "gloo-hang-drill" / "rank-1").read_bytes()
     if kind == "huge":  # sparse: a size no dump has, never read
         with open(path, "wb") as handle:
             handle.truncate(300 * 2**20)
@@ -205,18 +185,31 @@ def folders():
     return st.tuples(st.lists(st.sampled_from(KINDS), min_size=1, max_size=4), st.booleans(), st.booleans())
 
 
-@pytest.mark.slow
-def test_the_reader_over_any_folder_of_dumps_never_claims_beyond_them(tmp_path):
+FROZEN_RANK = (["good", "missing"], True, True)  # the frozen rank: its dump never came
+# the issue's traceback: /proc/self/mem beside a log
+PROC_MEM_BESIDE_A_LOG = (["good", "unreadable", "fifo"], False, False)
+
+
+def over_drawn_folders(tmp_path: Path, max_examples: int, examples: list[tuple], check) -> None:
+    """`check(run, kinds, inside, resolved)` on each run directory that folders() draws (and on `examples`), each
+    laid out afresh in tmp_path/case."""
     from hypothesis import HealthCheck, example, given, settings
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @settings(max_examples=max_examples, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(folders())
-    @example((["good", "missing"], True, True))  # the frozen rank: its dump never came
-    @example((["good", "unreadable", "fifo"], False, False))  # the issue's traceback: /proc/self/mem beside a log
-    def check(drawn):
+    def case(drawn):
         kinds, inside, resolved = drawn
         shutil.rmtree(tmp_path / "case", ignore_errors=True)
-        run = layout(tmp_path / "case", kinds, inside, resolved)
+        check(layout(tmp_path / "case", kinds, inside, resolved), kinds, inside, resolved)
+
+    for drawn in examples:
+        case = example(drawn)(case)
+    case()
+
+
+@pytest.mark.slow
+def test_the_reader_over_any_folder_of_dumps_never_claims_beyond_them(tmp_path):
+    def check(run, kinds, inside, resolved):
         with no_hang(20):
             fr = read(run / "flight-recorder" if inside else run, world_of(run))
         said = " ".join(describe(fr)) + " " + dumps_finding(fr).title if fr["dumps"] or fr.get("unreadable") else ""
@@ -224,22 +217,15 @@ def test_the_reader_over_any_folder_of_dumps_never_claims_beyond_them(tmp_path):
         for rank, kind in enumerate(kinds):  # every rank that is not good is named, as unreadable or without a dump
             assert (rank in fr.get("dumps", [])) == (kind == "good") or not fr.get("dumps"), (rank, kind, fr)
 
-    check()
+    over_drawn_folders(tmp_path, 150, [FROZEN_RANK, PROC_MEM_BESIDE_A_LOG], check)
 
 
 @pytest.mark.slow
 def test_explain_log_over_any_folder_of_dumps_keeps_the_contract(tmp_path):
     """`explain --log` beside hostile dump folders: a verdict (never a traceback, never a block), the dumps it
     could read analysed, and no sentence about every rank unless every rank's dump was read."""
-    from hypothesis import HealthCheck, example, given, settings
 
-    @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-    @given(folders())
-    @example((["good", "unreadable", "fifo"], False, False))  # the issue's traceback: /proc/self/mem beside a log
-    def check(drawn):
-        kinds, inside, resolved = drawn
-        shutil.rmtree(tmp_path / "case", ignore_errors=True)
-        run = layout(tmp_path / "case", kinds, inside, resolved)
+    def check(run, kinds, inside, resolved):
         with no_hang(90):
             result = sftdoctor(["explain", "--log", run / "train.log"], tmp_path / "case", [run])
         assert result.exit_code in (0, 1)
@@ -250,4 +236,4 @@ def test_explain_log_over_any_folder_of_dumps_keeps_the_contract(tmp_path):
         ):
             assert "could not be read" in result.stdout, result.stdout
 
-    check()
+    over_drawn_folders(tmp_path, 10, [PROC_MEM_BESIDE_A_LOG], check)

@@ -13,6 +13,14 @@ from sftdoctor.facts.run_records import read_run
 from sftdoctor.run.checkpoints import mark_complete
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "curves"
+# A resolved.json's schedule: cosine down to a tenth of the rate over 10 steps, after 1 of warmup.
+GOOD_PLAN = {
+    "lr_scheduler": "cosine_with_min_lr",
+    "learning_rate": 1e-3,
+    "lr_scheduler_kwargs": {"min_lr_rate": 0.1},
+    "warmup_steps": 1,
+    "total_steps": 10,
+}
 
 
 def write_lines(path: Path, records, tail: str = "") -> Path:
@@ -40,11 +48,7 @@ def test_a_sftdoctor_run_directory_gives_its_series_schedule_and_checkpoints(tmp
     (tmp_path / "resolved.json").write_text(
         json.dumps(
             {
-                "lr_scheduler": "cosine_with_min_lr",
-                "learning_rate": 1e-3,
-                "lr_scheduler_kwargs": {"min_lr_rate": 0.1},
-                "warmup_steps": 1,
-                "total_steps": 10,
+                **GOOD_PLAN,
                 "max_grad_norm": 1.0,
                 "save_steps": 5,
                 "eval_steps": 10,
@@ -105,15 +109,6 @@ def test_a_deepspeed_scheduler_block_means_the_schedule_is_not_known(tmp_path):
         )
     )
     assert read_run(tmp_path)["schedule"] is None
-
-
-GOOD_PLAN = {
-    "lr_scheduler": "cosine_with_min_lr",
-    "learning_rate": 1e-3,
-    "lr_scheduler_kwargs": {"min_lr_rate": 0.1},
-    "warmup_steps": 1,
-    "total_steps": 10,
-}
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES
-from trainrun import write_config
+from trainrun import tiny_qwen2, write_config
 
 from sftdoctor.checks import load_checks, run_checks
 from sftdoctor.facts import Facts, Inputs
@@ -184,22 +184,13 @@ def test_rows_longer_than_max_length_lose_their_end_and_the_length_that_keeps_th
 
 def test_the_end_of_turn_token_joins_what_generate_stops_at():
     """A base model's generation_config stops at <|endoftext|>; its chat turns end with <|im_end|>."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+    from transformers import AutoTokenizer
 
     from sftdoctor.facts.trainer_inputs import end_of_turn
     from sftdoctor.train.sft import stop_at_end_of_turn
 
     tokenizer = AutoTokenizer.from_pretrained(EXAMPLES / "tiny" / "model")
-    model = AutoModelForCausalLM.from_config(
-        Qwen2Config(
-            vocab_size=64,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-        )
-    )
+    model = tiny_qwen2()
     model.generation_config.eos_token_id = 0  # <|endoftext|>
     assert end_of_turn(tokenizer) == 2
     stop_at_end_of_turn(model, tokenizer)

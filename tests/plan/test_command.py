@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, PLAN_TERMS
 
 pytestmark = pytest.mark.slow  # end-to-end: every test launches sftdoctor for real
 
@@ -30,14 +30,7 @@ def test_plan_command_prints_every_term_and_json_for_machines(tmp_path):
     text = sftdoctor("plan", config, "--gpu-memory", "80GiB", "--peak-tflops", "989")
     assert text.returncode == 0, text.stderr
     for term in (
-        "weights",
-        "gradients",
-        "optimizer states",
-        "activations",
-        "logits and loss",
-        "fragmentation",
-        "CUDA context",
-        "host RAM per node",
+        *PLAN_TERMS,
         "= peak per GPU",
         "8,030,261,248 parameters",
         "s per step",

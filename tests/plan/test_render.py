@@ -4,7 +4,7 @@ import json
 import re
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, PLAN_TERMS
 
 from sftdoctor.plan.render import LORA_HEADER, render, summary, timing, to_json
 from sftdoctor.run.memory import HEADROOM, Setting, Workload, adapters, fit
@@ -12,16 +12,6 @@ from sftdoctor.run.shape import closed_form
 
 GIB = 2**30
 LLAMA3_8B = closed_form(json.loads((FIXTURES / "model_config" / "Meta-Llama-3-8B.json").read_text()))
-TERMS = (
-    "weights",
-    "gradients",
-    "optimizer states",
-    "activations",
-    "logits and loss",
-    "fragmentation",
-    "CUDA context and NCCL",
-    "host RAM per node",
-)
 COUNTED = {"tokens_per_step": 64 * 4096, "steps": 100, "token_basis": "packed rows of 4,096 tokens"}
 
 
@@ -62,7 +52,7 @@ def test_render_prints_the_model_the_gpus_and_the_run():
 def test_render_prints_every_term_and_their_sum_as_the_peak_per_gpu():
     fitted = planned()
     text = render(fitted, timing(fitted, COUNTED, None))
-    for term in TERMS:
+    for term in PLAN_TERMS:
         assert re.search(rf"^  {re.escape(term)}\s+\d+\.\d\d GiB", text, re.M), term
     current = fitted.current.estimate
     peaks = re.findall(r"^  = peak per GPU\s+(\d+\.\d\d) GiB$", text, re.M)
@@ -253,7 +243,7 @@ def test_to_json_terms_add_up_to_each_peak():
     for c in [doc["current"], doc["recommended"], *doc["candidates"]]:
         assert sum(term["bytes"] for term in c["gpu_terms"]) == c["gpu_peak_bytes"]
         assert sum(term["bytes"] for term in c["host_terms"]) == c["host_peak_bytes"]
-    assert [term["name"] for term in doc["current"]["gpu_terms"]] == list(TERMS[:-1])
+    assert [term["name"] for term in doc["current"]["gpu_terms"]] == list(PLAN_TERMS[:-1])
     assert (
         len(doc["candidates"]) == len(fitted.candidates) and doc["recommended"]["fits"] and not doc["current"]["fits"]
     )

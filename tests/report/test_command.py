@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from trainrun import start
 
 from sftdoctor.errors import InputError
 from sftdoctor.report import command
@@ -204,12 +205,7 @@ def test_a_findings_file_that_cannot_be_read_is_bad_input_not_an_empty_history(t
 def test_sigterm_while_drawing_leaves_nothing_behind(tmp_path):
     """A scheduler's SIGTERM in the middle of a long report: exit 143, no staging folder, no page."""
     folder = run_dir(tmp_path / "run", steps=60_000)  # long enough to be caught drawing
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sftdoctor", "report", str(folder), "--no-plugins"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start("report", folder, "--no-plugins")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(p.name.startswith(".report-") for p in folder.iterdir()):
         time.sleep(0.02)

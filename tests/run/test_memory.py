@@ -65,22 +65,23 @@ def saved_bytes(model, batch, autocast: bool = False) -> int:
 
 
 def tiny(arch, h, inter, heads, kv, layers, dtype, checkpointing, head_dim=None, attention="sdpa"):
+    """A random model of `arch` built from its Shape, and that shape (what the memory model is given)."""
+    shape = Shape(arch, h, layers, inter, 512, heads, kv, head_dim or h // heads, 0, 0)
     config_class = {"qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig}[arch]
     cfg = config_class(
-        hidden_size=h,
-        intermediate_size=inter,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        num_hidden_layers=layers,
-        vocab_size=512,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        num_hidden_layers=shape.layers,
+        vocab_size=shape.vocab,
         max_position_embeddings=1024,
-        head_dim=head_dim or h // heads,
+        head_dim=shape.head_dim,
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attention).train()
     if checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    shape = Shape(arch, h, layers, inter, 512, heads, kv, head_dim or h // heads, 0, 0)
     return model, shape
 
 

@@ -1,20 +1,13 @@
 """decide(): every decision of the plan, from the run config and recorded facts."""
 
 import pytest
-from conftest import make_run, plan_of, recorded_gpus
+from conftest import TRANSFORMERS_5, make_run, plan_of, recorded_gpus
 
 from sftdoctor.run import Plan, decide, for_launch
 from sftdoctor.run.resolve import accumulation, ddp_timeout, nearest_global_batches
 
 H100x8 = "h100_sxm_8x_driver550_modal_glossary.txt"
 V100x4 = "v100_pcie_4x_driver470_cuda114_princeton.txt"
-NEW = {
-    "cosine_with_min_lr": True,
-    "min_lr_rate": True,
-    "min_lr": True,
-    "checkpointing_arg": "activation_checkpointing",
-    "warmup_ratio": False,
-}
 
 
 def test_global_batch_arithmetic_and_the_nearest_targets():
@@ -132,8 +125,10 @@ def test_a_given_deepspeed_json_is_the_plans_and_its_stage_is_read(tmp_path):
 def test_the_lr_floor_is_always_passed_as_a_rate_where_transformers_takes_one(tmp_path):
     """An absolute min_lr crashes under DeepSpeed ZeRO (transformers 5.24 reads optimizer.defaults)."""
     absolute = make_run(tmp_path, training={"min_lr": 2e-6, "learning_rate": 2e-5})
-    assert plan_of(absolute, transformers_features=NEW).lr_scheduler_kwargs == {"min_lr_rate": pytest.approx(0.1)}
-    old = {**NEW, "min_lr_rate": False}
+    assert plan_of(absolute, transformers_features=TRANSFORMERS_5).lr_scheduler_kwargs == {
+        "min_lr_rate": pytest.approx(0.1)
+    }
+    old = {**TRANSFORMERS_5, "min_lr_rate": False}
     assert plan_of(make_run(tmp_path), transformers_features=old).lr_scheduler_kwargs == {"min_lr": pytest.approx(2e-6)}
     assert plan_of(make_run(tmp_path, training={"lr_scheduler": "cosine"})).lr_scheduler_kwargs == {}
 
@@ -160,9 +155,9 @@ def test_warmup_reaches_transformers_under_the_name_it_reads(tmp_path):
     from sftdoctor.facts import Facts
 
     run = make_run(tmp_path, training={"warmup_ratio": 0.05, "max_steps": 200})
-    assert plan_of(run, transformers_features=NEW).warmup == {"warmup_steps": 0.05}
-    assert plan_of(run, transformers_features={**NEW, "warmup_ratio": True}).warmup == {"warmup_ratio": 0.05}
-    assert plan_of(make_run(tmp_path, training={"warmup_steps": 7}), transformers_features=NEW).warmup == {
+    assert plan_of(run, transformers_features=TRANSFORMERS_5).warmup == {"warmup_steps": 0.05}
+    assert plan_of(run, transformers_features={**TRANSFORMERS_5, "warmup_ratio": True}).warmup == {"warmup_ratio": 0.05}
+    assert plan_of(make_run(tmp_path, training={"warmup_steps": 7}), transformers_features=TRANSFORMERS_5).warmup == {
         "warmup_steps": 7
     }
     plan = plan_of(run, transformers_features=Facts().get("transformers_features"))
@@ -338,16 +333,18 @@ def test_auto_checkpointing_without_gpus_is_off_and_an_explicit_choice_is_kept(t
 
 def test_auto_packing_needs_a_varlen_kernel_and_otherwise_batches_rows_by_length(tmp_path):
     isolated = {"isolated": True, "max_abs_diff": 0.0, "tolerance": 1e-4, "attn_implementation": "sdpa"}
-    sdpa = plan_of(make_run(tmp_path), packing_probe=isolated, transformers_features=NEW)
+    sdpa = plan_of(make_run(tmp_path), packing_probe=isolated, transformers_features=TRANSFORMERS_5)
     assert not sdpa.packing and sdpa.length_grouping == {"train_sampling_strategy": "group_by_length"}
     assert sdpa.reasons["packing"] == "auto: sdpa has no varlen kernel, so one sample per row, batched by length"
-    old = plan_of(make_run(tmp_path), transformers_features={**NEW, "length_grouping_arg": "group_by_length"})
+    old = plan_of(
+        make_run(tmp_path), transformers_features={**TRANSFORMERS_5, "length_grouping_arg": "group_by_length"}
+    )
     assert old.length_grouping == {"group_by_length": True}  # transformers 4.x's name
     flash = plan_of(
         make_run(tmp_path, model={"attn_implementation": "flash_attention_2"}),
         packing_probe={**isolated, "attn_implementation": "flash_attention_2"},
-        transformers_features=NEW,
+        transformers_features=TRANSFORMERS_5,
     )
     assert flash.packing and flash.length_grouping == {}
-    asked = plan_of(make_run(tmp_path, training={"packing": True}), transformers_features=NEW)
+    asked = plan_of(make_run(tmp_path, training={"packing": True}), transformers_features=TRANSFORMERS_5)
     assert asked.packing and asked.reasons["packing"] == "[training].packing in the run config"

@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import FIXTURES, index, meta_shape
 
-from sftdoctor.run.shape import closed_form, dimension_problem, dimensions
+from sftdoctor.run.shape import NEEDED, closed_form, dimension_problem, dimensions
 
 MODELS = FIXTURES / "model_config"
 
@@ -53,11 +53,7 @@ from hypothesis import strategies as st  # noqa: E402
 VALUES = st.none() | st.booleans() | st.integers(-3, 10**7) | st.floats(allow_nan=True) | st.text(max_size=6)
 KEYS = [
     "model_type",
-    "hidden_size",
-    "num_hidden_layers",
-    "intermediate_size",
-    "vocab_size",
-    "num_attention_heads",
+    *NEEDED,
     "num_key_value_heads",
     "head_dim",
     "tie_word_embeddings",

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 import transformers
+from trainrun import tiny_qwen2
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from sftdoctor.run.checkpoints import MARKER, is_complete, newest_complete
@@ -255,16 +256,7 @@ class Seen(transformers.TrainerCallback):
 
 
 def test_a_real_trainer_logs_marks_its_checkpoint_and_stops_after_the_step(tmp_path, capsys):
-    torch.manual_seed(0)
-    config = transformers.Qwen2Config(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-    )
-    model = transformers.Qwen2ForCausalLM(config)
+    model = tiny_qwen2()
     out = tmp_path / "run"
     args = TrainingArguments(
         output_dir=str(out),

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from trainrun import tiny_qwen2
 
 from sftdoctor.facts.packages import module_file
 from sftdoctor.train import compat
@@ -57,23 +58,6 @@ def test_importing_compat_and_building_the_launch_env_load_no_heavy_library():
 
 
 # ---------------------------------------------------------------- a tiny real trainer
-
-
-def tiny_qwen2():
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=64,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-        )
-    )
 
 
 @pytest.fixture(scope="module")

@@ -89,7 +89,7 @@ def test_check_dry_run_and_the_worker_agree_on_the_precision(tmp_path, tiny_data
     import subprocess
     import sys
 
-    from trainrun import config
+    from trainrun import config, train
 
     from sftdoctor.run import Plan
 
@@ -106,17 +106,10 @@ def test_check_dry_run_and_the_worker_agree_on_the_precision(tmp_path, tiny_data
     )
     decided = doc["facts"]["facts"]["plan"]["precision"]
     assert decided == ("fp32" if asked == "auto" else asked)  # no GPU here
-    dry = subprocess.run(
-        [sys.executable, "-m", "sftdoctor", "train", str(cfg), "--dry-run"], capture_output=True, text=True
-    )
+    dry = train(cfg, "--dry-run")
     assert f"precision       {decided} " in dry.stdout
     if asked in ("auto", "fp32"):  # the CPU trains these; the rehearsal writes what the workers read
-        smoke = subprocess.run(
-            [sys.executable, "-m", "sftdoctor", "train", str(cfg), "--smoke", "--force"],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        smoke = train(cfg, "--smoke", "--force")
         assert smoke.returncode == 0, smoke.stdout[-2000:] + smoke.stderr[-2000:]
         plan = Plan.from_json(json.loads((tmp_path / "out" / "smoke" / "resolved-smoke.json").read_text()))
         assert plan.precision == decided and plan.load_dtype == "float32"

@@ -2,22 +2,9 @@
 
 import logging
 
+from trainrun import tiny_qwen2
+
 from sftdoctor.train.noise import quiet_worker, tied_names, worker_env
-
-
-def tiny_qwen2(tied: bool):
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    config = Qwen2Config(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=tied,
-    )
-    return AutoModelForCausalLM.from_config(config)
 
 
 class Kept(logging.Handler):
@@ -30,8 +17,8 @@ class Kept(logging.Handler):
 
 
 def test_the_missing_tied_lm_head_on_resume_is_silenced_and_a_real_missing_key_is_not():
-    model = tiny_qwen2(tied=True)
-    assert tied_names(model) == {"lm_head.weight"} and tied_names(tiny_qwen2(tied=False)) == set()
+    model = tiny_qwen2(tie_word_embeddings=True)
+    assert tied_names(model) == {"lm_head.weight"} and tied_names(tiny_qwen2(tie_word_embeddings=False)) == set()
     quiet_worker(model)
     log, kept = logging.getLogger("transformers.trainer"), Kept()  # transformers' loggers do not propagate
     log.addHandler(kept)

@@ -11,26 +11,25 @@ from trainrun import complete, config, metrics, train
 pytestmark = pytest.mark.slow  # end-to-end: a real 2-rank DeepSpeed run
 
 
-def test_a_zero2_checkpoint_of_two_ranks_is_not_resumed_on_one(tmp_path, tiny_data):
-    two = config(
-        tmp_path,
-        tiny_data["text"],
-        launch={"nproc_per_node": 2},
+def zero2_config(folder, data, ranks: int, steps: int):
+    """A ZeRO-2 run of `ranks` processes for `steps` steps, a checkpoint every 2 (the same file: one run)."""
+    return config(
+        folder,
+        data,
+        launch={"nproc_per_node": ranks},
         deepspeed={"zero_stage": 2},
-        training={"packing": False, "max_steps": 2, "save_steps": 2},
+        training={"packing": False, "max_steps": steps, "save_steps": 2},
     )
+
+
+def test_a_zero2_checkpoint_of_two_ranks_is_not_resumed_on_one(tmp_path, tiny_data):
+    two = zero2_config(tmp_path, tiny_data["text"], ranks=2, steps=2)
     first = train(two, "--no-rehearse")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     run_dir = tmp_path / "out"
     assert complete(run_dir) == ["checkpoint-2"]
     before = metrics(run_dir)
-    one = config(
-        tmp_path,
-        tiny_data["text"],
-        launch={"nproc_per_node": 1},
-        deepspeed={"zero_stage": 2},
-        training={"packing": False, "max_steps": 4, "save_steps": 2},
-    )
+    one = zero2_config(tmp_path, tiny_data["text"], ranks=1, steps=4)
     checked = subprocess.run(
         [sys.executable, "-m", "sftdoctor", "check", "--config", str(one), "--select", "zero-resume", "--json"],
         capture_output=True,

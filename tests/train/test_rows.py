@@ -5,6 +5,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from trainrun import tiny_qwen2
 
 from sftdoctor.checks.runtime import rows_said
 from sftdoctor.train.rows import RowIndex, rerun, sequences, verdict
@@ -101,19 +102,7 @@ def test_a_step_with_no_target_token_anywhere_is_its_rows():
 
 @pytest.fixture(scope="module")
 def model():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=64,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-        )
-    )
+    return tiny_qwen2()
 
 
 def test_rerun_says_whether_the_loss_and_gradients_are_finite_and_leaves_no_gradient(model):

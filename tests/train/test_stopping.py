@@ -3,13 +3,12 @@
 import os
 import signal
 import subprocess
-import sys
 import time
 from types import SimpleNamespace
 
 import pytest
 import torch
-from trainrun import complete, config, metrics
+from trainrun import complete, config, metrics, start, train
 from transformers import TrainerControl, TrainerState
 
 from sftdoctor.train.stopping import ASSUMED_WRITE_BPS, SaveOnSignal, checkpoint_bytes, save_fits
@@ -84,12 +83,7 @@ def test_sigterm_makes_both_ranks_save_the_step_they_agree_on_and_the_resume_fin
         training={"packing": False, "max_steps": 40, "save_steps": 1000, "logging_steps": 1},
     )
     run_dir = tmp_path / "out"
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "sftdoctor", "train", str(cfg), "--no-rehearse"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    launcher = start("train", cfg, "--no-rehearse", stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while launcher.poll() is None and time.monotonic() < deadline:
         if (run_dir / "metrics.jsonl").exists() and any(m["step"] >= 3 for m in metrics(run_dir)):
@@ -107,12 +101,7 @@ def test_sigterm_makes_both_ranks_save_the_step_they_agree_on_and_the_resume_fin
     assert f"checkpoint-{stop}; resume with: sftdoctor train {cfg} --resume" in out
     assert not (run_dir / "final").exists()
 
-    resumed = subprocess.run(
-        [sys.executable, "-m", "sftdoctor", "train", str(cfg), "--resume", "--no-rehearse"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    resumed = train(cfg, "--resume", "--no-rehearse")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"sftdoctor: resuming from {run_dir / f'checkpoint-{stop}'}" in resumed.stdout
     steps = [m["step"] for m in metrics(run_dir)]

@@ -129,18 +129,8 @@ def test_a_real_ddp_run_of_the_shrunk_gemma_3_fails_as_the_probe_predicts_and_is
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.path.dirname(os.path.dirname(HERE)),
     }
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(free_port()),
-        os.path.join(HERE, "ddp_unused_worker.py"),
-        str(config),
-        "off",
-    ]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}"]
+    command = [*launcher, os.path.join(HERE, "ddp_unused_worker.py"), str(config), "off"]
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
     )
