@@ -67,6 +67,12 @@ def curve_lines(parted: dict[str, Any]) -> list[str]:
     elif parted["both_non_finite"] is not None:
         both = parted["both_non_finite"]  # two NaNs are no agreement
         out = [f"curves  both train losses are non-finite at step {both}: nothing from there on is compared; {last}"]
+    elif gone := [label.upper() for label, lost in parted["non_finite"].items() if lost]:
+        # a NaN at a common step parts the runs above: this one fell where the other logged nothing
+        out = [
+            f"curves  the train losses agree at the {parted['common_steps']} common steps, where both are numbers; "
+            f"the non-finite loss of {' and '.join(gone)} is at steps the other run did not log"
+        ]
     else:
         out = [f"curves  the train losses agree at every one of {parted['common_steps']} common steps"]
     return out + [

@@ -192,9 +192,9 @@ def test_one_object_and_fewer_rows_than_a_batch_are_the_same_warnings_in_check_a
     code, _, warned = same_verdict(config)
     assert code == 1  # chat-template: no tokenizer here, in both
     assert warned == {
-        f"!  data-rows               {tmp_path / 'd.json'} is one JSON object: the datasets library "
+        f"!  data-rows/one-object        {tmp_path / 'd.json'} is one JSON object: the datasets library "
         "reads it as one row",
-        "!  data-rows               1 training row (4 eval), fewer than one global batch of 16 (8 per "
+        "!  data-rows/fewer-than-batch  1 training row (4 eval), fewer than one global batch of 16 (8 per "
         "device x 2 accumulation x 1): each epoch is one optimizer step on a partial batch of 1",
     }
 

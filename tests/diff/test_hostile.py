@@ -93,6 +93,20 @@ def test_nan_losses_are_said_where_they_went_never_agreement(tmp_path):
     assert doc["curves"]["step"] == 22 and doc["curves"]["a"] == "inf" and isinstance(doc["curves"]["b"], float)
 
 
+def test_a_nan_at_a_step_the_other_run_did_not_log_is_never_agreement(tmp_path):
+    """Found by the fuzzer: A logs step 1 again (a rewind drops its step 2), B's step 2 is NaN. Before: "the train
+    losses agree at every one of 23 common steps" over a run whose loss went NaN."""
+    a, b = run_dir(tmp_path / "a"), run_dir(tmp_path / "b")
+    mutate(a, ("duplicate", "metrics.jsonl", 0, 2))
+    mutate(b, ("non_finite", "metrics.jsonl", 1, "loss", math.nan))
+    lines = diff(a, b, tmp_path).stdout.splitlines()
+    assert lines[3] == (
+        "curves  the train losses agree at the 23 common steps, where both are numbers; the non-finite loss of B "
+        "is at steps the other run did not log"
+    ), lines
+    assert lines[-1].endswith("non-finite train loss in B")
+
+
 def row(step: int) -> int:
     """The line of metrics.jsonl that logs the train loss of `step`."""
     return next(i for i, r in enumerate(metrics()) if r["step"] == step and "loss" in r)

@@ -175,7 +175,10 @@ def layout(root: Path, kinds: list[str], inside: bool, resolved: bool) -> Path:
 
 def speaks_for_all(kinds: list[str], resolved: bool) -> bool:
     """Whether the readable dumps cover the world: every rank's dump good, and the world known (resolved.json,
-    or the NCCL pair's pg_config, which names ranks 0-1)."""
+    or the NCCL pair's pg_config, which names ranks 0-1). Without resolved.json, a dump missing beyond ranks 0-1
+    leaves no trace: the world the dumps name (2) is all there is to know."""
+    while not resolved and len(kinds) > 2 and kinds[-1] == "missing":
+        kinds = kinds[:-1]
     return all(k == "good" for k in kinds) and (resolved or len(kinds) <= 2)
 
 
