@@ -6,7 +6,7 @@ from sftdoctor import render
 from sftdoctor.checks import CheckSpec, Registry, Skipped, known_ids, load_checks, run_checks, silence, to_silence
 from sftdoctor.errors import InputError
 from sftdoctor.facts import Facts, Inputs, launch_inputs
-from sftdoctor.findings import Finding, Severity, ok
+from sftdoctor.findings import Finding, Severity, info, ok
 
 
 def main(
@@ -70,11 +70,23 @@ def of_messages(
     for name, ids in only.items():
         spec = registry.checks[name]
         if name not in idle and name not in said:
-            kept += [
-                ok(f"checked, not found: {spec.messages[i.partition('/')[2]]}", id=i, explain=spec.explain)
-                for i in sorted(ids - said)
-            ]
+            kept += [_not_said(spec, i, findings) for i in sorted(ids - said)]
     return kept
+
+
+def _not_said(spec, message: str, findings: list[Finding]) -> Finding:
+    """✓ for a selected message its check ran and did not say, unless the check said an info of another of its
+    messages (how a check says what it could not judge): then the message is not judged apart, never ✓."""
+    what = spec.messages[message.partition("/")[2]]
+    notes = sorted({f.id for f in findings if f.id.partition("/")[0] == spec.id and f.severity is Severity.INFO})
+    if notes:
+        return info(
+            f"not judged apart: {what}; the check also said {', '.join(notes)}",
+            fix=f"`sftdoctor check --select {spec.id}` shows what it said",
+            id=message,
+            explain=spec.explain,
+        )
+    return ok(f"checked, not found: {what}", id=message, explain=spec.explain)
 
 
 def show_list(registry: Registry) -> None:

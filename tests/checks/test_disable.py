@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from sftdoctor.checks import Registry, check, known_ids, silence, split_ids, to_silence
 from sftdoctor.errors import InputError, InputErrors
 from sftdoctor.facts import Facts
-from sftdoctor.findings import error, ok, warning
+from sftdoctor.findings import Severity, error, info, ok, warning
 
 
 @check("demo-env", "x", messages={"shm": "shared memory is small", "port": "the port is busy"})
@@ -261,3 +261,16 @@ def test_an_error_of_the_whole_check_selected_by_a_message_is_never_hidden():
     crashed = error("check demo-env crashed: KeyError", id="demo-env")
     findings = [crashed, warning("port", id="demo-env/port")]
     assert of_messages(registry(), findings, [], {"demo-env": {"demo-env/shm"}}) == [crashed]
+
+
+def test_a_selected_message_beside_an_info_of_its_check_is_not_judged_apart_never_ok():
+    """A check that says an info (how it says what it could not judge) has not cleared the other messages:
+    `--select CHECK/slug` must not give them a ✓."""
+    from sftdoctor.checks.command import of_messages
+
+    findings = [info("free space unknown", id="demo-env/port")]
+    [said] = of_messages(registry(), findings, [], {"demo-env": {"demo-env/shm"}})
+    assert said.severity is Severity.INFO and said.id == "demo-env/shm"
+    assert said.title.startswith("not judged apart: shared memory is small; the check also said demo-env/port")
+    [cleared] = of_messages(registry(), [warning("port", id="demo-env/port")], [], {"demo-env": {"demo-env/shm"}})
+    assert cleared.severity is Severity.OK and cleared.title == "checked, not found: shared memory is small"
