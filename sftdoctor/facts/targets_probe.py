@@ -20,7 +20,7 @@ from sftdoctor.facts.child import in_child, serve
 from sftdoctor.facts.probe_cache import cached, folder_files
 
 # Plan fields the probe's answer does not depend on: it builds the trainer and collates every sampled row in one
-# batch, on one CPU process, without LoRA, DeepSpeed or any step; so neither the optimizer and schedule nor the
+# batch, on one CPU process, without LoRA, DeepSpeed, FSDP or any step; so neither the optimizer and schedule nor the
 # batch, the world, the adapters or the watchers change what the collator gives the model.
 UNSEEN = frozenset(
     {
@@ -66,6 +66,9 @@ UNSEEN = frozenset(
         "offload_optimizer",
         "offload_params",
         "deepspeed_source",
+        "fsdp",
+        "fsdp_source",
+        "fsdp_replicate",
         "checkpointing_arg",
         "checkpointing_reentrant",
         "load_dtype",
@@ -147,6 +150,7 @@ def probe_plan(plan, folder: str):
         plan,
         output_dir=folder,
         deepspeed=None,
+        fsdp=None,  # one process: transformers refuses FSDP outside a distributed run, and sharding changes no target
         cuda=False,
         precision="fp32",
         report_to="none",

@@ -69,6 +69,7 @@ def sft_config(plan: Plan, has_eval: bool):
 
     steps = {"max_steps": plan.max_steps} if plan.max_steps else {"num_train_epochs": plan.epochs}
     arg = plan.checkpointing_arg
+    checkpointing = plan.checkpointing and not fsdp_checkpoints(plan)  # once: FSDP's or the trainer's
     args = {
         "output_dir": plan.output_dir,
         "per_device_train_batch_size": plan.per_device_batch_size,
@@ -83,8 +84,8 @@ def sft_config(plan: Plan, has_eval: bool):
         **steps,
         "bf16": plan.precision == "bf16",
         "fp16": plan.precision == "fp16",
-        arg: plan.checkpointing,
-        f"{arg}_kwargs": {"use_reentrant": plan.checkpointing_reentrant} if plan.checkpointing else None,
+        arg: checkpointing,
+        f"{arg}_kwargs": {"use_reentrant": plan.checkpointing_reentrant} if checkpointing else None,
         "packing": plan.packing,
         "packing_strategy": "bfd",
         **plan.length_grouping,
@@ -100,6 +101,7 @@ def sft_config(plan: Plan, has_eval: bool):
         "eval_steps": plan.eval_steps if has_eval else None,
         "report_to": [] if plan.report_to == "none" else [plan.report_to],
         "deepspeed": plan.deepspeed,
+        **fsdp_args(plan),
         "ddp_timeout": plan.ddp_timeout_s,
         # Decided by the plan (resolve.find_unused_parameters): on where a step can leave a trainable parameter
         # without a gradient (a VLM's vision tower on text rows, MoE experts), which DDP would otherwise wait for.
@@ -109,6 +111,31 @@ def sft_config(plan: Plan, has_eval: bool):
         "use_cpu": not plan.cuda,
     }
     return SFTConfig(**args)  # no silent filtering: an argument the installed version lacks must fail loudly
+
+
+def truthy(value: Any) -> bool:
+    """An fsdp_config flag as transformers reads it (`str_to_bool(str(value).lower())`)."""
+    return str(value).lower() in ("true", "1", "yes", "y", "on", "t")
+
+
+def fsdp_checkpoints(plan: Plan) -> bool:
+    """Whether FSDP applies activation checkpointing itself."""
+    return truthy((plan.fsdp or {}).get("activation_checkpointing", False))
+
+
+def fsdp_args(plan: Plan) -> dict[str, Any]:
+    """FSDP2 as TrainingArguments take it (transformers 5.x: `fsdp=True` and every setting in fsdp_config; the
+    string form is deprecated), with hybrid sharding as accelerate's ParallelismConfig (accelerate 1.10+)."""
+    if plan.fsdp is None:
+        return {}
+    args: dict[str, Any] = {"fsdp": True, "fsdp_config": dict(plan.fsdp)}
+    if plan.fsdp_replicate > 1:
+        from accelerate.parallelism_config import ParallelismConfig
+
+        args["parallelism_config"] = ParallelismConfig(
+            dp_replicate_size=plan.fsdp_replicate, dp_shard_size=plan.world_size // plan.fsdp_replicate
+        )
+    return args
 
 
 def row_text(row: dict[str, Any], tokenizer, shape: str) -> str:

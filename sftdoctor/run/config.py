@@ -246,6 +246,36 @@ class DeepSpeed(Section):
 
 
 @dataclass(frozen=True)
+class Fsdp(Section):
+    """[fsdp]: present (even empty) = shard with PyTorch's FSDP2 (fully_shard) through transformers/accelerate;
+    exclusive with [deepspeed]. The layer class to wrap is the model's own (its _no_split_modules), the mixed
+    precision the run's, activation checkpointing FSDP's when [training] gradient_checkpointing turns it on."""
+
+    config: str | None = key(
+        "a path to an accelerate FSDP config (YAML)",
+        _str,
+        path="file",
+        doc="judge this accelerate config (`sftdoctor check --fsdp`) and train with its fsdp_config as is",
+    )
+    sharding: str = key(
+        "one of full, hybrid",
+        _choice("full", "hybrid"),
+        "full",
+        doc="full = every rank holds 1/world of the states; hybrid = shard within a node, replicate across nodes",
+    )
+    reshard_after_forward: bool = key(
+        "true or false",
+        _bool,
+        True,
+        doc="free each layer's gathered weights after its forward (false: keep them to the backward, ZeRO-2-like: "
+        "less communication, more memory)",
+    )
+    offload: bool = key(
+        "true or false", _bool, False, doc="keep parameters, gradients and optimizer states in host memory"
+    )
+
+
+@dataclass(frozen=True)
 class Launch(Section):
     nproc_per_node: int | str = key(
         'an integer from 1 to 1024 or "auto"',
@@ -478,6 +508,7 @@ SECTIONS: dict[str, type[Section]] = {
     "data": Data,
     "training": Training,
     "deepspeed": DeepSpeed,
+    "fsdp": Fsdp,
     "launch": Launch,
     "report": Report,
     "watch": Watch,
@@ -486,7 +517,7 @@ SECTIONS: dict[str, type[Section]] = {
     "slurm": Slurm,
     "checks": Checks,
 }
-OPTIONAL = {"lora", "eval"}  # absent from the TOML: None in the RunConfig, not a section of defaults
+OPTIONAL = {"lora", "eval", "fsdp"}  # absent from the TOML: None in the RunConfig, not a section of defaults
 
 # Other tools' names for a key, too far from ours for a spelling hint: peft's and axolotl's LoRA keys.
 SYNONYMS = {
@@ -518,6 +549,7 @@ class RunConfig:
     data: Data
     training: Training
     deepspeed: DeepSpeed = DeepSpeed()
+    fsdp: Fsdp | None = None
     launch: Launch = Launch()
     report: Report = Report()
     watch: Watch = Watch()
@@ -719,12 +751,35 @@ def _cross_checks(s: dict[str, Any], path: Path) -> list[InputError]:
                 path, f"node_rank {launch.node_rank} must be below nnodes {launch.nnodes}", key="[launch].node_rank"
             )
         )
+    errors += _fsdp_checks(s.get("fsdp"), ds, path)
     if ds.offload_params and ds.zero_stage != 3:
         errors.append(InputError(path, "offload_params needs zero_stage = 3", key="[deepspeed].offload_params"))
     if (ds.offload_optimizer or ds.offload_params) and ds.config is not None:
         errors.append(
             InputError(
                 path, "offload settings go with zero_stage; put them in the JSON given as config", key="[deepspeed]"
+            )
+        )
+    return errors
+
+
+def _fsdp_checks(fsdp: Fsdp | None, ds: DeepSpeed, path: Path) -> list[InputError]:
+    """One sharding engine per run; a given accelerate config is used as is."""
+    if fsdp is None:
+        return []
+    errors = []
+    if ds.config is not None or ds.zero_stage is not None:
+        errors.append(
+            InputError(path, "[fsdp] and [deepspeed] both shard the model: keep one of the two sections", key="[fsdp]")
+        )
+    tuned = [name for name in ("sharding", "reshard_after_forward", "offload") if fsdp.is_given(name)]
+    if fsdp.config is not None and tuned:
+        errors.append(
+            InputError(
+                path,
+                f"{', '.join(tuned)} go with the settings sftdoctor decides; put them in the accelerate config "
+                "given as config",
+                key="[fsdp]",
             )
         )
     return errors

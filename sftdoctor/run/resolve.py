@@ -23,8 +23,8 @@ from sftdoctor.run.schedule import trainer_warmup
 from sftdoctor.run.shape import Shape
 from sftdoctor.run.smem import TRITON_MIN_CC
 
-PLAN_VERSION = 9  # 2: chat_template; 3: lora, checkpointing_reentrant; 4: evaluation; 5: join_timeout_s;
-# 6: stop_grace_s; 7: length_grouping; 8: repair_token_ids; 9: ddp_find_unused_parameters
+PLAN_VERSION = 10  # 2: chat_template; 3: lora, checkpointing_reentrant; 4: evaluation; 5: join_timeout_s;
+# 6: stop_grace_s; 7: length_grouping; 8: repair_token_ids; 9: ddp_find_unused_parameters; 10: fsdp
 SLURM_PORTS = (20000, 30000)  # inside an allocation: 20000 + job id mod 10000, below the ephemeral range
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 DISTRIBUTED_CHECK_MAX_S = 120.0
@@ -106,6 +106,10 @@ class Plan:
     zero_stage: int  # 0 without DeepSpeed
     offload_optimizer: bool
     offload_params: bool
+    # FSDP2 (fully_shard)
+    fsdp: dict[str, Any] | None  # the fsdp_config TrainingArguments gets (transformers' keys), None without FSDP
+    fsdp_source: str | None  # the given accelerate config, or "generated for [fsdp]"
+    fsdp_replicate: int  # hybrid sharding: replicas (nodes) of a group sharded within a node; 1 = full sharding
     # launch and timeouts
     master_addr: str
     master_port: int
@@ -210,8 +214,9 @@ def lora_settings(
     run: RunConfig, precision_: str, zero_stage: int, modules: dict[str, Any] | None
 ) -> dict[str, Any] | None:
     """The adapters as peft will build them, or None for a full fine-tune. QLoRA computes in the run's
-    precision; under ZeRO-3 its 4-bit weights are stored in that dtype too (bnb_4bit_quant_storage), the only
-    way DeepSpeed can partition them (transformers' DeepSpeed + QLoRA guide, bitsandbytes 0.43+)."""
+    precision; under ZeRO-3 (and FSDP, passed as stage 3) its 4-bit weights are stored in that dtype too
+    (bnb_4bit_quant_storage), the only way DeepSpeed or FSDP can shard them (transformers' DeepSpeed + QLoRA
+    guide, peft's FSDP + QLoRA guide, bitsandbytes 0.43+)."""
     from sftdoctor.run.lora import adapter_parameters
 
     lora = run.lora
@@ -506,17 +511,19 @@ def decide(run: RunConfig, facts: Any) -> Plan:
     scale = _scale(run, gpus, slurm)
     chosen, why_precision = precision(run, gpus)
     zero = _zero(run, facts)
+    sharded, why_sharded = fsdp_settings(run, facts, scale)
     schedule = _schedule(run, features, (data.get("train") or {}).get("rows"), scale["global_batch_size"])
     attn = attn_implementation(run, gpus, packages)
     packed, why_packing = packing(run, attn, facts.get("packing_probe") if run.training.packing == "auto" else None)
     meeting, why_meeting = _meeting(run, facts.get("rendezvous"), slurm, scale["nnodes"])
     moe = any(k in ((facts.get("model_config") or {}).get("raw_keys") or ()) for k in MOE_KEYS)
     template, why_template = chat_template(run, (data.get("train") or {}).get("shape"), facts.get("chat_template"))
-    ddp = scale["world_size"] > 1 and zero["deepspeed"] is None
-    model, why_unused = _model(run, facts, chosen, zero, ddp, moe)
+    ddp = scale["world_size"] > 1 and zero["deepspeed"] is None and sharded["fsdp"] is None
+    model, why_unused = _model(run, facts, chosen, zero, ddp, moe, sharded["fsdp"] is not None)
     plan = Plan(
         **scale,
         **zero,
+        **sharded,
         **schedule,
         **meeting,
         **model,
@@ -532,6 +539,7 @@ def decide(run: RunConfig, facts: Any) -> Plan:
             **why_meeting,
             "packing": why_packing,
             "ddp_find_unused_parameters": why_unused,
+            **why_sharded,
             **({"chat_template": why_template} if why_template else {}),
         },
     )
@@ -568,6 +576,58 @@ def _zero(run: RunConfig, facts: Any) -> dict[str, Any]:
         "offload_optimizer": offload_optimizer,
         "offload_params": offload_params,
     }
+
+
+FSDP_GENERATED = "generated for [fsdp]"
+
+
+def fsdp_settings(run: RunConfig, facts: Any, scale: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """FSDP2's settings as TrainingArguments' fsdp_config (transformers 5.x `_process_fsdp_args` reads these keys
+    and builds accelerate's FullyShardedDataParallelPlugin from them), and the reasons of the non-obvious ones.
+    The wrap class is left to accelerate, which takes the model's own `_no_split_modules` (its decoder layer)
+    when none is named; activation checkpointing is set by `with_checkpointing` (FSDP's, never the trainer's
+    too: transformers refuses both)."""
+    section = run.fsdp
+    if section is None:
+        return {"fsdp": None, "fsdp_source": None, "fsdp_replicate": 1}, {}
+    if section.config is not None:
+        given = (facts.get("fsdp_config") or {}).get("fsdp") or {}
+        return {"fsdp": dict(given), "fsdp_source": section.config, "fsdp_replicate": 1}, {}
+    nproc, nnodes = scale["nproc_per_node"], scale["nnodes"]
+    replicate = nnodes if section.sharding == "hybrid" and nnodes > 1 else 1
+    loading = run.model.weights == "pretrained" and nproc > 1 and not (run.lora and run.lora.quantize != "none")
+    config = {
+        "version": 2,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "reshard_after_forward": section.reshard_after_forward,
+        "cpu_offload": section.offload,
+        "state_dict_type": "SHARDED_STATE_DICT",
+        "cpu_ram_efficient_loading": loading,
+        "activation_checkpointing": False,
+    }
+    reasons = {
+        "fsdp_sharding": (
+            f"hybrid: sharded within each node's {nproc} ranks, replicated over {nnodes} nodes"
+            if replicate > 1
+            else "full: every rank holds 1/world of the states"
+            + (" (hybrid on one node is full sharding)" if section.sharding == "hybrid" else "")
+        ),
+        "fsdp_state_dict": "checkpoints sharded (each rank writes its shard: resumable, no gather on rank 0); "
+        "the final model gathered whole, so from_pretrained loads it",
+        "fsdp_cpu_ram_efficient_loading": (
+            "on: rank 0 of each node reads the weights, the others start empty and receive their shards"
+            if loading
+            else "off: "
+            + (
+                "random weights are built from the seed on each rank"
+                if run.model.weights != "pretrained"
+                else "one rank per node"
+                if nproc <= 1
+                else "bitsandbytes' quantized weights load on every rank"
+            )
+        ),
+    }
+    return {"fsdp": config, "fsdp_source": FSDP_GENERATED, "fsdp_replicate": replicate}, reasons
 
 
 def _schedule(run: RunConfig, features: dict[str, Any] | None, rows: int | None, global_batch: int) -> dict[str, Any]:
@@ -620,11 +680,11 @@ def _meeting(
 
 
 def _model(
-    run: RunConfig, facts: Any, chosen: str, zero: dict[str, Any], ddp: bool, moe: bool
+    run: RunConfig, facts: Any, chosen: str, zero: dict[str, Any], ddp: bool, moe: bool, fsdp: bool
 ) -> tuple[dict[str, Any], str]:
     """The model loaded, its dtype and adapters, and whether DDP looks for parameters a step leaves unused (with
     why)."""
-    lora = lora_settings(run, chosen, zero["zero_stage"], facts.get("lora_modules"))
+    lora = lora_settings(run, chosen, 3 if fsdp else zero["zero_stage"], facts.get("lora_modules"))
     find_unused, why_unused = find_unused_parameters(ddp, moe, facts.get("unused_parameters") if ddp else None)
     fields = {
         "model_path": run.model.path,
@@ -664,7 +724,7 @@ def _watch(run: RunConfig, world_size: int, ds: dict[str, Any] | None) -> dict[s
     """What checks the launch and watches the run, and where it records."""
     return {
         "distributed_check": run.launch.distributed_check and world_size > 1,
-        "rehearse": run.launch.rehearse and (world_size > 1 or ds is not None),
+        "rehearse": run.launch.rehearse and (world_size > 1 or ds is not None or run.fsdp is not None),
         "distributed_check_bound_s": min(float(run.watch.hang_timeout_s), DISTRIBUTED_CHECK_MAX_S),
         "hang_timeout_s": float(run.watch.hang_timeout_s),
         "ddp_timeout_s": ddp_timeout(run.watch.hang_timeout_s),
@@ -696,8 +756,10 @@ def with_checkpointing(plan: Plan, run: RunConfig, gpus: dict[str, Any] | None, 
             if without.fits
             else (True, f"auto: on, without it the plan needs {peak}")
         )
+    fsdp = {**plan.fsdp, "activation_checkpointing": on} if plan.fsdp_source == FSDP_GENERATED else plan.fsdp
     return dataclasses.replace(
         plan,
+        fsdp=fsdp,
         checkpointing=on,
         checkpointing_reentrant=plan.lora is not None and plan.zero_stage == 3 and on,
         reasons={**plan.reasons, "checkpointing": why},

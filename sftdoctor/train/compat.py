@@ -3,7 +3,7 @@ each. Each docstring says which versions it was verified against and what it doe
 tests/train/test_compat.py pins each one against the installed stack, so an upgrade that renames or changes
 one fails there, not in the middle of a run.
 
-Verified stack: torch 2.13.0, transformers 5.24.0, TRL 1.16.0, accelerate 1.15.0, DeepSpeed 0.19.8,
+Verified stack: torch 2.13.0, transformers 5.24.0-5.25.0, TRL 1.16.0, accelerate 1.15.0-1.16.0, DeepSpeed 0.19.8,
 liger-kernel 0.8.5.
 
 The launcher imports this module, so it imports nothing heavy at module level: each function imports
@@ -27,6 +27,40 @@ def _missing(package: str, api: str, verified: str, needed_for: str) -> RuntimeE
         f"{package} {version(package) or '(version unknown)'} has no {api} "
         f"(verified with {package} {verified}); sftdoctor needs it for {needed_for}"
     )
+
+
+# ---------------------------------------------------------------- accelerate
+
+
+def fsdp_without_a_gpu(trainer) -> bool:
+    """Turn on the FSDP plugin transformers built, where accelerate dropped it because there is no GPU; True when
+    it did. accelerate 1.10-1.16 (`AcceleratorState.__init__`, state.py) sets `distributed_type = FSDP` and keeps
+    the plugin only in its branch for accelerators (MULTI_GPU, MULTI_XPU, ...); on CPU ranks (MULTI_CPU) the
+    plugin is dropped without a word and the run trains as plain DDP. `fully_shard` itself shards over gloo on
+    CPU (torch 2.4+), so this sets what that branch sets: the state's type and plugin, the mixed precision, and
+    the type PartialState keeps in its private shared dict (read by `Accelerator.is_fsdp2` for saving; without
+    it the sharded weights reach save_pretrained as DTensors). On a GPU accelerate does this itself and this
+    does nothing. Called right after `Trainer.create_accelerator_and_postprocess`, before anything is prepared."""
+    if trainer.args.fsdp_plugin_args is None or getattr(trainer.accelerator.state, "fsdp_plugin", None) is not None:
+        return False
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = trainer.accelerator.state
+    if state.distributed_type != DistributedType.MULTI_CPU:
+        raise _missing(
+            "accelerate", "an FSDP plugin after Accelerator()", "1.16.0", f"FSDP on {state.distributed_type}"
+        )
+    if not isinstance(getattr(PartialState, "_shared_state", None), dict):
+        raise _missing("accelerate", "PartialState._shared_state", "1.16.0", "FSDP on CPU ranks")
+    plugin = FullyShardedDataParallelPlugin(**trainer.args.fsdp_plugin_args)
+    if state.mixed_precision != "no":
+        plugin.set_mixed_precision(state.mixed_precision)
+    state.distributed_type = DistributedType.FSDP
+    state.fsdp_plugin = plugin
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    trainer.is_fsdp_enabled = True
+    return True
 
 
 # ---------------------------------------------------------------- transformers

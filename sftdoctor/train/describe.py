@@ -57,6 +57,26 @@ def loading(plan: Plan, run_dir: Path) -> list[str]:
     return lines
 
 
+def sharding(plan: Plan) -> str:
+    """The sharding engine in one line: DeepSpeed's ZeRO stage, FSDP2's settings, or none (DDP)."""
+    if plan.deepspeed is not None:
+        return f"DeepSpeed ZeRO-{plan.zero_stage} ({plan.deepspeed_source})"
+    if plan.fsdp is None:
+        return "none (DDP)" if plan.world_size > 1 else "none"
+    fsdp, reasons = plan.fsdp, plan.reasons
+    if plan.fsdp_source != "generated for [fsdp]":
+        return f"FSDP{fsdp.get('version', 2)} ({plan.fsdp_source})"
+    parts = [
+        reasons.get("fsdp_sharding", "full"),
+        "reshard after forward" if fsdp.get("reshard_after_forward") else "no reshard after forward",
+        "CPU offload" if fsdp.get("cpu_offload") else None,
+        "FSDP's activation checkpointing" if fsdp.get("activation_checkpointing") else None,
+        "rank 0 loads the weights" if fsdp.get("cpu_ram_efficient_loading") else None,
+        "checkpoints sharded, final model whole",
+    ]
+    return "FSDP2: " + "; ".join(p for p in parts if p)
+
+
 def describe(plan: Plan) -> str:
     accumulation = plan.gradient_accumulation_steps or "no whole"
     loss = (
@@ -79,7 +99,7 @@ def describe(plan: Plan) -> str:
         f"liger-kernel {'on' if plan.liger_kernel else 'off'}",
         f"schedule        {schedule(plan)}",
         f"loss            {loss}" + (f"; chat template {Path(plan.chat_template).name}" if plan.chat_template else ""),
-        f"deepspeed       {'off' if plan.deepspeed is None else f'ZeRO-{plan.zero_stage} ({plan.deepspeed_source})'}",
+        f"sharding        {sharding(plan)}",
         f"run directory   {os.path.normpath(plan.output_dir)}",
     ]
     if plan.lora is not None:

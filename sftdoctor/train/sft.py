@@ -79,6 +79,19 @@ def partitioned_at_load(plan: Plan) -> bool:
     return True
 
 
+def load_on_rank_0(plan: Plan, args) -> None:
+    """FSDP's cpu_ram_efficient_loading: only each node's rank 0 reads the weights, the others start empty and
+    receive their shards when accelerate shards the model (fsdp2_load_full_state_dict). transformers 5.x
+    (`is_fsdp_enabled`, modeling_utils) reads it from these variables once the process group is up, which the
+    trainer's arguments start; accelerate sets them only when the Trainer exists, after the model loads."""
+    from sftdoctor.facts.trainer_inputs import truthy
+
+    if plan.fsdp is None or not truthy(plan.fsdp.get("cpu_ram_efficient_loading")):
+        return
+    os.environ.update(ACCELERATE_USE_FSDP="true", FSDP_CPU_RAM_EFFICIENT_LOADING="true")
+    _ = args.device  # starts the process group
+
+
 def model_card(plan: Plan) -> str:
     """README.md of the run directory and of final/: what it was trained from, on what, and how to load it."""
     from sftdoctor.facts.configs import is_hub_id
@@ -140,6 +153,17 @@ def watched_trainer_class(drill: dict | None):
     from sftdoctor.train.rows import keep
 
     class WatchedSFTTrainer(MetricsInLogs, SFTTrainer):
+        def create_accelerator_and_postprocess(self):
+            super().create_accelerator_and_postprocess()
+            from sftdoctor.train.compat import fsdp_without_a_gpu
+
+            if fsdp_without_a_gpu(self) and rank() == 0:
+                print(
+                    "sftdoctor: FSDP2 on CPU ranks: accelerate enables FSDP only on GPUs, so sftdoctor turned its "
+                    "plugin on (fully_shard over gloo)",
+                    flush=True,
+                )
+
         def create_model_card(self, model_name=None, dataset_name=None, tags=None):
             # TRL 1.16 names a local or randomly initialised base "[None](https://huggingface.co/None)".
             if self.is_world_process_zero():
@@ -247,6 +271,7 @@ def build_trainer(plan: Plan, run_dir: Path, tokenizer, stop_after: int | None):
     train_rows, evaluation = load_data(plan)
     args = sft_config(plan, evaluation is not None)  # first, and kept: with ZeRO-3 the model loads partitioned
     partitioned = partitioned_at_load(plan)
+    load_on_rank_0(plan, args)
     model = load_model(plan)
     noise.quiet_worker(model)
     if plan.repair_token_ids:
@@ -339,6 +364,8 @@ def save(trainer, plan: Plan, tokenizer, final: Path) -> None:
     from sftdoctor.train import adapters
 
     stop_at_end_of_turn(trainer.model, trainer.processing_class)
+    if plan.fsdp is not None:  # checkpoints stay sharded; the final model is gathered whole on rank 0
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
     if plan.lora is not None:
         adapters.save_adapter(trainer, plan, final)
     else:

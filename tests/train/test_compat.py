@@ -1,5 +1,5 @@
 """Pins each private API that sftdoctor/train/compat.py wraps against the installed stack (torch 2.13.0,
-transformers 5.24.0, TRL 1.16.0, accelerate 1.15.0, DeepSpeed 0.19.8, liger-kernel 0.8.5): an upgrade that
+transformers 5.24.0-5.25.0, TRL 1.16.0, accelerate 1.15.0-1.16.0, DeepSpeed 0.19.8, liger-kernel 0.8.5): an upgrade that
 renames or changes one fails here."""
 
 from __future__ import annotations
@@ -394,3 +394,58 @@ def test_rendezvous_key_is_where_torchruns_c10d_backend_keeps_its_state():
     assert not store.check([compat.rendezvous_key("run-7")])
     C10dRendezvousBackend(store, "run-7")  # what torchrun's agent on node 0 does at the first round
     assert store.check([compat.rendezvous_key("run-7")])
+
+
+# ---------------------------------------------------------------- accelerate: FSDP2 without a GPU
+
+FSDP_ON_CPU = """
+import json, os, torch
+from datasets import Dataset
+from transformers import Trainer, TrainingArguments
+from trainrun import tiny_qwen2
+from sftdoctor.train import compat
+args = TrainingArguments(output_dir=os.environ["OUT"], use_cpu=True, report_to=[], max_steps=1,
+                         per_device_train_batch_size=1, fsdp=True, fsdp_config={"version": 2})
+rows = Dataset.from_list([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}] * 4)
+trainer = Trainer(model=tiny_qwen2(), args=args, train_dataset=rows)
+state = trainer.accelerator.state
+before = [str(state.distributed_type), getattr(state, "fsdp_plugin", None) is not None]
+turned_on = compat.fsdp_without_a_gpu(trainer)
+trainer.train()
+from accelerate.state import PartialState
+after = [str(PartialState().distributed_type), trainer.accelerator.is_fsdp2, type(trainer.model_wrapped).__name__,
+         sorted({type(p).__name__ for p in trainer.model.parameters()})]
+if int(os.environ["RANK"]) == 0:
+    print(json.dumps({"before": before, "turned_on": turned_on, "after": after}))
+"""
+
+
+@pytest.mark.slow  # two real ranks
+def test_fsdp_without_a_gpu_turns_on_the_plugin_accelerate_drops_on_cpu_ranks(tmp_path):
+    """accelerate 1.16 keeps the FSDP plugin only on accelerators: on 2 CPU ranks it drops it (the run would train
+    as DDP); compat turns it on and the model trains sharded (DTensor parameters, FSDP's wrapper class)."""
+    script = tmp_path / "fsdp_on_cpu.py"
+    script.write_text(FSDP_ON_CPU)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            str(script),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OUT": str(tmp_path / "out"), "PYTHONPATH": f"{ROOT / 'tests'}:{ROOT}"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert said["before"] == ["DistributedType.MULTI_CPU", False], said  # accelerate dropped it: compat is needed
+    assert said["turned_on"] is True
+    assert said["after"][:2] == ["DistributedType.FSDP", True], said
+    assert said["after"][2].startswith("FSDP") and said["after"][3] == ["DTensor"], said

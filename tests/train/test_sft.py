@@ -314,7 +314,7 @@ def test_dry_run_plans_without_training(tmp_path, tiny_data):
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "global batch    24 = 4 per device x 3 accumulation x 2" in proc.stdout
-    assert "deepspeed       ZeRO-3" in proc.stdout and '"stage": 3' in proc.stdout
+    assert "sharding        DeepSpeed ZeRO-3" in proc.stdout and '"stage": 3' in proc.stdout
     assert not (tmp_path / "out").exists()
 
 
