@@ -590,9 +590,10 @@ def fsdp_settings(run: RunConfig, facts: Any, scale: dict[str, Any]) -> tuple[di
     section = run.fsdp
     if section is None:
         return {"fsdp": None, "fsdp_source": None, "fsdp_replicate": 1}, {}
-    if section.config is not None:
-        given = (facts.get("fsdp_config") or {}).get("fsdp") or {}
-        return {"fsdp": dict(given), "fsdp_source": section.config, "fsdp_replicate": 1}, {}
+    if section.config is not None:  # as is, with the version accelerate reads from it (absent: 1, not 2)
+        given = facts.get("fsdp_config") or {}
+        config = {**(given.get("fsdp") or {}), "version": given.get("version", 1)}
+        return {"fsdp": config, "fsdp_source": section.config, "fsdp_replicate": 1}, {}
     nproc, nnodes = scale["nproc_per_node"], scale["nnodes"]
     replicate = nnodes if section.sharding == "hybrid" and nnodes > 1 else 1
     loading = run.model.weights == "pretrained" and nproc > 1 and not (run.lora and run.lora.quantize != "none")

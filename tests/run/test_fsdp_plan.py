@@ -52,10 +52,9 @@ def test_activation_checkpointing_is_fsdps_and_never_the_trainers_too(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "weights, nproc, lora, on",
-    [("pretrained", 8, None, True), ("random", 8, None, False), ("pretrained", 1, None, False)],
+    "weights, nproc, on", [("pretrained", 8, True), ("random", 8, False), ("pretrained", 1, False)]
 )
-def test_only_rank_0_reads_pretrained_weights_when_a_node_has_several_ranks(tmp_path, weights, nproc, lora, on):
+def test_only_rank_0_reads_pretrained_weights_when_a_node_has_several_ranks(tmp_path, weights, nproc, on):
     run = make_run(tmp_path, fsdp={}, model={"weights": weights}, launch={"nproc_per_node": nproc})
     plan = plan_of(run)
     assert plan.fsdp["cpu_ram_efficient_loading"] is on
@@ -101,3 +100,12 @@ def test_a_config_that_cannot_run_is_refused_naming_the_key(tmp_path, sections, 
     with pytest.raises((InputError, InputErrors)) as refused:
         make_run(tmp_path, **sections)
     assert words in str(refused.value), refused.value
+
+
+def test_a_given_accelerate_config_is_the_plans_with_the_version_accelerate_reads(tmp_path):
+    (tmp_path / "fsdp.yaml").write_text("distributed_type: FSDP\n")
+    run = make_run(tmp_path, fsdp={"config": "fsdp.yaml"}, launch={"nproc_per_node": 2})
+    given = {"path": str(tmp_path / "fsdp.yaml"), "version": 1, "fsdp": {"sharding_strategy": "FULL_SHARD"}}
+    plan = plan_of(run, fsdp_config=given)
+    assert plan.fsdp == {"sharding_strategy": "FULL_SHARD", "version": 1}  # not transformers' default of 2
+    assert plan.fsdp_source == str(tmp_path / "fsdp.yaml")
