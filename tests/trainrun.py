@@ -102,3 +102,25 @@ def metrics(run_dir: Path) -> list[dict]:
 def complete(run_dir: Path) -> list[str]:
     names = [p.parent.name for p in run_dir.glob("checkpoint-*/sftdoctor-complete")]
     return sorted(names, key=lambda name: int(name.split("-")[1]))
+
+
+NAN_EXIT, HANG_EXIT = 86, 87  # what `train` exits with when the nan-loss or the hang watcher stopped the run
+
+
+def runtime_findings(run_dir):
+    records = [json.loads(line) for line in (run_dir / "findings.jsonl").read_text().splitlines()]
+    return [r for r in records if r["phase"] == "runtime"]
+
+
+def job_processes(run_dir):
+    """Processes of this run still alive (launcher, torchrun, workers: all name the run's files)."""
+    import psutil
+
+    alive = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(run_dir) in part for part in proc.info["cmdline"] or []):
+                alive.append(proc.pid)
+        except psutil.Error:
+            pass
+    return alive

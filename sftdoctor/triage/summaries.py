@@ -166,7 +166,11 @@ class NcclWatchdog(Summary):
         for rank, work in self.work.items():  # ranks whose only line is the work summary
             entries.setdefault(rank, {"op": None, "seq": _int(work["work"]), "timeout_ms": None})
         seq = _majority(e["seq"] for e in entries.values())
-        op = _majority(e["op"] for e in entries.values())
+        # the op of the ranks at that SeqNum: on a tie (rank 0 in a reduce-scatter, rank 1 in an all-gather) op and
+        # SeqNum taken apart could name a collective no rank is in
+        op = _majority(e["op"] for e in entries.values() if e["seq"] == seq) or _majority(
+            e["op"] for e in entries.values()
+        )
         timeout = _majority(e["timeout_ms"] for e in entries.values())
         timed_out = {r for r in entries if r is not None}
         title = "NCCL collective timed out: " + (op or "a collective") + (f" SeqNum={seq}" if seq is not None else "")

@@ -13,28 +13,9 @@ import pytest
 from conftest import install_plugin
 from flight_dumps import claims_all
 from hostile import no_hang
-from trainrun import complete, config, metrics, start, train
+from trainrun import HANG_EXIT, NAN_EXIT, complete, config, job_processes, metrics, runtime_findings, start, train
 
 from sftdoctor.train.watch import TRAINING_PHASE, arrived, attribute, behind, proc_state
-
-NAN_EXIT, HANG_EXIT = 86, 87
-
-
-def runtime_findings(run_dir):
-    records = [json.loads(line) for line in (run_dir / "findings.jsonl").read_text().splitlines()]
-    return [r for r in records if r["phase"] == "runtime"]
-
-
-def job_processes(run_dir):
-    """Processes of this run still alive (launcher, torchrun, workers: all name the run's files)."""
-    alive = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if any(str(run_dir) in part for part in proc.info["cmdline"] or []):
-                alive.append(proc.pid)
-        except psutil.Error:
-            pass
-    return alive
 
 
 def triage(proc):
