@@ -44,6 +44,7 @@ def _input_options(func):
         click.option("--config", "config", type=PATH, help="The run config (TOML) of `sftdoctor train`."),
         click.option("--model-config", type=PATH, help="A model's config.json, or its folder."),
         click.option("--deepspeed", type=PATH, help="A DeepSpeed JSON config."),
+        click.option("--fsdp", type=PATH, help="An accelerate FSDP config (the YAML `accelerate config` writes)."),
         click.option(
             "--topology", type=PATH, help="A saved `nvidia-smi topo -m` output, read instead of the local one."
         ),
@@ -69,10 +70,12 @@ _disable_option = click.option(
 )
 
 
-def _inputs(config, model_config, deepspeed, topology, facts_file):
+def _inputs(config, model_config, deepspeed, fsdp, topology, facts_file):
     from sftdoctor.facts import Inputs
 
-    return Inputs(config=config, model_config=model_config, deepspeed=deepspeed, topology=topology, facts=facts_file)
+    return Inputs(
+        config=config, model_config=model_config, deepspeed=deepspeed, fsdp=fsdp, topology=topology, facts=facts_file
+    )
 
 
 STACK = {"torch", "transformers", "trl", "accelerate", "datasets", "deepspeed", "liger_kernel"}
@@ -207,6 +210,7 @@ def check(
     config,
     model_config,
     deepspeed,
+    fsdp,
     topology,
     facts_file,
     select,
@@ -249,7 +253,7 @@ def check(
     from sftdoctor.checks.command import main as check_main
 
     code = check_main(
-        _inputs(config, model_config, deepspeed, topology, facts_file),
+        _inputs(config, model_config, deepspeed, fsdp, topology, facts_file),
         select,
         list_checks,
         as_json,
@@ -262,11 +266,11 @@ def check(
 
 @main.command()
 @_input_options
-def facts(config, model_config, deepspeed, topology, facts_file):
+def facts(config, model_config, deepspeed, fsdp, topology, facts_file):
     """Probe this machine and print the facts snapshot as JSON (replay it with `check --facts`)."""
     from sftdoctor.facts.command import main as facts_main
 
-    facts_main(_inputs(config, model_config, deepspeed, topology, facts_file))
+    facts_main(_inputs(config, model_config, deepspeed, fsdp, topology, facts_file))
 
 
 @main.command()

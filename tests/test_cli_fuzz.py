@@ -607,6 +607,69 @@ def test_deepspeed_json(tmp_path_factory, data):
     judged(sftdoctor(["check", "--json", "--deepspeed", path], root, [path]))
 
 
+# ---------------------------------------------------------------- accelerate FSDP YAML
+
+FSDP_TEXTS = [(FIXTURES / "fsdp" / e["file"]).read_text(encoding="utf-8") for e in index("fsdp")]
+FSDP_NAMES = st.sampled_from(
+    [
+        "fsdp_config",
+        "distributed_type",
+        "mixed_precision",
+        "num_processes",
+        "num_machines",
+        "parallelism_config",
+        "fsdp_version",
+        "version",
+        "fsdp_sharding_strategy",
+        "fsdp_reshard_after_forward",
+        "fsdp_auto_wrap_policy",
+        "fsdp_transformer_layer_cls_to_wrap",
+        "fsdp_state_dict_type",
+        "fsdp_cpu_ram_efficient_loading",
+        "fsdp_sync_module_states",
+        "fsdp_activation_checkpointing",
+        "fsdp_ignored_modules",
+        "fsdp_min_num_params",
+    ]
+)
+FSDP_VALUES = ODD_JSON | constants(
+    ["FSDP", "MULTI_GPU", "FULL_SHARD", "HYBRID_SHARD", "NO_WRAP", "SIZE_BASED_WRAP", "LOCAL_STATE_DICT", "no", 2, 3]
+    + ["fp16", "bf16", "LlamaDecoderLayer, X", {"parallelism_config_dp_replicate_size": 2}, "2", 0, None, "true"]
+)
+
+
+def _fsdp_doc(text: str) -> dict:
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+@given(data=st.data())
+@settings(max_examples=15, **FUZZ)
+def test_fsdp_yaml_text(tmp_path_factory, data):
+    """`check --fsdp` on a real accelerate FSDP config broken as text, or random bytes: judged, or refused in one
+    line naming the file."""
+    root = tmp_path_factory.mktemp("fsdptext")
+    path = root / "fsdp.yaml"
+    base = data.draw(st.sampled_from(FSDP_TEXTS), label="base")
+    raw = data.draw(broken_bytes(broken_text(base), lambda v: f"distributed_type: FSDP\nfsdp_config: {v}\n"))
+    path.write_bytes(raw)
+    judged(sftdoctor(["check", "--json", "--fsdp", path], root, [path]))
+
+
+@given(data=st.data())
+@settings(max_examples=40, **FUZZ)
+def test_fsdp_yaml(tmp_path_factory, data):
+    """`check --fsdp` on real accelerate FSDP configs mutated (written as JSON, which YAML reads): wrong types,
+    keys dropped, misspelt, added, values of the other FSDP version."""
+    root = tmp_path_factory.mktemp("fsdp")
+    path = root / "fsdp.yaml"
+    base = _fsdp_doc(data.draw(st.sampled_from(FSDP_TEXTS), label="base"))
+    doc = data.draw(mutated_json(base, FSDP_VALUES, FSDP_NAMES), label="fsdp")
+    path.write_text(json.dumps(doc, indent=2, allow_nan=True), encoding="utf-8")
+    judged(sftdoctor(["check", "--json", "--fsdp", path], root, [path]))
+
+
 # ---------------------------------------------------------------- model config.json
 
 SHAPE_KEYS = [

@@ -79,6 +79,14 @@ def test_the_heavy_stack_is_installed_so_this_guard_can_fail():
         ["facts"],
         ["explain", "--log", "tests/fixtures/logs/gpu-oom-new-format-llamafactory-multirank-rank7.log"],
         ["report", "tests/fixtures/curves/overfit_cpt_large_adgen.json", "--output", "{tmp}"],
+        # the FSDP YAML here, the model's classes built on the meta device by a child process
+        [
+            "check",
+            "--fsdp",
+            "tests/fixtures/fsdp/trl_fsdp2.yaml",
+            "--model-config",
+            "tests/fixtures/model_config/gpt2.json",
+        ],
     ],
 )
 def test_no_heavy_imports(args, tmp_path):

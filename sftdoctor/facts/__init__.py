@@ -33,6 +33,7 @@ class Inputs:
     config: Path | None = None  # the trainer's run config (TOML)
     model_config: Path | None = None  # config.json or its folder
     deepspeed: Path | None = None  # DeepSpeed JSON
+    fsdp: Path | None = None  # accelerate FSDP config (YAML)
     topology: Path | None = None  # saved `nvidia-smi topo -m` text
     facts: Path | None = None  # saved facts snapshot to replay
 

@@ -266,3 +266,140 @@ def probe_deepspeed_config(facts) -> dict[str, Any] | None:
         if problems:
             raise InputErrors([InputError(path, problem, key=key or None) for key, problem in problems])
     return {"path": str(path), "config": config}
+
+
+# ---------------------------------------------------------------- accelerate FSDP YAML
+
+FSDP = ("config", "fsdp")
+# a YAML value as recorded: a scalar, a mapping, or a list of those (two levels: what accelerate configs hold)
+YAML_VALUE = (str, float, bool, None, {}, [(str, float, bool, None, {}, [object])])
+
+
+def _yaml_loader(yaml):
+    """yaml.SafeLoader (what accelerate's ClusterConfig.from_yaml_file reads with, 0.x-1.16) that refuses an alias
+    (*name): a few lines of aliases expand to billions of values once the fact is written as JSON, and `accelerate
+    config` never writes one."""
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(f"a YAML alias (*name) at line {mark.line + 1}: write the value out")
+            return super().compose_node(parent, index)
+
+    return NoAliases
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """One line of what the YAML parser met, with its line."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    mark = getattr(exc, "problem_mark", None)
+    what = getattr(exc, "problem", None) or str(exc) or type(exc).__name__
+    if "integer string conversion" in what:
+        return "a number of more than 4300 digits"
+    return f"{what} at line {mark.line + 1}" if mark is not None else what.splitlines()[0]
+
+
+def _plain_yaml(value: Any, path: Path, key: str) -> Any:
+    """A parsed YAML value as plain JSON, or an InputError naming its key: a date, bytes or a set are no setting
+    accelerate reads, a non-string key no argument name, NaN or infinity no number a run means."""
+    import math
+
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise InputError(path, f"expected a key name, got {k!r}", key=f"{key}.{k}" if key else str(k))
+            out[k] = _plain_yaml(v, path, f"{key}.{k}" if key else k)
+        return out
+    if isinstance(value, list):
+        return [_plain_yaml(v, path, f"{key}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(path, f"expected a finite number, got {value}", key=key)
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    raise InputError(path, f"expected a string, number, boolean, list or mapping, got {type(value).__name__}", key=key)
+
+
+def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
+    """A YAML mapping from a file, read as accelerate reads its config (yaml.safe_load), as plain JSON."""
+    try:
+        import yaml
+    except ImportError:  # a declared dependency; an install without it says so instead of a traceback
+        raise InputError(path, f"reading a {what} needs PyYAML: pip install pyyaml") from None
+    text = read_text(path, what)
+    try:
+        data = yaml.load(text, Loader=_yaml_loader(yaml))  # noqa: S506 - a SafeLoader subclass
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        raise InputError(path, f"not valid YAML ({_yaml_problem(exc)}); expected a {what}") from None
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else type(data).__name__
+        raise InputError(path, f"expected a YAML mapping ({what}), got {got}")
+    return _plain_yaml(data, path, "")
+
+
+def fsdp_keys(block: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """(settings by name without the fsdp_ prefix, each name as written). accelerate 1.16 commands/launch.py
+    _validate_launch_command adds the prefix to a key without it; transformers 5.25 training_args.py
+    _process_fsdp_args strips it: either way `fsdp_version` and `version` name one setting, given once."""
+    keys: dict[str, Any] = {}
+    written: dict[str, str] = {}
+    for key, value in block.items():
+        name = key.removeprefix("fsdp_")
+        if name in keys:
+            raise InputError(path, f"{written[name]} and {key} name one setting: keep one", key=f"fsdp_config.{key}")
+        keys[name], written[name] = value, key
+    return keys, written
+
+
+def fsdp_version(keys: dict[str, Any], written: dict[str, str], path: Path) -> int:
+    """The FSDP version accelerate runs: 1 when absent (accelerate 1.6-1.16 utils/dataclasses.py
+    FullyShardedDataParallelPlugin.__post_init__, int(os.environ.get("FSDP_VERSION", "1"))); the launcher passes
+    str(value), so 2 and "2" are the same and anything but 1 or 2 is refused or runs as neither."""
+    value = keys.get("version", 1)
+    number = int(value) if isinstance(value, str) and value.strip().isdigit() else value
+    if number not in (1, 2) or isinstance(number, bool):
+        key = f"fsdp_config.{written.get('version', 'fsdp_version')}"
+        raise InputError(path, f"expected 1 or 2 (FSDP1 or FSDP2), got {json.dumps(value)[:60]}", key=key)
+    return int(number)
+
+
+def summarize_fsdp_config(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
+    """An accelerate FSDP config (`accelerate config`'s YAML), or an InputError naming what makes it none."""
+    kind = doc.get("distributed_type")
+    if kind != "FSDP":
+        said = "absent" if kind is None else json.dumps(kind)[:60]
+        raise InputError(path, f"expected FSDP (an accelerate FSDP config), got {said}", key="distributed_type")
+    block = doc.get("fsdp_config")
+    if not isinstance(block, dict):
+        said = "absent" if block is None else type(block).__name__
+        raise InputError(path, f"expected a mapping of fsdp_* settings, got {said}", key="fsdp_config")
+    keys, written = fsdp_keys(block, path)
+    return {
+        "path": str(path),
+        "version": fsdp_version(keys, written, path),
+        "fsdp": keys,
+        "written": written,
+        "top": {k: v for k, v in doc.items() if k != "fsdp_config"},
+    }
+
+
+def _fsdp_config_of(run) -> str | None:
+    """[fsdp] config of the run config, where this sftdoctor's run config has that section."""
+    return getattr(getattr(run, "fsdp", None), "config", None) or None
+
+
+@fact(
+    "fsdp_config",
+    "the accelerate FSDP config (YAML): its fsdp_* settings without the prefix, the FSDP version, the top-level keys",
+    inputs=FSDP,
+    why_missing="no FSDP config given (--fsdp, or [fsdp] config in --config)",
+    shape={"path": str, "version": int, "fsdp": {str: YAML_VALUE}, "written": {str: str}, "top": {str: YAML_VALUE}},
+    required=("path", "version", "fsdp", "written", "top"),
+)
+def probe_fsdp_config(facts) -> dict[str, Any] | None:
+    path = _given_or_named(facts, "fsdp", _fsdp_config_of)
+    if path is None:
+        return None
+    return summarize_fsdp_config(Path(path), read_yaml_mapping(Path(path), "accelerate FSDP config"))

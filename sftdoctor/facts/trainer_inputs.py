@@ -113,14 +113,11 @@ def sft_config(plan: Plan, has_eval: bool):
     return SFTConfig(**args)  # no silent filtering: an argument the installed version lacks must fail loudly
 
 
-def truthy(value: Any) -> bool:
-    """An fsdp_config flag as transformers reads it (`str_to_bool(str(value).lower())`)."""
-    return str(value).lower() in ("true", "1", "yes", "y", "on", "t")
-
-
 def fsdp_checkpoints(plan: Plan) -> bool:
     """Whether FSDP applies activation checkpointing itself."""
-    return truthy((plan.fsdp or {}).get("activation_checkpointing", False))
+    from sftdoctor.run.fsdp import flag
+
+    return bool(flag(plan.fsdp or {}, "activation_checkpointing"))
 
 
 def fsdp_args(plan: Plan) -> dict[str, Any]:

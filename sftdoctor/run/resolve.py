@@ -17,6 +17,7 @@ from typing import Any
 from sftdoctor.run import TORCHRUN_DEFAULT_PORT, layout
 from sftdoctor.run.config import RunConfig
 from sftdoctor.run.embeddings import repair_ids
+from sftdoctor.run.fsdp import trainer_config
 from sftdoctor.run.gpus import FLASH_MIN_CC, bf16_capable, devices, lacking, smallest_memory
 from sftdoctor.run.memory import Fit, Setting, Workload, fit
 from sftdoctor.run.schedule import trainer_warmup
@@ -590,9 +591,9 @@ def fsdp_settings(run: RunConfig, facts: Any, scale: dict[str, Any]) -> tuple[di
     section = run.fsdp
     if section is None:
         return {"fsdp": None, "fsdp_source": None, "fsdp_replicate": 1}, {}
-    if section.config is not None:  # as is, with the version accelerate reads from it (absent: 1, not 2)
+    if section.config is not None:  # as `accelerate launch --config_file` reads it (its version absent: 1, not 2)
         given = facts.get("fsdp_config") or {}
-        config = {**(given.get("fsdp") or {}), "version": given.get("version", 1)}
+        config = trainer_config(given.get("version", 1), given.get("fsdp") or {})
         return {"fsdp": config, "fsdp_source": section.config, "fsdp_replicate": 1}, {}
     nproc, nnodes = scale["nproc_per_node"], scale["nnodes"]
     replicate = nnodes if section.sharding == "hybrid" and nnodes > 1 else 1

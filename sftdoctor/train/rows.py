@@ -163,13 +163,13 @@ def rerun(model, inputs: dict[str, Any], backward: bool) -> dict[str, Any]:
 
 
 def trace(
-    trainer, micro_batches: list[dict[str, Any]], files, raw_rows, backward: bool, rerun_ok: bool = True
+    trainer, micro_batches: list[dict[str, Any]], files, raw_rows, backward: bool, no_rerun: str | None = None
 ) -> dict[str, Any]:
     """This rank's account of the step: each micro-batch's rows, its fp32 re-run, and the rows that alone are
-    non-finite. No re-run under ZeRO-3 (`rerun_ok` False): its forward gathers the weights collectively, and the
-    ranks would re-run unequal numbers of sequences."""
+    non-finite. No re-run where `no_rerun` says why: under ZeRO-3 and FSDP a forward gathers the weights
+    collectively, and the ranks would re-run unequal numbers of sequences (a rank left waiting: a hang)."""
     index = RowIndex.of(trainer, raw_rows)
-    model, why_not = _fp32(trainer.model) if rerun_ok else (None, "ZeRO-3 gathers the weights collectively")
+    model, why_not = _fp32(trainer.model) if no_rerun is None else (None, no_rerun)
     was_training = (model or trainer.model).training
     batches = []
     try:

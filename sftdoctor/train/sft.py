@@ -84,9 +84,9 @@ def load_on_rank_0(plan: Plan, args) -> None:
     receive their shards when accelerate shards the model (fsdp2_load_full_state_dict). transformers 5.x
     (`is_fsdp_enabled`, modeling_utils) reads it from these variables once the process group is up, which the
     trainer's arguments start; accelerate sets them only when the Trainer exists, after the model loads."""
-    from sftdoctor.facts.trainer_inputs import truthy
+    from sftdoctor.run.fsdp import flag
 
-    if plan.fsdp is None or not truthy(plan.fsdp.get("cpu_ram_efficient_loading")):
+    if plan.fsdp is None or not flag(plan.fsdp, "cpu_ram_efficient_loading"):
         return
     os.environ.update(ACCELERATE_USE_FSDP="true", FSDP_CPU_RAM_EFFICIENT_LOADING="true")
     _ = args.device  # starts the process group

@@ -590,6 +590,13 @@ class Guard(TrainerCallback):
         rank 0 gathers them through the c10d store (not a collective: the ranks' re-runs take unequal times)."""
         rank, world = rank_world()
         zero3 = ((self.plan.deepspeed or {}).get("zero_optimization") or {}).get("stage") == 3
+        no_rerun = (
+            "ZeRO-3 gathers the weights collectively"
+            if zero3
+            else "FSDP gathers each layer's weights collectively"
+            if self.plan.fsdp is not None
+            else None
+        )
         try:
             mine = rows.trace(
                 self.trainer,
@@ -597,7 +604,7 @@ class Guard(TrainerCallback):
                 self.plan.train_files,
                 self.trainer.sftdoctor_raw_rows,
                 backward=not self.plan.deepspeed,
-                rerun_ok=not zero3,
+                no_rerun=no_rerun,
             )
         except Exception as exc:  # the trace must never hide the finding it explains
             mine = {"micro_batches": [], "fp32": False, "why_not_fp32": f"tracing failed: {type(exc).__name__}: {exc}"}

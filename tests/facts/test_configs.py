@@ -1,5 +1,6 @@
 """The config-file probes (facts/configs.py), on real configs from public repositories, and fuzzed."""
 
+import contextlib
 import json
 
 import pytest
@@ -10,9 +11,16 @@ from hypothesis import strategies as st
 from sftdoctor.checks._common import ds_precision_flags
 from sftdoctor.errors import InputError, SftdoctorError
 from sftdoctor.facts import Facts, Inputs
-from sftdoctor.facts.configs import LOADABLE_DTYPES, read_json_object, summarize_model_config
+from sftdoctor.facts.configs import (
+    LOADABLE_DTYPES,
+    read_json_object,
+    read_yaml_mapping,
+    summarize_fsdp_config,
+    summarize_model_config,
+)
 
 DEEPSPEED = index("deepspeed")
+FSDP = index("fsdp")
 MODELS = index("model_config")
 
 
@@ -144,3 +152,108 @@ def test_the_dtype_names_refused_are_those_the_pinned_transformers_cannot_load(t
     else:
         with pytest.raises(AttributeError):
             AutoConfig.from_pretrained(tmp_path)
+
+
+# ---------------------------------------------------------------- accelerate FSDP YAML
+
+
+def fsdp_fact(path):
+    return summarize_fsdp_config(path, read_yaml_mapping(path, "accelerate FSDP config"))
+
+
+@pytest.mark.parametrize("entry", FSDP, ids=[e["file"] for e in FSDP])
+def test_real_fsdp_configs_read_as_accelerate_launch_reads_them(entry):
+    """The version as accelerate reads it (absent: 1), the settings without the fsdp_ prefix, the top-level keys."""
+    found = fsdp_fact(FIXTURES / "fsdp" / entry["file"])
+    assert found["version"] == entry["fsdp_version"]
+    assert found["top"].get("mixed_precision") == entry["mixed_precision"]
+    assert found["top"].get("num_processes") == entry["num_processes"]
+    assert found["fsdp"].get("state_dict_type") == entry["state_dict_type"]
+    assert found["fsdp"].get("transformer_layer_cls_to_wrap") == entry["layer_cls"]
+    assert all(not key.startswith("fsdp_") for key in found["fsdp"])
+    assert all(found["written"][key] in ("fsdp_" + key, key) for key in found["fsdp"])
+    assert "fsdp_config" not in found["top"]
+
+
+def test_a_key_without_the_prefix_is_the_same_setting_and_one_given_twice_is_refused(tmp_path):
+    path = tmp_path / "fsdp.yaml"
+    path.write_text("distributed_type: FSDP\nfsdp_config:\n  version: 2\n  fsdp_state_dict_type: FULL_STATE_DICT\n")
+    assert fsdp_fact(path)["version"] == 2 and fsdp_fact(path)["written"]["version"] == "version"
+    path.write_text("distributed_type: FSDP\nfsdp_config:\n  version: 2\n  fsdp_version: 1\n")
+    with pytest.raises(InputError, match="version and fsdp_version name one setting"):
+        fsdp_fact(path)
+
+
+@pytest.mark.parametrize(
+    "text, key, message",
+    [
+        ("fsdp_config: [", None, "not valid YAML"),
+        ("- distributed_type: FSDP\n", None, "expected a YAML mapping"),
+        ("", None, "got an empty file"),
+        ("distributed_type: MULTI_GPU\nfsdp_config: {}\n", "distributed_type", 'got "MULTI_GPU"'),
+        ("fsdp_config: {fsdp_version: 2}\n", "distributed_type", "got absent"),
+        ("distributed_type: FSDP\n", "fsdp_config", "got absent"),
+        ("distributed_type: FSDP\nfsdp_config: FULL_SHARD\n", "fsdp_config", "got str"),
+        ("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 3\n", "fsdp_config.fsdp_version", "expected 1 or 2"),
+        ("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: two\n", "fsdp_config.fsdp_version", 'got "two"'),
+        ("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: true\n", "fsdp_config.fsdp_version", "got true"),
+        (
+            "distributed_type: FSDP\nfsdp_config:\n  fsdp_min_num_params: .nan\n",
+            "fsdp_config.fsdp_min_num_params",
+            "finite",
+        ),
+        ("distributed_type: FSDP\nfsdp_config: {}\nnum_processes: -.inf\n", "num_processes", "finite"),
+        ("distributed_type: FSDP\nfsdp_config: {}\nmain_training_function: 2024-01-01\n", None, "got date"),
+        ("distributed_type: FSDP\nfsdp_config: {1: 2}\n", "fsdp_config.1", "expected a key name"),
+        ("distributed_type: FSDP\nfsdp_config: !!python/object:os.system {}\n", None, "not valid YAML"),
+        ("a: &x [1, 2]\nb: [*x, *x]\ndistributed_type: FSDP\nfsdp_config: {}\n", None, "a YAML alias"),
+        ("distributed_type: FSDP\nfsdp_config: {}\nnum_processes: 1" + "0" * 5000 + "\n", None, "4300 digits"),
+        ("[" * 5000, None, "not valid YAML"),
+    ],
+)
+def test_bad_fsdp_yaml_is_one_line_naming_file_key_and_problem(tmp_path, text, key, message):
+    path = tmp_path / "fsdp.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError, match=message.replace("(", r"\(")) as err:
+        fsdp_fact(path)
+    assert str(err.value).startswith(f"{path}: {key}: " if key else str(path)) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "dev-null", "unreadable", "dangling", "folder", "binary", "loop"])
+def test_an_fsdp_config_that_is_not_a_file_is_refused_in_one_line(tmp_path, kind):
+    from hostile import fed_fifo, no_hang, special_file
+
+    path = special_file(tmp_path / "fsdp.yaml", kind)
+    fed = fed_fifo(path, b"distributed_type: FSDP\n") if kind == "fifo" else contextlib.nullcontext()
+    with fed, no_hang(20), pytest.raises(InputError) as err:
+        Facts(Inputs(fsdp=path)).get("fsdp_config")
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_fsdp_config_the_run_config_names_is_read_when_the_run_has_that_section(tmp_path):
+    """[fsdp] config (run/config.py's Fsdp section, where this tree has it): read like --fsdp."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    facts = Facts(Inputs())
+    run = SimpleNamespace(fsdp=SimpleNamespace(config=str(FIXTURES / "fsdp" / "trl_fsdp2.yaml")))
+    with mock.patch.object(facts, "get", side_effect=lambda name: run if name == "run" else None):
+        from sftdoctor.facts.configs import probe_fsdp_config
+
+        assert probe_fsdp_config(facts)["version"] == 2
+        run.fsdp.config = None
+        assert probe_fsdp_config(facts) is None
+
+
+@given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode) | JSONISH.map(lambda v: json.dumps(v).encode()))
+@settings(max_examples=200, deadline=None)
+def test_the_fsdp_loader_gives_a_value_or_a_clean_input_error(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("fuzz") / "fsdp.yaml"
+    for raw in (data, b"distributed_type: FSDP\nfsdp_config:\n  fsdp_version: " + data):
+        path.write_bytes(raw)
+        try:
+            value = Facts(Inputs(fsdp=path)).get("fsdp_config")
+        except SftdoctorError as exc:
+            assert str(path) in str(exc) and "\n" not in str(exc)
+        else:
+            json.dumps(value, allow_nan=False)  # plain, finite JSON

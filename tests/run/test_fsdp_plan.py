@@ -107,5 +107,6 @@ def test_a_given_accelerate_config_is_the_plans_with_the_version_accelerate_read
     run = make_run(tmp_path, fsdp={"config": "fsdp.yaml"}, launch={"nproc_per_node": 2})
     given = {"path": str(tmp_path / "fsdp.yaml"), "version": 1, "fsdp": {"sharding_strategy": "FULL_SHARD"}}
     plan = plan_of(run, fsdp_config=given)
-    assert plan.fsdp == {"sharding_strategy": "FULL_SHARD", "version": 1}  # not transformers' default of 2
+    assert plan.fsdp["version"] == 1 and plan.fsdp["reshard_after_forward"] == "FULL_SHARD"  # FSDP1's strategy
+    assert plan.fsdp["cpu_ram_efficient_loading"] is True  # the launcher's default, not transformers' false
     assert plan.fsdp_source == str(tmp_path / "fsdp.yaml")
