@@ -751,7 +751,7 @@ def _cross_checks(s: dict[str, Any], path: Path) -> list[InputError]:
                 path, f"node_rank {launch.node_rank} must be below nnodes {launch.nnodes}", key="[launch].node_rank"
             )
         )
-    errors += _fsdp_checks(s.get("fsdp"), ds, path)
+    errors += _fsdp_checks(s.get("fsdp"), ds, evaluation, path)
     if ds.offload_params and ds.zero_stage != 3:
         errors.append(InputError(path, "offload_params needs zero_stage = 3", key="[deepspeed].offload_params"))
     if (ds.offload_optimizer or ds.offload_params) and ds.config is not None:
@@ -763,11 +763,22 @@ def _cross_checks(s: dict[str, Any], path: Path) -> list[InputError]:
     return errors
 
 
-def _fsdp_checks(fsdp: Fsdp | None, ds: DeepSpeed, path: Path) -> list[InputError]:
-    """One sharding engine per run; a given accelerate config is used as is."""
+def _fsdp_checks(fsdp: Fsdp | None, ds: DeepSpeed, evaluation: Eval | None, path: Path) -> list[InputError]:
+    """One sharding engine per run; a given accelerate config is used as is; FSDP's checkpoints are each rank's
+    shard (torch.distributed.checkpoint), which lm-eval cannot load."""
     if fsdp is None:
         return []
     errors = []
+    if evaluation is not None and evaluation.every_n_checkpoints:
+        errors.append(
+            InputError(
+                path,
+                "FSDP's checkpoints hold each rank's shard, not a model lm-eval can load: evaluate the final model "
+                "(every_n_checkpoints = 0), or merge a checkpoint first (accelerate merge-weights CHECKPOINT/"
+                "pytorch_model_fsdp_0 OUT)",
+                key="[eval].every_n_checkpoints",
+            )
+        )
     if ds.config is not None or ds.zero_stage is not None:
         errors.append(
             InputError(path, "[fsdp] and [deepspeed] both shard the model: keep one of the two sections", key="[fsdp]")

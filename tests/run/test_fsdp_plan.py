@@ -93,6 +93,7 @@ def test_the_plan_without_fsdp_is_unchanged(tmp_path):
         ({"fsdp": {"reshard_after_forward": "FULL_SHARD"}}, "[fsdp].reshard_after_forward"),
         ({"fsdp": {"config": "fsdp.yaml", "offload": True}}, "offload go with the settings sftdoctor decides"),
         ({"fsdp": {"sharding_strategy": "FULL_SHARD"}}, "sharding_strategy"),
+        ({"fsdp": {}, "eval": {"tasks": ["x"], "every_n_checkpoints": 2}}, "[eval].every_n_checkpoints: FSDP's"),
     ],
 )
 def test_a_config_that_cannot_run_is_refused_naming_the_key(tmp_path, sections, words):
