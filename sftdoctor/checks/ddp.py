@@ -34,6 +34,8 @@ def ddp_unused_parameters(plan, unused_parameters: dict[str, Any] | None = None)
         raise NotApplicable("one process: no DDP reducer")
     if plan.deepspeed is not None:
         raise NotApplicable("DeepSpeed's engine reduces the gradients, not DDP's reducer")
+    if plan.fsdp is not None:
+        raise NotApplicable("FSDP reduce-scatters the gradients of what each step computed, not DDP's reducer")
     findings = [_unused(plan, unused_parameters)]
     if plan.checkpointing:
         findings.append(_checkpointing(plan))

@@ -9,7 +9,7 @@ from typing import Any
 from sftdoctor.checks import NotApplicable, check
 from sftdoctor.findings import error, info, ok, warning
 from sftdoctor.run.gpus import devices, smallest_memory
-from sftdoctor.run.memory import HEADROOM, Candidate
+from sftdoctor.run.memory import HEADROOM, Candidate, setting_json
 from sftdoctor.run.shape import Shape
 
 GIB = 2**30
@@ -19,7 +19,16 @@ def change(current: Candidate, better: Candidate) -> str:
     """The run-config lines that turn `current` into `better`."""
     a, b = current.setting, better.setting
     lines = []
-    if (a.zero_stage, a.offload_optimizer) != (b.zero_stage, b.offload_optimizer):
+    if b.fsdp and (a.fsdp, a.reshard_after_forward, a.offload_optimizer) != (
+        b.fsdp,
+        b.reshard_after_forward,
+        b.offload_optimizer,
+    ):
+        lines.append(
+            f"[fsdp] reshard_after_forward = {str(b.reshard_after_forward).lower()}, "
+            f"offload = {str(b.offload_optimizer).lower()}"
+        )
+    elif not b.fsdp and (a.fsdp, a.zero_stage, a.offload_optimizer) != (b.fsdp, b.zero_stage, b.offload_optimizer):
         lines.append(
             f"[deepspeed] zero_stage = {b.zero_stage}" + (", offload_optimizer = true" if b.offload_optimizer else "")
         )
@@ -61,11 +70,11 @@ def memory_fit(plan, model_shape: dict[str, Any], gpus: dict[str, Any]):
     evidence = {
         "gpu_memory_bytes": memory,
         "gpu_peak_bytes": peak,
-        "setting": vars(current.setting),
+        "setting": setting_json(current.setting),
         "parameters": model_shape["parameters"],
         "trainable_parameters": trainable,
         "terms": [t.to_json() for t in current.estimate.gpu],
-        "recommended": vars(best.setting) if best else None,
+        "recommended": setting_json(best.setting) if best else None,
     }
     head = (
         f"{model_shape['parameters'] / 1e9:.2f}B parameters{f' ({trainable:,} trainable)' if trainable else ''} "

@@ -55,7 +55,7 @@ def ddp_run(run, facts) -> bool:
     from sftdoctor.run.resolve import world
 
     nproc, nnodes = world(run, facts.get("gpus"), facts.get("slurm"))
-    return nproc * nnodes > 1 and run.deepspeed.config is None and run.deepspeed.zero_stage is None
+    return nproc * nnodes > 1 and run.deepspeed.config is None and run.deepspeed.zero_stage is None and run.fsdp is None
 
 
 def _child(request: dict[str, Any]) -> dict[str, Any]:

@@ -6,12 +6,13 @@ from dataclasses import asdict
 from typing import Any
 
 from sftdoctor.plan.speed import DEFAULT_MFU, flops_per_token, peak_tflops, step_seconds
-from sftdoctor.run.memory import Candidate, Fit
+from sftdoctor.run.memory import Candidate, Fit, engine
 
 GIB = 2**30
 SHOWN = 12  # candidate rows printed (all are in --json)
 HEADER = "  ZeRO offload ckpt  micro accum liger  peak GiB  fits  compute comm"
 LORA_HEADER = "  ZeRO offload ckpt  micro accum liger   base  peak GiB  fits  compute comm"
+ENGINE = 24  # an FSDP2 run's table names each row's engine: "FSDP2 no-reshard offload" at most
 BASE = {"none": "16-bit", "4bit": "4-bit", "8bit": "8-bit"}  # Setting.quantize, as the table shows it
 ADAPTERS = {"none": "LoRA on the 16-bit base", "4bit": "QLoRA on a 4-bit NF4 base", "8bit": "LoRA on an 8-bit base"}
 
@@ -107,11 +108,12 @@ def render(planned: Fit, timing_: dict[str, Any]) -> str:
             "",
             f"settings that fit, fastest first ({min(SHOWN, len(fitting))} of {len(fitting)} that fit, "
             f"{len(planned.candidates)} tried; all in --json):",
-            LORA_HEADER if run.lora else HEADER,
+            _header(planned),
         ]
     else:
         lines += ["", f"no setting fits ({len(planned.candidates)} tried; all in --json)"]
-    lines += [_row(c, bool(run.lora)) for c in fitting[:SHOWN]]
+    fsdp = planned.current.setting.fsdp
+    lines += [_row(c, bool(run.lora), fsdp) for c in fitting[:SHOWN]]
     t = timing_
     lines += [
         "",
@@ -128,11 +130,20 @@ def render(planned: Fit, timing_: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _row(c: Candidate, lora: bool) -> str:
+def _header(planned: Fit) -> str:
+    """The table's header; an FSDP2 run's first column names the engine (FSDP2 rows beside ZeRO's)."""
+    header = LORA_HEADER if planned.run.lora else HEADER
+    if not planned.current.setting.fsdp:
+        return header
+    return f"  {'engine':<{ENGINE}}" + header[len("  ZeRO") :]
+
+
+def _row(c: Candidate, lora: bool, fsdp: bool = False) -> str:
     s = c.setting
     base = f" {BASE[s.quantize or 'none']:>6}" if lora else ""
+    first = f"{engine(s):<{ENGINE}}" if fsdp else f"{s.zero_stage:>4}"
     return (
-        f"  {s.zero_stage:>4} {'yes' if s.offload_optimizer else 'no':>7} {'on' if s.checkpointing else 'off':>4} "
+        f"  {first} {'yes' if s.offload_optimizer else 'no':>7} {'on' if s.checkpointing else 'off':>4} "
         f"{s.micro_batch:>6} {c.accumulation:>5} {'on' if s.liger else 'off':>5}{base} "
         f"{c.estimate.gpu_peak / GIB:9.1f} "
         f"{'yes' if c.fits else 'no':>5} {c.compute:7.2f} {c.communication:4.1f}"

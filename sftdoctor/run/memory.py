@@ -17,12 +17,18 @@ LoRA (peft) freezes the base: its weights have no gradient, no optimizer state a
 only the adapters (and modules_to_save) train (lora_states). The frozen base sits in the run's 16-bit dtype
 or, with QLoRA, in bitsandbytes' 4-bit NF4 or 8-bit format (frozen_base), and its frozen layers save less for
 the backward than trained ones (lora_activation_bytes_per_token).
+
+PyTorch FSDP2 (`torch.distributed.fsdp.fully_shard`, torch 2.13, as accelerate 1.16's fsdp2_prepare_model wraps a
+model) is the other sharding engine (fsdp_states): each rank keeps its shard of the parameters in their stored dtype
+(fp32 for trained ones), of their gradients and of AdamW's moments, plus the units it has all-gathered in the compute
+dtype (fsdp_in_flight); under the Trainer's gradient accumulation it keeps every unsharded gradient until the last
+micro-batch (fsdp_gradients).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from sftdoctor.run.lora import adapter_parameters, targeted
@@ -39,11 +45,13 @@ class Setting:
     """One way to run: what the candidate table varies."""
 
     zero_stage: int
-    offload_optimizer: bool
+    offload_optimizer: bool  # DeepSpeed's offload_optimizer; under FSDP2 CPUOffloadPolicy (weights, gradients, moments)
     checkpointing: bool
     micro_batch: int
     liger: bool
     quantize: str | None = None  # LoRA's base: "none" (16-bit), "4bit" or "8bit"; None: a full fine-tune
+    fsdp: bool = False  # PyTorch FSDP2 instead of DeepSpeed (zero_stage is then 0)
+    reshard_after_forward: bool = True  # FSDP2: free each gathered unit after its forward (False: ZeRO-2-like)
 
 
 @dataclass(frozen=True)
@@ -266,8 +274,8 @@ def lora_states(run: Workload, s: Setting) -> list[Term]:
 
 def fp32_adapters_under_autocast(run: Workload, s: Setting) -> bool:
     """Without DeepSpeed a 16-bit run is autocast over peft's fp32 adapters (QLoRA's are cast to bf16 by TRL,
-    DeepSpeed casts every adapter to its 16-bit dtype)."""
-    return s.zero_stage == 0 and run.precision != "fp32" and not quantized(s)
+    DeepSpeed casts every adapter to its 16-bit dtype; FSDP2 casts them with the rest of their unit for compute)."""
+    return s.zero_stage == 0 and not s.fsdp and run.precision != "fp32" and not quantized(s)
 
 
 def load_bytes(s: Setting, precision: str) -> int:
@@ -317,6 +325,158 @@ def lora_host_memory(shape: Shape, s: Setting, world: int, per_node: int, precis
     if s.offload_optimizer:
         load, formula = max(load, 16 * lora.trainable / nodes), f"max({formula}, 16 B x trainable params / nodes)"
     return [Term("host RAM", int(load * ADAM_BUFFER), f"{formula} x {ADAM_BUFFER}")]
+
+
+# ---------------------------------------------------------------- PyTorch FSDP2
+# accelerate 1.16's fsdp2_prepare_model (accelerate/utils/fsdp_utils.py:740-935) calls torch 2.13's `fully_shard` on
+# every decoder layer (transformer auto-wrap on _no_split_modules), on the input embedding (when untied), on a tail of
+# the final norm and the LM head (with the embedding when tied) with reshard_after_forward=False, then on the root. A
+# unit's parameters are all-gathered whole in MixedPrecisionPolicy's param_dtype, which accelerate sets to the run's
+# 16-bit dtype with reduce_dtype the same (accelerate/utils/dataclasses.py:2008-2013; fp32 runs keep fp32).
+
+
+def fsdp_layer(shape: Shape) -> int:
+    """Parameters of one decoder layer, FSDP2's usual unit: exact for Llama/Qwen2-like shapes (the projections, the
+    two norms, Qwen2's q/k/v biases), checked against the count; else the non-embedding parameters per layer."""
+    linear = sum(getattr(shape, a) * getattr(shape, b) for _, a, b in LLAMA_LINEAR.values())
+    layer = linear + 2 * shape.hidden + (shape.q_size + 2 * shape.kv_size if shape.model_type == "qwen2" else 0)
+    rest = shape.parameters - shape.layers * layer - shape.hidden - shape.vocab * shape.hidden
+    if rest in (0, shape.vocab * shape.hidden):  # tied or untied LM head
+        return layer
+    return max(shape.parameters - shape.vocab * shape.hidden, 0) // max(shape.layers, 1)
+
+
+def fsdp_tail(shape: Shape) -> int:
+    """The tail unit: the final norm and the LM head (vocab x hidden, the embedding's weight when tied)."""
+    return shape.vocab * shape.hidden + shape.hidden
+
+
+def fsdp_trained(run: Workload) -> int:
+    return run.shape.parameters if run.lora is None else run.lora.trainable
+
+
+def fsdp_in_flight(run: Workload, s: Setting) -> list[Term]:
+    """What FSDP2 holds unsharded beside the shards, in the compute dtype b, at the backward's worst moment:
+
+    reshard_after_forward: the layer being computed, the next one gathered ahead (FSDP2's default explicit backward
+    prefetch, _fsdp_param_group.py `_backward_prefetch`), the reduce-scatter input of the unit before it (kept until
+    the next unit's reduce-scatter: reduce_scatter_max_input_buffers = 1), which may be the tail, and the layer's fresh
+    unsharded gradients before they are reduce-scattered (or added to the accumulated ones). The tail's own backward
+    holds less beyond what logits counts (its gradient is the head's fp32 one there); forward holds less too: the
+    current unit, its all-gather output and the previous one's (`AllGatherState`, freed after the next copy-out).
+    Without reshard_after_forward every unit stays gathered from its forward to its backward (b x params), with a
+    layer's fresh gradients and the reduce-scatter input on top. CPU offload changes none of this: the all-gather and
+    the reduce-scatter run on the GPU. Measured on two CPU ranks in tests/run/test_memory_fsdp.py."""
+    b, layer = dtype_bytes(run.precision), fsdp_layer(run.shape)
+    if run.lora is not None:  # the adapters travel with their layer, cast to the compute dtype as well
+        layer += run.lora.trainable // max(run.shape.layers, 1)
+    unit = max(layer, fsdp_tail(run.shape))
+    if s.reshard_after_forward:
+        return [
+            Term(
+                "gathered units",
+                b * (3 * layer + unit),
+                f"{b} B x (3 x decoder layer + largest unit): the layer computing, its fresh unsharded gradients, the "
+                "next one gathered ahead (backward prefetch), the previous unit's reduce-scatter input",
+            )
+        ]
+    p = run.shape.parameters if run.lora is None else run.shape.parameters + run.lora.trainable
+    return [
+        Term(
+            "gathered units",
+            b * (p + layer + unit),
+            f"{b} B x (params + decoder layer + largest unit): no reshard after forward, every unit stays gathered "
+            "until its backward; a layer's fresh unsharded gradients, the previous unit's reduce-scatter input",
+        )
+    ]
+
+
+def fsdp_gradients(run: Workload, s: Setting, accumulating: bool) -> list[Term]:
+    """FSDP2 reduce-scatters each unit's gradients in reduce_dtype and keeps the shard in the parameter's own dtype
+    (`_to_dtype_if_needed(reduce_output, orig_dtype)` in _fsdp_collectives.py foreach_reduce): 4 B x trained params /
+    world for fp32 parameters, on the host under CPU offload. Under gradient accumulation the Trainer runs every
+    micro-batch but the last in accelerate's no_sync (transformers 5.25 trainer.py:1941-1952), which for FSDP2 is
+    set_requires_gradient_sync(False): no reduce-scatter, each unsharded gradient stays on the GPU in the compute dtype
+    (b x trained params) until the last micro-batch's backward reduce-scatters it unit by unit into the shards."""
+    t, world, b = fsdp_trained(run), run.world, dtype_bytes(run.precision)
+    g = 2 if run.lora is not None and quantized(s) else 4  # QLoRA's adapters stay bf16 (no fp32 upcast with Params4bit)
+    what = "params" if run.lora is None else "trainable params"
+    sharded = 0 if s.offload_optimizer else g * t // world
+    if accumulating and b * t >= sharded:
+        return [
+            Term(
+                "gradients, unsharded",
+                b * t,
+                f"{b} B x {what}: accumulated unsharded under no_sync until the last micro-batch reduce-scatters them "
+                "(the shards replace them unit by unit)",
+            )
+        ]
+    where = "on the host (CPU offload)" if s.offload_optimizer else f"{g} B x {what} / world"
+    return [Term("gradients, sharded", sharded, f"{where} (reduced, kept in the parameters' dtype)")]
+
+
+def fsdp_states(run: Workload, s: Setting, accumulating: bool) -> list[Term]:
+    """Per rank: the parameter shards in their stored dtype, the gradient shards, AdamW's moments (8 B, fp32 DTensors
+    like the shards), and what is gathered. A full fine-tune loads fp32 weights (resolve.load_dtype) and accelerate
+    upcasts every trainable parameter to fp32 before sharding (fsdp_utils.py:799-806): 4 B. LoRA's frozen base stays in
+    its 16-bit load dtype (only trainable parameters are upcast), its adapters become fp32; QLoRA's 4-bit weights are
+    not sharded (fsdp_utils.py:777-783: non-floating Params4bit are ignored; sftdoctor sets bnb_4bit_quant_storage only
+    for ZeRO-3) nor upcast. With CPU offload (CPUOffloadPolicy) the shards, gradients and moments live on the host.
+    FSDP2 pads each tensor's first dimension to a multiple of the world size (not counted: under world x 4 B a row)."""
+    t, world = fsdp_trained(run), run.world
+    terms: list[Term] = []
+    if run.lora is None:
+        w, what = 4, "params"
+        if not s.offload_optimizer:
+            terms.append(Term("weights, sharded", 4 * t // world, "4 B x params / world (fp32 shards)"))
+    else:
+        terms += fsdp_frozen_base(run, s)
+        w, what = (2, "trainable params") if quantized(s) else (4, "trainable params")
+        if not s.offload_optimizer:
+            terms.append(Term("adapter weights, sharded", w * t // world, f"{w} B x {what} / world"))
+    terms += fsdp_gradients(run, s, accumulating)
+    if not s.offload_optimizer:
+        terms.append(Term("optimizer states", 2 * w * t // world, f"{2 * w} B x {what} / world (AdamW moments)"))
+    return terms + fsdp_in_flight(run, s)
+
+
+def fsdp_frozen_base(run: Workload, s: Setting) -> list[Term]:
+    """LoRA's frozen base under FSDP2: sharded in its 16-bit dtype (on the host under CPU offload); a 4- or 8-bit
+    one whole on every rank, the rest (embeddings, norms, fp32 from prepare_model_for_kbit_training) sharded."""
+    p, world, where = run.shape.parameters, run.world, " on the host" if s.offload_optimizer else ""
+    if not quantized(s):
+        b = dtype_bytes(run.precision)
+        return [] if where else [Term("frozen base, sharded", b * p // world, f"{b} B x base params / world")]
+    base = frozen_base(replace(run, world=1), replace(s, zero_stage=0))
+    linear = quantizable(run.shape)
+    rest = Term("frozen embeddings, norms", 4 * (p - linear) // world, "4 B x the other base params / world (fp32)")
+    return [base[0]] + ([] if where else [rest])
+
+
+def fsdp_host_memory(run: Workload, s: Setting) -> list[Term]:
+    """Host RAM per node under FSDP2: the load, then (CPU offload) the shards. Every rank loads the whole model (4 B x
+    params for a full fine-tune, the base in its 16-bit dtype for LoRA), cpu_ram_efficient_loading or not: transformers
+    5.25's from_pretrained reads the checkpoint on every rank (modeling_utils.py:4930-4966 special-cases only the
+    non-persistent buffers of the other ranks); accelerate 1.16 then moves the non-main ranks' copies to the meta
+    device before its fp32 upcast (fsdp_utils.py:793-797) and broadcasts rank 0's (fsdp2_load_full_state_dict), which
+    saves the upcast copies, not the load. With CPU offload each rank keeps its shards of weights, gradients and
+    moments there in pinned memory (16 B x params / world per rank; under LoRA those of the adapters and the frozen
+    base's 16-bit shards), x 1.5: CUDA's caching host allocator rounds each pinned tensor up to a power of two.
+    Whichever is more: the load is over before the optimizer's states exist."""
+    p, per_node = run.shape.parameters, run.per_node
+    b = 4 if run.lora is None else dtype_bytes(run.precision)
+    load = Term("host RAM", b * p * per_node, f"{b} B x params x ranks per node (each rank loads the model)")
+    if not s.offload_optimizer:
+        return [load]
+    t = fsdp_trained(run)
+    states = 16 * t + (0 if run.lora is None else dtype_bytes(run.precision) * p)
+    formula = "16 B x params" if run.lora is None else f"(16 B x trainable + {dtype_bytes(run.precision)} B x base)"
+    offloaded = int(states / run.world * per_node * ADAM_BUFFER)
+    if offloaded >= load.bytes:
+        return [
+            Term("host RAM", offloaded, f"{formula} / world x ranks per node (CPU offload, pinned) x {ADAM_BUFFER}")
+        ]
+    return [load]
 
 
 # The dtypes a checkpoint may be saved in (config.json's "dtype"/"torch_dtype") that a plan can price: the run
@@ -499,15 +659,24 @@ def layer_backward(run: Workload, s: Setting) -> list[Term]:
     ]
 
 
-def estimate(run: Workload, s: Setting) -> Estimate:
-    states = model_states(run.shape, s, run.world) if run.lora is None else lora_states(run, s)
+def estimate(run: Workload, s: Setting, accumulation: int | None = 1) -> Estimate:
+    """The setting's terms; `accumulation` (micro-batches per step, None when unknown) matters only to FSDP2."""
+    if s.fsdp:
+        states = fsdp_states(run, s, accumulating=accumulation != 1)
+    else:
+        states = model_states(run.shape, s, run.world) if run.lora is None else lora_states(run, s)
     gpu = states + activations(run, s) + logits(run, s) + layer_backward(run, s)
     live = sum(t.bytes for t in gpu)
     gpu.append(
         Term("fragmentation", int(live * FRAGMENTATION), f"{FRAGMENTATION:.0%} of the above (caching allocator)")
     )
     gpu.append(Term("CUDA context and NCCL", CUDA_CONTEXT, "fixed allowance"))
-    return Estimate(s, gpu, host_memory(run.shape, s, run.world, run.per_node, run.precision, run.lora))
+    host = (
+        fsdp_host_memory(run, s)
+        if s.fsdp
+        else host_memory(run.shape, s, run.world, run.per_node, run.precision, run.lora)
+    )
+    return Estimate(s, gpu, host)
 
 
 # ---------------------------------------------------------------- candidates: the fastest setting that fits
@@ -515,6 +684,7 @@ def estimate(run: Workload, s: Setting) -> Estimate:
 HEADROOM = 0.10  # a recommended setting leaves this share of GPU memory free
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 STAGES = ((0, False), (1, False), (2, False), (2, True), (3, False), (3, True))
+FSDP_MODES = ((True, False), (False, False), (True, True), (False, True))  # (reshard_after_forward, CPU offload)
 KINDS = {
     None: "",
     "none": "LoRA, ",
@@ -546,7 +716,7 @@ class Candidate:
         accumulation = f"{self.accumulation} accumulation" if self.accumulation else "no whole accumulation"
         offload = " + optimizer offload" if s.offload_optimizer else ""
         return (
-            f"{KINDS[s.quantize]}ZeRO-{s.zero_stage}{offload}, checkpointing "
+            f"{KINDS[s.quantize]}{engine(s)}{'' if s.fsdp else offload}, checkpointing "
             f"{'on' if s.checkpointing else 'off'}, micro-batch {s.micro_batch} x {accumulation}, "
             f"liger {'on' if s.liger else 'off'}"
         )
@@ -554,7 +724,7 @@ class Candidate:
     def to_json(self) -> dict[str, Any]:
         e = self.estimate
         return {
-            "setting": asdict(self.setting),
+            "setting": setting_json(self.setting),
             "gradient_accumulation_steps": self.accumulation,
             "gpu_peak_bytes": e.gpu_peak,
             "host_peak_bytes": e.host_peak,
@@ -566,41 +736,74 @@ class Candidate:
         }
 
 
+FSDP_FIELDS = ("fsdp", "reshard_after_forward")
+
+
+def setting_json(s: Setting) -> dict[str, Any]:
+    """The setting's fields; FSDP2's only on FSDP2 rows, so that a DeepSpeed plan's JSON is as it was."""
+    out = asdict(s)
+    return out if s.fsdp else {k: v for k, v in out.items() if k not in FSDP_FIELDS}
+
+
+def engine(s: Setting) -> str:
+    """The sharding as the plan's table labels it: ZeRO-n, or FSDP2 (no-reshard: reshard_after_forward=False;
+    offload: CPUOffloadPolicy)."""
+    if not s.fsdp:
+        return f"ZeRO-{s.zero_stage}"
+    return "FSDP2" + ("" if s.reshard_after_forward else " no-reshard") + (" offload" if s.offload_optimizer else "")
+
+
 def candidate(run: Workload, s: Setting, global_batch: int, gpu_memory: int) -> Candidate:
-    e = estimate(run, s)
     step = s.micro_batch * run.world
     accumulation = global_batch // step if global_batch % step == 0 else None
+    e = estimate(run, s, accumulation)
     return Candidate(
         e,
         accumulation,
         e.gpu_peak <= gpu_memory * (1 - HEADROOM),
         4 / 3 if s.checkpointing else 1.0,
-        1.5 if s.zero_stage == 3 else 1.0,
+        1.5 if s.zero_stage == 3 or (s.fsdp and s.reshard_after_forward) else 1.0,
     )
 
 
 def candidates(
-    run: Workload, global_batch: int, gpu_memory: int, liger_available: bool, quantize: str | None = None
+    run: Workload,
+    global_batch: int,
+    gpu_memory: int,
+    liger_available: bool,
+    quantize: str | None = None,
+    fsdp: bool = False,
 ) -> list[Candidate]:
     """Every ZeRO stage (and optimizer offload for 2 and 3) x checkpointing x micro-batch (liger on where
     available) that reaches `global_batch` exactly, fastest first; none when the ranks cannot share it evenly.
     A LoRA run keeps its base (`quantize`); a 16-bit one that fits nowhere is also tried on a 4-bit base: QLoRA
-    changes the weights the adapters train over, so it is offered only where no 16-bit base fits."""
-    out = _grid(run, global_batch, gpu_memory, liger_available, quantize)
+    changes the weights the adapters train over, so it is offered only where no 16-bit base fits. An FSDP2 run
+    (`fsdp`) gets FSDP2's rows (reshard after forward or not, CPU offload or not) before the ZeRO
+    stages', so that FSDP2 wins a tie."""
+    out = _grid(run, global_batch, gpu_memory, liger_available, quantize, fsdp)
     if run.lora is not None and quantize in (None, "none") and not any(c.fits for c in out):
-        out += _grid(run, global_batch, gpu_memory, liger_available, "4bit")
+        out += _grid(run, global_batch, gpu_memory, liger_available, "4bit", fsdp)
     return sorted(out, key=Candidate.speed_key)
 
 
 def _grid(
-    run: Workload, global_batch: int, gpu_memory: int, liger_available: bool, quantize: str | None
+    run: Workload,
+    global_batch: int,
+    gpu_memory: int,
+    liger_available: bool,
+    quantize: str | None,
+    fsdp: bool = False,
 ) -> list[Candidate]:
     micro = [m for m in MICRO_BATCHES if global_batch % (m * run.world) == 0]
     # liger changes no term (the loss is TRL's fused head either way), only speed: on wherever it can run.
-    return [
-        candidate(run, Setting(stage, offload, ckpt, m, liger_available, quantize), global_batch, gpu_memory)
+    settings = [
+        Setting(0, offload, ckpt, m, liger_available, quantize, True, reshard)
+        for (reshard, offload), ckpt, m in itertools.product(FSDP_MODES if fsdp else (), (False, True), micro)
+    ] + [
+        Setting(stage, offload, ckpt, m, liger_available, quantize)
         for (stage, offload), ckpt, m in itertools.product(STAGES, (False, True), micro)
     ]
+    return [candidate(run, s, global_batch, gpu_memory) for s in settings]
 
 
 @dataclass
@@ -616,7 +819,7 @@ class Fit:
 
 
 def fit(run: Workload, current: Setting, global_batch: int, gpu_memory: int, liger_available: bool) -> Fit:
-    found = candidates(run, global_batch, gpu_memory, liger_available, current.quantize)
+    found = candidates(run, global_batch, gpu_memory, liger_available, current.quantize, current.fsdp)
     return Fit(
         run,
         candidate(run, current, global_batch, gpu_memory),

@@ -17,7 +17,7 @@ from typing import Any
 from sftdoctor.run import TORCHRUN_DEFAULT_PORT, layout
 from sftdoctor.run.config import RunConfig
 from sftdoctor.run.embeddings import repair_ids
-from sftdoctor.run.fsdp import trainer_config
+from sftdoctor.run.fsdp import flag, trainer_config
 from sftdoctor.run.gpus import FLASH_MIN_CC, bf16_capable, devices, lacking, smallest_memory
 from sftdoctor.run.memory import Fit, Setting, Workload, fit
 from sftdoctor.run.schedule import trainer_warmup
@@ -617,7 +617,8 @@ def fsdp_settings(run: RunConfig, facts: Any, scale: dict[str, Any]) -> tuple[di
         "fsdp_state_dict": "checkpoints sharded (each rank writes its shard: resumable, no gather on rank 0); "
         "the final model gathered whole, so from_pretrained loads it",
         "fsdp_cpu_ram_efficient_loading": (
-            "on: rank 0 of each node reads the weights, the others start empty and receive their shards"
+            "on: each rank's shards are filled from rank 0's weights when accelerate shards the model (the others are "
+            "moved to the meta device); transformers 5.25 still reads the checkpoint on every rank at load"
             if loading
             else "off: "
             + (
@@ -847,12 +848,15 @@ def memory_fit(plan: Plan, shape: Shape, gpu_memory: int) -> Fit:
     run = Workload(
         shape, plan.world_size, plan.nproc_per_node, plan.max_length, plan.attn_implementation, plan.precision, lora
     )
+    fsdp = plan.fsdp or {}
     current = Setting(
         plan.zero_stage,
-        plan.offload_optimizer,
+        plan.offload_optimizer or bool(flag(fsdp, "cpu_offload")),
         plan.checkpointing,
         plan.per_device_batch_size,
         plan.liger_kernel,
         plan.lora["quantize"] if plan.lora is not None else None,
+        fsdp=plan.fsdp is not None,
+        reshard_after_forward=flag(fsdp, "reshard_after_forward", True) is not False,
     )
     return fit(run, current, plan.global_batch_size, gpu_memory, plan.liger_available)

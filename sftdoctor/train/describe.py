@@ -71,7 +71,7 @@ def sharding(plan: Plan) -> str:
         "reshard after forward" if fsdp.get("reshard_after_forward") else "no reshard after forward",
         "CPU offload" if fsdp.get("cpu_offload") else None,
         "FSDP's activation checkpointing" if fsdp.get("activation_checkpointing") else None,
-        "rank 0 loads the weights" if fsdp.get("cpu_ram_efficient_loading") else None,
+        "shards filled from rank 0's weights" if fsdp.get("cpu_ram_efficient_loading") else None,
         "checkpoints sharded, final model whole",
     ]
     return "FSDP2: " + "; ".join(p for p in parts if p)

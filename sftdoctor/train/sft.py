@@ -80,10 +80,11 @@ def partitioned_at_load(plan: Plan) -> bool:
 
 
 def load_on_rank_0(plan: Plan, args) -> None:
-    """FSDP's cpu_ram_efficient_loading: only each node's rank 0 reads the weights, the others start empty and
-    receive their shards when accelerate shards the model (fsdp2_load_full_state_dict). transformers 5.x
-    (`is_fsdp_enabled`, modeling_utils) reads it from these variables once the process group is up, which the
-    trainer's arguments start; accelerate sets them only when the Trainer exists, after the model loads."""
+    """FSDP's cpu_ram_efficient_loading, as accelerate expects it at load: transformers 5.x (`is_fsdp_enabled`,
+    modeling_utils) reads it from these variables once the process group is up (which the trainer's arguments
+    start) and leaves the weights of every rank but each node's rank 0 to accelerate, which moves them to the meta
+    device and fills the shards from rank 0's (fsdp2_load_full_state_dict). accelerate sets these only when the
+    Trainer exists, after the model has loaded."""
     from sftdoctor.run.fsdp import flag
 
     if plan.fsdp is None or not flag(plan.fsdp, "cpu_ram_efficient_loading"):

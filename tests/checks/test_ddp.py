@@ -80,14 +80,15 @@ def test_a_plan_that_left_the_search_off_over_unused_tensors_is_an_error(run, tm
 
 
 @pytest.mark.parametrize(
-    "launch, deepspeed, why",
+    "launch, sharding, why",
     [
-        ({"nproc_per_node": 1}, None, "one process"),
-        ({"nproc_per_node": 2}, {"zero_stage": 2}, "DeepSpeed's engine"),
+        ({"nproc_per_node": 1}, {}, "one process"),
+        ({"nproc_per_node": 2}, {"deepspeed": {"zero_stage": 2}}, "DeepSpeed's engine"),
+        ({"nproc_per_node": 2}, {"fsdp": {}}, "FSDP reduce-scatters"),
     ],
 )
-def test_no_ddp_reducer_no_verdict(run, tmp_path, launch, deepspeed, why):
-    sections = {"launch": launch, **({"deepspeed": deepspeed} if deepspeed else {})}
+def test_no_ddp_reducer_no_verdict(run, tmp_path, launch, sharding, why):
+    sections = {"launch": launch, **sharding}
     plan = plan_of(make_run(tmp_path, **sections), unused_parameters=probed("gemma-3-4b-it_full"))
     assert plan.ddp_find_unused_parameters is False
     skipped = run("ddp-unused-parameters", plan=plan)

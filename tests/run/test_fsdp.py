@@ -4,6 +4,7 @@ the plugin the Trainer builds is the one the launcher would have built, for ever
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,11 @@ def launched(path: Path, monkeypatch) -> dict | str:
     from accelerate.utils.launch import prepare_multi_gpu_env
 
     monkeypatch.setattr(plugin_module, "get_torch_accelerator_backend", lambda: ("cuda", None))  # FSDP1 refuses CPU
-    args = launch_command_parser().parse_args(["--config_file", str(path), "--num_processes", "2", "x.py"])
+    with socket.socket() as free:  # the launcher refuses a port in use (another test's rendezvous)
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    argv = ["--config_file", str(path), "--num_processes", "2", "--main_process_port", port, "x.py"]
+    args = launch_command_parser().parse_args(argv)
     try:
         args, *_ = _validate_launch_command(args)
         env = prepare_multi_gpu_env(args)
