@@ -819,12 +819,14 @@ class Fit:
 
 
 def fit(run: Workload, current: Setting, global_batch: int, gpu_memory: int, liger_available: bool) -> Fit:
+    """The current setting and the fastest that fits; a run that chose FSDP2 is recommended an FSDP2 setting (the
+    ZeRO rows stand beside it in the table, for comparison), one that did not a DeepSpeed one."""
     found = candidates(run, global_batch, gpu_memory, liger_available, current.quantize, current.fsdp)
     return Fit(
         run,
         candidate(run, current, global_batch, gpu_memory),
         found,
-        next((c for c in found if c.fits), None),
+        next((c for c in found if c.fits and c.setting.fsdp == current.fsdp), None),
         gpu_memory,
         global_batch,
     )

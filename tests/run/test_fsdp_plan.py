@@ -111,3 +111,25 @@ def test_a_given_accelerate_config_is_the_plans_with_the_version_accelerate_read
     assert plan.fsdp["version"] == 1 and plan.fsdp["reshard_after_forward"] == "FULL_SHARD"  # FSDP1's strategy
     assert plan.fsdp["cpu_ram_efficient_loading"] is True  # the launcher's default, not transformers' false
     assert plan.fsdp_source == str(tmp_path / "fsdp.yaml")
+
+
+def test_a_run_that_chose_fsdp2_is_recommended_an_fsdp2_setting_with_zero_beside_it(tmp_path):
+    import json
+    from pathlib import Path
+
+    from sftdoctor.run.resolve import memory_fit
+    from sftdoctor.run.shape import closed_form
+
+    config = json.loads((Path(__file__).parents[1] / "fixtures" / "model_config" / "Meta-Llama-3-8B.json").read_text())
+    run = make_run(
+        tmp_path,
+        fsdp={},
+        data={"max_length": 4096},
+        training={"global_batch_size": 64, "per_device_batch_size": 8, "gradient_checkpointing": False},
+        launch={"nproc_per_node": 8},
+    )
+    found = memory_fit(plan_of(run), closed_form(config), 80 * 2**30)
+    assert found.current.setting.fsdp and not found.current.fits  # micro-batch 8 of 4,096 tokens: no
+    assert found.recommended.setting.fsdp and found.recommended.fits
+    engines = {c.setting.fsdp for c in found.candidates if c.fits}
+    assert engines == {True, False}  # ZeRO's rows stand beside FSDP2's in the table
