@@ -124,3 +124,23 @@ def job_processes(run_dir):
         except psutil.Error:
             pass
     return alive
+
+
+def stopped_by_sigterm(cfg: Path, run_dir: Path, after_step: int = 3) -> tuple[int, str, int]:
+    """`train CFG --no-rehearse`, sent SIGTERM (as `scancel` or a time limit sends it) once step `after_step` is
+    logged: (its exit code, its output, the step every rank agreed to stop after)."""
+    import signal
+    import time
+
+    launcher = start("train", cfg, "--no-rehearse", stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while launcher.poll() is None and time.monotonic() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and any(m["step"] >= after_step for m in metrics(run_dir)):
+            break
+        time.sleep(0.2)
+    assert launcher.poll() is None, launcher.communicate()[0][-3000:]
+    launcher.send_signal(signal.SIGTERM)
+    out = launcher.communicate(timeout=120)[0]
+    agreed = [line for line in out.splitlines() if "every rank stops after step" in line]
+    assert len(agreed) == 1 and "with a checkpoint" in agreed[0], out[-3000:]
+    return launcher.returncode, out, int(agreed[0].split("after step ")[1].split()[0])

@@ -10,7 +10,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "bench" / "gpu" / "run.py"
-STEPS = ["machine", "packing_probe", "throughput", "watch_overhead", "memory_plan", "allreduce", "flight_recorder"]
+STEPS = [
+    "machine",
+    "packing_probe",
+    "throughput",
+    "watch_overhead",
+    "memory_plan",
+    "sharding",
+    "allreduce",
+    "flight_recorder",
+]
 
 
 def test_help_needs_no_torch():
@@ -42,11 +51,11 @@ def test_cpu_rehearsal_runs_every_step(tmp_path):
             "--fixture-dir",
             str(fixture),
             "--budget-s",
-            "420",
+            "480",
         ],
         capture_output=True,
         text=True,
-        timeout=540,
+        timeout=600,
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -76,3 +85,10 @@ def test_cpu_rehearsal_runs_every_step(tmp_path):
     assert figures["sftdoctor tokens/s"] > 0 and figures["TRL tokens/s"] > 0
     assert results["steps"]["allreduce"]["figures"]["ranks, backend"] == "2, gloo"
     assert results["steps"]["flight_recorder"]["figures"]["entries"] > 0
+    # FSDP2 trained on 2 gloo ranks; the ZeRO runs and the GPU memory are said to be left out, with the reason
+    sharding = results["steps"]["sharding"]["figures"]
+    assert sharding["ranks"] == "2 (gloo, CPU)"
+    assert sharding["FSDP2 tokens/s"] > 0
+    assert sharding["FSDP2 peak host RSS, max over ranks (GiB)"] > 0
+    assert "sharding / ZeRO-3: CPU rehearsal" in missing
+    assert "sharding / FSDP2: measured GPU memory" in missing

@@ -1,13 +1,19 @@
-"""The watchers under FSDP2 on 2 CPU ranks, as under DDP: a poisoned row traced to its line on every rank, a hang
-named by the rank behind and read by the flight recorder (FSDP's own all-gather), and SIGTERM saving the sharded
-state both ranks agree on, from which --resume finishes the run."""
-
-import signal
-import subprocess
-import time
+"""The watchers under FSDP2 on 2 CPU ranks, as under DDP: every rank's rows of a non-finite step named by file and
+line, a hang named by the rank behind and read by the flight recorder (FSDP's own all-gather), and SIGTERM saving
+the sharded state both ranks agree on, from which --resume finishes the run."""
 
 import pytest
-from trainrun import HANG_EXIT, NAN_EXIT, complete, config, job_processes, metrics, runtime_findings, start, train
+from trainrun import (
+    HANG_EXIT,
+    NAN_EXIT,
+    complete,
+    config,
+    job_processes,
+    metrics,
+    runtime_findings,
+    stopped_by_sigterm,
+    train,
+)
 
 pytestmark = pytest.mark.slow  # end-to-end: real 2-rank FSDP2 runs
 
@@ -80,19 +86,8 @@ def test_sigterm_under_fsdp2_saves_the_agreed_step_sharded_and_the_resume_finish
         training={"packing": False, "max_steps": 30, "save_steps": 1000, "logging_steps": 1},
     )
     run_dir = tmp_path / "out"
-    launcher = start("train", cfg, "--no-rehearse", stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    while launcher.poll() is None and time.monotonic() < deadline:
-        if (run_dir / "metrics.jsonl").exists() and any(m["step"] >= 3 for m in metrics(run_dir)):
-            break
-        time.sleep(0.2)
-    assert launcher.poll() is None, launcher.communicate()[0][-3000:]
-    launcher.send_signal(signal.SIGTERM)
-    out = launcher.communicate(timeout=120)[0]
-    assert launcher.returncode == 143, out[-3000:]
-    agreed = [line for line in out.splitlines() if "every rank stops after step" in line]
-    assert len(agreed) == 1 and "with a checkpoint" in agreed[0], out[-3000:]
-    stop = int(agreed[0].split("after step ")[1].split()[0])
+    code, out, stop = stopped_by_sigterm(cfg, run_dir)
+    assert code == 143, out[-3000:]
     assert complete(run_dir) == [f"checkpoint-{stop}"]
     shards = sorted(p.name for p in (run_dir / f"checkpoint-{stop}" / "pytorch_model_fsdp_0").iterdir())
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"], shards

@@ -2,13 +2,11 @@
 
 import os
 import signal
-import subprocess
-import time
 from types import SimpleNamespace
 
 import pytest
 import torch
-from trainrun import complete, config, metrics, start, train
+from trainrun import complete, config, metrics, stopped_by_sigterm, train
 from transformers import TrainerControl, TrainerState
 
 from sftdoctor.train.stopping import ASSUMED_WRITE_BPS, SaveOnSignal, checkpoint_bytes, save_fits
@@ -83,19 +81,8 @@ def test_sigterm_makes_both_ranks_save_the_step_they_agree_on_and_the_resume_fin
         training={"packing": False, "max_steps": 40, "save_steps": 1000, "logging_steps": 1},
     )
     run_dir = tmp_path / "out"
-    launcher = start("train", cfg, "--no-rehearse", stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    while launcher.poll() is None and time.monotonic() < deadline:
-        if (run_dir / "metrics.jsonl").exists() and any(m["step"] >= 3 for m in metrics(run_dir)):
-            break
-        time.sleep(0.2)
-    assert launcher.poll() is None, launcher.communicate()[0][-3000:]
-    launcher.send_signal(signal.SIGTERM)
-    out = launcher.communicate(timeout=90)[0]
-    assert launcher.returncode == 143, out[-3000:]
-    agreed = [line for line in out.splitlines() if "every rank stops after step" in line]
-    assert len(agreed) == 1 and "with a checkpoint" in agreed[0], out[-3000:]
-    stop = int(agreed[0].split("after step ")[1].split()[0])
+    code, out, stop = stopped_by_sigterm(cfg, run_dir)
+    assert code == 143, out[-3000:]
     assert 3 < stop < 40 and complete(run_dir) == [f"checkpoint-{stop}"]
     assert f"SIGTERM: checkpoint-{stop} saved in" in out
     assert f"checkpoint-{stop}; resume with: sftdoctor train {cfg} --resume" in out

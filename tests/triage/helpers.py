@@ -94,3 +94,15 @@ PASTES = {
     "wrapped at 80": wrapped,
     "quoted and wrapped": lambda text: quoted(wrapped(text)),
 }
+
+
+# The opening of a child process with a one-rank gloo device mesh (`mesh`), where torch's DTensor raises as it does
+# in an FSDP2 run; the test appends what it makes torch raise.
+ONE_RANK_MESH = (
+    "import os, torch, torch.distributed as dist\n"
+    "from torch.distributed.device_mesh import init_device_mesh\n"
+    "from torch.distributed.tensor import distribute_tensor, Shard\n"
+    "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='0', RANK='0', WORLD_SIZE='1')\n"
+    "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+    "mesh = init_device_mesh('cpu', (1,))\n"
+)

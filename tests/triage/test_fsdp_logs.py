@@ -15,7 +15,7 @@ import textwrap
 import traceback
 
 import pytest
-from triage.helpers import LOGS, by_file, log_bytes, problems, quoted
+from triage.helpers import LOGS, ONE_RANK_MESH, by_file, log_bytes, problems, quoted
 
 from sftdoctor import triage
 from sftdoctor.triage import diagnose
@@ -242,13 +242,7 @@ def test_accelerates_fsdp2_prepare_refusals_are_named(needle):
 
 def test_torchs_clipping_over_dtensor_and_plain_gradients_is_named():
     """A one-process gloo mesh in a child process: clip_grad_norm_ over a DTensor and a plain gradient."""
-    code = (
-        "import os, torch, torch.distributed as dist\n"
-        "from torch.distributed.device_mesh import init_device_mesh\n"
-        "from torch.distributed.tensor import distribute_tensor, Shard\n"
-        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='0', RANK='0', WORLD_SIZE='1')\n"
-        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
-        "mesh = init_device_mesh('cpu', (1,))\n"
+    code = ONE_RANK_MESH + (
         "sharded = torch.nn.Parameter(distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)]))\n"
         "sharded.grad = distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)])\n"
         "plain = torch.nn.Parameter(torch.ones(4))\n"

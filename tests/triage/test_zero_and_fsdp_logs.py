@@ -10,7 +10,7 @@ import traceback
 from types import SimpleNamespace
 
 import pytest
-from triage.helpers import LOGS, log_bytes, problems
+from triage.helpers import LOGS, ONE_RANK_MESH, log_bytes, problems
 
 from sftdoctor.triage import diagnose
 
@@ -113,15 +113,8 @@ def test_fsdps_flat_parameter_messages_are_named(tensors, signature):
 
 def test_dtensors_mixing_message_is_named():
     """A one-process gloo mesh in a child process: a DTensor times a plain tensor."""
-    code = (
-        "import os, torch, torch.distributed as dist\n"
-        "from torch.distributed.device_mesh import init_device_mesh\n"
-        "from torch.distributed.tensor import distribute_tensor, Shard\n"
-        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT='0', RANK='0', WORLD_SIZE='1')\n"
-        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
-        "mesh = init_device_mesh('cpu', (1,))\n"
-        "w = distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)])\n"
-        "torch.mm(torch.ones(4, 4), w)\n"
+    code = ONE_RANK_MESH + (
+        "w = distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)])\ntorch.mm(torch.ones(4, 4), w)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "got mixed torch.Tensor and DTensor" in proc.stderr, proc.stderr[-2000:]
