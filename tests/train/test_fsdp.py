@@ -105,3 +105,48 @@ def test_lora_under_fsdp2_trains_and_saves_an_adapter_that_loads_on_its_base(tmp
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         assert torch.isfinite(model(input_ids=ids).logits).all()
+
+
+ACCELERATE_YAML = """compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+fsdp_config:
+  fsdp_version: 2
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_cpu_ram_efficient_loading: {loading}
+  fsdp_reshard_after_forward: true
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+"""
+
+
+def test_an_accelerate_config_trains_and_rank_0s_weights_fill_every_shard(tmp_path):
+    """`[fsdp] config` with pretrained weights: with cpu_ram_efficient_loading the ranks other than 0 start empty
+    and receive rank 0's weights; the first step's loss is the one every rank loading its own copy gives."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    model = tmp_path / "model"
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(TINY / "model"))).save_pretrained(str(model))
+    AutoTokenizer.from_pretrained(str(TINY / "model")).save_pretrained(str(model))
+    first = {}
+    for loading in ("true", "false"):
+        folder = tmp_path / loading
+        folder.mkdir()
+        (folder / "fsdp.yaml").write_text(ACCELERATE_YAML.format(loading=loading))
+        cfg = config(
+            folder,
+            TINY,
+            training={**FAST, "max_steps": 2, "save_steps": 2},
+            launch={"nproc_per_node": 2},
+            extra={"fsdp": {"config": str(folder / "fsdp.yaml")}},
+        )
+        text = cfg.read_text().replace(f'path = "{TINY / "model"}"', f'path = "{model}"')
+        cfg.write_text(text.replace('weights = "random"', 'weights = "pretrained"'))
+        proc = train(cfg, "--no-rehearse")
+        assert proc.returncode == 0, said(proc)
+        assert f"sharding        FSDP2 ({folder / 'fsdp.yaml'})" in proc.stdout
+        resolved = json.loads((folder / "out" / "resolved.json").read_text())
+        assert resolved["fsdp"]["cpu_ram_efficient_loading"] is (loading == "true")
+        first[loading] = metrics(folder / "out")[0]["loss"]
+    assert first["true"] == pytest.approx(first["false"], rel=1e-5), first
