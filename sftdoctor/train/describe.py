@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sftdoctor.facts import Facts
 from sftdoctor.run import Plan
+from sftdoctor.run.resolve import FSDP_GENERATED
 
 
 def schedule(plan: Plan) -> str:
@@ -64,7 +65,7 @@ def sharding(plan: Plan) -> str:
     if plan.fsdp is None:
         return "none (DDP)" if plan.world_size > 1 else "none"
     fsdp, reasons = plan.fsdp, plan.reasons
-    if plan.fsdp_source != "generated for [fsdp]":
+    if plan.fsdp_source != FSDP_GENERATED:
         return f"FSDP{fsdp.get('version', 2)} ({plan.fsdp_source})"
     parts = [
         reasons.get("fsdp_sharding", "full"),
