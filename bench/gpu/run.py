@@ -1,7 +1,8 @@
 """sftdoctor's GPU paths on a real GPU, in one command and a few minutes: the machine's facts and check (kept
 as a recorded fixture), sftdoctor's trainer against plain TRL (tokens/s and MFU), the packing probe under each
 attention implementation, the memory plan against torch.cuda.max_memory_allocated, all-reduce bus bandwidth
-against a plain NCCL loop, the flight recorder, and the watchers' overhead.
+against a plain NCCL loop, the flight recorder, the watchers' overhead, and FSDP2 beside ZeRO-2 and ZeRO-3
+(tokens/s, peak GPU memory against the plan's).
 
     python bench/gpu/run.py [--budget-s 480] [--out RESULTS.json] [--fixture-dir DIR] [--only STEP,...]
     python bench/gpu/run.py --cpu-rehearsal          # the same steps on a CPU with the tiny model (CI)
@@ -48,6 +49,7 @@ def expected_s(ctx: Context, name: str) -> float:
         "throughput": 150,
         "watch_overhead": 70,
         "memory_plan": 150,
+        "sharding": 150,
         "allreduce": 70,
         "flight_recorder": 25,
     }
@@ -57,6 +59,7 @@ def expected_s(ctx: Context, name: str) -> float:
         "throughput": 110,
         "watch_overhead": 45,
         "memory_plan": 25,
+        "sharding": 100,
         "allreduce": 40,
         "flight_recorder": 3,
     }  # measured on a busy 2-core machine, cold caches
@@ -75,6 +78,7 @@ STEPS: list[tuple[str, Callable[[Context], dict[str, Any]]]] = [
     ("throughput", steps.throughput),
     ("watch_overhead", steps.watch_overhead),
     ("memory_plan", steps.memory_plan),
+    ("sharding", steps.sharding),
     ("allreduce", steps.allreduce),
     ("flight_recorder", steps.flight_recorder),
 ]

@@ -31,7 +31,12 @@ FLASH = {
 
 
 def run_config(
-    ctx: Context, name: str, steps: int | None = None, batch: int | None = None, training: dict[str, Any] | None = None
+    ctx: Context,
+    name: str,
+    steps: int | None = None,
+    batch: int | None = None,
+    training: dict[str, Any] | None = None,
+    sections: dict[str, dict[str, Any]] | None = None,
 ) -> Path:
     load = ctx.load
     return wl.write_config(
@@ -41,10 +46,11 @@ def run_config(
         steps or load.max_steps,
         batch or load.batch,
         training,
+        sections,
     )
 
 
-def train(ctx: Context, name: str, config: Path, share: float = 1.0, **env: str) -> dict[str, Any]:
+def train(ctx: Context, name: str, config: Path, share: float = 1.0, pin: bool = True, **env: str) -> dict[str, Any]:
     """`sftdoctor train CONFIG` on one GPU (or the CPU), once per name: what it resolved (resolved.json), its
     step records (metrics.jsonl) and its gate's verdict. The checkpoint and final model are deleted (GBs).
     --force: a gate error is recorded, not a reason to lose the run; --no-rehearse: one process, no DeepSpeed."""
@@ -62,7 +68,7 @@ def train(ctx: Context, name: str, config: Path, share: float = 1.0, **env: str)
             "--force",
             "--no-rehearse",
             timeout=ctx.share(share),
-            env=ctx.env(pin=True, **env),
+            env=ctx.env(pin=pin, **env),
         )
         run_dir = ctx.work / "runs" / name
         records = wl.read_records(run_dir / "metrics.jsonl")
@@ -100,7 +106,7 @@ def settings(plan: dict[str, Any]) -> str:
     )
 
 
-def sftdoctor_plan(ctx: Context, config: Path, timeout: float) -> dict[str, Any]:
+def sftdoctor_plan(ctx: Context, config: Path, timeout: float, pin: bool = True) -> dict[str, Any]:
     """`sftdoctor plan CONFIG --json` (exit 1 only says the setting does not fit), once per config."""
     plans = ctx.memo.setdefault("plans", {})
     if config not in plans:
@@ -113,7 +119,7 @@ def sftdoctor_plan(ctx: Context, config: Path, timeout: float) -> dict[str, Any]
             *memory,
             timeout=timeout,
             ok=(0, 1),
-            env=ctx.env(pin=True),
+            env=ctx.env(pin=pin),
         )
         plans[config] = last_json(stdout)
     return plans[config]
@@ -498,6 +504,131 @@ def memory_settings(ctx: Context) -> list[tuple[str, str, Path]]:
             run_config(ctx, "memory-c", load.memory_steps, half, {"gradient_checkpointing": checkpointing}),
         ),
     ]
+
+
+# ================================================================ sharding: FSDP2 beside ZeRO-2 and ZeRO-3
+
+ENGINES = {  # label: the run config's sharding section ({}: the bare header, every key at its default)
+    "ZeRO-2": {"deepspeed": {"zero_stage": 2}},
+    "ZeRO-3": {"deepspeed": {"zero_stage": 3}},
+    "FSDP2": {"fsdp": {}},
+}
+REHEARSED_ENGINES = ["FSDP2"]  # the CPU rehearsal's time allows one 2-rank run: the new engine's
+
+
+def sharding(ctx: Context) -> dict[str, Any]:
+    """The throughput workload trained with each sharding engine on every GPU (2 gloo ranks in the rehearsal):
+    real tokens/s after the warm-up, peak GPU memory (max_memory_allocated) and the plan's predicted peak for the
+    same config (`sftdoctor plan --json`) next to it. The rehearsal trains FSDP2 only and reads host RSS instead."""
+    ranks = 2 if ctx.rehearsal else len(ctx.cuda_devices)
+    if not ctx.rehearsal and not ctx.cuda:
+        return {"skipped": ctx.why_no_cuda()}
+    figures: dict[str, Any] = {"ranks": f"{ranks} ({'gloo, CPU' if ctx.rehearsal else 'nccl'})"}
+    not_run: dict[str, str] = {}
+    detail: dict[str, Any] = {}
+    engines = REHEARSED_ENGINES if ctx.rehearsal else list(ENGINES)
+    if ranks < 2:  # sftdoctor refuses it (fsdp-world), as transformers would: nothing to shard over
+        engines = [label for label in engines if label != "FSDP2"]
+        not_run["FSDP2"] = f"{ranks} GPU: FSDP shards over 2 ranks or more (the fsdp-world check refuses one)"
+    for label in ENGINES:
+        if label not in engines and label not in not_run:
+            not_run[label] = "CPU rehearsal: only the FSDP2 run fits its time (the ZeRO runs take the same code path)"
+    rates, peaks = {}, {}
+    for index, label in enumerate(engines):
+        config = sharded_config(ctx, label, ranks)
+        left = len(engines) - index
+        detail[label] = {}
+        planned = engine_plan(ctx, label, config, left, figures, not_run, detail[label])
+        try:
+            run = train(ctx, f"sharding-{label.lower()}", config, share=1 / left, pin=False)
+        except procs.ChildFailed as exc:
+            figures[f"{label}: run"] = f"failed: {exc.line}"
+            detail[label]["output_tail"] = exc.tail
+            continue
+        rates[label] = wl.tokens_per_second(run["records"], ctx.load.warmup)
+        figures[f"{label} tokens/s"] = rates[label]
+        figures[f"{label} median step (s)"] = wl.median_step_s(run["records"], ctx.load.warmup)
+        figures[f"{label} settings"] = settings(run["plan"])
+        peaks[label] = engine_memory(ctx, label, run["records"], planned, figures, not_run)
+    for a, b in (("FSDP2", "ZeRO-3"), ("FSDP2", "ZeRO-2")):
+        if rates.get(a) and rates.get(b):
+            figures[f"ratio {a} / {b} (tokens/s)"] = rates[a] / rates[b]
+        if peaks.get(a) and peaks.get(b):
+            figures[f"ratio {a} / {b} (peak GPU memory)"] = peaks[a] / peaks[b]
+    if not rates:
+        raise procs.ChildFailed("no sharding engine trained", procs.tail(json.dumps(detail, default=str)))
+    return {"figures": figures, "not_run": not_run, "detail": detail}
+
+
+def sharded_config(ctx: Context, label: str, ranks: int) -> Path:
+    """The throughput run's config on `ranks` processes (global batch = micro-batch x ranks) with one engine."""
+    load = ctx.load
+    return run_config(
+        ctx,
+        f"sharding-{label.lower()}",
+        training={"global_batch_size": load.batch * ranks},
+        sections={"launch": {"nproc_per_node": ranks, "master_port": "auto"}, **ENGINES[label]},
+    )
+
+
+def engine_plan(
+    ctx: Context,
+    label: str,
+    config: Path,
+    runs_left: int,
+    figures: dict[str, Any],
+    not_run: dict[str, str],
+    detail: dict[str, Any],
+) -> dict[str, Any] | None:
+    """The plan's estimate for the engine's config, or None (with the reason) when the plan failed or modelled
+    another engine than the config's: a peak for the wrong engine would be no prediction of this one."""
+    try:  # a run is worth about four plans
+        current = sftdoctor_plan(ctx, config, timeout=ctx.share(1 / (1 + 4 * runs_left)), pin=False)["current"]
+    except (procs.ChildFailed, ValueError, KeyError) as exc:
+        figures[f"{label}: predicted"] = f"failed: {exc}"
+        detail["plan_output_tail"] = getattr(exc, "tail", "")
+        return None
+    setting = current["setting"]
+    detail["plan_setting"] = setting
+    detail["terms_gib"] = {t["name"]: t["bytes"] / GIB for t in current["gpu_terms"]}
+    wanted = ENGINES[label]
+    modelled = "FSDP2" if setting.get("fsdp") else f"ZeRO-{setting.get('zero_stage')}"
+    if modelled != label:
+        not_run[f"{label}: predicted peak"] = (
+            f"`sftdoctor plan --json` modelled this config as {modelled} (current.setting {json.dumps(setting)}), "
+            f"not as its {json.dumps(wanted)}; its {current['gpu_peak_bytes'] / GIB:.3g} GiB is in the JSON only"
+        )
+        detail["plan_peak_gib_other_engine"] = current["gpu_peak_bytes"] / GIB
+        return None
+    return current
+
+
+def engine_memory(
+    ctx: Context,
+    label: str,
+    records: list[dict[str, Any]],
+    planned: dict[str, Any] | None,
+    figures: dict[str, Any],
+    not_run: dict[str, str],
+) -> float | None:
+    """Measured peak GPU memory (the largest memory_allocated_gib: each record's peak since the one before, the
+    max over ranks) beside the plan's predicted peak and live tensors; host RSS where there is no GPU."""
+    if planned:
+        terms = {t["name"]: t["bytes"] for t in planned["gpu_terms"]}
+        live = planned["gpu_peak_bytes"] - terms.get("fragmentation", 0) - terms.get("CUDA context and NCCL", 0)
+        figures[f"{label} predicted peak (GiB)"] = planned["gpu_peak_bytes"] / GIB
+        figures[f"{label} predicted live tensors (GiB)"] = live / GIB
+    allocated = wl.peak_gib(records, "memory_allocated_gib")
+    if allocated is None:
+        not_run[f"{label}: measured GPU memory"] = f"the run logged no CUDA memory ({ctx.why_no_cuda()})"
+        figures[f"{label} peak host RSS, max over ranks (GiB)"] = wl.peak_gib(records, "host_rss_gib")
+        return None
+    figures[f"{label} measured max_memory_allocated (GiB)"] = allocated
+    figures[f"{label} measured max_memory_reserved (GiB)"] = wl.peak_gib(records, "memory_reserved_gib")
+    if planned:
+        figures[f"{label} predicted peak / measured allocated"] = planned["gpu_peak_bytes"] / GIB / allocated
+        figures[f"{label} predicted live / measured allocated"] = live / GIB / allocated
+    return allocated
 
 
 # ================================================================ all-reduce bus bandwidth and the flight recorder

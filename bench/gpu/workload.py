@@ -140,10 +140,17 @@ def toml_value(value: Any) -> str:
 
 
 def write_config(
-    path: Path, load: Workload, output_dir: Path, steps: int, batch: int, training: dict[str, Any] | None = None
+    path: Path,
+    load: Workload,
+    output_dir: Path,
+    steps: int,
+    batch: int,
+    training: dict[str, Any] | None = None,
+    sections: dict[str, dict[str, Any]] | None = None,
 ) -> Path:
-    """A run config over the workload on one process; sftdoctor decides everything not given here."""
-    sections = {
+    """A run config over the workload on one process; sftdoctor decides everything not given here. `sections`
+    adds sections ([deepspeed], [fsdp]: {} writes the bare header) or replaces one ([launch])."""
+    written = {
         "model": {"path": load.model_dir, "weights": "random"},
         "data": {"train": load.data, "max_length": load.max_length},
         "training": {
@@ -157,9 +164,10 @@ def write_config(
             **(training or {}),
         },
         "launch": {"nproc_per_node": 1, "master_port": "auto"},
+        **(sections or {}),
     }
     lines = []
-    for name, values in sections.items():
+    for name, values in written.items():
         lines += [f"[{name}]", *(f"{key} = {toml_value(value)}" for key, value in values.items()), ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
