@@ -47,6 +47,8 @@ def fsdp_without_a_gpu(trainer) -> bool:
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     state = trainer.accelerator.state
+    if state.distributed_type == DistributedType.NO:  # the fsdp-world check refuses this before any launch
+        raise RuntimeError("FSDP in a process of its own: there is no other rank to shard over (fsdp-world)")
     if state.distributed_type != DistributedType.MULTI_CPU:
         raise _missing(
             "accelerate", "an FSDP plugin after Accelerator()", "1.16.0", f"FSDP on {state.distributed_type}"
