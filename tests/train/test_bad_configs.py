@@ -23,8 +23,8 @@ BROKEN = [
     (
         "unknown section",
         GOOD + "[trianing]\nseed = 1\n",
-        "[trianing]: unknown section; expected one of model, data, training, deepspeed, launch, report, watch, lora, "
-        "eval, slurm, checks (did you mean 'training'?)",
+        "[trianing]: unknown section; expected one of model, data, training, deepspeed, fsdp, launch, report, watch, "
+        "lora, eval, slurm, checks (did you mean 'training'?)",
     ),
     (
         "unknown key",

@@ -240,7 +240,7 @@ def test_lora_on_two_processes_deepspeed_zero2(tmp_path):
     )
     proc = train(cfg, "--no-rehearse")
     assert proc.returncode == 0, said(proc)
-    assert re.search(r"deepspeed +ZeRO-2", proc.stdout) and "sftdoctor: run complete: 2 steps" in proc.stdout
+    assert re.search(r"sharding +DeepSpeed ZeRO-2", proc.stdout) and "sftdoctor: run complete: 2 steps" in proc.stdout
     run_dir = tmp_path / "out"
     assert complete(run_dir) == ["checkpoint-2"]
     assert list((run_dir / "checkpoint-2").glob("global_step2/*optim_states.pt"))  # DeepSpeed's own partitions

@@ -44,7 +44,9 @@ def test_only_the_silenced_message_of_a_check_is_silenced(tmp_path, rank0):
 def guard(tmp_path, silenced):
     """A Guard on no trainer: only what its non-finite path reads (the plan, a learning rate, the reporter)."""
     g = watch.Guard.__new__(watch.Guard)
-    g.plan = types.SimpleNamespace(on_nan="stop", max_skips=3, deepspeed=None, precision="bf16", silenced=silenced)
+    g.plan = types.SimpleNamespace(
+        on_nan="stop", max_skips=3, deepspeed=None, fsdp=None, precision="bf16", silenced=silenced
+    )
     g.trainer = types.SimpleNamespace(lr_scheduler=types.SimpleNamespace(get_last_lr=lambda: [1e-5]))
     g.run_dir, g.reporter = tmp_path, watch.Reporter(tmp_path, plugins=False, silenced=silenced)
     g.last_finite, g.skips, g.skip_next = {"loss": 2.0, "grad_norm": 1.0}, 0, False
