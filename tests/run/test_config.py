@@ -69,9 +69,12 @@ def test_invalid_toml_is_one_line(tmp_path):
 
 @given(
     st.dictionaries(
-        st.sampled_from(["model", "launch", "deepspeed", "data"]),
+        st.sampled_from(["model", "launch", "deepspeed", "data", "fsdp", "eval"]),
         st.dictionaries(
-            st.sampled_from(["path", "precision", "nnodes", "master_port", "zero_stage", "config"]),
+            st.sampled_from(
+                ["path", "precision", "nnodes", "master_port", "zero_stage", "config", "sharding", "offload"]
+                + ["reshard_after_forward", "every_n_checkpoints", "tasks"]
+            ),
             JSONISH.filter(lambda v: v is not None),
             max_size=4,
         ),
