@@ -570,8 +570,8 @@ def checkpointing_twice(c: Config, f: Facts) -> list[Finding | NotJudged]:
     """transformers 5.25 trainer.py Trainer.create_accelerator_and_postprocess (4.33-4.x: Trainer.__init__)."""
     if c.flag("activation_checkpointing") is not True:
         return []
-    if f.plan is not None:
-        trainer, arg = f.plan.checkpointing, f.plan.checkpointing_arg
+    if f.plan is not None:  # what the run passes the Trainer: off where its [fsdp] has FSDP checkpoint instead
+        trainer, arg = reading.trainer_checkpointing(f.plan), f.plan.checkpointing_arg
     elif f.run is not None and isinstance(f.run.training.gradient_checkpointing, bool):
         trainer, arg = f.run.training.gradient_checkpointing, "activation_checkpointing"
     else:

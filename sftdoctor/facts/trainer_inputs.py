@@ -67,9 +67,11 @@ def load_data(plan: Plan):
 def sft_config(plan: Plan, has_eval: bool):
     from trl import SFTConfig
 
+    from sftdoctor.run.fsdp import trainer_checkpointing
+
     steps = {"max_steps": plan.max_steps} if plan.max_steps else {"num_train_epochs": plan.epochs}
     arg = plan.checkpointing_arg
-    checkpointing = plan.checkpointing and not fsdp_checkpoints(plan)  # once: FSDP's or the trainer's
+    checkpointing = trainer_checkpointing(plan)
     args = {
         "output_dir": plan.output_dir,
         "per_device_train_batch_size": plan.per_device_batch_size,
@@ -111,13 +113,6 @@ def sft_config(plan: Plan, has_eval: bool):
         "use_cpu": not plan.cuda,
     }
     return SFTConfig(**args)  # no silent filtering: an argument the installed version lacks must fail loudly
-
-
-def fsdp_checkpoints(plan: Plan) -> bool:
-    """Whether FSDP applies activation checkpointing itself."""
-    from sftdoctor.run.fsdp import flag
-
-    return bool(flag(plan.fsdp or {}, "activation_checkpointing"))
 
 
 def fsdp_args(plan: Plan) -> dict[str, Any]:

@@ -71,3 +71,9 @@ def trainer_config(version: int, keys: dict[str, Any]) -> dict[str, Any]:
         "use_orig_params": keys.get("use_orig_params", True),
         "sync_module_states": keys.get("sync_module_states", True),
     }
+
+
+def trainer_checkpointing(plan) -> bool:
+    """Whether the Trainer's own activation checkpointing is on: the plan's, unless FSDP checkpoints the wrapped
+    layers itself (once, never both: transformers 5.x Trainer.create_accelerator_and_postprocess refuses the pair)."""
+    return plan.checkpointing and not flag(plan.fsdp or {}, "activation_checkpointing")

@@ -260,6 +260,16 @@ def test_fsdp_activation_checkpointing_with_the_runs_is_refused(judge):
     assert "activation checkpointing twice (no run config given" in unknown.title
 
 
+def test_a_run_that_trains_with_the_config_checkpoints_once_and_is_not_refused(judge):
+    """`[fsdp] config` = this YAML (FSDP's checkpointing on) with the run's gradient checkpointing on: the plan
+    hands the Trainer only FSDP's (run/fsdp.py trainer_checkpointing), so transformers has no pair to refuse."""
+    path = str(FIXTURES / "fsdp" / "trl_context_parallel_2gpu.yaml")
+    run = run_of(training={"gradient_checkpointing": True}, fsdp={"config": path}, launch={"nproc_per_node": 2})
+    plan = plan_of(run, fsdp_config=config("trl_context_parallel_2gpu.yaml"))
+    assert plan.checkpointing and plan.fsdp["activation_checkpointing"] is True
+    assert "checkpointing-twice" not in ids(judge("trl_context_parallel_2gpu.yaml", plan=plan, run=run))
+
+
 def test_a_sharded_state_dict_saves_no_model_and_says_how_to_merge(judge):
     found = said(judge("peft_tests_fsdp2_config.yaml"), "state-dict-saves-no-model")
     assert "Trainer.save_model writes no model" in found.title and "accelerate merge-weights" in found.fix
