@@ -3,6 +3,7 @@ and how to diagnose one of its files."""
 
 import io
 import textwrap
+import traceback
 
 from conftest import FIXTURES, index
 
@@ -106,3 +107,12 @@ ONE_RANK_MESH = (
     "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
     "mesh = init_device_mesh('cpu', (1,))\n"
 )
+
+
+def raised(func) -> str:
+    """The traceback `func` raises, as a log would print it (the message is what the caller tests)."""
+    try:
+        func()
+    except Exception:  # noqa: BLE001 - the message is what is under test
+        return traceback.format_exc()
+    raise AssertionError("expected an exception")

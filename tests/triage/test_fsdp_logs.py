@@ -12,10 +12,9 @@ import io
 import subprocess
 import sys
 import textwrap
-import traceback
 
 import pytest
-from triage.helpers import LOGS, ONE_RANK_MESH, by_file, log_bytes, problems, quoted
+from triage.helpers import LOGS, ONE_RANK_MESH, by_file, log_bytes, problems, quoted, raised
 
 from sftdoctor import triage
 from sftdoctor.triage import diagnose
@@ -185,14 +184,6 @@ def test_an_fsdp_allgather_hang_of_the_legacy_format_names_its_op():
 
 
 # ---- the installed stack's own messages (accelerate 1.16, transformers 5.25, torch 2.13 CPU)
-
-
-def raised(func) -> str:
-    try:
-        func()
-    except Exception:  # noqa: BLE001 - the message is what is under test
-        return traceback.format_exc()
-    raise AssertionError("expected an exception")
 
 
 def plugin(**options):

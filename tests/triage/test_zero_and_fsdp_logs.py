@@ -6,11 +6,10 @@ messages raised here by the installed torch and DeepSpeed, so that the signature
 import io
 import subprocess
 import sys
-import traceback
 from types import SimpleNamespace
 
 import pytest
-from triage.helpers import LOGS, ONE_RANK_MESH, log_bytes, problems
+from triage.helpers import LOGS, ONE_RANK_MESH, log_bytes, problems, raised
 
 from sftdoctor.triage import diagnose
 
@@ -39,14 +38,6 @@ def problems_title(entry) -> str:
 
 
 # ---- the installed stack's own messages (torch 2.13 CPU, DeepSpeed 0.19.8)
-
-
-def raised(func) -> str:
-    try:
-        func()
-    except Exception:  # noqa: BLE001 - the message is what is under test
-        return traceback.format_exc()
-    raise AssertionError("expected an exception")
 
 
 def test_torchs_messages_for_a_partitioned_parameter_are_named():
