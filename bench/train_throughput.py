@@ -75,12 +75,10 @@ def write_data(path: Path, rows: int, max_length: int, seed: int = 0) -> dict:
     return {"median": lengths[len(lengths) // 2], "p95": lengths[int(len(lengths) * 0.95)], "max": lengths[-1]}
 
 
-def sftdoctor_run(work: Path, data: Path, max_length: int, rows: int) -> dict:
-    """`sftdoctor train` with every automatic choice left to it, on the CPU."""
-    out = work / "sftdoctor"
-    shutil.rmtree(out, ignore_errors=True)
-    config = work / "run.toml"
-    config.write_text(f'''[model]
+def write_config(path: Path, data: Path, max_length: int, training: str, out: Path, sections: str = "") -> Path:
+    """A run config over the tiny model and `data`: one epoch at per-device batch BATCH, no saves, the [training]
+    lines given, and any further sections."""
+    path.write_text(f'''[model]
 path = "{TINY / "model"}"
 weights = "random"
 [data]
@@ -89,10 +87,18 @@ max_length = {max_length}
 [training]
 per_device_batch_size = {BATCH}
 epochs = 1
-logging_steps = {math.ceil(rows / BATCH)}
 save_steps = 100000
 output_dir = "{out}"
-''')
+{training}
+{sections}''')
+    return path
+
+
+def sftdoctor_run(work: Path, data: Path, max_length: int, rows: int) -> dict:
+    """`sftdoctor train` with every automatic choice left to it, on the CPU."""
+    out = work / "sftdoctor"
+    shutil.rmtree(out, ignore_errors=True)
+    config = write_config(work / "run.toml", data, max_length, f"logging_steps = {math.ceil(rows / BATCH)}", out)
     proc = subprocess.run([sys.executable, "-m", "sftdoctor", "train", str(config)], capture_output=True, text=True)
     if proc.returncode:
         sys.exit(proc.stdout[-2000:] + proc.stderr[-2000:])
@@ -240,27 +246,13 @@ def sharded_run(work: Path, data: Path, max_length: int, rows: int, name: str, s
     Trainer's train_runtime (metrics.jsonl), so startup and the checks are not timed."""
     out = work / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     shutil.rmtree(out, ignore_errors=True)
-    config = work / "sharded.toml"
-    config.write_text(f'''[model]
-path = "{TINY / "model"}"
-weights = "random"
-[data]
-train = "{data}"
-max_length = {max_length}
-[training]
-per_device_batch_size = {BATCH}
-global_batch_size = {BATCH * RANKS}
-epochs = 1
+    training = f"""global_batch_size = {BATCH * RANKS}
 packing = false
 gradient_checkpointing = false
 logging_steps = {math.ceil(rows / (BATCH * RANKS))}
-save_steps = 100000
-seed = 0
-output_dir = "{out}"
-[launch]
-nproc_per_node = {RANKS}
-master_port = "auto"
-{section}''')
+seed = 0"""
+    sections = f'[launch]\nnproc_per_node = {RANKS}\nmaster_port = "auto"\n{section}'
+    config = write_config(work / "sharded.toml", data, max_length, training, out, sections)
     argv = [sys.executable, "-m", "sftdoctor", "train", str(config), "--no-rehearse"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     memory = RankMemory(proc.pid)
