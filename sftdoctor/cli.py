@@ -553,7 +553,9 @@ def _eval(target, tasks, options):
 @click.option(
     "--log", "log_file", metavar="FILE", help="Triage a failed run's log (- for stdin): the root cause first."
 )
-@click.option("--json", "as_json", is_flag=True, help="With --log: print the diagnosis as one JSON document.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the diagnosis (--log), the topic or the topics as one JSON document."
+)
 @click.option(
     "-j",
     "--jobs",
@@ -583,6 +585,19 @@ def diff(run_a, run_b, as_json):
 
     code = diff_main(run_a, run_b, as_json)
     sys.exit(code)
+
+
+@main.command("mcp")
+def mcp_command():
+    """Serve check, explain, plan, diff and report to a coding agent as Model Context Protocol tools on stdio,
+    each answering the JSON its command prints with --json. The tools only read: none trains or writes outside
+    the server's temporary folder. An MCP client starts this command; see the README for its registration."""
+    from sftdoctor.mcp.command import main as mcp_main
+
+    code = mcp_main()
+    if code:  # Ctrl-C or SIGTERM: a tool still running in a worker thread is not waited for (its probes die with us)
+        sys.stderr.flush()
+        os._exit(code)
 
 
 @main.command()

@@ -98,6 +98,11 @@ def render_table(
 
 
 def render_json(findings: list[Finding], skipped: list, facts: dict[str, Any]) -> None:
+    sys.stdout.write(json_text(findings, skipped, facts))
+
+
+def json_text(findings: list[Finding], skipped: list, facts: dict[str, Any]) -> str:
+    """The JSON document `check --json` prints (and `sftdoctor mcp`'s check tool answers), newline included."""
     doc = {
         "sftdoctor": __version__,
         "summary": summary(findings, skipped),
@@ -107,5 +112,4 @@ def render_json(findings: list[Finding], skipped: list, facts: dict[str, Any]) -
         "facts": facts,
     }
     # strict JSON (a NaN in some evidence as the string "NaN"): what is printed here is read back as a snapshot
-    json.dump(json_safe(doc), sys.stdout, indent=2, allow_nan=False)
-    sys.stdout.write("\n")
+    return json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n"

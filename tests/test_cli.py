@@ -111,7 +111,7 @@ def test_select_and_list():
         (["explain", "--log", "/nonexistent/train.log"], "/nonexistent/train.log: cannot read the log: No such file"),
         (["explain", "--log", str(TOPO)], "cannot read the log: Is a directory"),
         (["explain", "nan-loss", "--log", "-"], "give a TOPIC or --log FILE, not both"),
-        (["explain", "nan-loss", "--json"], "--json goes with --log FILE"),
+        (["explain", "nan-los", "--json"], "no topic 'nan-los'"),
         (["check", "--distributed"], "--distributed runs under a launcher: torchrun"),
         (["check", "--bogus"], "sftdoctor check: No such option '--bogus'"),
         # click's own usage errors, one line like the rest, not its four (usage, hint, blank, error)
@@ -192,6 +192,16 @@ def test_explain_prints_a_topic_and_lists_them():
     proc = sftdoctor("explain", "bf16-support")
     assert proc.returncode == 0 and "compute capability" in proc.stdout.lower()
     assert "bf16-support" in sftdoctor("explain", "--list").stdout
+
+
+def test_explain_json_gives_a_topic_its_section_or_the_list_for_machines():
+    doc = json.loads(sftdoctor("explain", "bf16-support", "--json").stdout)
+    assert doc["topic"] == "bf16-support" and "bf16-support" in doc["checks"]
+    assert "compute capability" in doc["text"].lower() and doc["summary"]
+    listed = json.loads(sftdoctor("explain", "--list", "--json").stdout)["topics"]
+    assert {"name": "bf16-support", "summary": doc["summary"]} in listed and len(listed) > 50
+    section = json.loads(sftdoctor("explain", "bf16-support/mixed-gpus", "--json").stdout)
+    assert section["topic"] == "bf16-support/mixed-gpus" and section["text"].startswith("### mixed-gpus")
 
 
 def test_check_works_on_a_box_without_the_training_stack(tmp_path):

@@ -21,7 +21,8 @@ LAYERS = [
     ("sftdoctor.eval",),
     ("sftdoctor.train",),
     ("sftdoctor.sweep",),
-    ("sftdoctor.cli", "sftdoctor.__main__", "sftdoctor.reference"),  # reference: docs rendered from every layer
+    # reference: docs rendered from every layer; mcp: the commands' JSON served as tools, with the CLI's parsers
+    ("sftdoctor.cli", "sftdoctor.__main__", "sftdoctor.reference", "sftdoctor.mcp"),
 ]
 
 

@@ -23,6 +23,26 @@ def main(
     if list_checks:
         show_list(registry)
         return 0
+    findings, skipped, facts = judged(registry, inputs, select, disable)
+    if as_json:
+        render.render_json(findings, skipped, facts.collected())
+    else:
+        render.render_table(findings, skipped, verbose=verbose)
+    return render.exit_code(findings)
+
+
+def json_text(
+    inputs: Inputs, select: str | None = None, plugins: bool = True, disable: tuple[str, ...] = ()
+) -> tuple[str, int]:
+    """What `check --json` prints, and its exit code (for `sftdoctor mcp`, which prints nothing)."""
+    findings, skipped, facts = judged(load_checks(plugins), inputs, select, disable)
+    return render.json_text(findings, skipped, facts.collected()), render.exit_code(findings)
+
+
+def judged(
+    registry: Registry, inputs: Inputs, select: str | None, disable: tuple[str, ...]
+) -> tuple[list[Finding], list[Skipped], Facts]:
+    """The preflight checks (or --select's) on the facts of `inputs`, silenced as --disable and the config say."""
     specs, only = registry.phase("preflight"), {}
     if select is not None:
         specs, only = selection(registry, select)
@@ -30,12 +50,7 @@ def main(
     launch_inputs.require(facts)  # what `train` refuses, refused here in its words
     silenced = to_silence(registry, disable, facts)  # with the config's [checks] disable, as train's gate
     findings, skipped = run_checks(specs, facts)
-    findings = registry.problems + silence(of_messages(registry, findings, skipped, only), silenced)
-    if as_json:
-        render.render_json(findings, skipped, facts.collected())
-    else:
-        render.render_table(findings, skipped, verbose=verbose)
-    return render.exit_code(findings)
+    return registry.problems + silence(of_messages(registry, findings, skipped, only), silenced), skipped, facts
 
 
 def selection(registry: Registry, select: str) -> tuple[list[CheckSpec], dict[str, set[str]]]:

@@ -13,31 +13,29 @@ from sftdoctor.facts.run_records import json_safe, said, shown
 
 
 def main(run_a: Path, run_b: Path, as_json: bool = False) -> int:
+    if as_json:
+        text, code = json_text(run_a, run_b)
+        print(text, end="")
+        return code
     a, b = recorded(run_a), recorded(run_b)
     found, gaps = differences(a, b), not_compared(a, b)
-    parted = where_they_part(a.path, b.path)
-    if as_json:
-        print(
-            json.dumps(
-                json_safe(
-                    {
-                        "a": str(a.path),
-                        "b": str(b.path),
-                        "curves": parted,
-                        "not_recorded": [str(r.path) for r in (a, b) if r.facts is None],
-                        "not_compared": [
-                            {"run": label, "areas": list(gap.areas), "why": gap.why} for label, gap in gaps
-                        ],
-                        "differences": [d.__dict__ for d in found],
-                    }
-                ),
-                indent=2,
-                allow_nan=False,
-            )
-        )
-    else:
-        print("\n".join(lines(a.path, b.path, found, parted, gaps)))
+    print("\n".join(lines(a.path, b.path, found, where_they_part(a.path, b.path), gaps)))
     return 1 if found or gaps else 0
+
+
+def json_text(run_a: Path, run_b: Path) -> tuple[str, int]:
+    """What `diff --json` prints, and its exit code (for `sftdoctor mcp`, which prints nothing)."""
+    a, b = recorded(run_a), recorded(run_b)
+    found, gaps = differences(a, b), not_compared(a, b)
+    doc = {
+        "a": str(a.path),
+        "b": str(b.path),
+        "curves": where_they_part(a.path, b.path),
+        "not_recorded": [str(r.path) for r in (a, b) if r.facts is None],
+        "not_compared": [{"run": label, "areas": list(gap.areas), "why": gap.why} for label, gap in gaps],
+        "differences": [d.__dict__ for d in found],
+    }
+    return json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n", 1 if found or gaps else 0
 
 
 def lines(a: Path, b: Path, found: list[Difference], parted: dict[str, Any], gaps: list[tuple[str, Gap]]) -> list[str]:

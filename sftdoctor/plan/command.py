@@ -6,6 +6,7 @@ one decide() sees, so precision, batch and accumulation are decided exactly as f
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +84,18 @@ def make(
 def main(config: Path, as_json: bool = False, **what_if) -> int:
     """Exit 0: the run fits; 1: it does not. `what_if`: make()'s machine and speed to plan for. Bad input raises
     InputError(s)."""
+    if as_json:
+        text, code = json_text(config, **what_if)
+        sys.stdout.write(text)
+        return code
+    _, fitted, timed = make(config, **what_if)
+    print(render(fitted, timed))
+    return 0 if fitted.current.fits else 1
+
+
+def json_text(config: Path, **what_if) -> tuple[str, int]:
+    """What `plan --json` prints, and its exit code (for `sftdoctor mcp`, which prints nothing)."""
     import json
 
     _, fitted, timed = make(config, **what_if)
-    print(json.dumps(to_json(fitted, timed), indent=2) if as_json else render(fitted, timed))
-    return 0 if fitted.current.fits else 1
+    return json.dumps(to_json(fitted, timed), indent=2) + "\n", 0 if fitted.current.fits else 1

@@ -202,12 +202,16 @@ def write(judged: list[Judged], output: Path, by: str) -> Written:
     return Written(html, [target / f"{panel.name}.png" for panel, _ in drawn], judged)
 
 
-def build(paths: list[Path], output: Path | None = None, by: str = "step", plugins: bool = True) -> Written:
+def build(
+    paths: list[Path], output: Path | None = None, by: str = "step", plugins: bool = True, record: bool = True
+) -> Written:
+    """The report written in `output`; `record`: the curve readers' findings into each sftdoctor run's
+    findings.jsonl too (`sftdoctor mcp` writes nothing in a run directory)."""
     with interruptible():
-        return _build(paths, output, by, plugins)
+        return _build(paths, output, by, plugins, record)
 
 
-def _build(paths: list[Path], output: Path | None, by: str, plugins: bool) -> Written:
+def _build(paths: list[Path], output: Path | None, by: str, plugins: bool, record: bool) -> Written:
     if by not in AXES:
         raise InputError("--x", f"expected one of {', '.join(AXES)}, got {by!r}")
     if not paths:
@@ -220,40 +224,18 @@ def _build(paths: list[Path], output: Path | None, by: str, plugins: bool) -> Wr
     written = write(judged, output, by)
     for j in judged:
         folder = Path(j.run.curves["path"])
-        if ours(folder):
+        if record and ours(folder):
             record_postrun(folder, [r for r in j.run.findings if r.get("phase") == "postrun"])
     return written
 
 
 def show(written: Written, as_json: bool) -> int:
     """What the curve readers said of each run, and where the report is; the exit code."""
-    findings = [f for j in written.judged for f in j.verdicts]
     for problem in (p for j in written.judged for p in j.run.curves["problems"]):
         print(f"sftdoctor: warning: {problem}", file=sys.stderr)
     if as_json:
-        print(
-            json.dumps(
-                json_safe(
-                    {
-                        "report": str(written.html),
-                        "panels": [str(p) for p in written.panels],
-                        "runs": [
-                            {
-                                "name": j.run.label,
-                                "path": j.run.curves["path"],
-                                "findings": [f.to_json() for f in j.verdicts],
-                                "not_read": j.run.curves["problems"],
-                                "skipped": [{"id": s.id, "reason": s.reason} for s in j.skipped],
-                            }
-                            for j in written.judged
-                        ],
-                    }
-                ),
-                indent=2,
-                allow_nan=False,
-            )
-        )
-        return exit_code(findings)
+        print(json_text(written), end="")
+        return verdict(written)
     for j in written.judged:
         if len(written.judged) > 1:
             print(f"{j.run.label} ({os.path.normpath(j.run.curves['path'])}):")
@@ -267,7 +249,31 @@ def show(written: Written, as_json: bool) -> int:
         f"sftdoctor: report written: {os.path.normpath(written.html)} ({len(written.panels)} panels in "
         f"{os.path.normpath(written.html.parent / layout.PANELS)})"
     )
-    return exit_code(findings)
+    return verdict(written)
+
+
+def verdict(written: Written) -> int:
+    """The exit code: 1 if a curve reader found an error in a run."""
+    return exit_code([f for j in written.judged for f in j.verdicts])
+
+
+def json_text(written: Written) -> str:
+    """What `report --json` prints: the report's files and each run's curve readers' findings."""
+    doc = {
+        "report": str(written.html),
+        "panels": [str(p) for p in written.panels],
+        "runs": [
+            {
+                "name": j.run.label,
+                "path": j.run.curves["path"],
+                "findings": [f.to_json() for f in j.verdicts],
+                "not_read": j.run.curves["problems"],
+                "skipped": [{"id": s.id, "reason": s.reason} for s in j.skipped],
+            }
+            for j in written.judged
+        ],
+    }
+    return json.dumps(json_safe(doc), indent=2, allow_nan=False) + "\n"
 
 
 def main(

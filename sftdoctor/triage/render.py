@@ -55,5 +55,9 @@ def diagnosis_json(diagnosis: Diagnosis) -> dict[str, Any]:
 
 
 def render_diagnosis_json(diagnosis: Diagnosis) -> None:
-    json.dump(diagnosis_json(diagnosis), sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
+    sys.stdout.write(diagnosis_json_text(diagnosis))
+
+
+def diagnosis_json_text(diagnosis: Diagnosis) -> str:
+    """What `explain --log FILE --json` prints, newline included."""
+    return json.dumps(diagnosis_json(diagnosis), indent=2, default=str) + "\n"
