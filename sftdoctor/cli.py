@@ -284,8 +284,9 @@ def facts(config, model_config, deepspeed, fsdp, topology, facts_file):
 @click.option(
     "--drill",
     help="Inject a fault to prove the alarms work: nan-loss@STEP[:RANK], nan-row@STEP[:RANK] (a "
-    "row that is non-finite wherever it runs), hang@STEP[:RANK] or desync@STEP[:RANK] (that rank calls "
-    "another collective).",
+    "row that is non-finite wherever it runs), hang@STEP[:RANK], desync@STEP[:RANK] (that rank calls "
+    "another collective), slow@STEP[:RANK] or slow-data@STEP[:RANK] (that rank's forward pass or batch fetch "
+    "three times slower at every step from STEP).",
 )
 @click.option(
     "--no-plugins", is_flag=True, help="Do not load third-party checks (or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1)."

@@ -13,6 +13,12 @@ STEP_STATS = fact(
     phase="runtime",
 )
 LOG_STATS = fact("log_stats", "a logged loss with its recent history", phase="runtime")
+RANK_TIMES = fact(
+    "rank_times",
+    "each rank's own data and forward time per step over the last logging intervals, with its host and GPU "
+    "(train.stragglers)",
+    phase="runtime",
+)
 SCALE_STATS = fact("scale_stats", "fp16 dynamic loss scaling: the scale and the steps it skipped", phase="runtime")
 HANG = fact(
     "hang",

@@ -4,6 +4,7 @@ and counting real (non-padding) tokens without a device sync per step."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -73,6 +74,11 @@ def gather(values: list[float]) -> list[list[float]]:
     return [row.tolist() for row in rows]
 
 
+def _seconds(value: float) -> float | None:
+    """A rank's gathered seconds per step; None where it measured nothing (NaN), as JSON keeps it."""
+    return round(value, 5) if math.isfinite(value) else None
+
+
 def _peak(rows: list[list[float]], column: int) -> tuple[float, int]:
     rank = max(range(len(rows)), key=lambda r: rows[r][column])
     return round(rows[rank][column] / GIB, 4), rank
@@ -85,9 +91,10 @@ class Metrics(TrainerCallback):
     maximum over ranks and which rank). `enrich` runs in the trainer's log(), before any callback: wandb and
     tensorboard get the same values. Rank 0 appends the record to metrics.jsonl."""
 
-    def __init__(self, counter: TokenCounter, path: Path, trainer):
-        self.counter, self.path, self.trainer = counter, path, trainer
+    def __init__(self, counter: TokenCounter, path: Path, trainer, clock=None):
+        self.counter, self.path, self.trainer, self.clock = counter, path, trainer, clock
         self.last_tokens, self.last_time, self.last_step = 0.0, None, 0
+        self.rank_times: dict[str, Any] | None = None  # the last interval's per-rank times (train.stragglers)
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.last_time, self.last_step = time.perf_counter(), state.global_step
@@ -96,7 +103,9 @@ class Metrics(TrainerCallback):
         if "loss" not in logs or self.last_time is None:
             return
         real, slots = self.counter.read()
-        rows = gather([real, *device_memory(), float(host_rss())])  # one small collective per logging interval
+        data_s, forward_s, measured = self.clock.read() if self.clock is not None else (math.nan, math.nan, 0)
+        # one small collective per logging interval: tokens, memory, and each rank's own times (train.stragglers)
+        rows = gather([real, *device_memory(), float(host_rss()), data_s, forward_s])
         tokens, now = sum(row[0] for row in rows), time.perf_counter()
         steps = max(1, state.global_step - self.last_step)
         logs["tokens_per_second"] = round((tokens - self.last_tokens) / max(now - self.last_time, 1e-9), 1)
@@ -112,14 +121,27 @@ class Metrics(TrainerCallback):
             logs["memory_allocated_gib"], logs["memory_rank"] = _peak(rows, 1)
             logs["memory_reserved_gib"], _ = _peak(rows, 2)
         logs["host_rss_gib"], logs["host_rss_rank"] = _peak(rows, 3)
+        self.rank_times = {
+            "step": state.global_step,
+            "steps": measured,
+            "step_time_s": logs["step_time_s"],
+            "data_s": [_seconds(row[4]) for row in rows],
+            "forward_s": [_seconds(row[5]) for row in rows],
+        }
         self.last_tokens, self.last_time, self.last_step = tokens, now, state.global_step
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs is not None and state.is_world_process_zero:
+            # each rank's own seconds per step, in metrics.jsonl alone (a list per record is no curve for wandb)
+            times = self.rank_times if "loss" in logs and self.rank_times else None  # the training log's own
+            times = times if times and times["step"] == state.global_step and times["steps"] else None
+            ranks = {"rank_data_s": times["data_s"], "rank_forward_s": times["forward_s"]} if times else {}
             with open(self.path, "a", encoding="utf-8") as handle:
                 # max_steps: the Trainer's own count, which the schedule is built over (packing changes the plan's)
                 handle.write(
-                    json.dumps({"step": state.global_step, "time": time.time(), "max_steps": state.max_steps, **logs})
+                    json.dumps(
+                        {"step": state.global_step, "time": time.time(), "max_steps": state.max_steps, **logs, **ranks}
+                    )
                     + "\n"
                 )
 

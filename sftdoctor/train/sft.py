@@ -147,13 +147,13 @@ def fires(drill: dict | None, kind: str, step: int) -> bool:
 
 def watched_trainer_class(drill: dict | None):
     """SFTTrainer that keeps the last micro-batch's loss and the step's inputs (no sync: references only) for
-    the watchers, and injects the nan-loss and nan-row drills."""
+    the watchers, times each rank's batch fetches (train.stragglers), and injects the nan-loss and nan-row drills."""
     from trl import SFTTrainer
 
-    from sftdoctor.train.callbacks import MetricsInLogs
+    from sftdoctor.train import callbacks, stragglers
     from sftdoctor.train.rows import keep
 
-    class WatchedSFTTrainer(MetricsInLogs, SFTTrainer):
+    class WatchedSFTTrainer(callbacks.MetricsInLogs, stragglers.TimedBatches, SFTTrainer):
         def create_accelerator_and_postprocess(self):
             super().create_accelerator_and_postprocess()
             from sftdoctor.train.compat import fsdp_without_a_gpu
@@ -319,10 +319,12 @@ def add_callbacks(trainer, plan: Plan, run_dir: Path, stop_after: int | None):
     """Metrics, the one-line progress, complete checkpoints, the watchers, and last the SIGTERM stopper."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from sftdoctor.train import callbacks, stopping, watch
+    from sftdoctor.train import callbacks, stopping, stragglers, watch
 
+    watching = not os.environ.get("SFTDOCTOR_NO_WATCH")  # off only for bench/watch_overhead.py's "off" runs
     trainer.sftdoctor_tokens, trainer.sftdoctor_plan = callbacks.TokenCounter(), plan
-    trainer.sftdoctor_metrics = callbacks.Metrics(trainer.sftdoctor_tokens, run_dir / METRICS, trainer)
+    trainer.sftdoctor_clock = clock = stragglers.RankClock(plan, rank()) if watching else None
+    trainer.sftdoctor_metrics = callbacks.Metrics(trainer.sftdoctor_tokens, run_dir / METRICS, trainer, clock)
     trainer.add_callback(trainer.sftdoctor_metrics)
     trainer.remove_callback(PrinterCallback)  # prints raw log dicts; ours print one line instead
     trainer.remove_callback(ProgressCallback)
@@ -330,9 +332,11 @@ def add_callbacks(trainer, plan: Plan, run_dir: Path, stop_after: int | None):
     trainer.add_callback(callbacks.CompleteCheckpoints())
     if stop_after:
         trainer.add_callback(callbacks.StopAfter(stop_after))
-    if not os.environ.get("SFTDOCTOR_NO_WATCH"):  # only for bench/watch_overhead.py's "off" runs
+    if watching:
         guard = watch.Guard(trainer, plan, run_dir)
         trainer.add_callback(guard)
+        trainer.add_callback(clock)
+        trainer.add_callback(stragglers.StragglerWatch(guard.reporter, trainer.sftdoctor_metrics, clock))
         if (plan.drill or {}).get("kind") in ("hang", "desync"):
             trainer.add_callback(watch.HangDrill(plan.drill, guard.watchdog))
     stopper = stopping.SaveOnSignal(trainer, plan)  # last: it reads the save time CompleteCheckpoints' barrier ends

@@ -12,7 +12,7 @@ from sftdoctor.train.watch import TRAINING_PHASE, RuntimeFacts
 @pytest.fixture(scope="module")
 def runtime():
     specs = {s.id: s for s in load_checks(plugins=False).phase("runtime")}
-    assert set(specs) == {"nan-loss", "loss-spike", "fp16-loss-scale", "nccl-timeout"}
+    assert set(specs) == {"nan-loss", "loss-spike", "fp16-loss-scale", "nccl-timeout", "straggler"}
     return lambda check_id, **facts: run_check(specs[check_id], RuntimeFacts(facts))
 
 

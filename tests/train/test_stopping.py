@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from trainrun import complete, config, metrics, stopped_by_sigterm, train
+from trainrun import complete, config, metrics, runtime_findings, stopped_by_sigterm, train
 from transformers import TrainerControl, TrainerState
 
 from sftdoctor.train.stopping import ASSUMED_WRITE_BPS, SaveOnSignal, checkpoint_bytes, save_fits
@@ -93,3 +93,8 @@ def test_sigterm_makes_both_ranks_save_the_step_they_agree_on_and_the_resume_fin
     assert f"sftdoctor: resuming from {run_dir / f'checkpoint-{stop}'}" in resumed.stdout
     steps = [m["step"] for m in metrics(run_dir)]
     assert steps == list(range(1, 41)) and (run_dir / "final").is_dir()
+    # a healthy pair of ranks, rank 0 saving and logging: no straggler, judged on every rank's own times
+    timed = [m for m in metrics(run_dir) if "rank_forward_s" in m]
+    assert len(timed) >= 30 and all(None not in m["rank_forward_s"] for m in timed)
+    assert len([m for m in timed if None not in m["rank_data_s"]]) >= 30  # an epoch's first fetch is not timed
+    assert not [f for f in runtime_findings(run_dir) if f["id"].startswith("straggler")]

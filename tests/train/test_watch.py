@@ -4,6 +4,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -257,6 +258,27 @@ def kill_rank_1_after_first_checkpoint(cfg, run_dir):
         out, _ = launcher.communicate()
         return None, out
     return launcher.returncode, out
+
+
+@pytest.mark.slow
+def test_slow_drill_names_the_straggler_with_its_host_and_device_and_the_run_goes_on(tmp_path, tiny_data):
+    """Rank 1's forward pass slowed from step 2: named once, as a warning, with its host and "CPU"; rank 0, which
+    waits for it in every all-reduce, is not; the run ends well."""
+    cfg = drill_config(tmp_path, tiny_data)
+    proc = train(cfg, "--drill", "slow@2:1", "--no-rehearse")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "out" / "drill-slow"
+    [finding] = runtime_findings(run_dir)
+    host = socket.gethostname()
+    assert finding["id"] == "straggler/forward" and finding["severity"] == "warning"
+    assert finding["title"].startswith(f"straggler: rank 1 ({host}, CPU) takes ")
+    assert finding["evidence"]["rank"] == 1 and finding["evidence"]["steps"][0] == 2
+    assert f"straggler: rank 1 ({host}, CPU)" in proc.stdout and "sftdoctor explain straggler" in proc.stdout
+    # each rank's own seconds per step in metrics.jsonl: the drilled rank's forward far above the other's
+    drilled = [m for m in metrics(run_dir) if m["step"] >= 2]
+    assert all(m["rank_forward_s"][1] >= 0.5 > 5 * m["rank_forward_s"][0] for m in drilled), drilled
+    assert all(None not in m["rank_data_s"] for m in drilled)
+    assert (run_dir / "final").is_dir()
 
 
 @pytest.mark.slow
