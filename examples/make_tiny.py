@@ -147,6 +147,35 @@ def write_jsonl(path: Path, data: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in data), encoding="utf-8")
 
 
+HUB_README = """---
+# Laid out as a Hugging Face dataset repository: `[data] train = "tiny/hub"` reads it as load_dataset does.
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: data/train-*.parquet
+  - split: test
+    path: data/test-*.parquet
+---
+# tiny
+
+The tiny example's chat rows (examples/make_tiny.py) as Parquet shards: `train` and `test`.
+"""
+
+
+def hub_folder(folder: Path, train: list[dict], evaluation: list[dict]) -> None:
+    """The same rows as a dataset repository: a README with `configs` and one Parquet shard per split."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    (folder / "README.md").write_text(HUB_README)
+    for split, data in (("train", train), ("test", evaluation)):
+        pq.write_table(
+            pa.Table.from_pylist(data), folder / "data" / f"{split}-00000-of-00001.parquet", compression="zstd"
+        )
+
+
 def train_tokenizer(folder: Path, corpus: list[str], vocab_size: int = 384) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -235,6 +264,7 @@ def main() -> None:
     train, evaluation = rows(args.rows, args.shape, args.seed), rows(max(8, args.rows // 20), args.shape, args.seed + 1)
     write_jsonl(data / "train.jsonl", train)
     write_jsonl(data / "eval.jsonl", evaluation)
+    hub_folder(args.out / "hub", train, evaluation)
     corpus = [json.dumps(r) for r in rows(2000, "messages", 1234)] + [
         f"<|im_start|>{r}\n" for r in ("user", "assistant")
     ]

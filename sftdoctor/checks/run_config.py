@@ -11,6 +11,7 @@ from typing import Any
 from sftdoctor.checks import check
 from sftdoctor.checks._common import BATCH_KEYS, trainer_mismatches
 from sftdoctor.findings import error, info, ok, warning
+from sftdoctor.run.data_source import named
 
 BIG_ACCUMULATION = 64
 
@@ -228,7 +229,11 @@ def data_rows(data: dict[str, Any], plan):
     held = (data.get("split") or {}).get("eval", (data.get("eval") or {}).get("rows"))
     batch, accum = plan.global_batch_size, plan.gradient_accumulation_steps
     evidence = {"train_rows": rows, "eval_rows": held, "global_batch_size": batch}
-    counted = f"{rows} training row{'s' if rows != 1 else ''}" + (f" ({held} eval)" if held else "")
+    counted = (
+        f"{rows} training row{'s' if rows != 1 else ''}"
+        + (f" of {named(plan.data_source)}" if plan.data_source else "")
+        + (f" ({held} eval)" if held else "")
+    )
     if accum is None:  # batch-size says what is wrong with the batch
         findings.append(
             info(f"{counted}; no whole global batch to compare with", evidence=evidence, id="data-rows/no-global-batch")

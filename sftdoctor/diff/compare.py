@@ -21,6 +21,7 @@ from typing import Any
 from sftdoctor.errors import InputError, parse_problem, read_text
 from sftdoctor.facts.run_records import non_finite, read_run
 from sftdoctor.run import layout
+from sftdoctor.run.data_source import identity
 
 # The order a difference is shown in: what changes the numbers a run computes comes before where it runs.
 AREAS = ("data", "plan", "stack", "gpus", "env")
@@ -34,6 +35,7 @@ UNCOMPARED = {
     "version",
     "train_files",
     "eval_files",
+    "data_source",  # compared in the data area, without the folder's place (run.data_source.identity)
     "join_timeout_s",
     "plugins",
     "rehearsal",
@@ -218,11 +220,13 @@ def _data(a: Recorded, b: Recorded) -> list[Difference]:
             for name, info in run.data_files.items()
         )
 
+    ia, ib = identity(a.plan.get("data_source")), identity(b.plan.get("data_source"))
+    found = [Difference("data", "data source", ia, ib)] if ia != ib else []
     if not a.data_files or not b.data_files:  # a Gap of one run or both
-        return []
+        return found
     if sorted(i["sha256"] for i in a.data_files.values()) == sorted(i["sha256"] for i in b.data_files.values()):
-        return []
-    return [Difference("data", "data files (sha256)", contents(a), contents(b))]
+        return found
+    return found + [Difference("data", "data files (sha256)", contents(a), contents(b))]
 
 
 def _plan(a: dict[str, Any], b: dict[str, Any]) -> list[Difference]:

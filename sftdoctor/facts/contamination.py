@@ -95,17 +95,19 @@ PIECE = 1 << 20  # characters of a training row tokenized at once: a 100 MB row 
     needs=("run",),
 )
 def probe_contamination(facts, run) -> dict[str, Any] | None:
-    if facts.get("data") is None or (run.eval is None and not run.data.eval):
+    found = facts.get("data_source") or {}  # the files a hub dataset resolved to, or the data files
+    train, evaluation = found.get("train") or run.data.train, found.get("eval") or run.data.eval
+    if facts.get("data") is None or (run.eval is None and not evaluation):
         return None
     absolute = lambda names: [str(Path(n).resolve()) for n in names]  # noqa: E731 - the child may change folder
     request = {
-        "train": absolute(run.data.train),
-        "eval_files": list(dict.fromkeys(absolute(run.data.eval))),
+        "train": absolute(train),
+        "eval_files": list(dict.fromkeys(absolute(evaluation))),
         "tasks": list(run.eval.tasks) if run.eval else [],
         "include": str(Path(run.eval.include).resolve()) if run.eval and run.eval.include else None,
-        "shown": {name: shown(name) for name in absolute([*run.data.train, *run.data.eval])},
+        "shown": {name: shown(name) for name in absolute([*train, *evaluation])},
     }
-    files = [Path(p) for p in (*run.data.train, *run.data.eval)]
+    files = [Path(p) for p in (*train, *evaluation)]
     for path in files:  # hashed for the cache key: a FIFO or a device is never opened
         regular_file(path, "data")
     if request["include"]:

@@ -106,6 +106,9 @@ def rows(path: Path) -> Iterator[tuple[str, Any]]:
     if suffix == ".parquet":
         yield from _parquet_rows(path)
         return
+    if suffix == ".arrow":  # a shard of the datasets cache (a hub id's rows, data_source)
+        yield from _arrow_rows(path)
+        return
     try:
         with open(path, encoding="utf-8") as handle:
             first = handle.read(1)
@@ -194,6 +197,9 @@ def _places(path: Path) -> Iterator[str]:
 
         yield from (f"row {n}" for n in range(1, pq.ParquetFile(path).metadata.num_rows + 1))
         return
+    if path.suffix.lower() == ".arrow":
+        yield from (where for where, _ in _arrow_rows(path))
+        return
     with open(path, "rb") as handle:
         start = handle.read(64).lstrip()
         handle.seek(0)
@@ -232,6 +238,27 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
             yield f"row {number}", row
 
 
+def _arrow_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    """The rows of an Arrow file as the datasets library writes its cache (the IPC stream format; datasets 2.x-5.x,
+    arrow_writer.py), or the IPC file format, as its `arrow` builder reads either (packaged_modules/arrow)."""
+    import pyarrow as pa
+
+    try:
+        source = pa.memory_map(str(path))
+        try:
+            batches = iter(pa.ipc.open_stream(source))
+        except pa.ArrowInvalid:
+            reader = pa.ipc.open_file(source)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        number = 0
+        for batch in batches:
+            for row in batch.to_pylist():
+                number += 1
+                yield f"row {number}", row
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(path, f"not a readable Arrow file: {exc}") from None
+
+
 def first_rows_and_count(path: Path, first: int = 5) -> tuple[list[Any], int]:
     """The first rows and the count (the plan's token sample)."""
     head, count = [], 0
@@ -264,49 +291,35 @@ def mixed_columns_load() -> bool:
         return True
 
 
-def describe(files: list[str], wanted: str = "auto", one_type_per_key: bool = False) -> dict[str, Any]:
+class RowProblem(Exception):
+    """What is wrong with one row, worded without its place (the caller names the file and line, or the split)."""
+
+
+def describe(
+    files: list[str], wanted: str = "auto", one_type_per_key: bool = False, hub: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Every row of every file checked against one format: the files' `wanted` one, or the first row's.
-    With `one_type_per_key` (a datasets release that needs it), a key's JSON type must not change."""
+    With `one_type_per_key` (a datasets release that needs it), a key's JSON type must not change. `hub` (the
+    config, its key, the dataset and split the files are shards of) names a bad row by split and index."""
     count, chats, fmt = 0, 0, None if wanted == "auto" else wanted
-    columns: dict[str, tuple[str, str]] = {}  # key -> (its type, where it was first seen)
+    columns: dict[str, tuple[str, str]] | None = {} if one_type_per_key else None  # key -> (type, first seen)
     objects = []  # files that are one JSON object: one row each
+    where = ""
     for name in files:
         path, before = Path(name), count
         for where, row in rows(path):
-            if fmt is None:
-                fmt = format_of(row)
-                if fmt is None:
-                    keys = sorted(row) if isinstance(row, dict) else type(row).__name__
-                    raise InputError(
-                        path,
-                        f"{where}: no known format; found {keys}; expected one of: "
-                        + "; ".join(f"{n} ({' + '.join(k)})" for n, k in FORMATS.items())
-                        + _not_rows(where, row),
-                    )
-            problem = row_problem(row, fmt)
-            if problem:
-                found = format_of(row)
-                also = f" (this row looks like {found})" if found and found != fmt else ""
-                raise InputError(
-                    path,
-                    f"{where}: {problem}; the rows are {fmt}{also}"
-                    + ("" if wanted == "auto" else " ([data].format)")
-                    + _not_rows(where, row),
-                )
-            for key, value in row.items() if one_type_per_key and isinstance(row, dict) else ():
-                if (found := kind(value)) is not None:
-                    first = columns.setdefault(key, (found, f"{path.name} {where}"))
-                    if first[0] != found:
-                        raise InputError(
-                            path,
-                            f"{where}: {key} is {found}, but it is {first[0]} at {first[1]}: the "
-                            "datasets library stores each key as one column of one type",
-                        )
+            try:
+                fmt = fmt or _detected(row, where)
+                _check_row(row, fmt, wanted, where, columns, path.name)
+            except RowProblem as problem:
+                raise _refusal(path, where, count, str(problem), hub) from None
             count += 1
             chats += fmt == "prompt_completion" and isinstance(row.get("prompt"), list)
         if count - before == 1 and not where.startswith("row "):  # one object, on one line or several (not [{...}])
             objects.append(name)
     if count == 0:
+        if hub:
+            raise InputError(hub["config"], f"{hub['name']} split {hub['split']} has no rows", key=hub["key"])
         raise InputError(files[0], "no rows")
     # prompt-completion rows whose prompt is a list of messages: TRL renders them with the chat template
     return {
@@ -317,6 +330,54 @@ def describe(files: list[str], wanted: str = "auto", one_type_per_key: bool = Fa
         **({"one_object": objects} if objects else {}),
         **({"conversational_rows": chats} if fmt == "prompt_completion" else {}),
     }
+
+
+def _detected(row: Any, where: str) -> str:
+    """The format of the first row, or why it has none."""
+    fmt = format_of(row)
+    if fmt is None:
+        keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+        raise RowProblem(
+            f"no known format; found {keys}; expected one of: "
+            + "; ".join(f"{n} ({' + '.join(k)})" for n, k in FORMATS.items())
+            + _not_rows(where, row)
+        )
+    return fmt
+
+
+def _check_row(
+    row: Any, fmt: str, wanted: str, where: str, columns: dict[str, tuple[str, str]] | None, file: str
+) -> None:
+    """RowProblem when the row does not fit `fmt`, or (with `columns`) a key changes its JSON type."""
+    problem = row_problem(row, fmt)
+    if problem:
+        found = format_of(row)
+        also = f" (this row looks like {found})" if found and found != fmt else ""
+        raise RowProblem(
+            f"{problem}; the rows are {fmt}{also}"
+            + ("" if wanted == "auto" else " ([data].format)")
+            + _not_rows(where, row)
+        )
+    for key, value in row.items() if columns is not None and isinstance(row, dict) else ():
+        if (found := kind(value)) is not None:
+            first = columns.setdefault(key, (found, f"{file} {where}"))
+            if first[0] != found:
+                raise RowProblem(
+                    f"{key} is {found}, but it is {first[0]} at {first[1]}: the datasets library stores each key "
+                    "as one column of one type"
+                )
+
+
+def _refusal(path: Path, where: str, index: int, problem: str, hub: dict[str, str] | None) -> InputError:
+    """A bad row named by its file and line, or (a hub dataset's shard) by split and row: "split train, row 12
+    (dataset[11], train-00000-of-00001.parquet row 12)"."""
+    if hub is None:
+        return InputError(path, f"{where}: {problem}")
+    return InputError(
+        hub["config"],
+        f"{hub['name']} split {hub['split']}, row {index + 1} (dataset[{index}], {path.name} {where}): {problem}",
+        key=hub["key"],
+    )
 
 
 def _not_rows(where: str, row: Any) -> str:
@@ -353,7 +414,12 @@ def eval_split(rows: int, fraction: float) -> tuple[int, int]:
 )
 def probe_data(facts, run) -> dict[str, Any] | None:
     strict = not mixed_columns_load()
-    for key, files in (("[data].train", run.data.train), ("[data].eval", run.data.eval)):
+    found = facts.get("data_source")
+    if found is None:  # its probe failed: no rows to check, and nothing to train on
+        why = facts.why_missing("data_source")
+        raise InputError(run.path, f"the data source cannot be read: {why}", key="[data].train")
+    hub = found["kind"] != "files"
+    for key, files in (("[data].train", found["train"]), ("[data].eval", found["eval"])):
         parquet = [f for f in files if Path(f).suffix.lower() == ".parquet"]
         if parquet and len(parquet) < len(files):  # the recipe loads one kind per split (trainer_inputs._load_files)
             raise InputError(
@@ -362,9 +428,13 @@ def probe_data(facts, run) -> dict[str, Any] | None:
                 "loads one kind per split: convert them to one kind",
                 key=key,
             )
-    out = {"train": describe(list(run.data.train), run.data.format, strict)}
-    if run.data.eval:
-        out["eval"] = describe(list(run.data.eval), out["train"]["format"], strict)
+    name = lambda split, key: (  # noqa: E731 - a hub dataset's rows are named by split
+        {"config": run.path, "key": key, "name": found["name"], "split": split} if hub else None
+    )
+    out = {"train": describe(found["train"], run.data.format, strict, name(found.get("split"), "[data].train"))}
+    if found["eval"]:
+        where = name(found.get("eval_split"), "[data].eval_split") if found.get("eval_split") else None
+        out["eval"] = describe(found["eval"], out["train"]["format"], strict, where)
     elif run.data.eval_fraction:
         out["split"] = split(run, out["train"]["rows"])
     return out

@@ -23,11 +23,17 @@ def load_tokenizer(plan: Plan):
     return tokenizer
 
 
-def _load_files(files: tuple[str, ...]):
+def _load_files(files: tuple[str, ...], streaming: bool = False):
     from datasets import load_dataset
 
-    kind = "parquet" if all(f.endswith(".parquet") for f in files) else "json"
-    return load_dataset(kind, data_files=list(files), split="train")
+    arrow = all(f.endswith(".arrow") for f in files)  # a hub id's split, as load_dataset prepared it (hub_data)
+    if arrow and not streaming:
+        from datasets import Dataset, concatenate_datasets
+
+        # memory-mapped where they lie, as load_dataset itself returns them (no copy into another cache)
+        return concatenate_datasets([Dataset.from_file(f) for f in files])
+    kind = "arrow" if arrow else "parquet" if all(f.endswith(".parquet") for f in files) else "json"
+    return load_dataset(kind, data_files=list(files), split="train", streaming=streaming)
 
 
 ROW = "sftdoctor_row"  # the column that numbers the training rows: train.rows traces a batch back to them by it
@@ -40,13 +46,14 @@ def as_trained(dataset, plan: Plan):
         from sftdoctor.facts.data import to_messages
 
         dataset = dataset.map(lambda row: {"messages": to_messages(row, plan.data_format)})
-    keep = KEEP[plan.data_shape]
-    return dataset.remove_columns([c for c in dataset.column_names if c not in keep])
+    return dataset.select_columns(KEEP[plan.data_shape])
 
 
 def load_data(plan: Plan):
     """(train, eval or None) as the trainer takes them. Each training row carries its number in the data files
     (ROW, before any split or limit): a non-finite step is traced back to its rows by it (train.rows)."""
+    if plan.streaming:
+        return _streamed(plan)
     train = as_trained(_load_files(plan.train_files), plan)
     train = train.add_column(ROW, list(range(len(train))))
     evaluation = None
@@ -61,6 +68,24 @@ def load_data(plan: Plan):
         limit = plan.data_limit
         train = train.select(range(min(limit, len(train))))
         evaluation = evaluation.select(range(min(max(2, limit // 8), len(evaluation)))) if evaluation else None
+    return train, evaluation
+
+
+def _streamed(plan: Plan):
+    """(train, eval or None) with the training rows an IterableDataset ([data] streaming): read from the files as
+    training goes, shuffled within a buffer; the eval rows (a split, not a stream) loaded whole."""
+    from sftdoctor.run.data_source import STREAM_SHUFFLE_BUFFER
+
+    train = as_trained(_load_files(plan.train_files, streaming=True), plan)
+    train = train.map(lambda _, i: {ROW: i}, with_indices=True).shuffle(
+        seed=plan.seed, buffer_size=STREAM_SHUFFLE_BUFFER
+    )
+    evaluation = as_trained(_load_files(plan.eval_files), plan) if plan.eval_files else None
+    if plan.data_limit:
+        train = train.take(plan.data_limit)
+        evaluation = (
+            evaluation.select(range(min(max(2, plan.data_limit // 8), len(evaluation)))) if evaluation else None
+        )
     return train, evaluation
 
 

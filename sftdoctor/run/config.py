@@ -25,6 +25,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from sftdoctor.errors import InputError, InputErrors, did_you_mean, not_a_file, parse_problem, read_text
+from sftdoctor.run import data_source
+from sftdoctor.run.data_source import FILES, FOLDER, classify
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,8 @@ class Key:
     expected: str  # said in errors: "one of bf16, fp16, fp32, auto"
     accepts: Callable[[Any], bool]
     required: bool = False
-    path: str = ""  # "file": must exist, relative to the TOML; "files": one or a list; "dir": output, relative
+    path: str = ""  # "file": must exist, relative to the TOML; "files": one or a list; "dir": output, relative;
+    # "data": "files", or one folder laid out as a hub dataset, or a hub dataset id (run.data_source.classify)
     local_or_hub: bool = False  # a folder next to the config file if one exists, else kept (hub id)
     doc: str = ""
 
@@ -146,12 +149,33 @@ class Model(Section):
 @dataclass(frozen=True)
 class Data(Section):
     train: tuple[str, ...] = key(
-        "a JSONL/JSON/Parquet file or a list of them",
+        "a JSONL/JSON/Parquet file or a list of them, a folder laid out as a hub dataset, or a hub dataset id "
+        "(org/name)",
         _strs,
         (),
         required=True,
-        path="files",
-        doc="rows with `messages` (chat), `prompt`+`completion`, or `text`",
+        path="data",
+        doc="rows with `messages` (chat), `prompt`+`completion`, or `text`; a folder (relative to this file) or "
+        "an org/name id is read through the datasets library (`subset`, `split`), an id from the local cache "
+        "when offline (HF_HUB_OFFLINE=1)",
+    )
+    subset: str | None = key(
+        "a subset (config) name of the hub dataset",
+        _str,
+        doc="with a hub dataset in `train`: its config (datasets' `name`); default: the dataset's default",
+    )
+    split: str = key(
+        "a split name of the hub dataset", _str, "train", doc="with a hub dataset in `train`: the split trained on"
+    )
+    revision: str | None = key(
+        "a branch, tag or commit of the hub dataset",
+        _str,
+        doc="with an org/name id in `train`: the revision to download (a local folder has none: refused there)",
+    )
+    eval_split: str | None = key(
+        "a split name of the hub dataset",
+        _str,
+        doc="with a hub dataset in `train`: evaluate on this split of it (instead of `eval` or `eval_fraction`)",
     )
     eval: tuple[str, ...] = key(
         "a JSONL/JSON/Parquet file or a list of them",
@@ -159,6 +183,14 @@ class Data(Section):
         (),
         path="files",
         doc="the eval split (or `eval_fraction`, not both)",
+    )
+    streaming: bool = key(
+        "true or false",
+        _bool,
+        False,
+        doc="train on an IterableDataset read from the files as it goes (no Arrow copy of a large set prepared "
+        "before step 0; rows shuffled within a buffer, not globally); needs [training] max_steps; every row is "
+        "still checked before launch",
     )
     eval_fraction: float = key(
         "a number from 0 to 0.5",
@@ -644,7 +676,16 @@ def _resolve_path(spec: Key, value: Any, folder: Path, errors: list[InputError],
         return value
     if spec.path == "dir":
         return str(folder / value)
-    if spec.path in ("file", "files"):
+    if spec.path == "data":
+        kind, values = classify(value, folder)
+        if kind == FOLDER:
+            errors.extend(
+                InputError(path, f"{value}: {entry.name} cannot be read as a file ({why})", key=where)
+                for entry, why in _unreadable_entries(Path(values[0]))
+            )
+        if kind != FILES:
+            return values
+    if spec.path in ("file", "files", "data"):
         files = [value] if isinstance(value, str) else value
         resolved = [folder / f for f in files]
         for given, full in zip(files, resolved):
@@ -656,7 +697,14 @@ def _resolve_path(spec: Key, value: Any, folder: Path, errors: list[InputError],
             elif not found and os.path.lexists(full) and (why := not_a_file(full)):  # a FIFO, a broken link
                 errors.append(InputError(path, f"{given} is not a file ({why})", key=where))
             elif not found:
-                errors.append(InputError(path, f"file not found: {given} (looked for {full})", key=where))
+                expected = "; expected a data file, a folder laid out as a hub dataset, or a hub id (org/name)"
+                errors.append(
+                    InputError(
+                        path,
+                        f"file not found: {given} (looked for {full}){expected if spec.path == 'data' else ''}",
+                        key=where,
+                    )
+                )
         out = [str(f) for f in resolved]
         return out[0] if spec.path == "file" else tuple(out)
     return tuple(value) if isinstance(value, list) else value
@@ -737,6 +785,8 @@ def _cross_checks(s: dict[str, Any], path: Path) -> list[InputError]:
         )
     if data.is_given("eval") and data.eval_fraction:
         errors.append(InputError(path, "give either eval (files) or eval_fraction, not both", key="[data]"))
+    errors += [InputError(path, why, key=where) for where, why in data_source.problems(data)]
+    errors += [InputError(path, why, key=where) for where, why in data_source.streaming_problems(data, training)]
     if launch.nnodes > 1 and launch.master_port == "auto":
         errors.append(
             InputError(

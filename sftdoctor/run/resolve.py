@@ -24,8 +24,9 @@ from sftdoctor.run.schedule import trainer_warmup
 from sftdoctor.run.shape import Shape
 from sftdoctor.run.smem import TRITON_MIN_CC
 
-PLAN_VERSION = 10  # 2: chat_template; 3: lora, checkpointing_reentrant; 4: evaluation; 5: join_timeout_s;
-# 6: stop_grace_s; 7: length_grouping; 8: repair_token_ids; 9: ddp_find_unused_parameters; 10: fsdp
+PLAN_VERSION = 11  # 2: chat_template; 3: lora, checkpointing_reentrant; 4: evaluation; 5: join_timeout_s;
+# 6: stop_grace_s; 7: length_grouping; 8: repair_token_ids; 9: ddp_find_unused_parameters; 10: fsdp;
+# 11: data_source, streaming
 SLURM_PORTS = (20000, 30000)  # inside an allocation: 20000 + job id mod 10000, below the ephemeral range
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 DISTRIBUTED_CHECK_MAX_S = 120.0
@@ -69,6 +70,8 @@ class Plan:
     data_shape: str | None  # messages | prompt_completion | text: what the trainer gets
     data_format: str | None  # the files' own: messages, sharegpt, alpaca, prompt_completion, text
     data_rows: int | None
+    data_source: dict[str, Any] | None  # a hub dataset (kind, name, subset, split, eval_split, revision); None: files
+    streaming: bool  # the training rows an IterableDataset read as training goes ([data] streaming)
     max_length: int
     packing: bool
     length_grouping: dict[
@@ -707,20 +710,32 @@ def _text(
     """The data trained on: its files, shape and rows, how they are packed or grouped, the chat template and the
     loss's tokens."""
     train = data.get("train") or {}
+    found = facts.get("data_source") or {}
     return {
-        "train_files": tuple(run.data.train),
-        "eval_files": tuple(run.data.eval),
+        "train_files": tuple(found.get("train") or run.data.train),
+        "eval_files": tuple(found.get("eval") or run.data.eval),
+        "data_source": hub_source(found),
+        "streaming": run.data.streaming,
         "eval_fraction": run.data.eval_fraction,
         "data_shape": train.get("shape"),
         "data_format": train.get("format"),
         "data_rows": train.get("rows"),
         "max_length": run.data.max_length,
         "packing": packed,
-        "length_grouping": {} if packed else length_grouping(features),
+        # an IterableDataset has no sampler to group by length (transformers 5.x: group_by_length needs a length)
+        "length_grouping": {} if packed or run.data.streaming else length_grouping(features),
         "assistant_only_loss": assistant_only_loss(train.get("shape"), facts.get("chat_template")),
         "chat_template": template,
         "repair_token_ids": repair_ids(facts.get("token_rows")) if run.model.repair_untrained_tokens else (),
     }
+
+
+def hub_source(found: dict[str, Any]) -> dict[str, Any] | None:
+    """What a hub dataset is (None: data files): the folder or id, subset, split, evaluation split and revision
+    the files were resolved from (facts.hub_data), which the run records and `diff` compares."""
+    if found.get("kind", "files") == "files":
+        return None
+    return {k: found.get(k) for k in ("kind", "name", "subset", "split", "eval_split", "revision")}
 
 
 def _watch(run: RunConfig, world_size: int, ds: dict[str, Any] | None) -> dict[str, Any]:

@@ -55,6 +55,7 @@ from sftdoctor.run.config import (
     unknown_section,
     validate,
 )
+from sftdoctor.run.data_source import HUB, kind_of
 from sftdoctor.run.resolve import eval_interval
 
 OBJECTIVE = re.compile(r"eval:([^/\s]+)/(.+)")
@@ -343,7 +344,9 @@ def absolute(raw: dict[str, Any], run: RunConfig) -> dict[str, dict[str, Any]]:
             spec = specs[k]
             if spec.path or spec.local_or_hub:
                 value = getattr(resolved, k)
-                if isinstance(value, tuple):
+                if isinstance(value, tuple) and spec.path == "data" and kind_of(value) == HUB:
+                    value = value[0]  # a hub dataset id, kept as written
+                elif isinstance(value, tuple):
                     value = [os.path.abspath(v) for v in value]
                 elif spec.path or _exists(Path(value)):
                     value = os.path.abspath(value)
@@ -613,11 +616,12 @@ def _loss_objective(
 ) -> None:
     """The eval_loss objective: the base must have eval data and evaluate before it stops."""
     swept = {d.name for d in space}
-    if not (base.data.eval or base.data.eval_fraction) and not swept & {"data.eval", "data.eval_fraction"}:
+    evaluated = base.data.eval or base.data.eval_fraction or base.data.eval_split
+    if not evaluated and not swept & {"data.eval", "data.eval_fraction", "data.eval_split"}:
         errors.append(
             InputError(
                 path,
-                f"objective eval_loss needs eval data: [data] eval or eval_fraction in {section.base}",
+                f"objective eval_loss needs eval data: [data] eval, eval_fraction or eval_split in {section.base}",
                 key="[sweep].objective",
             )
         )

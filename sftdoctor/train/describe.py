@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sftdoctor.facts import Facts
 from sftdoctor.run import Plan
+from sftdoctor.run.data_source import STREAM_SHUFFLE_BUFFER, named
 from sftdoctor.run.resolve import FSDP_GENERATED
 
 
@@ -78,6 +79,14 @@ def sharding(plan: Plan) -> str:
     return "FSDP2: " + "; ".join(p for p in parts if p)
 
 
+def data_line(plan: Plan) -> str:
+    """A hub dataset's name, subset, split and revision, the rows, and whether they are streamed."""
+    files = len(plan.train_files)
+    where = named(plan.data_source) if plan.data_source else f"{files} file{'s' if files != 1 else ''}"
+    streamed = f", streamed (shuffled within {STREAM_SHUFFLE_BUFFER:,} rows)" if plan.streaming else ""
+    return f"{where}: {plan.data_rows or '?'} rows{streamed}"
+
+
 def describe(plan: Plan) -> str:
     accumulation = plan.gradient_accumulation_steps or "no whole"
     loss = (
@@ -105,6 +114,8 @@ def describe(plan: Plan) -> str:
     ]
     if plan.lora is not None:
         lines.insert(-2, f"adapters        {adapters_line(plan.lora)}")
+    if plan.data_source or plan.streaming:
+        lines.insert(-1, f"data            {data_line(plan)}")
     if "global_batch_size" in plan.reasons:
         lines.insert(1, f"                {plan.reasons['global_batch_size']}")
     if plan.deepspeed is not None:

@@ -72,9 +72,12 @@ def record_preflight(run_dir: Path, findings: list, forced: bool = False) -> Non
 
 
 def record_facts(run_dir: Path, facts: Facts, plan: Plan) -> None:
-    """The facts the gate judged (the stack, the GPUs, the environment, the plan) and a digest of every data file,
-    kept in RUN_DIR/facts.json: what `sftdoctor diff` compares between two runs."""
-    files = {name: digest(Path(name)) for name in (*plan.train_files, *plan.eval_files)}
+    """The facts the gate judged (the stack, the GPUs, the environment, the plan) and a digest of every data file
+    (a hub dataset's shards, and a folder's README that maps them to splits), kept in RUN_DIR/facts.json: what
+    `sftdoctor diff` compares between two runs."""
+    readme = (facts.get("data_source") or {}).get("readme")
+    names = (*plan.train_files, *plan.eval_files, *([readme] if readme else []))
+    files = {name: digest(Path(name)) for name in names}
     write_atomic(run_dir / FACTS, json.dumps({**facts.collected(), "data_files": files}, indent=1, default=str) + "\n")
 
 

@@ -78,6 +78,8 @@ class RowIndex:
     @classmethod
     def of(cls, trainer, raw_rows) -> RowIndex:
         """From the trainer: its packing's input (rows in the order given) or its own dataset (with ROW)."""
+        if raw_rows is None:
+            raise ValueError("the training rows are streamed ([data] streaming): read once, they cannot be traced back")
         max_length = trainer.args.max_length
         packed_from = getattr(trainer, "sftdoctor_packed_from", None)
         if packed_from is not None:

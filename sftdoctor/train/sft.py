@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sftdoctor.facts.trainer_inputs import load_data, load_tokenizer, peft_config, sft_config
 from sftdoctor.run import Plan
+from sftdoctor.run.data_source import named
 from sftdoctor.run.layout import METRICS
 
 
@@ -105,6 +106,10 @@ def model_card(plan: Plan) -> str:
     front = ["---", "library_name: transformers", "tags: [trl, sft, sftdoctor]"]
     if plan.weights != "random" and is_hub_id(plan.model_path):
         front.append(f"base_model: {plan.model_path}")
+    source = plan.data_source
+    if source and source["kind"] == "hub":  # the card's link to the dataset on the hub
+        front.append(f"datasets: [{source['name']}]")
+    trained_on = named(source) if source else ", ".join(f"`{f}`" for f in plan.train_files)
     final = os.path.join(os.path.normpath(plan.output_dir), "final")
     return "\n".join(
         [
@@ -115,7 +120,7 @@ def model_card(plan: Plan) -> str:
             "",
             f"A causal LM {base} by supervised fine-tuning (TRL SFTTrainer, run by sftdoctor): "
             f"{plan.precision}, global batch {plan.global_batch_size}, learning rate {plan.learning_rate:g} "
-            f"({plan.lr_scheduler}), max_length {plan.max_length}, on {', '.join(f'`{f}`' for f in plan.train_files)}.",
+            f"({plan.lr_scheduler}), max_length {plan.max_length}, on {trained_on}.",
             *(_adapter_lines(plan) if plan.lora else []),
             "",
             "```python",
@@ -308,7 +313,8 @@ def build_trainer(plan: Plan, run_dir: Path, tokenizer, stop_after: int | None):
             processing_class=tokenizer,
             peft_config=peft_config(plan),
         )
-    trainer.sftdoctor_raw_rows = train_rows  # a batch's sequences trace back to these rows (train.rows)
+    # a batch's sequences trace back to these rows (train.rows); a stream is read once, in order: not traced
+    trainer.sftdoctor_raw_rows = None if plan.streaming else train_rows
     trainer.sftdoctor_packed_from = packed[0] if plan.packing and packed else None
     if plan.lora is not None:
         adapters.trainable_in_fp32(trainer.model, plan)

@@ -230,3 +230,27 @@ def test_a_gpu_probe_that_failed_is_not_compared_as_no_gpus(tmp_path):
     ]
     none = {**failed, "error": "no NVIDIA kernel driver loaded (/proc/driver/nvidia/version is absent)"}
     assert recorded(run(tmp_path / "c", facts={"gpus": none})).gaps == ()  # a machine without GPUs: a fact
+
+
+def test_a_hub_dataset_at_another_revision_or_split_differs_in_the_data_but_a_moved_folder_does_not(tmp_path):
+    """The data source is compared by what it is (an id, its subset, split and revision; a folder by its files'
+    digests), never by where a folder lies."""
+    shard = {"sha256": "cd" * 32, "bytes": 500}
+    hub = {"kind": "hub", "name": "org/name", "subset": "default", "split": "train", "eval_split": None}
+    a = run(tmp_path / "a", plan={"data_source": {**hub, "revision": "1" * 40}}, data={"x/n-train.arrow": shard})
+    b = run(tmp_path / "b", plan={"data_source": {**hub, "revision": "2" * 40}}, data={"y/n-train.arrow": shard})
+    ((area, what, was, now),) = found(a, b)
+    assert (area, what) == ("data", "data source")
+    assert was == f"org/name (subset default, split train, revision {'1' * 40})" and now.endswith(f"{'2' * 40})")
+    c = run(tmp_path / "c", plan={"data_source": {**hub, "revision": "1" * 40, "split": "test"}})
+    assert ("data", "data source") in [(d[0], d[1]) for d in found(a, c)]
+    folder = {"kind": "folder", "subset": "default", "split": "train", "eval_split": None, "revision": None}
+    here = run(tmp_path / "d", plan={"data_source": {**folder, "name": "/x/hub"}}, data={"/x/hub/t.parquet": shard})
+    moved = run(tmp_path / "e", plan={"data_source": {**folder, "name": "/y/hub"}}, data={"/y/hub/t.parquet": shard})
+    assert found(here, moved) == []
+    changed = run(
+        tmp_path / "f",
+        plan={"data_source": {**folder, "name": "/y/hub"}},
+        data={"/y/hub/t.parquet": DATA["a/train.jsonl"]},
+    )
+    assert [d[:2] for d in found(here, changed)] == [("data", "data files (sha256)")]

@@ -216,7 +216,12 @@ def test_eval_loss_needs_eval_data_and_an_evaluation_inside_the_run(folder):
         BASE.replace('eval = "eval.jsonl"\n', "").replace("eval_steps = 5", "eval_steps = 50")
     )
     found = problems(folder, "lora.r = {choices = [8]}")
-    assert any("objective eval_loss needs eval data: [data] eval or eval_fraction" in line for line in found), found
+    needs = "objective eval_loss needs eval data: [data] eval, eval_fraction or eval_split"
+    assert any(needs in line for line in found), found
+    (folder / "base.toml").write_text(  # a hub dataset's own eval split is eval data
+        BASE.replace('train = "train.jsonl"\neval = "eval.jsonl"\n', 'train = "org/rows"\neval_split = "test"\n')
+    )
+    load_sweep(write(folder, sweep_text("lora.r = {choices = [8]}", "trials = 1")))
     (folder / "base.toml").write_text(BASE.replace("eval_steps = 5", "eval_steps = 50"))
     found = problems(folder, "lora.r = {choices = [8]}")
     assert any(
