@@ -118,6 +118,18 @@ def _remote(address) -> bool:
 
 
 @pytest.fixture(autouse=True)
+def environment_restored():
+    """Each test starts from the worker's environment: transformers' TrainingArguments(fsdp=...) exports
+    ACCELERATE_USE_FSDP and FSDP_* into os.environ, and a later test's accelerate plugin read them (xdist's order
+    decides which test follows which)."""
+    before = dict(os.environ)
+    yield
+    if os.environ != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
+@pytest.fixture(autouse=True)
 def no_network(request, monkeypatch):
     """Unit tests (all but `slow`) reach no other host: a connect() to anything but loopback fails the test.
     Slow tests may (the two-host tests talk across their own network namespaces)."""

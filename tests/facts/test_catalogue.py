@@ -71,7 +71,7 @@ def test_the_recorded_shapes_are_the_declarations():
 
 def test_the_probed_facts_are_the_preflight_facts_of_the_catalogue():
     assert list(Facts().probes) == fact_names("preflight")
-    assert fact_names("runtime") == ["step_stats", "log_stats", "scale_stats", "hang"]
+    assert fact_names("runtime") == ["step_stats", "log_stats", "rank_times", "scale_stats", "hang"]
     assert fact_names("distributed") == ["cluster"] and fact_names("postrun") == ["curves"]
     assert list(CATALOGUE)[:2] == ["gpus", "nics"]  # the machine's facts first, then the run's configs'
 
