@@ -617,13 +617,32 @@ def mcp_command():
 @click.option(
     "--no-plugins", is_flag=True, help="Do not load third-party checks (or set SFTDOCTOR_DISABLE_PLUGIN_AUTOLOAD=1)."
 )
-def report(runs, output, by, as_json, no_plugins):
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Keep the page of a running run up to date (curves, the watchers' findings) until it ends; run it on "
+    "node 0's host.",
+)
+@click.option(
+    "--interval",
+    type=Finite(min=0.5, max=3600),
+    help="With --follow: seconds between looks at the run's files  [default: 5]",
+)
+@click.option(
+    "--serve",
+    "port",
+    type=click.IntRange(0, 65535),
+    help="With --follow: also serve the page on 127.0.0.1:PORT (0: a free port), for ssh -L.",
+)
+def report(runs, output, by, as_json, no_plugins, follow, interval, port):
     """Draw a run's curves (loss, learning rate, gradient norm, loss scale, throughput, memory) into one
     self-contained report.html with a PNG per panel, its findings marked at their step, and read them with the
     curve readers. RUNS: sftdoctor run directories, Trainer output directories (trainer_state.json), or
-    those files; several are overlaid.
+    those files; several are overlaid. With --follow, one run directory's page is drawn again whenever the run
+    writes, from a process of its own at a lower CPU priority, until the run ends.
 
-    Exit 0: written (1 if a curve reader found an error); 2: bad input."""
+    Exit 0: written (1 if a curve reader found an error; with --follow, 0 once the run ended and its final page is
+    written); 2: bad input."""
     from importlib.util import find_spec
 
     from sftdoctor.checks import plugins_enabled
@@ -637,9 +656,27 @@ def report(runs, output, by, as_json, no_plugins):
             err=True,
         )
         sys.exit(EXIT_BAD_INPUT)
+    if not follow and (interval is not None or port is not None):
+        click.echo(
+            f"sftdoctor: error: {'--interval' if interval is not None else '--serve'}: goes with --follow", err=True
+        )
+        sys.exit(EXIT_BAD_INPUT)
     try:
-        code = report_main(list(runs), output, by, as_json, plugins_enabled(no_plugins))
+        if follow:
+            from sftdoctor.report.follow import main as follow_main
+
+            code = follow_main(list(runs), output, by, as_json, plugins_enabled(no_plugins), interval, port)
+        else:
+            code = report_main(list(runs), output, by, as_json, plugins_enabled(no_plugins))
     except Interrupted as exc:
-        click.echo("\nsftdoctor: interrupted; the report was not written (an earlier one is left as it was)", err=True)
+        click.echo(
+            "\nsftdoctor: interrupted; "
+            + (
+                "the page left is the last one written, whole"
+                if follow
+                else "the report was not written (an earlier one is left as it was)"
+            ),
+            err=True,
+        )
         sys.exit(128 + exc.signum)
     sys.exit(code)

@@ -63,13 +63,17 @@ def postrun_records(findings: list[Finding]) -> list[dict[str, Any]]:
     return [{"phase": "postrun", "step": f.evidence.get("step"), "time": time.time(), **f.to_json()} for f in findings]
 
 
-def _records(path: Path) -> list[tuple[int, str, dict[str, Any] | None]]:
+def _records(path: Path, live: bool = False) -> list[tuple[int, str, dict[str, Any] | None]]:
     """findings.jsonl's lines (number, text), each with its finding record, or None for a line that is not one
-    (a writer killed mid-line, a hand edit). A file that cannot be read is refused: the report rewrites it."""
+    (a writer killed mid-line, a hand edit). A file that cannot be read is refused: the report rewrites it.
+    `live`: the run is still writing (`report --follow`), so a last line without its newline is one being
+    written, left for the next reading."""
     if not os.path.lexists(path):
         return []
-    out = []
-    for number, line in enumerate(read_text(path, "findings record").splitlines(), 1):
+    text, out = read_text(path, "findings record"), []
+    if live and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -81,10 +85,10 @@ def _records(path: Path) -> list[tuple[int, str, dict[str, Any] | None]]:
     return out
 
 
-def _findings(path: Path, problems: list[str]) -> list[dict[str, Any]]:
+def _findings(path: Path, problems: list[str], live: bool = False) -> list[dict[str, Any]]:
     """The finding records of findings.jsonl; the lines that are not one are said (in `problems`), never
     left out silently: the page would say "no warnings were recorded" over them."""
-    lines = _records(path)
+    lines = _records(path, live)
     bad = [number for number, _, record in lines if record is None]
     if bad:
         more = f" and {len(bad) - 1} more line{'s' if len(bad) > 2 else ''}" if len(bad) > 1 else ""
@@ -104,11 +108,11 @@ def record_postrun(folder: Path, records: list[dict[str, Any]]) -> None:
     )
 
 
-def findings_of(folder: Path, problems: list[str] | None = None) -> list[dict[str, Any]]:
+def findings_of(folder: Path, problems: list[str] | None = None, live: bool = False) -> list[dict[str, Any]]:
     """The run's recorded findings but the post-run ones (this report makes those): the preflight gate's and
     the watchers', and the rehearsal's (its own findings.jsonl, in the rehearsal's run directory)."""
     problems = [] if problems is None else problems
-    own = [r for r in _findings(folder / layout.FINDINGS, problems) if r.get("phase") != "postrun"]
+    own = [r for r in _findings(folder / layout.FINDINGS, problems, live) if r.get("phase") != "postrun"]
     rehearsal = [
         {**r, "phase": "rehearsal", "step": 0} for r in _findings(folder / layout.REHEARSAL / layout.FINDINGS, problems)
     ]
@@ -132,7 +136,7 @@ def labels(curves: list[dict[str, Any]]) -> list[str]:
     return [f"{Path(c['path']).resolve().parent.name}/{n}" if names.count(n) > 1 else n for c, n in zip(curves, names)]
 
 
-def load(paths: list[Path], by: str, plugins: bool) -> list[Judged]:
+def load(paths: list[Path], by: str, plugins: bool, live: bool = False) -> list[Judged]:
     curves = [read_run(p) for p in paths]
     if by == "tokens":
         for path, fact in zip(paths, curves):
@@ -147,7 +151,7 @@ def load(paths: list[Path], by: str, plugins: bool) -> list[Judged]:
     judged, number = [], 0
     for index, (fact, label) in enumerate(zip(curves, labels(curves))):
         verdicts, skipped = judge(fact, plugins)
-        records = findings_of(Path(fact["path"]), fact["problems"]) + postrun_records(verdicts)
+        records = findings_of(Path(fact["path"]), fact["problems"], live) + postrun_records(verdicts)
         steps = [(marked_step(r), r) for r in records]
         marks = [
             (number + i, step, r)

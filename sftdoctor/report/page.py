@@ -1,5 +1,6 @@
 """report.html: one self-contained page (panels inlined as PNG data, no script, no external resource), so it
-opens offline, from an e-mail or a copied run directory."""
+opens offline, from an e-mail or a copied run directory. The live page of `report --follow` adds a banner and
+a reload script (report/follow.py); the final page has neither script nor reload."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ figure{margin:14px 0}figure img{width:100%;max-width:900px;border:1px solid #eee
 .error{color:#c00000;font-weight:600}.warning{color:#b36200;font-weight:600}.ok{color:#2a7d2a}.info{color:#1f6f8b}
 .skipped{color:#888}.swatch{display:inline-block;width:10px;height:10px;margin-right:5px;border-radius:2px}
 details{margin:6px 0}code{background:#f3f3f3;padding:0 3px;border-radius:3px}
+.banner{margin:10px 0;padding:8px 12px;border-radius:4px;font-weight:600}.banner.live{background:#e8f1fb;\
+border:1px solid #8db6e0}.banner.ended{background:#f3f3f3;border:1px solid #bbb}
 """
 
 
@@ -63,9 +66,11 @@ def best_cell(curves: dict[str, Any], name: str) -> str:
     return (f"{best[1]:.4f} (step {best[0]})" if best else "-") + _unlike(curves, name)
 
 
-def ending(curves: dict[str, Any]) -> str:
-    """How the run ended, as far as its directory says."""
+def ending(curves: dict[str, Any], live: bool = False) -> str:
+    """How the run ended, as far as its directory says; `live`: a run still going (`report --follow`)."""
     stopped, last, planned = curves.get("stopped"), curves["last_step"], curves.get("planned_steps")
+    if live and not stopped:
+        return f"running: at step {last}" + (f" of {planned}" if planned else "")
     if stopped:
         return f"stopped by {stopped.get('id')} at step {last}: {stopped.get('title')}"
     if curves.get("finished"):
@@ -73,7 +78,7 @@ def ending(curves: dict[str, Any]) -> str:
     return f"ended at step {last}" + (f" of {planned}" if planned else "")
 
 
-def run_rows(judged: list) -> str:
+def run_rows(judged: list, live: bool = False) -> str:
     rows = []
     for j in judged:
         c = j.run.curves
@@ -81,14 +86,14 @@ def run_rows(judged: list) -> str:
         rows.append(
             f"<tr><td><span class='swatch' style='background:{j.run.colour}'></span>{esc(j.run.label)}"
             f"<div class='muted'>{esc(c['path'])} ({esc(c['source'])})</div></td>"
-            f"<td>{esc(ending(c))}</td>"
+            f"<td>{esc(ending(c, live))}</td>"
             f"<td>{last_cell(c, 'loss')}</td><td>{best_cell(c, 'eval_loss')}</td>"
             f"<td>{last_cell(c, 'tokens_seen', '{:,.0f}')}</td>"
             f"<td>{esc(describe(schedule)) if schedule else '<span class=muted>not known</span>'}</td></tr>"
         )
     return (
-        "<table><tr><th>run</th><th>ended</th><th>last train loss</th><th>best eval loss</th><th>tokens seen</th>"
-        "<th>schedule</th></tr>" + "".join(rows) + "</table>"
+        f"<table><tr><th>run</th><th>{'now' if live else 'ended'}</th><th>last train loss</th>"
+        "<th>best eval loss</th><th>tokens seen</th><th>schedule</th></tr>" + "".join(rows) + "</table>"
     )
 
 
@@ -160,7 +165,21 @@ def problem_rows(judged: list) -> str:
     return f"<h2>Not read</h2><ul>{''.join(rows)}</ul>" if rows else ""
 
 
-def page(judged: list, drawn: list, axis) -> str:
+def head(title: str, extra: str = "") -> str:
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' "
+        f"content='width=device-width, initial-scale=1'><title>{title}</title><style>{STYLE}</style>{extra}</head>"
+    )
+
+
+def waiting(title: str, extra: str, banner: str) -> str:
+    """The page of a run that has logged no step yet (`report --follow`): its banner alone."""
+    return f"{head(esc(title), extra)}<body><h1>{esc(title)}</h1>{banner}</body></html>\n"
+
+
+def page(judged: list, drawn: list, axis, extra: str = "", banner: str = "", live: bool = False) -> str:
+    """`extra`: more of the page's head (the live page's reload script); `banner`: HTML under the title; `live`:
+    the run is still going (its row says how far it is, not how it ended)."""
     runs = ", ".join(esc(j.run.label) for j in judged)
     figures = "".join(
         f"<figure id='{panel.name}'><img alt='{esc(panel.title)}' src='data:image/png;base64,"
@@ -169,10 +188,8 @@ def page(judged: list, drawn: list, axis) -> str:
         for panel, png in drawn
     )
     return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' "
-        f"content='width=device-width, initial-scale=1'><title>sftdoctor report: {runs}</title><style>{STYLE}</style>"
-        f"</head><body><h1>sftdoctor report: {runs}</h1><div class='muted'>sftdoctor {esc(__version__)}, "
-        f"{time.strftime('%Y-%m-%d %H:%M:%S')}; x axis: {esc(axis.label)}</div>"
-        f"<h2>Runs</h2>{run_rows(judged)}{problem_rows(judged)}<h2>What the curves say</h2>{verdict_rows(judged)}"
+        f"{head(f'sftdoctor report: {runs}', extra)}<body><h1>sftdoctor report: {runs}</h1><div class='muted'>"
+        f"sftdoctor {esc(__version__)}, {time.strftime('%Y-%m-%d %H:%M:%S')}; x axis: {esc(axis.label)}</div>{banner}"
+        f"<h2>Runs</h2>{run_rows(judged, live)}{problem_rows(judged)}<h2>What the curves say</h2>{verdict_rows(judged)}"
         f"<h2>Findings marked on the panels</h2>{finding_rows(judged)}<h2>Panels</h2>{figures}</body></html>\n"
     )

@@ -11,3 +11,4 @@ REPORT = "report.html"
 BATCH = "sbatch.sh"  # `sftdoctor train RUN.toml --sbatch`
 PANELS = "report"  # the report's panels, one PNG each
 FACTS = "facts.json"  # the gate's facts of the machine and the data files' digests, at the launch (`sftdoctor diff`)
+LIVE = "live.json"  # node 0's launcher while `sftdoctor train` runs: its host and pid (run/liveness.py)

@@ -12,6 +12,7 @@ from typing import Any
 from sftdoctor.errors import InputError
 from sftdoctor.run import for_launch
 from sftdoctor.run.checkpoints import checkpoints, newest_complete, remove_incomplete, step_of
+from sftdoctor.run.liveness import marked
 from sftdoctor.run.resolve import REHEARSAL_SAVE_AT, REHEARSAL_STEPS
 from sftdoctor.train.describe import describe, memory_summary
 from sftdoctor.train.drills import check_drill
@@ -64,16 +65,17 @@ def main(
     env = worker_env(plan, config, run_dir)
     if not prepare(plan, run_dir, resume and not smoke, resume):
         return 0  # the run was complete
-    record_preflight(run_dir, findings, forced=force and blocked)
-    if owner(plan):
-        record_facts(run_dir, facts, plan)
-    if plan.rehearse and not rejoin:
-        code = rehearsal_first(facts.get("plan"), plan, env, run_dir, plugins, force)
-        if code is not None:
-            return code
-    if not smoke:
-        return start(plan, run_dir, env, resume, config=config)
-    return smoke_test(plan, env, run_dir)
+    with marked(run_dir, owner(plan)):  # live until this command ends: `report --follow` reads the mark
+        record_preflight(run_dir, findings, forced=force and blocked)
+        if owner(plan):
+            record_facts(run_dir, facts, plan)
+        if plan.rehearse and not rejoin:
+            code = rehearsal_first(facts.get("plan"), plan, env, run_dir, plugins, force)
+            if code is not None:
+                return code
+        if not smoke:
+            return start(plan, run_dir, env, resume, config=config)
+        return smoke_test(plan, env, run_dir)
 
 
 def may_start(plan, findings: list, blocked: bool, rejoin: bool) -> bool:
