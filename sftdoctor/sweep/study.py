@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
 from sftdoctor.errors import InputError
+from sftdoctor.run.liveness import me, process_start
 from sftdoctor.run.resolve import eval_interval
 from sftdoctor.sweep.config import Dim, Sweep
 from sftdoctor.sweep.journal import ADVICE, check_journal, cut_short
@@ -106,21 +106,6 @@ def distributions(space: tuple[Dim, ...]) -> dict[str, Any]:
         else:
             out[d.name] = IntDistribution(int(d.low), int(d.high), log=d.log, step=int(d.step or 1))
     return out
-
-
-def process_start(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the pid, it names one
-    process (a pid is reused, the pair is not)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def me() -> dict[str, Any]:
-    pid = os.getpid()
-    return {"host": socket.gethostname(), "pid": pid, "pid_start": process_start(pid)}
 
 
 def gone(attrs: dict[str, Any], now: float, here: dict[str, Any]) -> str | None:
