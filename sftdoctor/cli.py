@@ -549,6 +549,43 @@ def _eval(target, tasks, options):
 
 
 @main.command()
+@click.argument("target")
+@click.option("--prompt", metavar="TEXT", help="Ask this, print the answer and its stop report, and exit.")
+@click.option(
+    "--prompts",
+    type=PATH,
+    metavar="FILE.jsonl",
+    help='Ask each line: {"prompt": TEXT} or {"messages": [chat turns]}; for scripts.',
+)
+@click.option("--base", metavar="MODEL", help="Ask this model too (the base), its answer after TARGET's.")
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(1, 1_000_000),
+    help="At most this many tokens per answer (default: the generation config's, else 256).",
+)
+@click.option(
+    "--temperature",
+    type=Finite(min=0.0, max=100.0),
+    help="Sample at this temperature; 0 is greedy (default: the generation config's; greedy with --json).",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per answer (JSON Lines).")
+def chat(target, **options):
+    """Talk to a model (a run directory, checkpoint, model folder or hub id) with the chat template and generation
+    config saved with it: a conversation on a terminal, or --prompt / --prompts for scripts. After each answer:
+    whether it ended its turn or ran to max_new_tokens, and tokens/s.
+
+    Exit 0: answered; 2: bad input (not a model, a bad prompts line, no terminal to talk on); 130 or 143: a run
+    of --prompt/--prompts stopped by Ctrl-C or SIGTERM."""
+    from sftdoctor.chat.command import main as chat_main
+
+    try:
+        code = chat_main(target, **options)
+    except ModuleNotFoundError as exc:
+        _missing_stack(exc, "chat")
+    sys.exit(code)
+
+
+@main.command()
 @click.argument("topic", required=False)
 @click.option("--list", "list_topics", is_flag=True, help="List the topics with one-line summaries.")
 @click.option(

@@ -18,7 +18,7 @@ LAYERS = [
     ("sftdoctor.report", "sftdoctor.diff"),
     ("sftdoctor.plan",),
     ("sftdoctor.distributed",),
-    ("sftdoctor.eval",),
+    ("sftdoctor.eval", "sftdoctor.chat"),  # chat loads models as eval does (eval/target.py)
     ("sftdoctor.train",),
     ("sftdoctor.sweep",),
     # reference: docs rendered from every layer; mcp: the commands' JSON served as tools, with the CLI's parsers
