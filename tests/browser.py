@@ -2,6 +2,7 @@
 download: CI installs Debian's chromium)."""
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,13 @@ def ink(screenshot: Path) -> tuple[float, int]:
         grey = image.convert("L").histogram()
         colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
     return sum(grey[:240]) / sum(grey), len(colours) if colours else 1 << 20
+
+
+def until(condition, seconds: float = 60, what: str = "the condition"):
+    """condition()'s first truthy value, asked every 0.2 s; fails the test after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"not within {seconds} s: {what}")

@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from browser import until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -234,15 +235,6 @@ def page_served(port: int) -> str:
         if exc.code != 503:
             raise
         return ""
-
-
-def until(condition, seconds: float = 60):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"not within {seconds} s")
 
 
 def test_served_niced_and_ends_with_the_launcher(tmp_path):

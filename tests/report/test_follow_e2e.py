@@ -9,20 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
-from browser import FLAGS, chromium
+from browser import FLAGS, chromium, until
 from trainrun import NAN_EXIT, ROOT, job_processes, metrics, write_config
 
 TINY = ROOT / "examples" / "tiny"
 NAN_AT = 150
-
-
-def until(condition, seconds: float, what: str):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"not within {seconds} s: {what}")
 
 
 def lines_of(proc: subprocess.Popen) -> list[str]:
