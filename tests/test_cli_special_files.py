@@ -45,6 +45,8 @@ def command_line(command: str, flag: str, path: Path, example: Path) -> list[str
         return [command, path] + (["--dry-run"] if command in ("train", "sweep") else [])
     if command == "sweep":
         return ["sweep", example.parent / "sweep" / "tiny.toml", flag, path, "--dry-run"]
+    if command == "chat":  # the prompts are read before the model loads
+        return ["chat", example.parent / "tiny" / "model", flag, path]
     return [command, flag, path]
 
 
