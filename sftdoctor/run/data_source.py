@@ -48,7 +48,8 @@ def classify(value: Any, folder: Path) -> tuple[str, tuple[str, ...]]:
     try:
         if full.is_dir():
             return FOLDER, (str(full.absolute()),)  # absolute: a relative value of a validated run is an id
-        if os.path.lexists(full) or not looks_like_hub_id(value):
+        # "data/train" beside a folder data/: a misspelt path, not an id to send to the hub
+        if os.path.lexists(full) or not looks_like_hub_id(value) or (folder / value.split("/")[0]).is_dir():
             return FILES, (str(full),)
     except (OSError, ValueError):  # a name over 255 bytes, an embedded NUL: the file check words it
         return FILES, (str(full),)

@@ -48,6 +48,12 @@ def test_a_missing_file_that_is_no_id_says_what_train_takes(tmp_path):
     assert "a folder laid out as a hub dataset, or a hub id (org/name)" in line
 
 
+def test_an_id_shaped_name_under_a_local_folder_is_a_misspelt_path_not_a_hub_id(tmp_path):
+    """`hub/train` beside the folder hub/ (the user meant a file in it): not found, never a hub lookup."""
+    (line,) = refusals(tmp_path, train="hub/train")
+    assert "[data].train: file not found: hub/train" in line
+
+
 @pytest.mark.parametrize(
     "data, key, says",
     [
