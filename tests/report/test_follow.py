@@ -322,6 +322,7 @@ def test_the_new_options_fuzzed(tmp_path_factory, monkeypatch, options, values):
     monkeypatch.setattr(follow, "lower_priority", lambda: None)  # not this test process's priority
     root = tmp_path_factory.mktemp("fuzz")
     run = started_run(root / "run")
+    monkeypatch.chdir(root)  # two runs without --follow draw into ./sftdoctor-report: here, not in the checkout
     argv = ["report"]
     for option, value in zip(options, values):
         if option in ("RUN", "OTHER"):
